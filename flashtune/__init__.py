@@ -1,0 +1,18 @@
+"""flashtune: FlashAttention forward and backward in Triton, tuned per GPU."""
+
+from flashtune._version import __version__
+
+__all__ = ["__version__", "attention", "get_tuned_attention"]
+
+
+def __getattr__(name):
+    # torch and triton load on first use, so `flashtune --help` stays instant.
+    if name == "attention":
+        from flashtune.kernels import attention
+
+        return attention
+    if name == "get_tuned_attention":
+        from flashtune.dispatch import get_tuned_attention
+
+        return get_tuned_attention
+    raise AttributeError(f"module 'flashtune' has no attribute {name!r}")

@@ -1,0 +1,244 @@
+"""Kernel launch configs as data, their validity rules, and the heuristic defaults.
+
+``FwdConfig`` and ``BwdConfig`` are frozen dataclasses. ``validate(shape, dtype, device)``
+states every constraint the kernels have, so the autotuner can drop an impossible
+config before it costs a compile, and the dispatcher can refuse a bad stored row.
+
+The heuristic tables give the config used when nothing is tuned; they are keyed by
+(dtype, padded head_dim) per architecture, and lookup walks from the device's
+architecture down to the generic table (as PyTorch FlexAttention does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Mapping
+
+import torch
+
+MIN_BLOCK = 16
+MAX_BLOCK = 256
+MAX_HEAD_DIM = 256
+NUM_WARPS = (1, 2, 4, 8, 16)
+MAX_STAGES = 8
+
+# Shared memory per block (opt-in maximum) by compute capability, used when torch
+# cannot tell (older torch, or the interpreter).
+_SMEM_BY_CAPABILITY = {(9, 0): 232448, (8, 0): 166912, (8, 6): 101376, (8, 9): 101376, (7, 5): 65536}
+_INTERPRETER_SMEM = 1 << 30  # the interpreter has no shared-memory limit
+
+
+class ConfigError(ValueError):
+    """A config that the kernel cannot run; the message names the field."""
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The tile width the kernels use for a head dim: next power of two, at least 16."""
+    return max(MIN_BLOCK, 1 << (int(head_dim) - 1).bit_length())
+
+
+def shared_memory_limit(device: torch.device | str | None) -> int:
+    """Bytes of shared memory one program may use on ``device``."""
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type != "cuda":
+        return _INTERPRETER_SMEM
+    props = torch.cuda.get_device_properties(dev)
+    limit = getattr(props, "shared_memory_per_block_optin", 0)
+    return int(limit) or _SMEM_BY_CAPABILITY.get((props.major, props.minor), 49152)
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+def _check_block(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{name}: expected an integer, got {value!r}")
+    if not _is_pow2(value) or not MIN_BLOCK <= value <= MAX_BLOCK:
+        raise ConfigError(f"{name}: expected a power of two in [{MIN_BLOCK}, {MAX_BLOCK}], got {value}")
+
+
+def _check_launch(num_warps: Any, num_stages: Any) -> None:
+    if not isinstance(num_warps, int) or num_warps not in NUM_WARPS:
+        raise ConfigError(f"num_warps: expected one of {NUM_WARPS}, got {num_warps!r}")
+    if not isinstance(num_stages, int) or isinstance(num_stages, bool) or not 1 <= num_stages <= MAX_STAGES:
+        raise ConfigError(f"num_stages: expected an integer in [1, {MAX_STAGES}], got {num_stages!r}")
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _check_smem(name: str, needed: int, device) -> None:
+    limit = shared_memory_limit(device)
+    if needed > limit:
+        raise ConfigError(
+            f"{name}: needs about {needed} bytes of shared memory, the device allows {limit}; "
+            "use smaller blocks or fewer stages"
+        )
+
+
+class _ConfigBase:
+    FIELDS: ClassVar[tuple[str, ...]]
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]):
+        """Build a config from stored data; unknown or missing fields raise ConfigError."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{cls.__name__}: expected a mapping of fields, got {type(data).__name__}")
+        missing = [f for f in cls.FIELDS if f not in data]
+        extra = sorted(set(data) - set(cls.FIELDS))
+        if missing or extra:
+            raise ConfigError(f"{cls.__name__}: missing fields {missing}, unknown fields {extra}")
+        cfg = cls(**{f: data[f] for f in cls.FIELDS})
+        cfg.check_fields()
+        return cfg
+
+    def short(self) -> str:
+        return " ".join(f"{f}={getattr(self, f)}" for f in self.FIELDS)
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdConfig(_ConfigBase):
+    """Forward launch config.
+
+    Each program computes a BLOCK_M x head_dim tile of the output and walks the keys in
+    blocks of BLOCK_N. Constraints: BLOCK_M and BLOCK_N powers of two in [16, 256];
+    num_warps in {1, 2, 4, 8, 16}; num_stages in [1, 8]; the estimated shared memory
+    (the Q tile plus num_stages buffers of a K and a V tile) within the device's limit.
+    """
+
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int
+    num_stages: int
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+
+    def check_fields(self) -> None:
+        _check_block("BLOCK_M", self.BLOCK_M)
+        _check_block("BLOCK_N", self.BLOCK_N)
+        _check_launch(self.num_warps, self.num_stages)
+
+    def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
+        d, e = padded_head_dim(head_dim), _element_size(dtype)
+        return e * d * (self.BLOCK_M + 2 * self.num_stages * self.BLOCK_N) + 4 * self.BLOCK_M * self.BLOCK_N
+
+    def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "FwdConfig":
+        """Raise ConfigError naming the field if this config cannot run; return self."""
+        self.check_fields()
+        _check_smem("FwdConfig", self.shared_memory(head_dim, dtype), device)
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdConfig(_ConfigBase):
+    """Backward launch config.
+
+    The dK/dV kernel holds a BLOCK_N1 block of keys and walks the queries in blocks of
+    BLOCK_M1; the dQ kernel holds a BLOCK_M2 block of queries and walks the keys in
+    blocks of BLOCK_N2. Both use num_warps and num_stages. Constraints: the four
+    blocks powers of two in [16, 256]; num_warps in {1, 2, 4, 8, 16}; num_stages in
+    [1, 8]; the estimated shared memory of each kernel within the device's limit.
+    """
+
+    BLOCK_M1: int
+    BLOCK_N1: int
+    BLOCK_M2: int
+    BLOCK_N2: int
+    num_warps: int
+    num_stages: int
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps", "num_stages")
+
+    def check_fields(self) -> None:
+        for name in self.FIELDS[:4]:
+            _check_block(name, getattr(self, name))
+        _check_launch(self.num_warps, self.num_stages)
+
+    def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
+        d, e = padded_head_dim(head_dim), _element_size(dtype)
+        # held tiles + num_stages buffers of the two walked tiles + the fp32 scratch of
+        # the transposed score block
+        dkdv = e * d * (2 * self.BLOCK_N1 + 2 * self.num_stages * self.BLOCK_M1) + 4 * self.BLOCK_M1 * self.BLOCK_N1
+        dq = e * d * (2 * self.BLOCK_M2 + 2 * self.num_stages * self.BLOCK_N2) + 4 * self.BLOCK_M2 * self.BLOCK_N2
+        return max(dkdv, dq)
+
+    def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "BwdConfig":
+        """Raise ConfigError naming the field if this config cannot run; return self."""
+        self.check_fields()
+        _check_smem("BwdConfig", self.shared_memory(head_dim, dtype), device)
+        return self
+
+
+# ----------------------------------------------------------------------------------
+# Heuristic defaults: (dtype, padded head_dim) -> config, per architecture.
+# ----------------------------------------------------------------------------------
+_F, _B = FwdConfig, BwdConfig
+_bf, _fp, _f32 = torch.bfloat16, torch.float16, torch.float32
+
+# Starting point: PyTorch FlexAttention's H100 forward table, Triton's fused-attention
+# tutorial for the backward; revised by measurement on the H200 (docs/benchmarks.md).
+_SM90_FWD = {
+    (_bf, 16): _F(128, 64, 4, 3), (_bf, 32): _F(128, 64, 4, 3), (_bf, 64): _F(128, 64, 4, 3),
+    (_bf, 128): _F(128, 64, 8, 3), (_bf, 256): _F(64, 32, 4, 3),
+    (_f32, 16): _F(64, 32, 4, 3), (_f32, 32): _F(64, 32, 4, 3), (_f32, 64): _F(64, 32, 4, 3),
+    (_f32, 128): _F(32, 64, 4, 3), (_f32, 256): _F(32, 32, 4, 3),
+}
+_SM90_BWD = {
+    (_bf, 16): _B(32, 128, 128, 32, 4, 3), (_bf, 32): _B(32, 128, 128, 32, 4, 3),
+    (_bf, 64): _B(32, 128, 128, 32, 4, 3), (_bf, 128): _B(64, 128, 128, 64, 8, 2),
+    (_bf, 256): _B(32, 64, 64, 32, 8, 1),
+    (_f32, 16): _B(32, 64, 64, 32, 4, 2), (_f32, 32): _B(32, 64, 64, 32, 4, 2),
+    (_f32, 64): _B(32, 64, 64, 32, 4, 2), (_f32, 128): _B(32, 64, 64, 32, 4, 1),
+    (_f32, 256): _B(16, 32, 32, 16, 4, 1),
+}
+_GENERIC_FWD = {(_bf, d): _F(64, 32, 4, 2) for d in (16, 32, 64, 128, 256)}
+_GENERIC_FWD.update({(_f32, d): _F(32, 32, 4, 2) for d in (16, 32, 64, 128, 256)})
+_GENERIC_BWD = {(_bf, d): _B(32, 32, 32, 32, 4, 2) for d in (16, 32, 64, 128, 256)}
+_GENERIC_BWD.update({(_f32, d): _B(16, 32, 32, 16, 4, 1) for d in (16, 32, 64, 128, 256)})
+
+# capability -> (fwd table, bwd table); fp16 shares bf16's entries.
+HEURISTICS: dict[tuple[int, int], tuple[dict, dict]] = {
+    (9, 0): (_SM90_FWD, _SM90_BWD),
+    (0, 0): (_GENERIC_FWD, _GENERIC_BWD),
+}
+# Last resort when no table entry is valid on the device.
+_SMALLEST_FWD = FwdConfig(16, 16, 4, 1)
+_SMALLEST_BWD = BwdConfig(16, 16, 16, 16, 4, 1)
+
+
+def device_capability(device) -> tuple[int, int]:
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_capability(dev)
+    if dev is None and torch.cuda.is_available():
+        return torch.cuda.get_device_capability()
+    return (0, 0)
+
+
+def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None):
+    """The heuristic config for a pass ("fwd" or "bwd") on ``device``.
+
+    Walks the tables from the device's architecture down to the generic one and
+    returns the first entry that validates on the device.
+    """
+    if pass_ not in ("fwd", "bwd"):
+        raise ValueError(f"pass_: expected 'fwd' or 'bwd', got {pass_!r}")
+    cap = device_capability(device)
+    key = (_bf if dtype == _fp else dtype, padded_head_dim(head_dim))
+    candidates = [tables[0 if pass_ == "fwd" else 1].get(key)
+                  for c, tables in sorted(HEURISTICS.items(), reverse=True) if c <= cap]
+    candidates.append(_SMALLEST_FWD if pass_ == "fwd" else _SMALLEST_BWD)
+    last_error: ConfigError | None = None
+    for cfg in candidates:
+        if cfg is None:
+            continue
+        try:
+            return cfg.validate(head_dim, dtype, device)
+        except ConfigError as e:
+            last_error = e
+    raise ConfigError(f"no valid default {pass_} config for head_dim={head_dim} dtype={dtype}: {last_error}")

@@ -1,0 +1,75 @@
+"""Provenance recorded on every stored row and every export file."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from pathlib import Path
+
+from flashtune._version import __version__
+from flashtune.keys import GpuInfo
+
+_KERNEL_DIR = Path(__file__).parent / "kernels"
+
+
+@functools.lru_cache(maxsize=1)
+def kernel_source_hash() -> str:
+    """sha256 (first 16 hex digits) over the kernel sources: changes when a kernel does."""
+    h = hashlib.sha256()
+    for path in sorted(_KERNEL_DIR.glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _driver_version() -> str:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return ""
+        import ctypes
+
+        lib = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int()
+        lib.cuDriverGetVersion(ctypes.byref(v))
+        # the kernel-mode driver version (e.g. 580.159) is what nvidia-smi shows; the
+        # CUDA driver API version is what we can read without it.
+        return f"cuda-driver-api {v.value // 1000}.{(v.value % 1000) // 10}"
+    except Exception:  # noqa: BLE001 - provenance is best effort
+        return ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    flashtune_version: str
+    kernel_hash: str
+    triton_version: str
+    torch_version: str
+    cuda_version: str
+    driver_version: str
+    gpu_name: str
+    capability: str
+    sm_count: int
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def current_provenance(device=None) -> Provenance:
+    import torch
+    import triton
+
+    gpu = GpuInfo.from_device(device)
+    return Provenance(
+        flashtune_version=__version__,
+        kernel_hash=kernel_source_hash(),
+        triton_version=triton.__version__,
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda or "",
+        driver_version=_driver_version(),
+        gpu_name=gpu.name,
+        capability=f"{gpu.capability[0]}.{gpu.capability[1]}",
+        sm_count=gpu.sm_count,
+    )
