@@ -1,0 +1,13 @@
+"""FlashAttention forward and backward kernels in Triton, launched with explicit configs."""
+
+from flashtune.kernels.backward import attention_backward
+from flashtune.kernels.config import BwdConfig, ConfigError, FwdConfig, default_config, padded_head_dim
+from flashtune.kernels.forward import attention_forward
+from flashtune.kernels.function import FlashAttentionFunction, attention, check_inputs, resolve_configs
+from flashtune.kernels.reference import reference_attention
+
+__all__ = [
+    "BwdConfig", "ConfigError", "FlashAttentionFunction", "FwdConfig", "attention", "attention_backward",
+    "attention_forward", "check_inputs", "default_config", "padded_head_dim", "reference_attention",
+    "resolve_configs",
+]

@@ -1,0 +1,233 @@
+"""FlashAttention backward: recompute P from the saved log-sum-exp.
+
+Three launches: a preprocess for Delta = rowsum(dO * O); a dK/dV kernel that holds a
+block of keys and walks the queries of every query head sharing that key head
+(grouped-query attention needs no atomics); a dQ kernel that holds a block of queries
+and walks the keys. In each walk, blocks that need no mask (not on the causal diagonal,
+not past the sequence end) run apart from those that do.
+
+With S = sm_scale * Q K^T, P = softmax(S), dP = dO V^T, dS = P * (dP - Delta):
+dV = P^T dO, dK = sm_scale * dS^T Q, dQ = sm_scale * dS K.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flashtune.kernels.common import LOG2E, dot_precision, load_tile, store_tile
+from flashtune.kernels.config import BwdConfig, padded_head_dim
+
+
+@triton.jit
+def _bwd_preprocess_kernel(O, DO, DELTA,
+                           stride_ob, stride_oh, stride_on, stride_od,
+                           stride_dob, stride_doh, stride_don, stride_dod,
+                           H, N_Q, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr):
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // H).to(tl.int64)
+    off_h = (pid_bh % H).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = load_tile(O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od,
+                  offs_m, N_Q, offs_d, True, HEAD_DIM, BLOCK_D)
+    do = load_tile(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don
+                   + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, True, HEAD_DIM, BLOCK_D)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, delta, mask=offs_m < N_Q)
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_base, delta_base,
+                    offs_n, offs_mb, offs_d, lo, hi, N_Q, N_K, qk_scale,
+                    MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_mb
+        q = load_tile(q_base + offs_m[:, None] * stride_qn, offs_m, N_Q, offs_d, MASK, HEAD_DIM, BLOCK_D)
+        if MASK:
+            lse = tl.load(lse_base + offs_m, mask=offs_m < N_Q, other=0.0)
+        else:
+            lse = tl.load(lse_base + offs_m)
+        # scores transposed: keys along rows, queries along columns
+        p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale - lse[None, :])
+        if MASK:
+            valid = (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K)
+            if CAUSAL:
+                valid = valid & (offs_n[:, None] <= offs_m[None, :])
+            p_t = tl.where(valid, p_t, 0.0)
+        do = load_tile(do_base + offs_m[:, None] * stride_don, offs_m, N_Q, offs_d, MASK, HEAD_DIM, BLOCK_D)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
+        if MASK:
+            delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
+        else:
+            delta = tl.load(delta_base + offs_m)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, qk_scale,
+                     stride_qb, stride_qh, stride_qn, stride_qd,
+                     stride_kb, stride_kh, stride_kn, stride_kd,
+                     stride_vb, stride_vh, stride_vn, stride_vd,
+                     stride_dob, stride_doh, stride_don, stride_dod,
+                     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                     H, H_KV, GROUP, N_Q, N_K,
+                     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // H_KV).to(tl.int64)
+    off_hk = (pid_bh % H_KV).to(tl.int64)
+    start_n = tl.program_id(0) * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_mb = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    k = load_tile(K + off_b * stride_kb + off_hk * stride_kh + offs_n[:, None] * stride_kn
+                  + offs_d[None, :] * stride_kd, offs_n, N_K, offs_d, True, HEAD_DIM, BLOCK_D)
+    v = load_tile(V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None] * stride_vn
+                  + offs_d[None, :] * stride_vd, offs_n, N_K, offs_d, True, HEAD_DIM, BLOCK_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    # Query blocks (aligned to BLOCK_M): [first, diag_end) straddle the causal diagonal,
+    # [diag_end, tail) need no mask, [tail, n_blocks) cross the end of the sequence.
+    n_blocks = tl.cdiv(N_Q, BLOCK_M)
+    if CAUSAL:
+        first = start_n // BLOCK_M
+        diag_end = tl.minimum(tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M), n_blocks)
+    else:
+        first = 0
+        diag_end = 0
+    tail = tl.maximum(diag_end, N_Q // BLOCK_M)
+
+    for g in range(GROUP):
+        off_h = off_hk * GROUP + g
+        q_base = Q + off_b * stride_qb + off_h * stride_qh + offs_d[None, :] * stride_qd
+        do_base = DO + off_b * stride_dob + off_h * stride_doh + offs_d[None, :] * stride_dod
+        row = (off_b * H + off_h) * N_Q
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
+                                 offs_n, offs_mb, offs_d, first * BLOCK_M, diag_end * BLOCK_M, N_Q, N_K, qk_scale,
+                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
+                                 offs_n, offs_mb, offs_d, diag_end * BLOCK_M, tail * BLOCK_M, N_Q, N_K, qk_scale,
+                                 False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
+                                 offs_n, offs_mb, offs_d, tail * BLOCK_M, n_blocks * BLOCK_M, N_Q, N_K, qk_scale,
+                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
+
+    dk = dk * sm_scale
+    store_tile(DK + off_b * stride_dkb + off_hk * stride_dkh + offs_n[:, None] * stride_dkn
+               + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D)
+    store_tile(DV + off_b * stride_dvb + off_hk * stride_dvh + offs_n[:, None] * stride_dvn
+               + offs_d[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D)
+
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
+                  offs_m, offs_nb, offs_d, lo, hi, N_K, qk_scale,
+                  MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_nb
+        k = load_tile(k_base + offs_n[:, None] * stride_kn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
+        v = load_tile(v_base + offs_n[:, None] * stride_vn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale - lse[:, None])
+        if MASK:
+            valid = offs_n[None, :] < N_K
+            if CAUSAL:
+                valid = valid & (offs_n[None, :] <= offs_m[:, None])
+            p = tl.where(valid, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, qk_scale,
+                   stride_qb, stride_qh, stride_qn, stride_qd,
+                   stride_kb, stride_kh, stride_kn, stride_kd,
+                   stride_vb, stride_vh, stride_vn, stride_vd,
+                   stride_dob, stride_doh, stride_don, stride_dod,
+                   stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+                   H, GROUP, N_Q, N_K,
+                   CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // H).to(tl.int64)
+    off_h = (pid_bh % H).to(tl.int64)
+    off_hk = off_h // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_nb = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q = load_tile(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qn
+                  + offs_d[None, :] * stride_qd, offs_m, N_Q, offs_d, True, HEAD_DIM, BLOCK_D)
+    do = load_tile(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don
+                   + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, True, HEAD_DIM, BLOCK_D)
+    row = pid_bh.to(tl.int64) * N_Q
+    lse = tl.load(LSE + row + offs_m, mask=offs_m < N_Q, other=0.0)
+    delta = tl.load(DELTA + row + offs_m, mask=offs_m < N_Q, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    k_base = K + off_b * stride_kb + off_hk * stride_kh + offs_d[None, :] * stride_kd
+    v_base = V + off_b * stride_vb + off_hk * stride_vh + offs_d[None, :] * stride_vd
+    n_full = N_K // BLOCK_N
+    if CAUSAL:
+        n_full = tl.minimum(n_full, (start_m + 1) // BLOCK_N)
+        hi = tl.minimum(start_m + BLOCK_M, N_K)
+    else:
+        hi = N_K
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
+                       offs_m, offs_nb, offs_d, 0, n_full * BLOCK_N, N_K, qk_scale,
+                       False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
+                       offs_m, offs_nb, offs_d, n_full * BLOCK_N, hi, N_K, qk_scale,
+                       True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+    dq = dq * sm_scale
+    store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqn
+               + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D)
+
+
+def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                       lse2: torch.Tensor, config: BwdConfig, *, causal: bool, sm_scale: float,
+                       fp32_precision: str = "tf32") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the backward kernels with an explicit config on already-checked inputs.
+
+    ``lse2`` is the forward's base-2 log-sum-exp. Returns (dq, dk, dv) in the layouts
+    and dtypes of q, k and v.
+    """
+    B, H, N_Q, D = q.shape
+    H_KV, N_K = k.shape[1], k.shape[2]
+    BLOCK_D = padded_head_dim(D)
+    precision = dot_precision(q.dtype, fp32_precision)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    delta = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+
+    pre_block = max(16, min(128, 8192 // BLOCK_D))
+    _bwd_preprocess_kernel[(triton.cdiv(N_Q, pre_block), B * H)](
+        o, do, delta, *o.stride(), *do.stride(), H, N_Q,
+        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=pre_block)
+    launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision,
+                  num_warps=config.num_warps, num_stages=config.num_stages)
+    _bwd_dkdv_kernel[(triton.cdiv(N_K, config.BLOCK_N1), B * H_KV)](
+        q, k, v, do, dk, dv, lse2, delta, sm_scale, sm_scale * LOG2E,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        H, H_KV, H // H_KV, N_Q, N_K,
+        BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1, **launch)
+    _bwd_dq_kernel[(triton.cdiv(N_Q, config.BLOCK_M2), B * H)](
+        q, k, v, do, dq, lse2, delta, sm_scale, sm_scale * LOG2E,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        H, H // H_KV, N_Q, N_K,
+        BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, **launch)
+    return dq, dk, dv

@@ -1,0 +1,48 @@
+"""Pieces shared by the forward and backward kernels and their launchers."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# Triton decides at decoration time whether @triton.jit functions are interpreted.
+INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+PRECISIONS = ("tf32", "ieee")
+
+
+def dot_precision(dtype: torch.dtype, fp32_precision: str) -> str:
+    """The tl.dot input precision: only fp32 inputs have a choice."""
+    return fp32_precision if dtype == torch.float32 else "ieee"
+
+
+@triton.jit
+def load_tile(ptrs, rows, n_rows, cols, CHECK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Load a [rows, BLOCK_D] tile, zero-filling rows past n_rows and the head-dim padding."""
+    if CHECK_ROWS:
+        if HEAD_DIM == BLOCK_D:
+            x = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+        else:
+            x = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM), other=0.0)
+    else:
+        if HEAD_DIM == BLOCK_D:
+            x = tl.load(ptrs)
+        else:
+            x = tl.load(ptrs, mask=cols[None, :] < HEAD_DIM, other=0.0)
+    return x
+
+
+@triton.jit
+def store_tile(ptrs, x, rows, n_rows, cols, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store a [rows, BLOCK_D] tile, skipping rows past n_rows and the head-dim padding."""
+    if HEAD_DIM == BLOCK_D:
+        tl.store(ptrs, x, mask=rows[:, None] < n_rows)
+    else:
+        tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM))

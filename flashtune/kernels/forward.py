@@ -1,0 +1,136 @@
+"""FlashAttention forward: online softmax in base 2, saving the log-sum-exp.
+
+Layout is torch SDPA's: q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D), any strides.
+Query head h reads key/value head h // (Hq // Hkv) (grouped-query attention).
+Causal follows torch SDPA's ``is_causal``: query i sees keys j <= i (the mask is
+aligned to the top-left corner, also when Nq != Nk).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flashtune.kernels.common import LOG2E, dot_precision, load_tile, store_tile
+from flashtune.kernels.config import FwdConfig, padded_head_dim
+
+# Test-only fault injection for the autotuner's isolation tests.
+FAULT_NONE, FAULT_OOB_WRITE, FAULT_TRAP, FAULT_SPIN = 0, 1, 2, 3
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+               offs_m, offs_nb, offs_d, lo, hi, N_K, qk_scale,
+               MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_nb
+        k = load_tile(k_base + offs_n[:, None] * stride_kn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        if MASK:
+            valid = offs_n[None, :] < N_K
+            if CAUSAL:
+                valid = valid & (offs_n[None, :] <= offs_m[:, None])
+            qk = tl.where(valid, qk, float("-inf"))
+        # The first block visited always holds key 0, which every row may see, so
+        # m_new is finite from the first iteration on.
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        # rescale the running sum and accumulator: the row max moved
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_tile(v_base + offs_n[:, None] * stride_vn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(Q, K, V, O, LSE, FaultFlag, qk_scale,
+                     stride_qb, stride_qh, stride_qn, stride_qd,
+                     stride_kb, stride_kh, stride_kn, stride_kd,
+                     stride_vb, stride_vh, stride_vn, stride_vd,
+                     stride_ob, stride_oh, stride_on, stride_od,
+                     H, GROUP, N_Q, N_K,
+                     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                     FAULT: tl.constexpr):
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        # the last query blocks have the most keys: start them first
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // H).to(tl.int64)
+    off_h = (pid_bh % H).to(tl.int64)
+    off_hk = off_h // GROUP
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_nb = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q_base = Q + off_b * stride_qb + off_h * stride_qh + offs_d[None, :] * stride_qd
+    k_base = K + off_b * stride_kb + off_hk * stride_kh + offs_d[None, :] * stride_kd
+    v_base = V + off_b * stride_vb + off_hk * stride_vh + offs_d[None, :] * stride_vd
+    q = load_tile(q_base + offs_m[:, None] * stride_qn, offs_m, N_Q, offs_d, True, HEAD_DIM, BLOCK_D)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # Key blocks [0, full_hi) need no mask; [full_hi, hi) need the causal and/or
+    # sequence-end mask.
+    n_full = N_K // BLOCK_N
+    if CAUSAL:
+        n_full = tl.minimum(n_full, (start_m + 1) // BLOCK_N)
+        hi = tl.minimum(start_m + BLOCK_M, N_K)
+    else:
+        hi = N_K
+    full_hi = n_full * BLOCK_N
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+                               offs_m, offs_nb, offs_d, 0, full_hi, N_K, qk_scale,
+                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+                               offs_m, offs_nb, offs_d, full_hi, hi, N_K, qk_scale,
+                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+
+    acc = acc / l_i[:, None]
+    o_ptrs = O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    if FAULT == 1:
+        o_ptrs += 1 << 40  # write far outside the output: an illegal address
+    if FAULT == 2:
+        tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    if FAULT == 3:
+        while tl.load(FaultFlag, volatile=True) == 0:
+            pass
+    store_tile(o_ptrs, acc.to(O.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D)
+    # log-sum-exp in base 2 units of the scaled scores: lse2 = log2(sum_j 2^(s_j))
+    lse_ptrs = LSE + pid_bh.to(tl.int64) * N_Q + offs_m
+    tl.store(lse_ptrs, m_i + tl.math.log2(l_i), mask=offs_m < N_Q)
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FwdConfig, *,
+                      causal: bool, sm_scale: float, fp32_precision: str = "tf32",
+                      _fault: int = FAULT_NONE) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the forward kernel with an explicit config on already-checked inputs.
+
+    Returns ``(o, lse2)``: o in q's layout and dtype, lse2 (B, Hq, Nq) float32 holding
+    the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for natural log).
+    """
+    B, H, N_Q, D = q.shape
+    N_K = k.shape[2]
+    o = torch.empty_like(q)
+    lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    fault_flag = torch.zeros(1, device=q.device, dtype=torch.int32) if _fault == FAULT_SPIN else lse2
+    grid = (triton.cdiv(N_Q, config.BLOCK_M), B * H)
+    _attn_fwd_kernel[grid](
+        q, k, v, o, lse2, fault_flag, sm_scale * LOG2E,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        H, H // k.shape[1], N_Q, N_K,
+        CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=padded_head_dim(D),
+        BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
+        PRECISION=dot_precision(q.dtype, fp32_precision), FAULT=_fault,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return o, lse2

@@ -1,0 +1,131 @@
+"""The public kernel entry: input checks, the autograd Function, ``attention()``."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from flashtune.kernels.backward import attention_backward
+from flashtune.kernels.common import INTERPRETER, LN2, PRECISIONS
+from flashtune.kernels.config import MAX_HEAD_DIM, BwdConfig, FwdConfig, default_config
+from flashtune.kernels.forward import attention_forward
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32") -> float:
+    """Raise TypeError/ValueError naming the argument for anything the kernels cannot run.
+
+    Returns the softmax scale to use.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected a 4-D tensor (batch, heads, seq_len, head_dim), "
+                             f"got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name}: expected dtype float16, bfloat16 or float32, got {t.dtype}")
+        if t.numel() == 0:
+            raise ValueError(f"{name}: expected a non-empty tensor, got shape {tuple(t.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: expected the dtype of q ({q.dtype}), got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: expected the device of q ({q.device}), got {t.device}")
+    if q.device.type == "cpu" and not INTERPRETER:
+        raise ValueError("q: CPU tensors need the Triton interpreter; set TRITON_INTERPRET=1 before importing "
+                         "flashtune, or move the tensors to a CUDA device")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"q: expected a CUDA tensor, got device {q.device}")
+    B, Hq, _, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"k, v: expected batch size {B} like q, got {k.shape[0]} and {v.shape[0]}")
+    if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
+        raise ValueError(f"v: expected the heads and seq_len of k {tuple(k.shape[1:3])}, got {tuple(v.shape[1:3])}")
+    if k.shape[3] != D or v.shape[3] != D:
+        raise ValueError(f"k, v: expected head_dim {D} like q, got {k.shape[3]} and {v.shape[3]}")
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"q: head_dim must be in [1, {MAX_HEAD_DIM}], got {D}")
+    if Hq % k.shape[1] != 0:
+        raise ValueError(f"k: the number of query heads ({Hq}) must be a multiple of the number of key/value "
+                         f"heads ({k.shape[1]})")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    if fp32_precision not in PRECISIONS:
+        raise ValueError(f"fp32_precision: expected one of {PRECISIONS}, got {fp32_precision!r}")
+    if sm_scale is None:
+        return 1.0 / math.sqrt(D)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale: expected a finite number, got {sm_scale!r}")
+    return float(sm_scale)
+
+
+@functools.lru_cache(maxsize=1024)
+def _validated(config, head_dim: int, dtype: torch.dtype, device: torch.device):
+    return config.validate(head_dim, dtype, device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device):
+    return default_config(pass_, head_dim, dtype, device)
+
+
+def resolve_configs(q: torch.Tensor, fwd_config, bwd_config) -> tuple[FwdConfig, BwdConfig]:
+    """The configs to launch with: the given ones, validated, or the heuristic defaults."""
+    D, dtype, device = q.shape[-1], q.dtype, q.device
+    resolved = []
+    for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
+                                  ("bwd_config", bwd_config, BwdConfig, "bwd")):
+        if cfg is None:
+            resolved.append(_default(pass_, D, dtype, device))
+        elif not isinstance(cfg, cls):
+            raise TypeError(f"{name}: expected a {cls.__name__} or None, got {type(cfg).__name__}")
+        else:
+            resolved.append(_validated(cfg, D, dtype, device))
+    return resolved[0], resolved[1]
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision):
+        o, lse2 = attention_forward(q, k, v, fwd_config, causal=causal, sm_scale=sm_scale,
+                                    fp32_precision=fp32_precision)
+        ctx.save_for_backward(q, k, v, o, lse2)
+        ctx.causal, ctx.sm_scale = causal, sm_scale
+        ctx.bwd_config, ctx.fp32_precision = bwd_config, fp32_precision
+        ctx.mark_non_differentiable(lse2)
+        return o, lse2
+
+    @staticmethod
+    def backward(ctx, do, _dlse2):
+        q, k, v, o, lse2 = ctx.saved_tensors
+        dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.bwd_config, causal=ctx.causal,
+                                        sm_scale=ctx.sm_scale, fp32_precision=ctx.fp32_precision)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              sm_scale: float | None = None, fwd_config: FwdConfig | None = None,
+              bwd_config: BwdConfig | None = None, return_lse: bool = False,
+              fp32_precision: str = "tf32"):
+    """FlashAttention, differentiable, in torch SDPA's layout.
+
+    q is (batch, heads_q, seq_q, head_dim); k and v are (batch, heads_kv, seq_k, head_dim)
+    with heads_q a multiple of heads_kv (grouped-query attention). Any strides work,
+    and outputs come back in q's layout. ``causal`` follows SDPA's ``is_causal``: query i
+    sees keys j <= i, aligned top-left when seq_q != seq_k. ``sm_scale`` defaults to
+    1/sqrt(head_dim). ``fwd_config``/``bwd_config`` default to the heuristic table for
+    this GPU. float32 inputs use tf32 tensor-core dots unless ``fp32_precision="ieee"``.
+
+    Returns o, or (o, lse) with ``return_lse=True``: lse is (batch, heads_q, seq_q) float32,
+    the natural-log log-sum-exp of the scaled scores of each query row.
+    """
+    scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, fp32_precision=fp32_precision)
+    fwd, bwd = resolve_configs(q, fwd_config, bwd_config)
+    o, lse2 = FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision)
+    if return_lse:
+        return o, lse2 * LN2
+    return o
