@@ -1,0 +1,52 @@
+"""The default search space of each pass, as data next to the config classes.
+
+The autotuner samples from these values; ``valid_candidates`` drops the combinations
+that ``validate()`` rejects for a shape and device, so they never cost a compile.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from flashtune.kernels.config import BwdConfig, ConfigError, FwdConfig
+
+FWD_SPACE: dict[str, list[int]] = {
+    "BLOCK_M": [16, 32, 64, 128, 256],
+    "BLOCK_N": [16, 32, 64, 128],
+    "num_warps": [4, 8],
+    "num_stages": [1, 2, 3, 4],
+}
+
+# dK/dV holds keys (BLOCK_N1) and walks queries (BLOCK_M1); dQ holds queries (BLOCK_M2)
+# and walks keys (BLOCK_N2): the held block is the larger one in good configs.
+BWD_SPACE: dict[str, list[int]] = {
+    "BLOCK_M1": [16, 32, 64],
+    "BLOCK_N1": [32, 64, 128],
+    "BLOCK_M2": [32, 64, 128],
+    "BLOCK_N2": [16, 32, 64],
+    "num_warps": [4, 8],
+    "num_stages": [1, 2, 3],
+}
+
+SPACES = {"fwd": (FwdConfig, FWD_SPACE), "bwd": (BwdConfig, BWD_SPACE)}
+
+
+def candidates(pass_: str) -> list:
+    """Every config of the pass's search space, in a fixed order."""
+    if pass_ not in SPACES:
+        raise ValueError(f"pass_: expected 'fwd' or 'bwd', got {pass_!r}")
+    cls, space = SPACES[pass_]
+    return [cls(**dict(zip(space, values))) for values in itertools.product(*space.values())]
+
+
+def valid_candidates(pass_: str, head_dim: int, dtype: torch.dtype, device=None) -> list:
+    """The configs of the search space that validate for this head dim, dtype and device."""
+    out = []
+    for cfg in candidates(pass_):
+        try:
+            out.append(cfg.validate(head_dim, dtype, device))
+        except ConfigError:
+            pass
+    return out
