@@ -201,8 +201,11 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, qk_scale,
 
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                        lse2: torch.Tensor, config: BwdConfig, *, causal: bool, sm_scale: float,
-                       fp32_precision: str = "tf32") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       fp32_precision: str = "tf32", compile_only: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the backward kernels with an explicit config on already-checked inputs.
+
+    ``compile_only``: compile (or queue in triton's AsyncCompileMode) without launching.
 
     ``lse2`` is the forward's base-2 log-sum-exp. Returns (dq, dk, dv) in the layouts
     and dtypes of q, k and v.
@@ -215,19 +218,22 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     delta = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
 
     pre_block = max(16, min(128, 8192 // BLOCK_D))
-    _bwd_preprocess_kernel[(triton.cdiv(N_Q, pre_block), B * H)](
+    _bwd_preprocess_kernel.run(
         o, do, delta, *o.stride(), *do.stride(), H, N_Q,
-        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=pre_block)
+        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=pre_block, grid=(triton.cdiv(N_Q, pre_block), B * H),
+        warmup=compile_only)
     launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision,
-                  num_warps=config.num_warps, num_stages=config.num_stages)
-    _bwd_dkdv_kernel[(triton.cdiv(N_K, config.BLOCK_N1), B * H_KV)](
+                  num_warps=config.num_warps, num_stages=config.num_stages, warmup=compile_only)
+    _bwd_dkdv_kernel.run(
         q, k, v, do, dk, dv, lse2, delta, sm_scale, sm_scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         H, H_KV, H // H_KV, N_Q, N_K,
-        BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1, **launch)
-    _bwd_dq_kernel[(triton.cdiv(N_Q, config.BLOCK_M2), B * H)](
+        BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1, grid=(triton.cdiv(N_K, config.BLOCK_N1), B * H_KV),
+        **launch)
+    _bwd_dq_kernel.run(
         q, k, v, do, dq, lse2, delta, sm_scale, sm_scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         H, H // H_KV, N_Q, N_K,
-        BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, **launch)
+        BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(triton.cdiv(N_Q, config.BLOCK_M2), B * H),
+        **launch)
     return dq, dk, dv

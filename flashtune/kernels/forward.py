@@ -112,8 +112,11 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, FaultFlag, qk_scale,
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FwdConfig, *,
                       causal: bool, sm_scale: float, fp32_precision: str = "tf32",
-                      _fault: int = FAULT_NONE) -> tuple[torch.Tensor, torch.Tensor]:
+                      compile_only: bool = False, _fault: int = FAULT_NONE) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel with an explicit config on already-checked inputs.
+
+    ``compile_only`` compiles (or, inside triton's AsyncCompileMode, queues the compile
+    of) the kernel without launching it; the outputs are then left uninitialised.
 
     Returns ``(o, lse2)``: o in q's layout and dtype, lse2 (B, Hq, Nq) float32 holding
     the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for natural log).
@@ -124,7 +127,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     fault_flag = torch.zeros(1, device=q.device, dtype=torch.int32) if _fault == FAULT_SPIN else lse2
     grid = (triton.cdiv(N_Q, config.BLOCK_M), B * H)
-    _attn_fwd_kernel[grid](
+    _attn_fwd_kernel.run(
         q, k, v, o, lse2, fault_flag, sm_scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, H // k.shape[1], N_Q, N_K,
@@ -132,5 +135,6 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
         BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
         PRECISION=dot_precision(q.dtype, fp32_precision), FAULT=_fault,
         num_warps=config.num_warps, num_stages=config.num_stages,
+        grid=grid, warmup=compile_only,
     )
     return o, lse2
