@@ -1,0 +1,157 @@
+"""Where the store lives, how it connects, and its transactions.
+
+- ``resolve_url``: a SQLAlchemy URL from a URL, a file path, or nothing (``FLASHTUNE_DB``,
+  else ``<user data dir>/flashtune/tuned.db``).
+- ``create_store_engine``: an engine; on SQLite every connection gets WAL, a busy
+  timeout and foreign keys, and flashtune emits BEGIN itself (IMMEDIATE for writes), so
+  two writers queue on the lock instead of failing half-way.
+- ``transaction``: one session, one transaction; commits, rolls back and closes, and
+  turns driver errors into ``StoreError`` with the cause chained.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from pathlib import Path
+from typing import Iterator
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from flashtune.store.errors import StoreError
+
+ENV_VAR = "FLASHTUNE_DB"
+BUSY_TIMEOUT_MS = 30_000
+SUPPORTED_BACKENDS = ("sqlite", "postgresql")
+_WRITE = "flashtune_write"  # execution option: this transaction writes
+
+# Driver messages that deserve a remedy, and the remedy.
+_HINTS = {
+    "file is not a database": "the file is not a SQLite database or it is corrupt; restore it from a backup "
+    f"or point {ENV_VAR} / --db at another file",
+    "database disk image is malformed": "the database file is corrupt; restore it from a backup "
+    f"or point {ENV_VAR} / --db at another file",
+    "unable to open database file": "cannot open the file: check that its directory exists and is writable",
+    "readonly database": "the database is read-only: check the file's and its directory's permissions",
+    "database is locked": f"another process held the database lock for more than {BUSY_TIMEOUT_MS // 1000} s",
+}
+
+
+def default_path() -> Path:
+    """``<user data dir>/flashtune/tuned.db`` (platformdirs)."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("flashtune", appauthor=False)) / "tuned.db"
+
+
+def resolve_url(url: str | os.PathLike | sa.URL | None = None) -> sa.URL:
+    """The store's URL from a SQLAlchemy URL, a file path (SQLite), or None (the default).
+
+    None means ``FLASHTUNE_DB`` (a path or a URL) if set, else ``default_path()``, whose
+    missing parent directories are created. ``postgresql://`` means psycopg 3
+    (``postgresql+psycopg://``), the driver of flashtune's ``postgres`` extra.
+    """
+    if url is None:
+        url = os.environ.get(ENV_VAR)
+    if not url:
+        url = default_path()
+        url.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(url, sa.URL):
+        parsed = url
+    elif isinstance(url, os.PathLike) or "://" not in url:
+        parsed = sa.URL.create("sqlite", database=str(Path(url).expanduser().absolute()))
+    else:
+        try:
+            parsed = sa.make_url(url)
+        except sa.exc.ArgumentError as e:
+            raise StoreError(f"not a database URL: {url!r}; give a file path or a URL such as sqlite:///PATH") from e
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    backend = parsed.get_backend_name()
+    if backend not in SUPPORTED_BACKENDS:
+        raise StoreError(
+            f"unknown database URL scheme {parsed.drivername!r} in {show_url(parsed)!r}: the store takes a file "
+            "path, sqlite:///PATH or postgresql+psycopg://USER@HOST/DATABASE"
+        )
+    return parsed
+
+
+def show_url(url: sa.URL) -> str:
+    """The URL as it may appear in messages (password hidden)."""
+    return url.render_as_string(hide_password=True)
+
+
+def sqlite_path(url: sa.URL) -> Path | None:
+    """The file of a SQLite URL; None for other backends and in-memory databases."""
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    return Path(url.database)
+
+
+def create_store_engine(url: sa.URL) -> sa.Engine:
+    """An engine for the store; SQLite connections are configured as the module says."""
+    try:
+        engine = sa.create_engine(url)
+    except (ImportError, sa.exc.ArgumentError) as e:
+        raise StoreError(f"cannot use {show_url(url)}: {e}") from e
+    if url.get_backend_name() == "sqlite":
+        sa.event.listen(engine, "connect", _configure_sqlite_connection)
+        sa.event.listen(engine, "begin", _begin_sqlite_transaction)
+    return engine
+
+
+def _configure_sqlite_connection(dbapi_connection, _record) -> None:
+    # The driver would open transactions lazily and only before DML; we emit BEGIN
+    # ourselves (see _begin_sqlite_transaction), so DDL is transactional too.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        # journal_mode is stored in the file: set it once, so opening never writes.
+        if cursor.execute("PRAGMA journal_mode").fetchone()[0] not in ("wal", "memory"):
+            cursor.execute("PRAGMA journal_mode = WAL")
+    finally:
+        cursor.close()
+
+
+def _begin_sqlite_transaction(connection: sa.Connection) -> None:
+    # A write takes the lock at BEGIN: two writers then wait for each other (busy
+    # timeout) rather than one failing when it upgrades a read lock mid-transaction.
+    write = connection.get_execution_options().get(_WRITE, False)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def write_engine(engine: sa.Engine) -> sa.Engine:
+    """The same engine, for transactions that write."""
+    return engine.execution_options(**{_WRITE: True})
+
+
+def describe_error(error: BaseException) -> str:
+    """The driver's message, with a remedy where one is known."""
+    cause = getattr(error, "orig", None) or error
+    text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    hint = next((h for needle, h in _HINTS.items() if needle in text), None)
+    return f"{text} ({hint})" if hint else text
+
+
+@contextlib.contextmanager
+def wrap_errors(action: str) -> Iterator[None]:
+    """Turn database errors raised inside into ``StoreError("<action>: <reason>")``."""
+    try:
+        yield
+    except (sa.exc.SQLAlchemyError, sqlite3.Error) as e:
+        raise StoreError(f"{action}: {describe_error(e)}") from e
+
+
+@contextlib.contextmanager
+def transaction(engine: sa.Engine, action: str, *, write: bool = False) -> Iterator[Session]:
+    """A session in one transaction: committed on success, rolled back on any error.
+
+    ``action`` names the operation in error messages ("save result fwd ... on H200").
+    """
+    with wrap_errors(action):
+        with Session(write_engine(engine) if write else engine) as session, session.begin():
+            yield session

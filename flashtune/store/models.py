@@ -1,0 +1,145 @@
+"""SQLAlchemy models of the store's tables (the schema is described in ``flashtune.store``).
+
+The alembic revisions are the source of truth for the schema; these models mirror the
+head revision, and a test checks that the two agree. Every constraint and index has an
+explicit name, so later migrations can refer to it on every backend (SQLite's batch
+mode needs names).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from flashtune.keys import DTYPES, PASSES
+
+TRIAL_STATUSES: tuple[str, ...] = ("ok", "incorrect", "compile_error", "out_of_resources", "crashed", "timeout")
+
+# The key columns besides the GPU, in index order: seq_len last, so that an index prefix
+# serves the lookups of one key family (gpu, dtype, head_dim, causal, pass).
+KEY_COLUMNS: tuple[str, ...] = ("dtype", "head_dim", "causal", "pass", "seq_len")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    return f'"{column}" IN ({", ".join(repr(v) for v in values)})'
+
+
+def _checks(table: str, **conditions: str) -> list[sa.CheckConstraint]:
+    """CHECK constraints named ``ck_<table>_<name>``."""
+    return [sa.CheckConstraint(sql, name=f"ck_{table}_{name}") for name, sql in conditions.items()]
+
+
+def _key_constraints(table: str) -> list[sa.Constraint]:
+    """The foreign key and checks of the tuning-key columns (``KeyColumns``)."""
+    return [
+        sa.ForeignKeyConstraint(["gpu_id"], ["flashtune_gpus.id"], name=f"fk_{table}_gpu_id"),
+        *_checks(
+            table,
+            dtype=_one_of("dtype", DTYPES),
+            head_dim="head_dim > 0",
+            seq_len="seq_len > 0",
+            **{"pass": _one_of("pass", PASSES)},  # "pass" is a Python keyword
+        ),
+    ]
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class KeyColumns:
+    """The tuning-key columns shared by tuned results and trials."""
+
+    gpu_id: Mapped[int]
+    dtype: Mapped[str] = mapped_column(sa.String(16))
+    head_dim: Mapped[int]
+    seq_len: Mapped[int]
+    causal: Mapped[bool]
+    pass_: Mapped[str] = mapped_column("pass", sa.String(8))
+
+
+class Gpu(Base):
+    __tablename__ = "flashtune_gpus"
+    __table_args__ = (
+        sa.UniqueConstraint("key", name="uq_flashtune_gpus_key"),
+        *_checks(
+            "flashtune_gpus",
+            capability="capability_major >= 0 AND capability_minor >= 0",
+            sm_count="sm_count >= 0",
+            total_memory="total_memory >= 0",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(sa.String(255))
+    name: Mapped[str] = mapped_column(sa.String(200))
+    capability_major: Mapped[int]
+    capability_minor: Mapped[int]
+    sm_count: Mapped[int]
+    total_memory: Mapped[int] = mapped_column(sa.BigInteger)
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+class TunedResult(KeyColumns, Base):
+    __tablename__ = "flashtune_tuned_results"
+    __table_args__ = (
+        sa.UniqueConstraint("gpu_id", *KEY_COLUMNS, name="uq_flashtune_tuned_results_key"),
+        *_key_constraints("flashtune_tuned_results"),
+        *_checks(
+            "flashtune_tuned_results",
+            time_ms="time_ms > 0",
+            tflops="tflops >= 0",
+            default_time_ms="default_time_ms IS NULL OR default_time_ms > 0",
+            error="error >= 0",
+            n_trials="n_trials >= 0",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    config: Mapped[dict] = mapped_column(sa.JSON)
+    time_ms: Mapped[float] = mapped_column(sa.Double)
+    tflops: Mapped[float] = mapped_column(sa.Double)
+    default_time_ms: Mapped[float | None] = mapped_column(sa.Double)
+    error: Mapped[float] = mapped_column(sa.Double)
+    n_trials: Mapped[int]
+    flashtune_version: Mapped[str] = mapped_column(sa.String(64))
+    kernel_hash: Mapped[str] = mapped_column(sa.String(64))
+    triton_version: Mapped[str] = mapped_column(sa.String(64))
+    torch_version: Mapped[str] = mapped_column(sa.String(64))
+    cuda_version: Mapped[str] = mapped_column(sa.String(64))
+    driver_version: Mapped[str] = mapped_column(sa.String(64))
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+class Trial(KeyColumns, Base):
+    __tablename__ = "flashtune_trials"
+    __table_args__ = (
+        sa.Index("ix_flashtune_trials_key", "gpu_id", *KEY_COLUMNS, "kernel_hash"),
+        *_key_constraints("flashtune_trials"),
+        *_checks(
+            "flashtune_trials",
+            status=_one_of("status", TRIAL_STATUSES),
+            time_ms="time_ms IS NULL OR time_ms > 0",
+            ok_has_time="status <> 'ok' OR time_ms IS NOT NULL",
+            error="error IS NULL OR error >= 0",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    config: Mapped[dict] = mapped_column(sa.JSON)
+    status: Mapped[str] = mapped_column(sa.String(32))
+    time_ms: Mapped[float | None] = mapped_column(sa.Double)
+    error: Mapped[float | None] = mapped_column(sa.Double)
+    message: Mapped[str] = mapped_column(sa.Text)
+    study: Mapped[str | None] = mapped_column(sa.String(200))
+    kernel_hash: Mapped[str] = mapped_column(sa.String(64))
+    triton_version: Mapped[str] = mapped_column(sa.String(64))
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,318 @@
+"""``Store``: the store's operations, each one transaction."""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+from typing import Iterable
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from flashtune.keys import GpuInfo, TuningKey
+from flashtune.provenance import Provenance
+from flashtune.store.engine import create_store_engine, resolve_url, show_url, sqlite_path, transaction
+from flashtune.store.errors import StoreError
+from flashtune.store.migrations import VERSION_TABLE, database_revision, head_revision, migrate, schema_error
+from flashtune.store.models import KEY_COLUMNS, TRIAL_STATUSES, Base, Gpu, Trial, TunedResult, utcnow
+from flashtune.store.records import (
+    ImportSummary,
+    ResultFilter,
+    StoredResult,
+    TrialRecord,
+    as_utc,
+    check_config,
+    check_number,
+    load_config,
+)
+
+ON_CONFLICT = ("error", "skip", "replace", "keep_faster")
+PROVENANCE_COLUMNS = ("flashtune_version", "kernel_hash", "triton_version", "torch_version", "cuda_version",
+                      "driver_version")
+_KEY_INDEX = ("gpu_id", *KEY_COLUMNS)  # the unique key of tuned results
+
+
+class Store:
+    """The tuned-config store in one database (a SQLAlchemy URL, a SQLite path, or None).
+
+    Opening checks the schema. A database without flashtune's tables gets them (unless
+    ``create=False``); one at an older revision raises ``SchemaBehindError`` naming
+    ``flashtune db upgrade``; one written by a newer flashtune raises ``SchemaNewerError``.
+    Every method is one transaction and raises ``StoreError`` when the database fails;
+    bad arguments raise ``ValueError`` before anything is written.
+    """
+
+    def __init__(self, url: str | os.PathLike | sa.URL | None = None, *, create: bool = True) -> None:
+        self.url = resolve_url(url)
+        path = sqlite_path(self.url)
+        if not create and path is not None and not path.exists():
+            raise StoreError(f"no flashtune store at {path}")
+        self._engine = create_store_engine(self.url)
+        try:
+            self._check_schema(create)
+        except BaseException:
+            self._engine.dispose()
+            raise
+
+    def __repr__(self) -> str:
+        return f"Store({show_url(self.url)!r})"
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the store's connections."""
+        self._engine.dispose()
+
+    def _check_schema(self, create: bool) -> None:
+        where = show_url(self.url)
+        with transaction(self._engine, f"open the store at {where}") as session:
+            connection = session.connection()
+            revision = database_revision(connection)
+            ours = set(sa.inspect(connection).get_table_names()) & set(Base.metadata.tables)
+        if revision == head_revision():
+            return
+        if revision is not None:
+            raise schema_error(revision, self.url)
+        if ours:
+            raise StoreError(f"the database at {where} has flashtune's tables ({', '.join(sorted(ours))}) but no "
+                             f"{VERSION_TABLE} table, so its schema is unknown; restore it from a backup")
+        if not create:
+            raise StoreError(f"the database at {where} holds no flashtune store")
+        migrate(self._engine, self.url)
+
+    def _transaction(self, action: str, *, write: bool = False):
+        return transaction(self._engine, action, write=write)
+
+    # -- GPUs --------------------------------------------------------------------------
+
+    def upsert_gpu(self, gpu: GpuInfo) -> None:
+        """Record a GPU (or update its SM count and memory); needed before its trials."""
+        with self._transaction(f"record GPU {gpu.key}", write=True) as session:
+            _upsert_gpu(session, gpu)
+
+    def list_gpus(self) -> list[GpuInfo]:
+        with self._transaction("list GPUs") as session:
+            return [_gpu_info(gpu) for gpu in session.scalars(sa.select(Gpu).order_by(Gpu.key))]
+
+    # -- trials ------------------------------------------------------------------------
+
+    def record_trial(
+        self,
+        key: TuningKey,
+        config,
+        status: str,
+        *,
+        provenance: Provenance,
+        time_ms: float | None = None,
+        error: float | None = None,
+        message: str = "",
+        study: str | None = None,
+    ) -> int:
+        """Record one trial's outcome and return its id; the key's GPU must be recorded.
+
+        ``status`` is one of ``TRIAL_STATUSES`` (a str enum works too); an ``ok`` trial
+        needs ``time_ms``. A NaN ``error`` (the kernel produced NaN) is stored as infinity.
+        """
+        status = str(getattr(status, "value", status))
+        if status not in TRIAL_STATUSES:
+            raise ValueError(f"status: expected one of {', '.join(TRIAL_STATUSES)}, got {status!r}")
+        check_config(key, config)
+        if time_ms is not None:
+            check_number("time_ms", time_ms, minimum=0.0, inclusive=False)
+        elif status == "ok":
+            raise ValueError("time_ms: an 'ok' trial needs its time")
+        if error is not None:
+            error = math.inf if math.isnan(error) else error
+            if not error >= 0:
+                raise ValueError(f"error: expected a number >= 0, got {error!r}")
+        with self._transaction(f"record a trial of {key.label()} on {key.gpu}", write=True) as session:
+            values = {
+                **_key_values(key, _known_gpu_id(session, key.gpu)),
+                "config": config.to_dict(), "status": status, "time_ms": time_ms, "error": error,
+                "message": message, "study": study, "kernel_hash": provenance.kernel_hash,
+                "triton_version": provenance.triton_version,
+            }
+            return session.execute(sa.insert(Trial.__table__).values(values).returning(Trial.id)).scalar_one()
+
+    def trials_for(self, key: TuningKey, *, kernel_hash: str | None = None) -> list[TrialRecord]:
+        """The trials of one key, oldest first; only those of one kernel version if given."""
+        conditions = _conditions(Trial, ResultFilter.for_key(key))
+        if kernel_hash is not None:
+            conditions.append(Trial.kernel_hash == kernel_hash)
+        with self._transaction(f"read the trials of {key.label()} on {key.gpu}") as session:
+            rows = session.scalars(sa.select(Trial).where(*conditions).order_by(Trial.id))
+            return [_trial_record(row, key) for row in rows]
+
+    # -- tuned results -----------------------------------------------------------------
+
+    def save_result(self, result: StoredResult, *, replace: bool = False) -> bool:
+        """Store a search's winner; an existing faster result stays unless ``replace``.
+
+        Returns whether ``result`` is now the stored one.
+        """
+        summary = self._write_results([result], "replace" if replace else "keep_faster",
+                                      f"save the result of {result.key.label()} on {result.key.gpu}")
+        return summary.kept == 0
+
+    def import_results(self, results: Iterable[StoredResult], *, on_conflict: str = "error") -> ImportSummary:
+        """Store many results in one transaction: all of them, or on any error none.
+
+        ``on_conflict`` says what to do where a key already has a result: ``error`` (the
+        import fails), ``skip`` (keep the stored one), ``replace``, or ``keep_faster``.
+        """
+        if on_conflict not in ON_CONFLICT:
+            raise ValueError(f"on_conflict: expected one of {', '.join(ON_CONFLICT)}, got {on_conflict!r}")
+        results = list(results)
+        return self._write_results(results, on_conflict, f"import {len(results)} results")
+
+    def _write_results(self, results: list[StoredResult], on_conflict: str, action: str) -> ImportSummary:
+        seen: set[TuningKey] = set()
+        for i, result in enumerate(results):
+            try:
+                result.check()
+            except ValueError as e:
+                raise ValueError(f"results[{i}] ({result.key.label()} on {result.key.gpu}): {e}") from e
+            if result.key in seen:
+                raise ValueError(f"results[{i}]: {result.key.label()} on {result.key.gpu} appears twice")
+            seen.add(result.key)
+        outcomes: collections.Counter[str] = collections.Counter()
+        with self._transaction(action, write=True) as session:
+            for result in results:
+                outcomes[_write_result(session, result, on_conflict)] += 1
+        return ImportSummary(**outcomes)
+
+    def load_table(self, gpu: str | GpuInfo) -> dict[TuningKey, StoredResult]:
+        """Every tuned result of one GPU (a ``GpuInfo`` or its key), by tuning key."""
+        gpu_key = gpu.key if isinstance(gpu, GpuInfo) else gpu
+        return {result.key: result for result in self.list_results(ResultFilter(gpu=gpu_key))}
+
+    def list_results(self, where: ResultFilter | None = None) -> list[StoredResult]:
+        """The tuned results that match ``where`` (all by default), in key order.
+
+        A row whose config does not validate raises ``StoreError`` naming the row.
+        """
+        where = where or ResultFilter()
+        query = (
+            sa.select(TunedResult, Gpu)
+            .join(Gpu, TunedResult.gpu_id == Gpu.id)
+            .where(*_conditions(TunedResult, where))
+            .order_by(Gpu.key, *(TunedResult.__table__.c[name] for name in KEY_COLUMNS))
+        )
+        with self._transaction(f"list results ({where.describe()})") as session:
+            return [_stored_result(row, gpu) for row, gpu in session.execute(query)]
+
+    def delete_results(self, where: ResultFilter) -> int:
+        """Delete the tuned results that match ``where`` and return how many; an empty
+        filter deletes them all. Trials stay (they are the audit log)."""
+        query = sa.delete(TunedResult).where(*_conditions(TunedResult, where))
+        with self._transaction(f"delete results ({where.describe()})", write=True) as session:
+            return session.execute(query, execution_options={"synchronize_session": False}).rowcount
+
+
+# -- helpers: one statement or one conversion each -------------------------------------
+
+
+def _insert(session: Session, table: sa.Table):
+    """INSERT with ON CONFLICT support: the dialect's own construct."""
+    dialect = session.get_bind().dialect.name
+    return (sqlite if dialect == "sqlite" else postgresql).insert(table)
+
+
+def _upsert_gpu(session: Session, gpu: GpuInfo) -> int:
+    values = {
+        "name": gpu.name, "capability_major": gpu.capability[0], "capability_minor": gpu.capability[1],
+        "sm_count": gpu.sm_count, "total_memory": gpu.total_memory,
+    }
+    query = (
+        _insert(session, Gpu.__table__)
+        .values(key=gpu.key, **values)
+        .on_conflict_do_update(index_elements=["key"], set_={**values, "updated_at": utcnow()})
+        .returning(Gpu.id)
+    )
+    return session.execute(query).scalar_one()
+
+
+def _known_gpu_id(session: Session, gpu_key: str) -> int:
+    gpu_id = session.scalar(sa.select(Gpu.id).where(Gpu.key == gpu_key))
+    if gpu_id is None:
+        raise StoreError(f"GPU {gpu_key!r} is not in the store: record it first with Store.upsert_gpu(GpuInfo)")
+    return gpu_id
+
+
+def _key_values(key: TuningKey, gpu_id: int) -> dict:
+    """The key columns of a row, by column name."""
+    return {"gpu_id": gpu_id, "dtype": key.dtype, "head_dim": key.head_dim, "seq_len": key.seq_len,
+            "causal": key.causal, "pass": key.pass_}
+
+
+def _conditions(model: type[TunedResult] | type[Trial], where: ResultFilter) -> list:
+    conditions = []
+    if where.gpu is not None:
+        conditions.append(model.gpu_id == sa.select(Gpu.id).where(Gpu.key == where.gpu).scalar_subquery())
+    for name in ("dtype", "head_dim", "seq_len", "causal", "pass_"):
+        value = getattr(where, name)
+        if value is not None:
+            conditions.append(getattr(model, name) == value)
+    return conditions
+
+
+def _write_result(session: Session, result: StoredResult, on_conflict: str) -> str:
+    """Write one result under the ``on_conflict`` policy; say whether it was inserted,
+    replaced an existing one, or the existing one was kept."""
+    table = TunedResult.__table__
+    values = {
+        "config": result.config.to_dict(), "time_ms": result.time_ms, "tflops": result.tflops,
+        "default_time_ms": result.default_time_ms, "error": result.error, "n_trials": result.n_trials,
+        **{name: getattr(result.provenance, name) for name in PROVENANCE_COLUMNS},
+    }
+    where = _conditions(TunedResult, ResultFilter.for_key(result.key))
+    # FOR UPDATE: on PostgreSQL the row cannot change before our write (SQLite's
+    # IMMEDIATE transaction already excludes other writers).
+    existed = session.scalar(sa.select(TunedResult.id).where(*where).with_for_update()) is not None
+    if existed and on_conflict == "error":
+        raise StoreError(f"{result.key.label()} on {result.key.gpu} already has a result; import with "
+                         "on_conflict='skip', 'replace' or 'keep_faster' to resolve it")
+    query = _insert(session, table).values(**_key_values(result.key, _upsert_gpu(session, result.gpu)), **values)
+    if on_conflict == "skip":
+        query = query.on_conflict_do_nothing(index_elements=list(_KEY_INDEX))
+    elif on_conflict in ("replace", "keep_faster"):
+        query = query.on_conflict_do_update(
+            index_elements=list(_KEY_INDEX),
+            set_={**{name: query.excluded[name] for name in values}, "updated_at": utcnow()},
+            where=(query.excluded.time_ms < table.c.time_ms) if on_conflict == "keep_faster" else None,
+        )
+    written = session.execute(query.returning(table.c.id)).first() is not None
+    return "kept" if not written else "replaced" if existed else "inserted"
+
+
+def _gpu_info(gpu: Gpu) -> GpuInfo:
+    return GpuInfo(gpu.name, (gpu.capability_major, gpu.capability_minor), gpu.sm_count, gpu.total_memory)
+
+
+def _stored_result(row: TunedResult, gpu: Gpu) -> StoredResult:
+    key = TuningKey(gpu.key, row.dtype, row.head_dim, row.seq_len, row.causal, row.pass_)
+    provenance = Provenance(
+        **{name: getattr(row, name) for name in PROVENANCE_COLUMNS},
+        gpu_name=gpu.name, capability=f"{gpu.capability_major}.{gpu.capability_minor}", sm_count=gpu.sm_count,
+    )
+    return StoredResult(
+        key=key,
+        config=load_config(row.pass_, row.config, f"tuned result #{row.id} ({key.label()} on {gpu.key})"),
+        time_ms=row.time_ms, tflops=row.tflops, default_time_ms=row.default_time_ms, error=row.error,
+        n_trials=row.n_trials, gpu=_gpu_info(gpu), provenance=provenance,
+        created_at=as_utc(row.created_at), updated_at=as_utc(row.updated_at),
+    )
+
+
+def _trial_record(row: Trial, key: TuningKey) -> TrialRecord:
+    return TrialRecord(
+        id=row.id, key=key, config=load_config(row.pass_, row.config, f"trial #{row.id} ({key.label()} on {key.gpu})"),
+        status=row.status, time_ms=row.time_ms, error=row.error, message=row.message, study=row.study,
+        kernel_hash=row.kernel_hash, triton_version=row.triton_version, created_at=as_utc(row.created_at),
+    )
