@@ -152,5 +152,6 @@ def check_number(name: str, value: Any, *, minimum: float, inclusive: bool = Tru
 
 
 def as_utc(moment: datetime) -> datetime:
-    """SQLite hands timestamps back without a zone; the store writes UTC."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+    """A stored timestamp in UTC (SQLite hands them back without a zone, PostgreSQL in
+    the session's zone; the store writes UTC)."""
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
