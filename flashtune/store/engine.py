@@ -35,7 +35,7 @@ _HINTS = {
     f"or point {ENV_VAR} / --db at another file",
     "unable to open database file": "cannot open the file: check that its directory exists and is writable",
     "readonly database": "the database is read-only: check the file's and its directory's permissions",
-    "database is locked": f"another process held the database lock for more than {BUSY_TIMEOUT_MS // 1000} s",
+    "database is locked": "another process held the database lock for longer than the busy timeout",
 }
 
 
@@ -72,7 +72,7 @@ def resolve_url(url: str | os.PathLike | sa.URL | None = None) -> sa.URL:
     backend = parsed.get_backend_name()
     if backend not in SUPPORTED_BACKENDS:
         raise StoreError(
-            f"unknown database URL scheme {parsed.drivername!r} in {show_url(parsed)!r}: the store takes a file "
+            f"unsupported database URL scheme {parsed.drivername!r} in {show_url(parsed)!r}: the store takes a file "
             "path, sqlite:///PATH or postgresql+psycopg://USER@HOST/DATABASE"
         )
     return parsed

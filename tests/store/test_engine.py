@@ -1,0 +1,221 @@
+"""Where the store lives, how SQLite connections are set up, and bad input: each gives a
+clear StoreError and leaves the database as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sqlite3
+import tempfile
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from store_samples import H200, config_for, key, provenance, result
+
+from flashtune.store import Store, StoreError, current_revision, head_revision, resolve_url, upgrade
+from flashtune.store import engine as store_engine
+from flashtune.store.engine import create_store_engine, transaction
+
+# -- locations ------------------------------------------------------------------------------
+
+
+def test_default_location_is_the_user_data_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLASHTUNE_DB")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    expected = tmp_path / "xdg" / "flashtune" / "tuned.db"
+    assert resolve_url(None).database == str(expected)
+    with Store() as store:
+        store.save_result(result(key()))
+    assert expected.is_file() and current_revision(expected) == head_revision()
+
+
+def test_flashtune_db_takes_a_path_or_a_url(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHTUNE_DB", str(tmp_path / "from-env.db"))
+    with Store() as store:
+        store.upsert_gpu(H200)
+    assert (tmp_path / "from-env.db").is_file()
+    monkeypatch.setenv("FLASHTUNE_DB", f"sqlite:///{tmp_path / 'from-url.db'}")
+    assert resolve_url(None).database == str(tmp_path / "from-url.db")
+
+
+def test_plain_postgresql_urls_use_psycopg():
+    assert resolve_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
+    assert resolve_url("postgresql+psycopg://u@h/db").drivername == "postgresql+psycopg"
+
+
+def test_a_percent_sign_in_the_path_survives_alembic(tmp_path):
+    folder = tmp_path / "100%done"
+    folder.mkdir()
+    assert upgrade(folder / "new.db") == head_revision()
+    assert current_revision(folder / "new.db") == head_revision()
+
+
+# -- SQLite connections ---------------------------------------------------------------------
+
+
+def test_sqlite_connections_get_wal_foreign_keys_and_busy_timeout(tmp_path):
+    engine = create_store_engine(resolve_url(tmp_path / "x.db"))
+    with engine.connect() as connection:
+        pragma = lambda name: connection.exec_driver_sql(f"PRAGMA {name}").scalar()  # noqa: E731
+        assert (pragma("journal_mode"), pragma("foreign_keys"), pragma("busy_timeout")) == (
+            "wal", 1, store_engine.BUSY_TIMEOUT_MS)
+    engine.dispose()
+
+
+def test_sqlite_writes_take_the_lock_at_begin_and_reads_do_not(tmp_path):
+    path = tmp_path / "x.db"
+    Store(path).close()
+    engine = create_store_engine(resolve_url(path))
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
+    with transaction(engine, "read") as session:
+        session.execute(sa.text("SELECT count(*) FROM flashtune_gpus"))
+        other.execute("BEGIN IMMEDIATE")  # a reader does not block a writer
+        other.execute("ROLLBACK")
+    with transaction(engine, "write", write=True) as session:
+        session.execute(sa.text("SELECT count(*) FROM flashtune_gpus"))  # no write yet, the lock is taken
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            other.execute("BEGIN IMMEDIATE")
+    other.close()
+    engine.dispose()
+
+
+def test_driver_errors_become_store_errors_with_the_cause(tmp_path, monkeypatch):
+    path = tmp_path / "x.db"
+    with Store(path) as store:
+        store.upsert_gpu(H200)
+    monkeypatch.setattr(store_engine, "BUSY_TIMEOUT_MS", 50)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with Store(path) as store:
+            with pytest.raises(StoreError, match=r"record a trial of fwd bfloat16 d64 n1024 causal on "
+                                                 r"NVIDIA H200@sm90: database is locked") as caught:
+                store.record_trial(key(), config_for("fwd"), "ok", provenance=provenance(), time_ms=1.0)
+            assert isinstance(caught.value.__cause__, sa.exc.OperationalError)
+    finally:
+        holder.close()
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _corrupt_copy(tmp_path: Path) -> Path:
+    path = tmp_path / "corrupt.db"
+    with Store(path) as store:
+        store.import_results(result(key(n)) for n in (256, 512, 1024))
+    data = bytearray(path.read_bytes())
+    data[4096:] = b"\xa5" * (len(data) - 4096)  # every page after the first
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _text_file(tmp_path: Path) -> Path:
+    path = tmp_path / "notes.db"
+    path.write_text("these are my notes, not a database\n" * 200)
+    return path
+
+
+@pytest.mark.parametrize("make, reason", [(_corrupt_copy, "malformed"), (_text_file, "not a database")])
+def test_a_corrupt_or_foreign_file_is_refused_and_left_alone(tmp_path, make, reason):
+    path = make(tmp_path)
+    before = _digest(path)
+    with pytest.raises(StoreError, match=rf"{reason} \(.*restore it from a backup"):
+        Store(path)
+    with pytest.raises(StoreError, match=reason):
+        upgrade(path)
+    assert _digest(path) == before
+
+
+def test_a_missing_directory_is_refused(tmp_path):
+    with pytest.raises(StoreError, match="check that its directory exists"):
+        Store(tmp_path / "no" / "such" / "dir" / "tuned.db")
+    assert not (tmp_path / "no").exists()
+
+
+def test_create_false_refuses_a_missing_store(tmp_path):
+    with pytest.raises(StoreError, match="no flashtune store"):
+        Store(tmp_path / "absent.db", create=False)
+    assert not (tmp_path / "absent.db").exists()
+
+
+@pytest.mark.parametrize("url", ["foo://bar/baz", "mysql://root@localhost/test"])
+def test_an_unknown_url_scheme_is_refused(url):
+    with pytest.raises(StoreError, match=r"unsupported database URL scheme '(foo|mysql)'.*sqlite:///PATH"):
+        Store(url)
+
+
+@pytest.mark.postgres
+def test_a_missing_postgresql_database_is_refused(postgres_server):
+    url = postgres_server.url.set(database="flashtune_no_such_database")
+    with pytest.raises(StoreError, match='database "flashtune_no_such_database" does not exist'):
+        Store(url)
+
+
+def _in_unprivileged_child(action) -> str:
+    """Run ``action()`` in a forked child that cannot write where its parent made the
+    directory read-only (as root, the child drops to nobody); return what it reports."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read_end)
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            report = action()
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            report = f"{type(e).__name__}: {e}"
+        os.write(write_end, report.encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        report = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return report
+
+
+@pytest.fixture
+def read_only_dir():
+    # Not under tmp_path: pytest's base directory is private to its owner, and the
+    # unprivileged child must be able to look inside.
+    folder = Path(tempfile.mkdtemp(prefix="flashtune-ro-"))
+    yield folder
+    folder.chmod(0o755)
+    for path in folder.iterdir():
+        path.chmod(0o644)
+    shutil.rmtree(folder)
+
+
+def test_a_read_only_directory_is_refused(read_only_dir):
+    read_only_dir.chmod(0o555)
+    report = _in_unprivileged_child(lambda: repr(Store(read_only_dir / "tuned.db")))
+    assert report.startswith("StoreError: open the store at sqlite:///") and "writable" in report, report
+    assert list(read_only_dir.iterdir()) == []
+
+
+def test_a_read_only_store_refuses_writes_and_stays_as_it_was(read_only_dir):
+    path = read_only_dir / "tuned.db"
+    with Store(path) as store:
+        store.save_result(result(key(512)))
+    path.chmod(0o444)
+    read_only_dir.chmod(0o555)
+    before = _digest(path)
+
+    def write() -> str:
+        with Store(path) as store:
+            store.save_result(result(key(1024)))
+        return "saved"
+
+    report = _in_unprivileged_child(write)
+    assert report.startswith("StoreError: ") and "read-only" in report, report
+    assert _digest(path) == before
+    read_only_dir.chmod(0o755)
+    path.chmod(0o644)
+    with Store(path) as store:
+        assert [r.key for r in store.list_results()] == [key(512)]
