@@ -4,10 +4,10 @@ from flashtune.kernels.backward import attention_backward
 from flashtune.kernels.config import BwdConfig, ConfigError, FwdConfig, default_config, padded_head_dim
 from flashtune.kernels.forward import attention_forward
 from flashtune.kernels.function import FlashAttentionFunction, attention, check_inputs, resolve_configs
-from flashtune.kernels.reference import reference_attention
+from flashtune.kernels.reference import reference_attention, reference_with_grads
 
 __all__ = [
     "BwdConfig", "ConfigError", "FlashAttentionFunction", "FwdConfig", "attention", "attention_backward",
     "attention_forward", "check_inputs", "default_config", "padded_head_dim", "reference_attention",
-    "resolve_configs",
+    "reference_with_grads", "resolve_configs",
 ]

@@ -16,7 +16,7 @@ from flashtune.kernels.common import LOG2E, dot_precision, load_tile, store_tile
 from flashtune.kernels.config import FwdConfig, padded_head_dim
 
 # Test-only fault injection for the autotuner's isolation tests.
-FAULT_NONE, FAULT_OOB_WRITE, FAULT_TRAP, FAULT_SPIN = 0, 1, 2, 3
+FAULT_NONE, FAULT_OOB_WRITE, FAULT_TRAP, FAULT_SPIN, FAULT_WRONG = 0, 1, 2, 3, 4
 
 
 @triton.jit
@@ -96,6 +96,8 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, FaultFlag, qk_scale,
                                True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
 
     acc = acc / l_i[:, None]
+    if FAULT == 4:
+        acc = acc * 1.25  # a plausible but wrong answer
     o_ptrs = O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     if FAULT == 1:
         o_ptrs += 1 << 40  # write far outside the output: an illegal address

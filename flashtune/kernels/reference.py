@@ -29,3 +29,37 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None])
     return torch.matmul(p, v), lse
+
+
+def reference_with_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, *,
+                         causal: bool = False, sm_scale: float | None = None,
+                         dtype: torch.dtype = torch.float32, max_bytes: int = 1 << 31):
+    """(o, lse, dq, dk, dv) of ``reference_attention`` in ``dtype``, computed a few
+    batch entries and key heads at a time so the score matrices stay under ``max_bytes``.
+
+    Results come back in ``dtype``; inputs are not modified.
+    """
+    B, Hq, Nq, _ = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    per_head = group * Nq * Nk * torch.empty((), dtype=dtype).element_size() * 4  # s, p and their grads
+    step = max(1, int(max_bytes // max(per_head, 1)))
+    outs = [torch.empty(q.shape, dtype=dtype, device=q.device), torch.empty((B, Hq, Nq), dtype=dtype, device=q.device),
+            torch.empty(q.shape, dtype=dtype, device=q.device), torch.empty(k.shape, dtype=dtype, device=q.device),
+            torch.empty(v.shape, dtype=dtype, device=q.device)]
+    o, lse, dq, dk, dv = outs
+    for b in range(B):
+        for h0 in range(0, Hkv, step):
+            h1 = min(Hkv, h0 + step)
+            qs = q[b:b + 1, h0 * group:h1 * group].to(dtype).requires_grad_()
+            ks = k[b:b + 1, h0:h1].to(dtype).requires_grad_()
+            vs = v[b:b + 1, h0:h1].to(dtype).requires_grad_()
+            with torch.enable_grad():
+                o_s, lse_s = reference_attention(qs, ks, vs, causal=causal, sm_scale=sm_scale, dtype=dtype)
+                g = torch.autograd.grad(o_s, (qs, ks, vs), do[b:b + 1, h0 * group:h1 * group].to(dtype))
+            o[b:b + 1, h0 * group:h1 * group] = o_s.detach()
+            lse[b:b + 1, h0 * group:h1 * group] = lse_s.detach()
+            dq[b:b + 1, h0 * group:h1 * group] = g[0]
+            dk[b:b + 1, h0:h1] = g[1]
+            dv[b:b + 1, h0:h1] = g[2]
+    return o, lse, dq, dk, dv

@@ -1,0 +1,388 @@
+"""The search: one Optuna study per tuning key, keeping only configs that are correct.
+
+For each key: warm-start with the heuristic default and the stored winners of the
+key and its neighbours (same family, other seq lens), then let the sampler propose
+(TPE, multivariate) until the budget is spent; when the valid space fits in the
+budget, every valid config is measured instead. Configs ``validate()`` rejects are
+told to the study as pruned without a compile, and a config proposed twice is
+measured once. Every trial's outcome goes to the store as it finishes, and to the
+study's storage (a JournalStorage file by default), so an interrupted search resumes
+where it stopped. At the end the best few configs and the default are re-timed
+interleaved; the winner and its speed-up over the default, both from that run, are
+stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import signal
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from flashtune.keys import GpuInfo, TuningKey
+from flashtune.kernels.config import default_config
+from flashtune.kernels.space import SPACES, valid_candidates
+
+STUDY_PREFIX = "flashtune"
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyResult:
+    """What the search did for one key."""
+
+    key: TuningKey
+    status: str  # "tuned", "no_valid_config", "already_tuned", "failed: crashed|timeout"
+    winner: object | None = None
+    time_ms: float | None = None
+    tflops: float | None = None
+    default_time_ms: float | None = None
+    n_trials: int = 0
+    outcomes: dict = dataclasses.field(default_factory=dict)  # trial status -> count
+    wall_s: float = 0.0
+    timer: str = ""
+    shape: tuple[int, int] | None = None  # (batch, heads) the trials used
+
+    @property
+    def speedup(self) -> float | None:
+        if self.time_ms is None or self.default_time_ms is None:
+            return None
+        return self.default_time_ms / self.time_ms
+
+    @property
+    def rejected(self) -> int:
+        return sum(n for status, n in self.outcomes.items() if status != "ok")
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSummary:
+    results: list[KeyResult]
+    interpreter: bool
+    storage: str
+
+
+def build_keys(gpu: str, *, head_dims: Iterable[int], dtypes: Iterable[str], seq_lens: Iterable[int],
+               causal: Iterable[bool] = (False, True), passes: Iterable[str] = ("fwd", "bwd")) -> list[TuningKey]:
+    """Every combination of the given values, as tuning keys for ``gpu`` (a GpuInfo.key)."""
+    return [TuningKey(gpu, dt, d, n, c, p)
+            for p, dt, d, c, n in itertools.product(passes, dtypes, head_dims, causal, seq_lens)]
+
+
+def study_name(key: TuningKey, kernel_hash: str) -> str:
+    """A stable name, so running the same search again resumes the same study."""
+    mode = "causal" if key.causal else "full"
+    return f"{STUDY_PREFIX}:{key.gpu}:{key.pass_}:{key.dtype}:d{key.head_dim}:n{key.seq_len}:{mode}:{kernel_hash}"
+
+
+def default_storage_path(store_url) -> Path:
+    """The journal file next to a SQLite store, else in the user data dir."""
+    from flashtune.store.engine import default_path, sqlite_path
+
+    path = sqlite_path(store_url)
+    return (path.parent if path is not None else default_path().parent) / "optuna-journal.log"
+
+
+def open_storage(storage: str | None, store_url):
+    """An Optuna storage: a JournalStorage file (default, or a path) or an RDB URL."""
+    import optuna
+
+    if storage is None or "://" not in storage:
+        path = Path(storage) if storage else default_storage_path(store_url)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        backend = optuna.storages.journal.JournalFileBackend(str(path))
+        return optuna.storages.JournalStorage(backend), str(path)
+    return optuna.storages.RDBStorage(storage), storage
+
+
+def _config_id(cfg) -> tuple:
+    return tuple(sorted(cfg.to_dict().items()))
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM stops the search like Ctrl-C: what finished is kept."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _KeySearch:
+    """The search of one key; the study, the store and the worker are shared."""
+
+    def __init__(self, key, *, store, storage, worker, gpu, provenance, device, trials, timeout, trial_timeout,
+                 finalists, rounds, seed, faults, progress):
+        import optuna
+
+        self.key, self.store, self.worker, self.gpu = key, store, worker, gpu
+        self.provenance, self.trials, self.timeout = provenance, trials, timeout
+        self.trial_timeout, self.finalists, self.rounds = trial_timeout, finalists, rounds
+        self.faults = faults or {}
+        self.progress = progress
+        cls, space = SPACES[key.pass_]
+        self.cls = cls
+        self.dists = {name: optuna.distributions.CategoricalDistribution(values) for name, values in space.items()}
+        import torch
+
+        self.dtype = getattr(torch, key.dtype)
+        self.valid = valid_candidates(key.pass_, key.head_dim, self.dtype, device)
+        self.valid_ids = {_config_id(c) for c in self.valid}
+        self.default = default_config(key.pass_, key.head_dim, self.dtype, device)
+        sampler = optuna.samplers.TPESampler(multivariate=True, seed=seed, constant_liar=True,
+                                             n_startup_trials=max(4, min(10, trials // 3)))
+        self.study = optuna.create_study(study_name=study_name(key, provenance.kernel_hash), storage=storage,
+                                         sampler=sampler, direction="minimize", load_if_exists=True)
+        self.measured: dict[tuple, tuple[str, float | None, float | None]] = {}
+        for t in self.study.get_trials(deepcopy=False):
+            status = t.user_attrs.get("status")
+            if status and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL):
+                cfg = cls(**t.params)
+                self.measured[_config_id(cfg)] = (status, t.user_attrs.get("time_ms"), t.user_attrs.get("error"))
+
+    # -- proposals ---------------------------------------------------------------------
+
+    def warm_start(self) -> list:
+        from flashtune.store import ResultFilter
+
+        first = [self.default]
+        family = self.store.list_results(ResultFilter(self.key.gpu, self.key.dtype, self.key.head_dim, None,
+                                                      self.key.causal, self.key.pass_))
+        family.sort(key=lambda r: abs(r.key.seq_len - self.key.seq_len))
+        first += [r.config for r in family]
+        if len(self.valid) <= self.trials:
+            first += self.valid  # the valid space fits the budget: measure all of it
+        seen, queue = set(), []
+        for cfg in first:
+            cid = _config_id(cfg)
+            if cid in self.valid_ids and cid not in self.measured and cid not in seen:
+                seen.add(cid)
+                queue.append(cfg)
+        return queue
+
+    def _unmeasured(self):
+        return [c for c in self.valid if _config_id(c) not in self.measured]
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def n_measured(self) -> int:
+        return len(self.measured)
+
+    def best(self):
+        ok = [(v[1], cid) for cid, v in self.measured.items() if v[0] == "ok"]
+        return min(ok) if ok else None
+
+    def run(self, on_trial) -> None:
+        import optuna
+
+        for cfg in self.warm_start():
+            self.study.enqueue_trial(cfg.to_dict(), skip_if_exists=True)
+        start = time.monotonic()
+        idle_proposals = 0
+        while self.n_measured() < self.trials and (self.timeout is None or time.monotonic() - start < self.timeout):
+            if not self._unmeasured():
+                break
+            trial = self.study.ask(self.dists)
+            cfg = self.cls(**trial.params)
+            cid = _config_id(cfg)
+            if cid not in self.valid_ids or cid in self.measured:
+                # rejected by validate() (never compiled) or already measured: costs nothing,
+                # but steer the sampler to an unmeasured valid config if it keeps doing it
+                trial.set_user_attr("skipped", "invalid" if cid not in self.valid_ids else "duplicate")
+                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                idle_proposals += 1
+                if idle_proposals >= 20:
+                    idle_proposals = 0
+                    rest = self._unmeasured()
+                    self.study.enqueue_trial(rest[len(self.measured) % len(rest)].to_dict())
+                continue
+            idle_proposals = 0
+            try:
+                outcome = self.worker.run(self.key, cfg, self.trial_timeout, self.faults.get(cid, 0))
+            except KeyboardInterrupt:
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
+            self.store.record_trial(self.key, cfg, outcome.status, provenance=self.provenance,
+                                    time_ms=outcome.time_ms, error=outcome.error, message=outcome.message,
+                                    study=self.study.study_name)
+            for name, value in (("status", outcome.status), ("time_ms", outcome.time_ms),
+                                ("error", outcome.error), ("message", outcome.message)):
+                trial.set_user_attr(name, value)
+            if outcome.status == "ok":
+                self.study.tell(trial, outcome.time_ms)
+            else:
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            self.measured[cid] = (outcome.status, outcome.time_ms, outcome.error)
+            on_trial(self, cfg, outcome)
+
+    def finalize(self, started: float) -> KeyResult:
+        """Re-time the best few with the default, interleaved, and store the winner."""
+        from flashtune.autotuner.trial import trial_shape
+        from flashtune.store import ResultFilter, StoredResult
+
+        outcomes = Counter(v[0] for v in self.measured.values())
+        ok = sorted((v[1], cid) for cid, v in self.measured.items() if v[0] == "ok")
+        info = getattr(self.worker, "info", None) or {}
+        shape = trial_shape(self.key, self.worker.interpreter)
+        common = dict(n_trials=len(self.measured), outcomes=dict(outcomes), timer=info.get("timer", ""),
+                      shape=shape)
+        if not ok:
+            return KeyResult(self.key, "no_valid_config", wall_s=time.monotonic() - started, **common)
+        finalists = [self.cls(**dict(cid)) for _, cid in ok[: self.finalists]]
+        stored = self.store.list_results(ResultFilter.for_key(self.key))
+        if stored and _config_id(stored[0].config) in self.valid_ids:
+            finalists.append(stored[0].config)  # the stored winner must win again, in this run
+        default_ok = self.measured.get(_config_id(self.default), ("",))[0] == "ok"
+        if default_ok:
+            finalists.append(self.default)
+        unique = list({_config_id(c): c for c in finalists}.values())
+        times = self.worker.retime(self.key, unique, self.rounds, timeout=self.trial_timeout * (1 + self.rounds)
+                                   * len(unique))
+        medians = [statistics.median(t) for t in times]
+        i = min(range(len(unique)), key=medians.__getitem__)
+        winner, best_ms = unique[i], medians[i]
+        default_ms = medians[[_config_id(c) for c in unique].index(_config_id(self.default))] if default_ok else None
+        flops = info.get("flops") or 0.0
+        result = StoredResult(key=self.key, config=winner, time_ms=best_ms, tflops=flops / best_ms * 1e-9,
+                              default_time_ms=default_ms, error=float(self.measured[_config_id(winner)][2] or 0.0),
+                              n_trials=len(self.measured), gpu=self.gpu, provenance=self.provenance)
+        self.store.save_result(result, replace=True)
+        self.study.set_user_attr("finalized_trials", len(self.measured))
+        return KeyResult(self.key, "tuned", winner, best_ms, result.tflops, default_ms,
+                         wall_s=time.monotonic() - started, **common)
+
+
+def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: float | None = None,
+           trial_timeout: float = 120.0, storage: str | None = None, device: str | None = None,
+           progress: bool = True, finalists: int = 3, rounds: int = 5, seed: int = 0, force: bool = False,
+           faults: dict | None = None, console=None) -> SearchSummary:
+    """Tune every key: ``trials`` measured configs and/or ``timeout`` seconds per key.
+
+    ``db`` is the store (URL, path or None for the default); ``storage`` Optuna's (a
+    journal file path or an RDB URL; default: a journal file next to the store).
+    ``device`` is a CUDA device ("cuda:0"), or "cpu" to run under the Triton
+    interpreter (tiny shapes, interpreter timings: a test and demo mode). A key whose
+    study already finished with this budget is skipped unless ``force``. ``faults``
+    (tests only) maps a config's id to a fault to inject into its forward launch.
+    """
+    import optuna
+    import torch
+
+    from flashtune.autotuner.worker import TrialWorker, WorkerLost
+    from flashtune.provenance import current_provenance
+    from flashtune.store import Store
+
+    if not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"trials: expected a positive integer, got {trials!r}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout: expected a positive number of seconds, got {timeout!r}")
+    dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    interpreter = dev.type == "cpu"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} asks for CUDA, but no CUDA GPU is available; use device='cpu' for "
+                         "the interpreter demo")
+    gpu = GpuInfo.from_device(dev) if not interpreter else GpuInfo.interpreter()
+    for key in keys:
+        if key.gpu != gpu.key:
+            raise ValueError(f"keys: {key.label()} is for GPU {key.gpu!r}, this device is {gpu.key!r}")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    provenance = current_provenance(None if interpreter else dev)
+    store = Store(db)
+    store.upsert_gpu(gpu)
+    optuna_storage, storage_label = open_storage(storage, store.url)
+    results: list[KeyResult] = []
+    worker = TrialWorker(str(dev), interpreter=interpreter)
+    bar = _Progress(len(keys) * trials, enabled=progress, console=console)
+    try:
+        with _sigterm_as_interrupt(), bar:
+            for key in keys:
+                started = time.monotonic()
+                ks = _KeySearch(key, store=store, storage=optuna_storage, worker=worker, gpu=gpu,
+                                provenance=provenance, device=dev, trials=trials, timeout=timeout,
+                                trial_timeout=trial_timeout, finalists=finalists, rounds=rounds, seed=seed,
+                                faults=faults, progress=bar)
+                done = ks.study.user_attrs.get("finalized_trials")
+                if not force and done is not None and done >= min(trials, len(ks.valid)):
+                    bar.advance_key(key, trials)
+                    results.append(KeyResult(key, "already_tuned", n_trials=ks.n_measured(),
+                                             outcomes=dict(Counter(v[0] for v in ks.measured.values()))))
+                    continue
+                bar.start_key(ks)
+                try:
+                    ks.run(bar.on_trial)
+                    results.append(ks.finalize(started))
+                except WorkerLost as e:
+                    # the key's inputs or reference could not be built, or the re-timing died
+                    results.append(KeyResult(key, f"failed: {e.status}", n_trials=ks.n_measured(),
+                                             outcomes=dict(Counter(v[0] for v in ks.measured.values())),
+                                             wall_s=time.monotonic() - started))
+                bar.finish_key(ks, results[-1], trials)
+    finally:
+        worker.close()
+        store.close()
+    return SearchSummary(results, interpreter, storage_label)
+
+
+class _Progress:
+    """One rich progress bar for the whole search, or nothing."""
+
+    def __init__(self, total: int, *, enabled: bool, console=None):
+        self.enabled = enabled
+        self.total = total
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                               TimeElapsedColumn(), console=console, transient=False)
+            self._task = None
+        self._done_keys = 0
+
+    def __enter__(self):
+        if self.enabled:
+            self._p.__enter__()
+            self._task = self._p.add_task("starting", total=self.total)
+        return self
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self._p.__exit__(*exc)
+
+    def _describe(self, ks) -> str:
+        best = ks.best()
+        text = f"{ks.key.label()}: {ks.n_measured()}/{ks.trials} trials"
+        if best is not None:
+            text += f", best {best[0]:.4g} ms"
+            default = ks.measured.get(_config_id(ks.default))
+            if default and default[0] == "ok":
+                text += f" ({default[1] / best[0]:.2f}x the default)"
+        return text
+
+    def start_key(self, ks) -> None:
+        if self.enabled:
+            self._p.update(self._task, description=self._describe(ks),
+                           completed=self._done_keys * ks.trials + min(ks.n_measured(), ks.trials))
+
+    def on_trial(self, ks, cfg, outcome) -> None:
+        if self.enabled:
+            self._p.update(self._task, description=self._describe(ks),
+                           completed=self._done_keys * ks.trials + min(ks.n_measured(), ks.trials))
+
+    def finish_key(self, ks, result, trials) -> None:
+        self.advance_key(ks.key, trials)
+
+    def advance_key(self, key, trials) -> None:
+        self._done_keys += 1
+        if self.enabled:
+            self._p.update(self._task, completed=self._done_keys * trials, description=f"{key.label()}: done")

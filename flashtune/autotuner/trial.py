@@ -1,0 +1,157 @@
+"""One key's trials: inputs, the reference, the correctness rule, timing.
+
+Runs inside the worker process (flashtune.autotuner.worker); nothing here touches
+the store. A ``KeyBench`` is built once per key: random inputs with a seed derived
+from the key, and the fp32 reference computed once. ``run(config)`` checks a config
+and times it; ``retime(configs, rounds)`` re-times finalists interleaved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import statistics
+import time
+
+import torch
+
+from flashtune.autotuner.outcome import Outcome, classify
+from flashtune.keys import TuningKey
+from flashtune.kernels import attention_backward, attention_forward, reference_with_grads
+from flashtune.kernels.common import INTERPRETER, LOG2E, LN2
+from flashtune.kernels.config import BwdConfig, FwdConfig
+from flashtune.kernels.forward import FAULT_NONE
+
+# FlashAttention's rule: the kernel's error may exceed torch's own attention in the same
+# dtype by this factor, plus a small absolute slack. NaN or Inf always fails.
+ERROR_FACTOR = 2.0
+ABS_SLACK = 1e-4
+LSE_SLACK = 1e-3
+
+# The standard benchmark shape: 16k tokens, model width 2048 (BENCHMARKS.md).
+TOKENS, WIDTH = 16384, 2048
+
+
+def trial_shape(key: TuningKey, interpreter: bool) -> tuple[int, int]:
+    """(batch, heads) for a key: the benchmark grid's on a GPU, tiny under the interpreter."""
+    if interpreter:
+        return 1, 2
+    heads = max(1, WIDTH // key.head_dim)
+    return max(1, TOKENS // key.seq_len), heads
+
+
+def flops(key: TuningKey, batch: int, heads: int) -> float:
+    f = 4.0 * batch * heads * key.seq_len * key.seq_len * key.head_dim
+    if key.causal:
+        f /= 2
+    return f * (2.5 if key.pass_ == "bwd" else 1.0)
+
+
+def _seed(key: TuningKey) -> int:
+    return int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:4], "little")
+
+
+def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+class KeyBench:
+    """Inputs, reference and error allowances for one tuning key on one device."""
+
+    def __init__(self, key: TuningKey, device: torch.device):
+        self.key = key
+        self.device = device
+        self.dtype = getattr(torch, key.dtype)
+        self.batch, self.heads = trial_shape(key, device.type != "cuda")
+        self.sm_scale = 1.0 / math.sqrt(key.head_dim)
+        gen = torch.Generator(device=device).manual_seed(_seed(key))
+        shape = (self.batch, self.heads, key.seq_len, key.head_dim)
+        self.q, self.k, self.v, self.do = (torch.randn(shape, device=device, dtype=self.dtype, generator=gen)
+                                           for _ in range(4))
+        ref_dtype = torch.float32 if device.type == "cuda" else torch.float64
+        ref = reference_with_grads(self.q, self.k, self.v, self.do, causal=key.causal, dtype=ref_dtype)
+        self.o_ref, self.lse_ref = ref[0], ref[1]
+        self.grads_ref = ref[2:]
+        # torch's own attention in the key's dtype (fp32 with tf32 matmuls, as our kernels)
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            low = reference_with_grads(self.q, self.k, self.v, self.do, causal=key.causal, dtype=self.dtype)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+        names = ("o", "dq", "dk", "dv")
+        allow = [ERROR_FACTOR * _max_err(x, r) + ABS_SLACK for x, r in zip((low[0],) + low[2:], (ref[0],) + ref[2:])]
+        self.allowance = dict(zip(names, allow))
+        self.allowance["lse"] = ERROR_FACTOR * _max_err(low[1], ref[1]) + LSE_SLACK
+        # the backward's inputs come from the reference, so it is checked on its own
+        self.o_in = self.o_ref.to(self.dtype)
+        self.lse2_in = (self.lse_ref * LOG2E).float().contiguous()
+        self.flops = flops(key, self.batch, self.heads)
+
+    def launcher(self, config, fault: int = FAULT_NONE):
+        """A no-argument callable running the key's pass with ``config``."""
+        if self.key.pass_ == "fwd":
+            assert isinstance(config, FwdConfig)
+            return lambda: attention_forward(self.q, self.k, self.v, config, causal=self.key.causal,
+                                             sm_scale=self.sm_scale, _fault=fault)
+        assert isinstance(config, BwdConfig)
+        return lambda: attention_backward(self.do, self.q, self.k, self.v, self.o_in, self.lse2_in, config,
+                                          causal=self.key.causal, sm_scale=self.sm_scale)
+
+    def check(self, result) -> tuple[bool, float, str]:
+        """(passed, worst error / allowance, which output was worst)."""
+        if self.key.pass_ == "fwd":
+            o, lse2 = result
+            pairs = {"o": (o, self.o_ref), "lse": (lse2 * LN2, self.lse_ref)}
+        else:
+            pairs = dict(zip(("dq", "dk", "dv"), zip(result, self.grads_ref)))
+        worst, worst_name = 0.0, ""
+        for name, (got, ref) in pairs.items():
+            err = _max_err(got, ref)
+            ratio = err / self.allowance[name] if math.isfinite(err) else math.inf
+            if not ratio <= worst:  # also catches NaN
+                worst, worst_name = ratio if math.isfinite(ratio) else math.inf, name
+        return worst <= 1.0, worst, worst_name
+
+    def time_ms(self, fn, *, quick: bool = False) -> float:
+        """Median time of ``fn``: CUDA events with L2 flush on a GPU, wall clock under the interpreter."""
+        if self.device.type == "cuda":
+            import triton.testing
+
+            return float(triton.testing.do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100,
+                                                 return_mode="median"))
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    def run(self, config, fault: int = FAULT_NONE) -> Outcome:
+        """Check ``config`` against the reference, then time it."""
+        fn = self.launcher(config, fault)
+        try:
+            result = fn()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except Exception as e:  # noqa: BLE001 - every failure of a config is an outcome
+            return classify(e)
+        passed, worst, name = self.check(result)
+        if not passed:
+            return Outcome("incorrect", error=worst, message=f"{name} error is {worst:.3g}x the allowance")
+        return Outcome("ok", time_ms=self.time_ms(fn), error=worst)
+
+    def retime(self, configs: list, rounds: int) -> list[list[float]]:
+        """Time each config once per round, interleaved, so drift hits them all alike."""
+        fns = [self.launcher(c) for c in configs]
+        times: list[list[float]] = [[] for _ in configs]
+        for _ in range(rounds):
+            for i, fn in enumerate(fns):
+                times[i].append(self.time_ms(fn))
+        return times
+
+    def describe(self) -> dict:
+        return {"batch": self.batch, "heads": self.heads, "flops": self.flops,
+                "timer": "cuda-events" if self.device.type == "cuda" else "interpreter-wall-clock",
+                "interpreter": INTERPRETER}

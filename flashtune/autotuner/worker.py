@@ -1,0 +1,168 @@
+"""Trials run in a long-lived child process, so a crashing or hanging kernel costs one trial.
+
+The parent talks to the child over a pipe: ``setup`` builds a key's inputs and
+reference, ``run`` checks and times one config, ``retime`` re-times finalists. A reply
+that does not come within its timeout gets the child killed (``timeout``); a child that
+dies (illegal memory access, trap, segfault) is reported as ``crashed``. Either way the
+next request starts a fresh child, which builds the key's inputs again.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import traceback
+from typing import Any
+
+from flashtune.autotuner.outcome import Outcome
+from flashtune.keys import TuningKey
+
+
+class WorkerLost(Exception):
+    """The child died or was killed; ``status`` says which ("crashed" or "timeout")."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _child(conn, device: str, interpreter: bool) -> None:
+    import torch
+
+    from flashtune.autotuner.outcome import is_fatal
+    from flashtune.autotuner.trial import KeyBench
+    from flashtune.kernels.config import BwdConfig, FwdConfig
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    bench: KeyBench | None = None
+    while True:
+        try:
+            op, args = conn.recv()
+        except EOFError:
+            return
+        try:
+            if op == "setup":
+                bench = None
+                bench = KeyBench(args["key"], dev)
+                reply: Any = bench.describe()
+            elif op == "run":
+                cls = FwdConfig if args["pass"] == "fwd" else BwdConfig
+                reply = bench.run(cls(**args["config"]), args.get("fault", 0))
+            elif op == "retime":
+                cls = FwdConfig if args["pass"] == "fwd" else BwdConfig
+                reply = bench.retime([cls(**c) for c in args["configs"]], args["rounds"])
+            elif op == "exit":
+                return
+            else:
+                raise ValueError(f"unknown request {op!r}")
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"))
+            if is_fatal(e):
+                return
+            continue
+        conn.send(("ok", reply))
+        if isinstance(reply, Outcome) and reply.status == "crashed":
+            return  # the CUDA context is poisoned: leave, the parent starts a new child
+
+
+class TrialWorker:
+    """A child process that runs trials on one device; restarted after a crash or timeout."""
+
+    def __init__(self, device: str, *, interpreter: bool, setup_timeout: float = 600.0):
+        self.device = device
+        self.interpreter = interpreter
+        self.setup_timeout = setup_timeout
+        self._ctx = mp.get_context("spawn")
+        self._proc = None
+        self._conn = None
+        self._key: TuningKey | None = None
+        self.restarts = 0
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_child, args=(child, self.device, self.interpreter), daemon=True,
+                                       name="flashtune-trial-worker")
+        # The child may import triton while unpickling (the parent's __main__ is imported
+        # again under spawn), so the interpreter switch must be in its environment at start.
+        saved = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1" if self.interpreter else "0"
+        try:
+            self._proc.start()
+        finally:
+            if saved is None:
+                del os.environ["TRITON_INTERPRET"]
+            else:
+                os.environ["TRITON_INTERPRET"] = saved
+        child.close()
+        self._conn = parent
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(timeout=30)
+            self._conn.close()
+        self._proc = self._conn = None
+        self._key = None
+
+    def _request(self, op: str, args: dict, timeout: float):
+        if self._proc is None:
+            self._start()
+            self.restarts += 1
+        try:
+            self._conn.send((op, args))
+            ready = self._conn.poll(timeout)
+            if not ready:
+                self._kill()
+                raise WorkerLost("timeout", f"no answer within {timeout:g} s; the worker was killed")
+            status, reply = self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as e:
+            code = self._proc.exitcode if self._proc is not None else None
+            self._kill()
+            raise WorkerLost("crashed", f"the worker died (exit code {code})") from e
+        if status == "error":
+            raise RuntimeError(f"worker failed on {op}: {reply}")
+        if isinstance(reply, Outcome) and reply.status == "crashed":
+            self._kill()
+        return reply
+
+    def setup(self, key: TuningKey) -> dict:
+        """Build the key's inputs and reference in the child (again after a restart)."""
+        info = self._request("setup", {"key": key}, self.setup_timeout)
+        self._key = key
+        self.info = info
+        return info
+
+    def _ensure(self, key: TuningKey) -> None:
+        if self._key != key or self._proc is None:
+            self.setup(key)
+
+    def run(self, key: TuningKey, config, timeout: float, fault: int = 0) -> Outcome:
+        """One trial; a crash or a timeout comes back as an Outcome, never raises."""
+        self._ensure(key)
+        try:
+            return self._request("run", {"pass": key.pass_, "config": config.to_dict(), "fault": fault}, timeout)
+        except WorkerLost as e:
+            return Outcome(e.status, message=str(e))
+
+    def retime(self, key: TuningKey, configs: list, rounds: int, timeout: float) -> list[list[float]]:
+        self._ensure(key)
+        return self._request("retime", {"pass": key.pass_, "configs": [c.to_dict() for c in configs],
+                                        "rounds": rounds}, timeout)
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(("exit", {}))
+                self._proc.join(timeout=10)
+            except (BrokenPipeError, OSError):
+                pass
+        self._kill()
+
+    def __enter__(self) -> "TrialWorker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
