@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -152,6 +152,5 @@ def transaction(engine: sa.Engine, action: str, *, write: bool = False) -> Itera
 
     ``action`` names the operation in error messages ("save result fwd ... on H200").
     """
-    with wrap_errors(action):
-        with Session(write_engine(engine) if write else engine) as session, session.begin():
-            yield session
+    with wrap_errors(action), Session(write_engine(engine) if write else engine) as session, session.begin():
+        yield session

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Mapping, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from flashtune.keys import DTYPES, PASSES, GpuInfo, TuningKey
 from flashtune.provenance import Provenance
@@ -102,7 +103,7 @@ class ResultFilter:
             raise ValueError(f"pass: expected 'fwd' or 'bwd', got {self.pass_!r}")
 
     @classmethod
-    def for_key(cls, key: TuningKey) -> "ResultFilter":
+    def for_key(cls, key: TuningKey) -> ResultFilter:
         return cls(key.gpu, key.dtype, key.head_dim, key.seq_len, key.causal, key.pass_)
 
     def is_empty(self) -> bool:

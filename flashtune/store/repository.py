@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import math
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -59,7 +59,7 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({show_url(self.url)!r})"
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -251,7 +251,7 @@ def _key_values(key: TuningKey, gpu_id: int) -> dict:
             "causal": key.causal, "pass": key.pass_}
 
 
-def _conditions(model: type[TunedResult] | type[Trial], where: ResultFilter) -> list:
+def _conditions(model: type[TunedResult | Trial], where: ResultFilter) -> list:
     conditions = []
     if where.gpu is not None:
         conditions.append(model.gpu_id == sa.select(Gpu.id).where(Gpu.key == where.gpu).scalar_subquery())

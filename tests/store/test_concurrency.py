@@ -15,8 +15,7 @@ import traceback
 import pytest
 from store_samples import H200, config_for, key, provenance, result
 
-from flashtune.store import Store, resolve_url
-from flashtune.store import repository
+from flashtune.store import Store, repository, resolve_url
 
 FORK = multiprocessing.get_context("fork")
 WORKERS = 4

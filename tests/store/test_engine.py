@@ -58,9 +58,9 @@ def test_a_percent_sign_in_the_path_survives_alembic(tmp_path):
 def test_sqlite_connections_get_wal_foreign_keys_and_busy_timeout(tmp_path):
     engine = create_store_engine(resolve_url(tmp_path / "x.db"))
     with engine.connect() as connection:
-        pragma = lambda name: connection.exec_driver_sql(f"PRAGMA {name}").scalar()  # noqa: E731
-        assert (pragma("journal_mode"), pragma("foreign_keys"), pragma("busy_timeout")) == (
-            "wal", 1, store_engine.BUSY_TIMEOUT_MS)
+        values = [connection.exec_driver_sql(f"PRAGMA {name}").scalar()
+                  for name in ("journal_mode", "foreign_keys", "busy_timeout")]
+        assert values == ["wal", 1, store_engine.BUSY_TIMEOUT_MS]
     engine.dispose()
 
 

@@ -7,7 +7,6 @@ import ast
 import json
 import shutil
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -25,9 +24,9 @@ from flashtune.store import (
     StoreError,
     current_revision,
     head_revision,
+    migrations,
     upgrade,
 )
-from flashtune.store import migrations
 from flashtune.store.engine import create_store_engine, resolve_url
 from flashtune.store.models import Base
 
