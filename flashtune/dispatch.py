@@ -1,0 +1,378 @@
+"""``get_tuned_attention()``: torch SDPA's signature, flashtune's tuned kernels.
+
+The returned callable takes ``(query, key, value, attn_mask=None, dropout_p=0.0,
+is_causal=False, scale=None, enable_gqa=False)`` in SDPA's (batch, heads, seq_len,
+head_dim) layout and is differentiable, so it replaces
+``torch.nn.functional.scaled_dot_product_attention`` line for line.
+
+How a call picks its configs, for each pass (fwd, bwd) on its own:
+
+- the lookup key is (this GPU, dtype, head_dim, seq_len, causal, pass) with
+  ``seq_len = max(query length, key length)`` (tuned keys have equal lengths, where
+  every rule agrees; the longer side is the one that grows the work of both passes);
+- a stored winner for exactly that seq_len is used ("tuned exact"); else the tuned
+  seq_len nearest in log2 space within the same (gpu, dtype, head_dim, causal, pass),
+  the larger one on a tie ("tuned nearest (seq_len N)"); else the heuristic default
+  table ("heuristic"). A stored config that does not validate for this call (say its
+  shared memory exceeds this device's) is skipped for the heuristic, with a warning.
+
+What the kernels cannot run (an ``attn_mask``, ``dropout_p > 0``, inputs that are not
+4-D, dtypes other than fp16/bf16/fp32, head dims above 256, a CPU tensor without the
+Triton interpreter, ...) goes to torch SDPA with one warning per reason, or raises
+``ValueError`` with ``strict=True``. Differing query and key/value head counts need
+``enable_gqa=True`` as in SDPA (one key/value head broadcasts, as in SDPA).
+
+float32 inputs use tf32 dots unless ``torch.get_float32_matmul_precision()`` is
+``"highest"`` (torch's default), which is what SDPA's own fp32 matmuls follow.
+
+The tuned table of a (database, GPU) is read once and cached for the process: calls
+never touch the database, a call is one dict lookup plus the launch. Each
+``get_tuned_attention()`` and each ``reload()`` re-reads it, so they see every row
+committed before they were called. A missing, locked or corrupt database gives one
+warning and the heuristic defaults; it never breaks the model. Rows tuned under
+another kernel source or Triton version are served, with one warning naming
+``flashtune search --revalidate``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from flashtune.kernels import (
+    BwdConfig,
+    ConfigError,
+    FlashAttentionFunction,
+    FwdConfig,
+    attention_forward,
+    check_inputs,
+    default_config,
+)
+from flashtune.keys import GpuInfo, dtype_name
+from flashtune.provenance import kernel_source_hash
+from flashtune.store import ENV_VAR, Store, default_path, resolve_url
+from flashtune.store.engine import show_url
+
+__all__ = ["Choice", "DispatchWarning", "TunedAttention", "TunedTable", "get_tuned_attention", "nearest_index"]
+
+_MAX_PLANS = 4096  # remembered call signatures per callable; forgotten all at once when full
+
+
+class DispatchWarning(UserWarning):
+    """What the dispatcher tells once: fallbacks, an unusable database, stale rows."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What a call runs, per pass: the config (None for SDPA) and where it came from.
+
+    ``*_source`` is "tuned exact", "tuned nearest (seq_len N)", "heuristic" (with the
+    reason in parentheses when a stored config was skipped) or "sdpa fallback: REASON".
+    """
+
+    fwd_config: FwdConfig | None
+    fwd_source: str
+    bwd_config: BwdConfig | None
+    bwd_source: str
+
+    def __str__(self) -> str:
+        def line(name, config, source):
+            return f"{name}: {config.short() if config is not None else '-'}  [{source}]"
+
+        return "\n".join((line("fwd", self.fwd_config, self.fwd_source),
+                          line("bwd", self.bwd_config, self.bwd_source)))
+
+    @classmethod
+    def sdpa(cls, reason: str) -> Choice:
+        return cls(None, f"sdpa fallback: {reason}", None, f"sdpa fallback: {reason}")
+
+
+def nearest_index(seq_lens: Sequence[int], seq_len: int) -> int:
+    """Index of the ``seq_lens`` entry (sorted, non-empty) nearest ``seq_len`` in log2
+    space; of two at the same distance, the larger."""
+    i = bisect.bisect_left(seq_lens, seq_len)
+    if i == len(seq_lens):
+        return i - 1
+    if i == 0 or seq_lens[i] == seq_len:
+        return i
+    # log2(n / lo) < log2(hi / n)  <=>  n * n < lo * hi: exact in integers
+    return i - 1 if seq_len * seq_len < seq_lens[i - 1] * seq_lens[i] else i
+
+
+# -- the tuned table of one (database, GPU), shared by the process -------------------
+
+_TICKETS = itertools.count()
+_TABLES: dict[tuple[str, str], TunedTable] = {}
+_TABLES_LOCK = threading.Lock()
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def _ticket() -> int:
+    """A number larger than every one handed out before (orders calls and loads)."""
+    return next(_TICKETS)
+
+
+def _warn_once(message: str) -> None:
+    """Warn the first time ``message`` comes up in this process, pointing at the user's code."""
+    with _WARNED_LOCK:
+        if message in _WARNED:
+            return
+        _WARNED.add(message)
+    frame, stacklevel = sys._getframe(), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
+        frame, stacklevel = frame.f_back, stacklevel + 1
+    warnings.warn(message, DispatchWarning, stacklevel=stacklevel)
+
+
+@dataclasses.dataclass(frozen=True)
+class TunedTable:
+    """The stored winners of one GPU, by family (dtype, head_dim, causal, pass) ->
+    (sorted tuned seq lens, their configs). ``loaded_at`` is the ticket taken before
+    the database was read."""
+
+    gpu: str
+    families: dict[tuple[str, int, bool, str], tuple[tuple[int, ...], tuple]]
+    loaded_at: int
+
+    @classmethod
+    def from_results(cls, gpu: str, results, loaded_at: int) -> TunedTable:
+        grouped: dict[tuple, list] = {}
+        for result in sorted(results, key=lambda r: r.key.seq_len):
+            k = result.key
+            grouped.setdefault((k.dtype, k.head_dim, k.causal, k.pass_), []).append((k.seq_len, result.config))
+        families = {family: tuple(zip(*rows, strict=True)) for family, rows in grouped.items()}
+        return cls(gpu, families, loaded_at)
+
+    def lookup(self, dtype: str, head_dim: int, seq_len: int, causal: bool, pass_: str):
+        """(tuned seq_len, config) nearest ``seq_len`` in the family, or None."""
+        family = self.families.get((dtype, head_dim, causal, pass_))
+        if family is None:
+            return None
+        seq_lens, configs = family
+        i = nearest_index(seq_lens, seq_len)
+        return seq_lens[i], configs[i]
+
+
+def _read_results(url, gpu: str) -> list:
+    """The GPU's stored results; on any failure to read, one warning and none."""
+    where = show_url(url)
+    try:
+        with Store(url, create=False) as store:  # create=False: never makes a database
+            results = list(store.load_table(gpu).values())
+    except Exception as e:  # noqa: BLE001 - whatever the database does, the model runs
+        _warn_once(f"flashtune cannot read tuned configs from {where}: {e}; using the heuristic default configs")
+        return []
+    if not results:
+        _warn_once(f"flashtune has no tuned configs for {gpu} in {where}; using the heuristic default configs "
+                   f"(run `flashtune search --db {where}` on this GPU to tune it)")
+    _warn_if_stale(results, where, gpu)
+    return results
+
+
+def _warn_if_stale(results, where: str, gpu: str) -> None:
+    ours = (kernel_source_hash(), triton.__version__)
+    stale = [r for r in results if (r.provenance.kernel_hash, r.provenance.triton_version) != ours]
+    if stale:
+        theirs = sorted({f"kernel {r.provenance.kernel_hash} with triton {r.provenance.triton_version}"
+                         for r in stale})
+        _warn_once(f"{len(stale)} of {len(results)} tuned configs for {gpu} in {where} were tuned under another "
+                   f"kernel source or Triton version ({'; '.join(theirs)}; this flashtune: kernel {ours[0]} with "
+                   f"triton {ours[1]}). They are served as they are; re-time them with "
+                   f"`flashtune search --revalidate --db {where}`")
+
+
+def _shared_table(url, device: torch.device, since: int) -> TunedTable:
+    """The process's table of (database, device's GPU), read again unless a read began
+    after ticket ``since``."""
+    gpu = GpuInfo.from_device(device).key
+    cache_key = (url.render_as_string(hide_password=False), gpu)
+    with _TABLES_LOCK:
+        table = _TABLES.get(cache_key)
+        if table is None or table.loaded_at < since:
+            loaded_at = _ticket()
+            table = TunedTable.from_results(gpu, _read_results(url, gpu), loaded_at)
+            _TABLES[cache_key] = table
+        return table
+
+
+# -- the callable ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """How calls of one signature run: the kernels (``sm_scale`` set) or SDPA (``reason`` set)."""
+
+    choice: Choice
+    sm_scale: float | None = None
+    reason: str | None = None
+
+    @classmethod
+    def sdpa(cls, reason: str) -> _Plan:
+        return cls(Choice.sdpa(reason), reason=reason)
+
+
+_MASK = _Plan.sdpa("attn_mask is not supported")
+_DROPOUT = _Plan.sdpa("dropout_p > 0 is not supported")
+
+
+@dataclasses.dataclass
+class _Snapshot:
+    """What a callable serves since its last (re)load; replaced whole by ``reload()``.
+
+    ``plans`` maps a call signature (shapes, dtypes and devices of query, key and value,
+    is_causal, scale, enable_gqa) to its plan: a call seen before is one dict lookup.
+    """
+
+    since: int
+    tables: dict[torch.device, TunedTable] = dataclasses.field(default_factory=dict)
+    plans: dict[tuple, _Plan] = dataclasses.field(default_factory=dict)
+
+
+class TunedAttention:
+    """A drop-in ``scaled_dot_product_attention`` that runs flashtune's tuned kernels.
+
+    Made by ``get_tuned_attention()``; see the module docstring for the rules.
+    """
+
+    def __init__(self, db=None, *, device=None, strict: bool = False) -> None:
+        if db is None:  # the store's default, without creating its directory
+            db = os.environ.get(ENV_VAR) or default_path()
+        self.url = resolve_url(db)
+        self.device = _resolve_device(device)
+        self.strict = strict
+        self.reload()
+
+    def __repr__(self) -> str:
+        return f"TunedAttention(db={show_url(self.url)!r}, device={str(self.device)!r}, strict={self.strict})"
+
+    def reload(self) -> None:
+        """Read the tuned table again: rows committed before this call are served."""
+        snapshot = _Snapshot(_ticket())
+        snapshot.tables[self.device] = _shared_table(self.url, self.device, snapshot.since)
+        self._snapshot = snapshot
+
+    def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False):
+        is_causal = bool(is_causal)
+        plan = self._plan(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if plan.reason is not None:
+            if self.strict:
+                raise ValueError(f"flashtune cannot run this attention call (strict=True): {plan.reason}")
+            _warn_once(f"flashtune runs torch's scaled_dot_product_attention instead: {plan.reason}")
+            extra = {"enable_gqa": True} if enable_gqa else {}  # torch < 2.5 lacks the argument
+            return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                  is_causal=is_causal, scale=scale, **extra)
+        fwd, bwd = plan.choice.fwd_config, plan.choice.bwd_config
+        precision = "ieee"
+        if query.dtype is torch.float32 and torch.get_float32_matmul_precision() != "highest":
+            precision = "tf32"
+        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+            return FlashAttentionFunction.apply(query, key, value, is_causal, plan.sm_scale, fwd, bwd, precision)[0]
+        # nothing to differentiate: the launcher alone, without autograd's cost per call
+        return attention_forward(query, key, value, fwd, causal=is_causal, sm_scale=plan.sm_scale,
+                                 fp32_precision=precision)[0]
+
+    def explain(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                enable_gqa=False) -> Choice:
+        """The configs this call would run and why. Runs nothing."""
+        return self._plan(query, key, value, attn_mask, dropout_p, bool(is_causal), scale, enable_gqa).choice
+
+    def _plan(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> _Plan:
+        """The plan of this call: remembered by signature, made on first sight."""
+        if attn_mask is not None:
+            return _MASK
+        if dropout_p:
+            return _DROPOUT
+        snapshot, signature = self._snapshot, None
+        if isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor):
+            signature = (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
+                         query.device, key.device, value.device, is_causal, scale, enable_gqa)
+            try:
+                plan = snapshot.plans.get(signature)
+            except TypeError:  # an unhashable scale, which check_inputs refuses below
+                plan = signature = None
+            if plan is not None:
+                return plan
+        plan = self._new_plan(snapshot, query, key, value, is_causal, scale, enable_gqa)
+        if signature is not None:
+            if len(snapshot.plans) >= _MAX_PLANS:
+                snapshot.plans.clear()
+            snapshot.plans[signature] = plan
+        return plan
+
+    def _new_plan(self, snapshot: _Snapshot, query, key, value, is_causal, scale, enable_gqa) -> _Plan:
+        """Check the inputs and pick both passes' configs.
+
+        Raises RuntimeError, as SDPA does, for differing head counts without enable_gqa.
+        """
+        try:
+            sm_scale = check_inputs(query, key, value, causal=is_causal, sm_scale=scale)
+        except (TypeError, ValueError) as e:
+            return _Plan.sdpa(str(e))
+        if not enable_gqa and key.shape[1] not in (1, query.shape[1]):
+            raise RuntimeError(f"query has {query.shape[1]} heads and key/value {key.shape[1]}: pass "
+                               "enable_gqa=True for grouped-query attention (as torch SDPA requires)")
+        device, dtype, head_dim = query.device, query.dtype, query.shape[3]
+        seq_len = max(query.shape[2], key.shape[2])
+        table = snapshot.tables.get(device)
+        if table is None:
+            table = snapshot.tables[device] = _shared_table(self.url, device, snapshot.since)
+        fwd, bwd = (_pick(table, pass_, dtype, head_dim, seq_len, is_causal, device) for pass_ in ("fwd", "bwd"))
+        return _Plan(Choice(*fwd, *bwd), sm_scale=sm_scale)
+
+
+def _pick(table: TunedTable, pass_: str, dtype: torch.dtype, head_dim: int, seq_len: int, causal: bool,
+          device: torch.device):
+    """(config, source) of one pass."""
+    found = table.lookup(dtype_name(dtype), head_dim, seq_len, causal, pass_)
+    source = "heuristic"
+    if found is not None:
+        tuned_len, config = found
+        try:
+            config.validate(head_dim, dtype, device)
+            return config, "tuned exact" if tuned_len == seq_len else f"tuned nearest (seq_len {tuned_len})"
+        except ConfigError as e:
+            source = f"heuristic (the tuned {pass_} config of seq_len {tuned_len} does not fit here: {e})"
+            _warn_once(f"flashtune skips a stored config for {table.gpu} {dtype_name(dtype)} d{head_dim} "
+                       f"n{tuned_len} {'causal' if causal else 'full'} {pass_}: {e}; using the heuristic default")
+    return default_config(pass_, head_dim, dtype, device), source
+
+
+def _resolve_device(device) -> torch.device:
+    """The given device (a CUDA one with its index), or the current CUDA device, or the CPU."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def get_tuned_attention(db=None, *, device=None, strict: bool = False) -> TunedAttention:
+    """A drop-in for ``torch.nn.functional.scaled_dot_product_attention`` that runs
+    flashtune's kernels with the configs tuned for this GPU.
+
+    ``db``: the store (a SQLAlchemy URL or a SQLite path; None: ``FLASHTUNE_DB`` or the
+    user data dir's store). ``device``: whose table to read now (default: the current
+    CUDA device, else the CPU under the Triton interpreter); tensors on another device
+    get their GPU's table on first use. ``strict``: raise ``ValueError`` instead of
+    falling back to torch SDPA for what the kernels cannot run.
+
+    The table is read here (once per process, database and GPU: a later call reads it
+    again to see new rows) and never during calls. An unusable database warns once and
+    serves the heuristic defaults; only a ``db`` that is no database URL or path raises
+    (``StoreError``). ``fn.explain(q, k, v, is_causal=...)`` says which configs a call
+    would use and why; ``fn.reload()`` re-reads the table.
+    """
+    return TunedAttention(db, device=device, strict=strict)

@@ -1,0 +1,92 @@
+"""Dispatcher tests: a real store in a temporary directory, a clean dispatcher per test.
+
+Without CUDA the kernels run under Triton's interpreter on CPU tensors (tests/conftest.py
+turns it on before triton is imported; the line below covers a run started here), and
+the CPU's tuning key is the interpreter's, "triton-interpreter@sm00".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from flashtune import dispatch  # noqa: E402  (imports triton: after the env set-up)
+from flashtune.keys import GpuInfo, TuningKey  # noqa: E402
+from flashtune.provenance import current_provenance  # noqa: E402
+from flashtune.store import Store, StoredResult  # noqa: E402
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# Triton 3.6's interpreter trips numpy's array -> scalar deprecation on every index.
+_INTERPRETER_NOISE = "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if str(item.path).startswith(_HERE):
+            item.add_marker(pytest.mark.filterwarnings(_INTERPRETER_NOISE))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dispatcher(tmp_path, monkeypatch):
+    """No test touches the user's store, and each starts with no cached table or warning."""
+    monkeypatch.setenv("FLASHTUNE_DB", str(tmp_path / "default-store" / "tuned.db"))
+    monkeypatch.setattr(dispatch, "_TABLES", {})
+    monkeypatch.setattr(dispatch, "_WARNED", set())
+    torch.manual_seed(20261129)
+
+
+@pytest.fixture
+def gpu() -> GpuInfo:
+    """The GPU of this machine's tensors: the interpreter's without CUDA."""
+    return GpuInfo.from_device(None)
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return tmp_path / "tuned.db"
+
+
+@pytest.fixture
+def write(db_path, gpu):
+    """``write(seq_len, pass_, config, dtype=..., head_dim=..., causal=..., kernel_hash=..., on=GPU)``
+    stores one winner (for this machine's GPU by default), replacing any stored for its key.
+    The store stays open between writes; ``write.close()`` closes it."""
+    stores = []
+
+    def write(seq_len: int, pass_: str, config, *, dtype: str = "float32", head_dim: int = 16,
+              causal: bool = False, kernel_hash: str | None = None, on: GpuInfo | None = None) -> StoredResult:
+        on = on or gpu
+        provenance = dataclasses.replace(current_provenance(), gpu_name=on.name, sm_count=on.sm_count,
+                                         capability=f"{on.capability[0]}.{on.capability[1]}")
+        if kernel_hash is not None:
+            provenance = dataclasses.replace(provenance, kernel_hash=kernel_hash)
+        result = StoredResult(key=TuningKey(on.key, dtype, head_dim, seq_len, causal, pass_), config=config,
+                              time_ms=1.0, tflops=1.0, default_time_ms=2.0, error=0.0, n_trials=3, gpu=on,
+                              provenance=provenance)
+        if not stores:
+            stores.append(Store(db_path))
+        stores[0].save_result(result, replace=True)
+        return result
+
+    def close() -> None:
+        while stores:
+            stores.pop().close()
+
+    write.close = close
+    yield write
+    close()
+
+
+@pytest.fixture
+def tuned_elsewhere(write):
+    """A store whose only row (head_dim 128) no test shape uses: it loads without a warning."""
+    from flashtune.kernels import FwdConfig
+
+    write(1024, "fwd", FwdConfig(64, 64, 4, 2), head_dim=128)

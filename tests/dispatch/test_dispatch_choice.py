@@ -1,0 +1,191 @@
+"""Which configs a call uses and why: tuned exact, tuned nearest, heuristic, SDPA fallback."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.nn.functional as F
+from dispatch_samples import BWD_A, FWD_A, FWD_B, device, qkv
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flashtune.dispatch import Choice, DispatchWarning, get_tuned_attention, nearest_index
+from flashtune.kernels import FwdConfig, default_config
+from flashtune.keys import GpuInfo
+
+H200 = GpuInfo("NVIDIA H200", (9, 0), 132, 150_754_820_096)
+
+
+@pytest.fixture
+def no_warnings():
+    """Fails the test on any DispatchWarning raised inside the block."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)
+        yield
+
+
+# -- nearest seq_len -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("seq_len", "expected"), [
+    (1, 512), (512, 512), (700, 512), (724, 512), (725, 1024),  # 724^2 < 512 * 1024 < 725^2
+    (2048, 4096),  # 2048 is 1 octave from 1024 and from 4096: the larger wins
+    (3000, 4096), (4096, 4096), (1 << 20, 4096),
+])
+def test_nearest_is_measured_in_log2_and_ties_go_to_the_larger(seq_len, expected):
+    seq_lens = (512, 1024, 4096)
+    assert seq_lens[nearest_index(seq_lens, seq_len)] == expected
+
+
+@given(st.lists(st.integers(1, 1 << 17), min_size=1, unique=True), st.integers(1, 1 << 17))
+def test_nearest_matches_brute_force(seq_lens, seq_len):
+    seq_lens = sorted(seq_lens)
+
+    def distance(t):  # the ratio >= 1 between the lengths: log2 distance, compared exactly
+        return max(Fraction(seq_len, t), Fraction(t, seq_len))
+
+    best = min(seq_lens, key=lambda t: (distance(t), -t))
+    assert seq_lens[nearest_index(seq_lens, seq_len)] == best
+    assert math.isclose(math.log2(distance(best)), min(abs(math.log2(seq_len / t)) for t in seq_lens))
+
+
+# -- choices from the store ------------------------------------------------------------
+
+
+def _choice(fn, n_q, n_k=None, **kwargs) -> Choice:
+    is_causal = kwargs.pop("is_causal", False)
+    return fn.explain(*qkv(n_q, n_k, **kwargs), is_causal=is_causal)
+
+
+def _heuristic(pass_, head_dim=16, dtype=torch.float32):
+    return default_config(pass_, head_dim, dtype, device())
+
+
+def test_exact_nearest_and_heuristic_choices(write, db_path, no_warnings):
+    write(16, "fwd", FWD_A)
+    write(64, "fwd", FWD_B)
+    write(32, "bwd", BWD_A)
+    fn = get_tuned_attention(db_path)
+
+    assert _choice(fn, 16) == Choice(FWD_A, "tuned exact", BWD_A, "tuned nearest (seq_len 32)")
+    assert _choice(fn, 32) == Choice(FWD_B, "tuned nearest (seq_len 64)", BWD_A, "tuned exact")  # tie: larger
+    assert _choice(fn, 31).fwd_source == "tuned nearest (seq_len 16)"  # 31^2 < 16 * 64
+    assert _choice(fn, 33).fwd_source == "tuned nearest (seq_len 64)"
+    assert _choice(fn, 1).fwd_config == FWD_A and _choice(fn, 1000).fwd_config == FWD_B
+    # seq_len is the longer of the query and key lengths
+    assert _choice(fn, 8, 64).fwd_source == "tuned exact" == _choice(fn, 64, 8).fwd_source
+    # another family: causal, dtype or head_dim
+    heuristic = Choice(_heuristic("fwd"), "heuristic", _heuristic("bwd"), "heuristic")
+    assert _choice(fn, 16, is_causal=True) == heuristic
+    assert _choice(fn, 16, head_dim=32) == Choice(_heuristic("fwd", 32), "heuristic", _heuristic("bwd", 32),
+                                                  "heuristic")
+    assert _choice(fn, 16, dtype=torch.float16).fwd_source == "heuristic"
+
+
+def test_rows_of_another_gpu_are_not_served(write, db_path):
+    write(16, "fwd", FWD_A, on=H200)
+    with pytest.warns(DispatchWarning, match="no tuned configs for triton-interpreter@sm00"):
+        fn = get_tuned_attention(db_path)
+    assert _choice(fn, 16).fwd_source == "heuristic"
+
+
+def test_a_stored_config_too_big_for_this_device_is_skipped_for_the_heuristic(write, db_path, monkeypatch):
+    from flashtune.kernels import config as kernel_config
+
+    big = FwdConfig(128, 128, 4, 4)  # about 73 KB of shared memory at D=16 fp32; the default needs 10 KB
+    write(16, "fwd", big)
+    write(16, "bwd", BWD_A)
+    fn = get_tuned_attention(db_path)
+    monkeypatch.setattr(kernel_config, "shared_memory_limit", lambda device: 20_000)
+    with pytest.warns(DispatchWarning, match="skips a stored config .* fwd: FwdConfig: needs about 73728 bytes"):
+        choice = _choice(fn, 16)
+    assert choice.fwd_config == _heuristic("fwd")
+    assert choice.fwd_source.startswith("heuristic (the tuned fwd config of seq_len 16 does not fit here: ")
+    assert (choice.bwd_config, choice.bwd_source) == (BWD_A, "tuned exact")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DispatchWarning)
+        assert _choice(get_tuned_attention(db_path), 16) == choice  # warned once
+
+
+# -- SDPA fallback ---------------------------------------------------------------------
+
+
+def _dispatch_warnings(record) -> list[str]:
+    return [str(w.message) for w in record if issubclass(w.category, DispatchWarning)]
+
+
+def test_attn_mask_and_dropout_go_to_sdpa_with_one_warning_per_reason(db_path, tuned_elsewhere):
+    fn = get_tuned_attention(db_path)
+    q, k, v = qkv(8)
+    mask = torch.rand(8, 8) > 0.3
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert torch.equal(fn(q, k, v, attn_mask=mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+            torch.manual_seed(7)
+            out = fn(q, k, v, dropout_p=0.5)
+            torch.manual_seed(7)
+            assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, dropout_p=0.5))
+    assert _dispatch_warnings(record) == [
+        "flashtune runs torch's scaled_dot_product_attention instead: attn_mask is not supported",
+        "flashtune runs torch's scaled_dot_product_attention instead: dropout_p > 0 is not supported",
+    ]
+    assert record[0].filename == __file__  # the warning points at the caller
+    assert fn.explain(q, k, v, attn_mask=mask) == Choice.sdpa("attn_mask is not supported")
+    assert fn.explain(q, k, v, dropout_p=0.1).fwd_source == "sdpa fallback: dropout_p > 0 is not supported"
+
+
+def _unsupported_inputs():
+    q3 = torch.randn(2, 8, 16, device=device())
+    q64, k64, v64 = qkv(8, dtype=torch.float64)
+    q_wide, k_wide, v_wide = qkv(8, head_dim=320)
+    q_b2, k_b1 = torch.randn(2, 2, 8, 16, device=device()), torch.randn(1, 2, 8, 16, device=device())
+    q_empty = torch.randn(1, 2, 0, 16, device=device())
+    return [
+        pytest.param((q3, q3, q3), "q: expected a 4-D tensor", id="3-D"),
+        pytest.param((q64, k64, v64), "q: expected dtype float16, bfloat16 or float32", id="float64"),
+        pytest.param((q_wide, k_wide, v_wide), "q: head_dim must be in", id="head_dim 320"),
+        pytest.param((q_b2, k_b1, k_b1), "k, v: expected batch size 2", id="batch broadcast"),
+        pytest.param((q_empty, q_empty, q_empty), "q: expected a non-empty tensor", id="empty"),
+    ]
+
+
+@pytest.mark.parametrize(("inputs", "reason"), _unsupported_inputs())
+def test_inputs_the_kernels_cannot_run_go_to_sdpa(db_path, tuned_elsewhere, inputs, reason):
+    fn = get_tuned_attention(db_path)
+    with pytest.warns(DispatchWarning, match=f"scaled_dot_product_attention instead: {reason}"):
+        out = fn(*inputs, is_causal=True)
+    assert torch.equal(out, F.scaled_dot_product_attention(*inputs, is_causal=True))
+    assert fn.explain(*inputs).fwd_source.startswith(f"sdpa fallback: {reason}")
+
+
+def test_strict_raises_instead_of_falling_back(db_path, tuned_elsewhere):
+    fn = get_tuned_attention(db_path, strict=True)
+    q, k, v = qkv(8)
+    with pytest.raises(ValueError, match=r"strict=True\): attn_mask is not supported"):
+        fn(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"dropout_p > 0"):
+        fn(q, k, v, dropout_p=0.1)
+    with pytest.raises(ValueError, match=r"float64"):
+        fn(q.double(), k.double(), v.double())
+    assert fn.explain(q, k, v, dropout_p=0.1).bwd_source == "sdpa fallback: dropout_p > 0 is not supported"
+
+
+def test_differing_head_counts_need_enable_gqa_as_in_sdpa(db_path, tuned_elsewhere):
+    fn = get_tuned_attention(db_path)
+    q, k, v = qkv(8, heads=4, kv_heads=2)
+    with pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(RuntimeError, match="enable_gqa=True"):
+        fn(q, k, v)
+    with pytest.raises(RuntimeError, match="enable_gqa=True"):
+        fn.explain(q, k, v)
+    assert fn.explain(q, k, v, enable_gqa=True).fwd_source == "heuristic"
+    # one key/value head broadcasts in SDPA without enable_gqa, and runs on the kernels here
+    q, k, v = qkv(8, heads=4, kv_heads=1)
+    assert fn.explain(q, k, v).fwd_source == "heuristic"
+    torch.testing.assert_close(fn(q, k, v), F.scaled_dot_product_attention(q, k, v))
