@@ -1,0 +1,196 @@
+"""What get_tuned_attention() adds per call, against launching the same kernel directly.
+
+On a small shape (B=1, H=1, N=128, D=64, bf16 by default) the kernels take a few
+microseconds on the GPU, so a loop of back-to-back calls is bound by the host: argument
+checks, the config lookup, autograd, Triton's launcher. This script times --iters calls
+between two torch.cuda.synchronize() and reports microseconds per call. That is the host
+cost of a call (what a model of small attention calls pays), not the kernel's time; were
+the GPU the bottleneck, every variant would show the same kernel time.
+
+Variants, all with the configs the tuned callable picks for this shape (its choice is
+printed: tuned when --db holds a row for it, else the heuristic default):
+
+  direct     attention_forward(q, k, v, cfg, ...) [+ attention_backward(...)]: the launchers
+  attention  flashtune.attention(q, k, v, fwd_config=cfg, bwd_config=bcfg): checks + autograd
+  tuned      get_tuned_attention(db)(q, k, v): SDPA's signature, the table lookup
+  sdpa       torch.nn.functional.scaled_dot_product_attention (for reference)
+
+each for the forward alone (inputs without grad) and forward + backward
+(torch.autograd.grad; the direct variant calls both launchers). The variants are
+interleaved within each of --repeats rounds and the median round is reported, with
+tuned's extra microseconds and ratio over attention and over direct.
+
+    python benchmarks/dispatch_overhead.py
+    python benchmarks/dispatch_overhead.py --db tuned.db --causal --out overhead.json
+    python benchmarks/dispatch_overhead.py --device cpu --iters 3 --repeats 1   # interpreter smoke run
+
+--out FILE writes the results as JSON (--out - prints them). --device cpu runs the
+kernels under the Triton interpreter: its timings say nothing about the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+VARIANTS = ("direct", "attention", "tuned", "sdpa")
+MODES = ("fwd", "fwd+bwd")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=1)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--db", default=None, help="the tuned store (default: FLASHTUNE_DB or the user data dir's)")
+    p.add_argument("--device", default="cuda", help="cuda[:N], or cpu for a run under the Triton interpreter")
+    p.add_argument("--iters", type=int, default=2000, help="calls per timed loop")
+    p.add_argument("--repeats", type=int, default=7, help="timed rounds (median reported)")
+    p.add_argument("--out", default=None, help="write the results as JSON to this file ('-': stdout)")
+    return p.parse_args(argv)
+
+
+def per_call_us(call, iters: int, sync) -> float:
+    """Microseconds per call of ``iters`` back-to-back calls, synchronized around the loop."""
+    sync()
+    start = time.perf_counter()
+    for _ in range(iters):
+        call()
+    sync()
+    return (time.perf_counter() - start) / iters * 1e6
+
+
+def make_calls(args, device):
+    """{(variant, mode): zero-argument call} and the tuned callable's choice for the shape."""
+    import torch
+    import torch.nn.functional as F
+
+    import flashtune
+    from flashtune.kernels import attention_backward, attention_forward
+
+    dtype = getattr(torch, args.dtype)
+    shape = (args.batch, args.heads, args.seq_len, args.head_dim)
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    do = torch.randn(shape, device=device, dtype=dtype)
+    causal, scale = args.causal, args.head_dim ** -0.5
+    tuned = flashtune.get_tuned_attention(args.db, device=device)
+    choice = tuned.explain(q, k, v, is_causal=causal)
+    fwd, bwd = choice.fwd_config, choice.bwd_config
+    if fwd is None:
+        raise SystemExit(f"the tuned callable would not run flashtune's kernels here: {choice.fwd_source}")
+    # the precision the tuned callable picks for fp32 (tf32 unless torch's is "highest")
+    precision = "tf32" if torch.get_float32_matmul_precision() != "highest" else "ieee"
+
+    def grads(attend):
+        def call():
+            out = attend(qg, kg, vg)
+            return torch.autograd.grad(out, (qg, kg, vg), do)
+        return call
+
+    def direct_fwd_bwd():
+        o, lse2 = attention_forward(q, k, v, fwd, causal=causal, sm_scale=scale, fp32_precision=precision)
+        return attention_backward(do, q, k, v, o, lse2, bwd, causal=causal, sm_scale=scale,
+                                  fp32_precision=precision)
+
+    def attention(a, b, c):
+        return flashtune.attention(a, b, c, causal=causal, fwd_config=fwd, bwd_config=bwd, fp32_precision=precision)
+
+    def sdpa(a, b, c):
+        return F.scaled_dot_product_attention(a, b, c, is_causal=causal)
+
+    def tuned_call(a, b, c):
+        return tuned(a, b, c, is_causal=causal)
+
+    calls = {
+        ("direct", "fwd"): lambda: attention_forward(q, k, v, fwd, causal=causal, sm_scale=scale,
+                                                     fp32_precision=precision),
+        ("direct", "fwd+bwd"): direct_fwd_bwd,
+    }
+    for name, attend in (("attention", attention), ("tuned", tuned_call), ("sdpa", sdpa)):
+        calls[(name, "fwd")] = lambda attend=attend: attend(q, k, v)
+        calls[(name, "fwd+bwd")] = grads(attend)
+    return calls, choice
+
+
+def run(args) -> dict:
+    import torch
+
+    from flashtune.provenance import current_provenance
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: this benchmark measures GPU launches (use --device cpu for a smoke run "
+                         "under the Triton interpreter)")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    calls, choice = make_calls(args, device)
+    for call in calls.values():  # compile, fill caches
+        call()
+    rounds: dict[tuple, list[float]] = {key: [] for key in calls}
+    for _ in range(args.repeats):
+        for key, call in calls.items():
+            rounds[key].append(per_call_us(call, args.iters, sync))
+    us = {f"{variant} {mode}": statistics.median(rounds[(variant, mode)]) for variant, mode in calls}
+    overhead = {}
+    for mode in MODES:
+        for base in ("attention", "direct"):
+            t, b = us[f"tuned {mode}"], us[f"{base} {mode}"]
+            overhead[f"tuned vs {base} {mode}"] = {"extra_us": t - b, "ratio": t / b}
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
+        "interpreter": device.type != "cuda",
+        "shape": {"batch": args.batch, "heads": args.heads, "seq_len": args.seq_len, "head_dim": args.head_dim,
+                  "dtype": args.dtype, "causal": args.causal},
+        "iters": args.iters, "repeats": args.repeats,
+        "choice": {"fwd": choice.fwd_config.to_dict(), "fwd_source": choice.fwd_source,
+                   "bwd": choice.bwd_config.to_dict(), "bwd_source": choice.bwd_source},
+        "us_per_call": us,
+        "overhead": overhead,
+        "environment": current_provenance(device).to_dict(),
+    }
+
+
+def format_report(result: dict) -> str:
+    s = result["shape"]
+    lines = [
+        f"per-call host time, B={s['batch']} H={s['heads']} N={s['seq_len']} D={s['head_dim']} {s['dtype']}"
+        f"{' causal' if s['causal'] else ''}; median of {result['repeats']} rounds of {result['iters']} calls"
+        + ("  [Triton interpreter: not GPU figures]" if result["interpreter"] else ""),
+        f"configs: fwd {result['choice']['fwd_source']}, bwd {result['choice']['bwd_source']}",
+        "",
+        f"{'variant':<10} {'fwd us':>10} {'fwd+bwd us':>12}",
+    ]
+    for variant in VARIANTS:
+        lines.append(f"{variant:<10} {result['us_per_call'][f'{variant} fwd']:>10.2f} "
+                     f"{result['us_per_call'][f'{variant} fwd+bwd']:>12.2f}")
+    lines.append("")
+    for name, o in result["overhead"].items():
+        lines.append(f"{name:<30} {o['extra_us']:+8.2f} us  x{o['ratio']:.3f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.device.startswith("cpu"):  # before triton is imported
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    result = run(args)
+    print(format_report(result))
+    if args.out == "-":
+        print(json.dumps(result, indent=2))
+    elif args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

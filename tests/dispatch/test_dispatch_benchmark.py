@@ -1,0 +1,32 @@
+"""benchmarks/dispatch_overhead.py runs end to end (a smoke run under the interpreter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "dispatch_overhead.py"
+
+
+def test_the_overhead_benchmark_reports_every_variant(tmp_path):
+    out = tmp_path / "overhead.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "FLASHTUNE_DB": str(tmp_path / "none.db"),
+           "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--dtype", "float32", "--seq-len", "16", "--head-dim", "16",
+         "--iters", "1", "--repeats", "1", "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "[Triton interpreter: not GPU figures]" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["interpreter"] is True
+    assert set(result["us_per_call"]) == {f"{v} {m}" for v in ("direct", "attention", "tuned", "sdpa")
+                                          for m in ("fwd", "fwd+bwd")}
+    assert all(t > 0 for t in result["us_per_call"].values())
+    assert result["choice"]["fwd_source"] == "heuristic"
+    assert set(result["overhead"]) == {f"tuned vs {b} {m}" for b in ("attention", "direct") for m in ("fwd", "fwd+bwd")}
+    assert not (tmp_path / "none.db").exists()
