@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
+import sys
 import traceback
 from typing import Any
 
@@ -26,7 +28,33 @@ class WorkerLost(Exception):
         self.status = status
 
 
-def _child(conn, device: str, interpreter: bool) -> None:
+class WorkerError(RuntimeError):
+    """The child raised while serving a request (e.g. the key's inputs could not be built)."""
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: the child gets SIGKILL when the parent dies (strictly: when the thread that
+    started it ends), so a worker stuck in a hanging kernel does not outlive a search
+    that was killed (SIGKILL, the OOM killer)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - best effort
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl
+        os._exit(1)
+
+
+def _child(conn, device: str, interpreter: bool, parent_pid: int | None = None) -> None:
+    # Ctrl-C in a terminal reaches the whole process group: the parent handles it and
+    # stops this child; the child must not die half-way through a reply on its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent_pid is not None:
+        _die_with_parent(parent_pid)
     import torch
 
     from flashtune.autotuner.outcome import is_fatal
@@ -78,12 +106,14 @@ class TrialWorker:
         self._proc = None
         self._conn = None
         self._key: TuningKey | None = None
-        self.restarts = 0
+        self._busy = False  # a request was sent and its reply not yet read
+        self.restarts = 0  # how many children were started (the first one included)
+        self.info: dict = {}  # what ``setup`` reported for the current key
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_child, args=(child, self.device, self.interpreter), daemon=True,
-                                       name="flashtune-trial-worker")
+        self._proc = self._ctx.Process(target=_child, args=(child, self.device, self.interpreter, os.getpid()),
+                                       daemon=True, name="flashtune-trial-worker")
         # The child may import triton while unpickling (the parent's __main__ is imported
         # again under spawn), so the interpreter switch must be in its environment at start.
         saved = os.environ.get("TRITON_INTERPRET")
@@ -106,11 +136,21 @@ class TrialWorker:
             self._conn.close()
         self._proc = self._conn = None
         self._key = None
+        self._busy = False
+
+    @property
+    def pid(self) -> int | None:
+        """The current child's process id (None when no child runs)."""
+        return self._proc.pid if self._proc is not None else None
 
     def _request(self, op: str, args: dict, timeout: float):
+        if self._proc is not None and not self._proc.is_alive():
+            # died while idle (e.g. the OOM killer): not the fault of the next request
+            self._kill()
         if self._proc is None:
             self._start()
             self.restarts += 1
+        self._busy = True
         try:
             self._conn.send((op, args))
             ready = self._conn.poll(timeout)
@@ -122,18 +162,25 @@ class TrialWorker:
             code = self._proc.exitcode if self._proc is not None else None
             self._kill()
             raise WorkerLost("crashed", f"the worker died (exit code {code})") from e
+        self._busy = False
         if status == "error":
-            raise RuntimeError(f"worker failed on {op}: {reply}")
+            raise WorkerError(f"worker failed on {op}: {reply}")
         if isinstance(reply, Outcome) and reply.status == "crashed":
             self._kill()
         return reply
 
     def setup(self, key: TuningKey) -> dict:
         """Build the key's inputs and reference in the child (again after a restart)."""
+        self._key = None  # until the child has them
         info = self._request("setup", {"key": key}, self.setup_timeout)
         self._key = key
         self.info = info
         return info
+
+    def info_for(self, key: TuningKey) -> dict:
+        """What ``setup`` reported for ``key``, building its inputs in the child if needed."""
+        self._ensure(key)
+        return self.info
 
     def _ensure(self, key: TuningKey) -> None:
         if self._key != key or self._proc is None:
@@ -153,7 +200,9 @@ class TrialWorker:
                                         "rounds": rounds}, timeout)
 
     def close(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
+        """Stop the child: politely when idle; killed at once when a request is in flight
+        (the search was interrupted mid-trial, and the trial may never end)."""
+        if self._proc is not None and self._proc.is_alive() and not self._busy:
             try:
                 self._conn.send(("exit", {}))
                 self._proc.join(timeout=10)
