@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from flashtune.keys import GpuInfo, TuningKey
-from flashtune.kernels.config import default_config
+from flashtune.kernels.config import ConfigError, default_config
 from flashtune.kernels.space import SPACES, valid_candidates
 
 STUDY_PREFIX = "flashtune"
@@ -37,7 +37,7 @@ class KeyResult:
     """What the search did for one key."""
 
     key: TuningKey
-    status: str  # "tuned", "no_valid_config", "already_tuned", "failed: crashed|timeout"
+    status: str  # "tuned", "no_valid_config", "already_tuned", "failed: crashed|timeout|error"
     winner: object | None = None
     time_ms: float | None = None
     tflops: float | None = None
@@ -47,6 +47,7 @@ class KeyResult:
     wall_s: float = 0.0
     timer: str = ""
     shape: tuple[int, int] | None = None  # (batch, heads) the trials used
+    message: str = ""  # why a key failed
 
     @property
     def speedup(self) -> float | None:
@@ -87,12 +88,30 @@ def default_storage_path(store_url) -> Path:
     return (path.parent if path is not None else default_path().parent) / "optuna-journal.log"
 
 
-def open_storage(storage: str | None, store_url):
+def _journal_path(storage) -> Path | None:
+    """The journal file a ``storage`` argument names (None: an RDB URL, or None/"" for the
+    default); checked before anything is written."""
+    if storage is None or storage == "":
+        return None
+    if not isinstance(storage, (str, os.PathLike)):
+        raise ValueError(f"storage: expected a journal file path or an Optuna storage URL, got {storage!r}")
+    if isinstance(storage, str) and "://" in storage:
+        return None
+    path = Path(storage).expanduser()
+    if path.is_dir():
+        raise ValueError(f"storage: {str(path)!r} is a directory; give the journal file's path, "
+                         f"e.g. {str(path / 'optuna-journal.log')!r}")
+    return path
+
+
+def open_storage(storage, store_url):
     """An Optuna storage: a JournalStorage file (default, or a path) or an RDB URL."""
     import optuna
 
-    if storage is None or "://" not in storage:
-        path = Path(storage) if storage else default_storage_path(store_url)
+    path = _journal_path(storage)
+    if path is None and not storage:
+        path = default_storage_path(store_url)
+    if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         backend = optuna.storages.journal.JournalFileBackend(str(path))
         return optuna.storages.JournalStorage(backend), str(path)
@@ -140,24 +159,51 @@ class _KeySearch:
         self.dtype = getattr(torch, key.dtype)
         self.valid = valid_candidates(key.pass_, key.head_dim, self.dtype, device)
         self.valid_ids = {_config_id(c) for c in self.valid}
-        self.default = default_config(key.pass_, key.head_dim, self.dtype, device)
+        try:
+            self.default = default_config(key.pass_, key.head_dim, self.dtype, device)
+        except ConfigError:  # nothing runs on this device: the key ends as no_valid_config
+            self.default = None
         sampler = optuna.samplers.TPESampler(multivariate=True, seed=seed, constant_liar=True,
                                              n_startup_trials=max(4, min(10, trials // 3)))
         self.study = optuna.create_study(study_name=study_name(key, provenance.kernel_hash), storage=storage,
                                          sampler=sampler, direction="minimize", load_if_exists=True)
+        # Only valid configs count: they are what the budget pays for.
         self.measured: dict[tuple, tuple[str, float | None, float | None]] = {}
         for t in self.study.get_trials(deepcopy=False):
             status = t.user_attrs.get("status")
             if status and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL):
-                cfg = cls(**t.params)
-                self.measured[_config_id(cfg)] = (status, t.user_attrs.get("time_ms"), t.user_attrs.get("error"))
+                cid = _config_id(cls(**t.params))
+                if cid in self.valid_ids:
+                    self.measured[cid] = (status, t.user_attrs.get("time_ms"), t.user_attrs.get("error"))
+        self._adopt_recorded_trials()
+
+    def _adopt_recorded_trials(self) -> None:
+        """Trials the store has (same key, same kernel) but the study does not: a search
+        stopped between recording a trial and telling the study, or the study storage
+        is new. They count as measured and are told to the study, so nothing is measured
+        twice and the sampler learns from them."""
+        import optuna
+
+        recorded = {}
+        for rec in self.store.trials_for(self.key, kernel_hash=self.provenance.kernel_hash):  # oldest first
+            cid = _config_id(rec.config)
+            if cid in self.valid_ids and cid not in self.measured:
+                recorded[cid] = rec
+        for cid, rec in recorded.items():
+            ok = rec.status == "ok"
+            self.study.add_trial(optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.FAIL,
+                value=rec.time_ms if ok else None, params=rec.config.to_dict(), distributions=self.dists,
+                user_attrs={"status": rec.status, "time_ms": rec.time_ms, "error": rec.error,
+                            "message": rec.message, "source": "store"}))
+            self.measured[cid] = (rec.status, rec.time_ms, rec.error)
 
     # -- proposals ---------------------------------------------------------------------
 
     def warm_start(self) -> list:
         from flashtune.store import ResultFilter
 
-        first = [self.default]
+        first = [self.default] if self.default is not None else []
         family = self.store.list_results(ResultFilter(self.key.gpu, self.key.dtype, self.key.head_dim, None,
                                                       self.key.causal, self.key.pass_))
         family.sort(key=lambda r: abs(r.key.seq_len - self.key.seq_len))
@@ -184,11 +230,23 @@ class _KeySearch:
         ok = [(v[1], cid) for cid, v in self.measured.items() if v[0] == "ok"]
         return min(ok) if ok else None
 
+    def _enqueue(self, configs) -> None:
+        """Queue configs not already waiting in the study's queue. (Optuna's skip_if_exists
+        also skips a config whose earlier trial failed or was interrupted, which would
+        keep e.g. the default from ever being measured after an interrupt.)"""
+        import optuna
+
+        waiting = {_config_id(self.cls(**t.system_attrs["fixed_params"]))
+                   for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+                   if set(t.system_attrs.get("fixed_params", {})) == set(self.cls.FIELDS)}
+        for cfg in configs:
+            if _config_id(cfg) not in waiting:
+                self.study.enqueue_trial(cfg.to_dict())
+
     def run(self, on_trial) -> None:
         import optuna
 
-        for cfg in self.warm_start():
-            self.study.enqueue_trial(cfg.to_dict(), skip_if_exists=True)
+        self._enqueue(self.warm_start())
         start = time.monotonic()
         idle_proposals = 0
         while self.n_measured() < self.trials and (self.timeout is None or time.monotonic() - start < self.timeout):
@@ -211,7 +269,9 @@ class _KeySearch:
             idle_proposals = 0
             try:
                 outcome = self.worker.run(self.key, cfg, self.trial_timeout, self.faults.get(cid, 0))
-            except KeyboardInterrupt:
+            except BaseException:
+                # interrupted, or the key's inputs could not be built: no outcome for this
+                # config, which stays unmeasured (a resumed search measures it)
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 raise
             self.store.record_trial(self.key, cfg, outcome.status, provenance=self.provenance,
@@ -234,22 +294,27 @@ class _KeySearch:
 
         outcomes = Counter(v[0] for v in self.measured.values())
         ok = sorted((v[1], cid) for cid, v in self.measured.items() if v[0] == "ok")
-        info = getattr(self.worker, "info", None) or {}
         shape = trial_shape(self.key, self.worker.interpreter)
-        common = dict(n_trials=len(self.measured), outcomes=dict(outcomes), timer=info.get("timer", ""),
-                      shape=shape)
+        common = dict(n_trials=len(self.measured), outcomes=dict(outcomes), shape=shape,
+                      timer="interpreter-wall-clock" if self.worker.interpreter else "cuda-events")
         if not ok:
             return KeyResult(self.key, "no_valid_config", wall_s=time.monotonic() - started, **common)
         finalists = [self.cls(**dict(cid)) for _, cid in ok[: self.finalists]]
+        # The stored winner must win again, in this run; it is a contender only if it
+        # passed the correctness check here (it is queued early, right after the default).
         stored = self.store.list_results(ResultFilter.for_key(self.key))
-        if stored and _config_id(stored[0].config) in self.valid_ids:
-            finalists.append(stored[0].config)  # the stored winner must win again, in this run
-        default_ok = self.measured.get(_config_id(self.default), ("",))[0] == "ok"
+        if stored and self._measured_ok(stored[0].config):
+            finalists.append(stored[0].config)
+        default_ok = self.default is not None and self._measured_ok(self.default)
         if default_ok:
             finalists.append(self.default)
         unique = list({_config_id(c): c for c in finalists}.values())
         times = self.worker.retime(self.key, unique, self.rounds, timeout=self.trial_timeout * (1 + self.rounds)
                                    * len(unique))
+        # after retime: the child has this key's inputs even when no trial ran in this
+        # process (a search resumed after all its trials had finished)
+        info = self.worker.info_for(self.key)
+        common["timer"] = info.get("timer", common["timer"])
         medians = [statistics.median(t) for t in times]
         i = min(range(len(unique)), key=medians.__getitem__)
         winner, best_ms = unique[i], medians[i]
@@ -263,9 +328,12 @@ class _KeySearch:
         return KeyResult(self.key, "tuned", winner, best_ms, result.tflops, default_ms,
                          wall_s=time.monotonic() - started, **common)
 
+    def _measured_ok(self, cfg) -> bool:
+        return self.measured.get(_config_id(cfg), ("",))[0] == "ok"
+
 
 def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: float | None = None,
-           trial_timeout: float = 120.0, storage: str | None = None, device: str | None = None,
+           trial_timeout: float = 120.0, storage: str | os.PathLike | None = None, device: str | None = None,
            progress: bool = True, finalists: int = 3, rounds: int = 5, seed: int = 0, force: bool = False,
            faults: dict | None = None, console=None) -> SearchSummary:
     """Tune every key: ``trials`` measured configs and/or ``timeout`` seconds per key.
@@ -276,19 +344,41 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     interpreter (tiny shapes, interpreter timings: a test and demo mode). A key whose
     study already finished with this budget is skipped unless ``force``. ``faults``
     (tests only) maps a config's id to a fault to inject into its forward launch.
+
+    A bad argument raises ValueError naming it before the store or the study storage
+    is touched. A key whose inputs cannot be built, or whose re-timing crashes, ends
+    as ``failed: ...`` (with ``message``) and the search goes on. Ctrl-C or SIGTERM
+    raises KeyboardInterrupt once the worker is stopped; what finished is kept, and
+    the same call resumes.
     """
     import optuna
     import torch
 
-    from flashtune.autotuner.worker import TrialWorker, WorkerLost
+    from flashtune.autotuner.worker import TrialWorker, WorkerError, WorkerLost
     from flashtune.provenance import current_provenance
-    from flashtune.store import Store
+    from flashtune.store import ResultFilter, Store
 
-    if not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials: expected a positive integer, got {trials!r}")
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout: expected a positive number of seconds, got {timeout!r}")
-    dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # Every argument is checked before the store or the study storage is touched.
+    keys = list(keys)
+    if any(not isinstance(key, TuningKey) for key in keys):
+        raise ValueError("keys: expected TuningKey objects (see build_keys)")
+    _check_count("trials", trials)
+    _check_count("finalists", finalists)
+    _check_count("rounds", rounds)
+    _check_seconds("timeout", timeout, optional=True)
+    _check_seconds("trial_timeout", trial_timeout)
+    if faults is not None and not isinstance(faults, dict):
+        raise ValueError(f"faults: expected a dict of config id -> fault code, got {type(faults).__name__}")
+    if device is not None:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device: {device!r} is not a device: {e}") from e
+    else:
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected a CUDA device ('cuda', 'cuda:N') or 'cpu' (the interpreter), "
+                         f"got {device!r}")
     interpreter = dev.type == "cpu"
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {device!r} asks for CUDA, but no CUDA GPU is available; use device='cpu' for "
@@ -297,15 +387,16 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     for key in keys:
         if key.gpu != gpu.key:
             raise ValueError(f"keys: {key.label()} is for GPU {key.gpu!r}, this device is {gpu.key!r}")
+    _journal_path(storage)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     provenance = current_provenance(None if interpreter else dev)
     store = Store(db)
-    store.upsert_gpu(gpu)
-    optuna_storage, storage_label = open_storage(storage, store.url)
     results: list[KeyResult] = []
     worker = TrialWorker(str(dev), interpreter=interpreter)
     bar = _Progress(len(keys) * trials, enabled=progress, console=console)
     try:
+        store.upsert_gpu(gpu)
+        optuna_storage, storage_label = open_storage(storage, store.url)
         with _sigterm_as_interrupt(), bar:
             for key in keys:
                 started = time.monotonic()
@@ -316,23 +407,41 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
                 done = ks.study.user_attrs.get("finalized_trials")
                 if not force and done is not None and done >= min(trials, len(ks.valid)):
                     bar.advance_key(key, trials)
+                    stored = store.list_results(ResultFilter.for_key(key))
+                    won = dict(winner=stored[0].config, time_ms=stored[0].time_ms, tflops=stored[0].tflops,
+                               default_time_ms=stored[0].default_time_ms) if stored else {}
                     results.append(KeyResult(key, "already_tuned", n_trials=ks.n_measured(),
-                                             outcomes=dict(Counter(v[0] for v in ks.measured.values()))))
+                                             outcomes=dict(Counter(v[0] for v in ks.measured.values())), **won))
                     continue
                 bar.start_key(ks)
                 try:
                     ks.run(bar.on_trial)
                     results.append(ks.finalize(started))
-                except WorkerLost as e:
-                    # the key's inputs or reference could not be built, or the re-timing died
-                    results.append(KeyResult(key, f"failed: {e.status}", n_trials=ks.n_measured(),
+                except (WorkerLost, WorkerError) as e:
+                    # the key's inputs or reference could not be built, or the re-timing died:
+                    # this key fails, its finished trials stay, the other keys go on
+                    status = e.status if isinstance(e, WorkerLost) else "error"
+                    results.append(KeyResult(key, f"failed: {status}", n_trials=ks.n_measured(),
                                              outcomes=dict(Counter(v[0] for v in ks.measured.values())),
-                                             wall_s=time.monotonic() - started))
+                                             wall_s=time.monotonic() - started, message=str(e)[:2000]))
                 bar.finish_key(ks, results[-1], trials)
     finally:
         worker.close()
         store.close()
     return SearchSummary(results, interpreter, storage_label)
+
+
+def _check_count(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+
+
+def _check_seconds(name: str, value, *, optional: bool = False) -> None:
+    """A positive number of seconds; None (no limit) only where ``optional``."""
+    if value is None and optional:
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < float("inf"):
+        raise ValueError(f"{name}: expected a positive, finite number of seconds, got {value!r}")
 
 
 class _Progress:
@@ -364,8 +473,8 @@ class _Progress:
         text = f"{ks.key.label()}: {ks.n_measured()}/{ks.trials} trials"
         if best is not None:
             text += f", best {best[0]:.4g} ms"
-            default = ks.measured.get(_config_id(ks.default))
-            if default and default[0] == "ok":
+            default = ks.measured.get(_config_id(ks.default)) if ks.default is not None else None
+            if default and default[0] == "ok" and best[0] > 0:
                 text += f" ({default[1] / best[0]:.2f}x the default)"
         return text
 
