@@ -1,0 +1,115 @@
+"""The correctness rule of a trial (KeyBench), in this process under the interpreter.
+
+The reference is fp64 attention written plainly (flashtune.kernels.reference); the
+allowance is torch's own same-dtype attention error times ERROR_FACTOR plus a slack.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from autotuner_helpers import FAULT_TRAP, FAULT_WRONG, key
+
+from flashtune.autotuner import trial
+from flashtune.autotuner.trial import KeyBench
+from flashtune.kernels.config import BwdConfig, FwdConfig
+
+CPU = torch.device("cpu")
+
+# Triton 3.6's interpreter on numpy 1.25+ (not ours)
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def fwd_bench():
+    return KeyBench(key("fwd", "float32", seq_len=24, causal=True), CPU)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_correct_forward_config_passes(dtype, causal):
+    bench = KeyBench(key("fwd", dtype, seq_len=24, causal=causal), CPU)
+    out = bench.run(FwdConfig(16, 16, 4, 1))
+    assert out.status == "ok", out
+    assert 0 <= out.error <= 1
+    assert out.time_ms > 0
+
+
+def test_a_correct_backward_config_passes():
+    bench = KeyBench(key("bwd", "float16", seq_len=24, causal=True), CPU)
+    out = bench.run(BwdConfig(16, 32, 32, 16, 4, 1))
+    assert out.status == "ok", out
+    assert 0 <= out.error <= 1
+
+
+def test_the_wrong_result_fault_fails_with_its_error(fwd_bench):
+    out = fwd_bench.run(FwdConfig(16, 16, 4, 1), FAULT_WRONG)
+    assert out.status == "incorrect"
+    assert out.error > 1 and math.isfinite(out.error)
+    assert out.time_ms is None  # a wrong config is never timed
+    assert "allowance" in out.message
+
+
+def test_the_trap_fault_under_the_interpreter_is_a_failed_launch(fwd_bench):
+    # inline asm does not exist in the interpreter: the launch raises, never "ok"
+    out = fwd_bench.run(FwdConfig(16, 16, 4, 1), FAULT_TRAP)
+    assert out.status == "compile_error", out
+    assert "inline_asm" in out.message
+
+
+def test_the_reference_itself_passes_with_zero_error(fwd_bench):
+    passed, worst, _ = fwd_bench.check((fwd_bench.o_ref.clone(), fwd_bench.lse_ref / trial.LN2))
+    assert passed and worst == pytest.approx(0, abs=1e-12)
+
+
+def test_the_rule_is_the_allowance_exactly(fwd_bench):
+    """An error just under the allowance passes; just over fails, and names the output."""
+    lse2 = fwd_bench.lse_ref / trial.LN2
+    allow = fwd_bench.allowance["o"]
+    for factor, expected in ((0.98, True), (1.02, False)):
+        o = fwd_bench.o_ref.clone()
+        o[0, 0, 3, 5] += factor * allow
+        passed, worst, name = fwd_bench.check((o, lse2))
+        assert passed is expected
+        assert worst == pytest.approx(factor, rel=1e-3)  # errors are taken in fp32
+        assert name == "o"
+    lse_bad = lse2.clone()
+    lse_bad[0, 1, 2] += 1.02 * fwd_bench.allowance["lse"] / trial.LN2
+    passed, _, name = fwd_bench.check((fwd_bench.o_ref.clone(), lse_bad))
+    assert not passed and name == "lse"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", ["o", "lse"])
+def test_nan_or_inf_fails(fwd_bench, bad, where):
+    o, lse2 = fwd_bench.o_ref.clone(), fwd_bench.lse_ref / trial.LN2
+    (o if where == "o" else lse2).view(-1)[7] = bad
+    passed, worst, name = fwd_bench.check((o, lse2))
+    assert not passed
+    assert worst == math.inf
+    assert name == where
+
+
+def test_backward_check_catches_each_gradient():
+    bench = KeyBench(key("bwd", "float32", seq_len=16, causal=False), CPU)
+    grads = [g.clone() for g in bench.grads_ref]
+    assert bench.check(grads)[0]
+    for i, name in enumerate(("dq", "dk", "dv")):
+        bad = [g.clone() for g in bench.grads_ref]
+        bad[i] = bad[i] * 1.25 + 0.1
+        passed, worst, got = bench.check(bad)
+        assert not passed and worst > 1 and got == name
+        bad[i].view(-1)[0] = float("nan")
+        assert not bench.check(bad)[0]
+
+
+def test_inputs_are_fixed_per_key_and_differ_between_keys():
+    a1 = KeyBench(key("fwd", "float32", seq_len=16), CPU)
+    a2 = KeyBench(key("fwd", "float32", seq_len=16), CPU)
+    b = KeyBench(key("fwd", "float32", seq_len=16, causal=False), CPU)
+    assert torch.equal(a1.q, a2.q) and torch.equal(a1.allowance["o"] * torch.ones(1), a2.allowance["o"] * torch.ones(1))
+    assert not torch.equal(a1.q, b.q)
+    assert a1.describe()["timer"] == "interpreter-wall-clock"
+    assert (a1.batch, a1.heads) == trial.trial_shape(a1.key, interpreter=True)

@@ -1,0 +1,142 @@
+"""search() under the interpreter: trials and winners in a fresh SQLite store."""
+
+from __future__ import annotations
+
+import io
+import itertools
+
+import pytest
+from autotuner_helpers import GPU, cid, journal_study, key, trials_of
+from rich.console import Console
+
+from flashtune.autotuner import build_keys, search, study_name
+from flashtune.autotuner.search import default_storage_path
+from flashtune.autotuner.trial import flops, trial_shape
+from flashtune.keys import TuningKey
+from flashtune.provenance import kernel_source_hash
+from flashtune.store import TRIAL_STATUSES, Store
+
+TRIALS = 4
+KEYS = build_keys(GPU, head_dims=[16], dtypes=["float32"], seq_lens=[16], causal=[False, True],
+                  passes=["fwd", "bwd"])
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """One search over fwd/bwd x causal both, with the progress bar on a non-terminal console."""
+    root = tmp_path_factory.mktemp("e2e")
+    db = root / "store" / "tuned.db"
+    db.parent.mkdir()
+    out = io.StringIO()
+    summary = search(KEYS, db=db, trials=TRIALS, device="cpu", trial_timeout=120, finalists=2, rounds=2,
+                     console=Console(file=out, force_terminal=False, width=200))
+    return db, summary, out.getvalue()
+
+
+def test_build_keys_is_the_full_product():
+    keys = build_keys(GPU, head_dims=[16, 64], dtypes=["float16", "float32"], seq_lens=[16, 32, 64],
+                      causal=[False, True], passes=["fwd", "bwd"])
+    assert len(keys) == 2 * 2 * 3 * 2 * 2 == len(set(keys))
+    assert set(keys) == {TuningKey(GPU, dt, d, n, c, p) for d, dt, n, c, p in
+                         itertools.product([16, 64], ["float16", "float32"], [16, 32, 64], [False, True],
+                                           ["fwd", "bwd"])}
+    assert build_keys(GPU, head_dims=[16], dtypes=["float16"], seq_lens=[16]) == [
+        key(p, "float16", 16, c) for p in ("fwd", "bwd") for c in (False, True)]  # defaults: both passes and modes
+    with pytest.raises(ValueError, match="dtype"):
+        build_keys(GPU, head_dims=[16], dtypes=["float8"], seq_lens=[16])
+
+
+def test_every_key_is_tuned_with_its_trials(searched):
+    db, summary, _ = searched
+    assert summary.interpreter
+    assert [r.key for r in summary.results] == KEYS
+    for r in summary.results:
+        assert r.status == "tuned", r
+        assert r.n_trials == TRIALS
+        assert sum(r.outcomes.values()) == TRIALS
+        assert r.timer == "interpreter-wall-clock"
+        assert r.shape == trial_shape(r.key, interpreter=True)
+        rows = trials_of(db, r.key)
+        assert len(rows) == TRIALS
+        assert len({cid(t.config) for t in rows}) == TRIALS  # no config measured twice
+        assert all(t.status in TRIAL_STATUSES for t in rows)
+        assert {t.status for t in rows} == set(r.outcomes)
+        for t in rows:
+            assert t.kernel_hash == kernel_source_hash()
+            assert (t.time_ms is not None and t.time_ms > 0) == (t.status == "ok")
+
+
+def test_the_winner_is_an_ok_trial_and_carries_the_default_time(searched):
+    db, summary, _ = searched
+    with Store(db) as store:
+        table = store.load_table(GPU)
+    assert set(table) == set(KEYS)
+    for r in summary.results:
+        stored = table[r.key]
+        ok = {cid(t.config) for t in trials_of(db, r.key) if t.status == "ok"}
+        assert cid(stored.config) in ok
+        assert cid(r.winner) == cid(stored.config)
+        assert stored.time_ms == r.time_ms > 0
+        # the default config is always measured first, so the speed-up exists, from one run
+        assert stored.default_time_ms is not None and stored.default_time_ms == r.default_time_ms
+        assert r.speedup == pytest.approx(stored.default_time_ms / stored.time_ms) == stored.speedup
+        assert r.speedup >= 1.0  # the default was a finalist, and the winner has the best median
+        b, h = trial_shape(r.key, interpreter=True)
+        assert stored.tflops == pytest.approx(flops(r.key, b, h) / stored.time_ms * 1e-9)
+        assert stored.n_trials == TRIALS
+        assert 0 <= stored.error <= 1
+        assert stored.gpu.key == GPU
+
+
+def test_study_names_are_stable_and_live_in_the_journal_next_to_the_store(searched):
+    db, summary, _ = searched
+    journal = db.parent / "optuna-journal.log"
+    with Store(db) as store:
+        assert summary.storage == str(journal) == str(default_storage_path(store.url))
+    import optuna
+
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    names = {study_name(k, kernel_source_hash()) for k in KEYS}
+    assert set(optuna.get_all_study_names(storage)) == names
+    assert len(names) == len(KEYS)
+    for k in KEYS:
+        name = study_name(k, kernel_source_hash())
+        assert name == study_name(TuningKey(*[getattr(k, f) for f in ("gpu", "dtype", "head_dim", "seq_len",
+                                                                          "causal", "pass_")]), kernel_source_hash())
+        assert {t.study for t in trials_of(db, k)} == {name}
+        study = journal_study(journal, name)
+        assert study.user_attrs["finalized_trials"] == TRIALS
+        told = [t for t in study.trials if "status" in t.user_attrs]
+        assert len(told) == TRIALS
+        assert {cid(t.config) for t in trials_of(db, k)} == {
+            tuple(sorted(t.params.items())) for t in told}
+    assert study_name(KEYS[0], "a") != study_name(KEYS[0], "b")  # a kernel change starts a new study
+
+
+def test_the_progress_bar_reports_on_a_plain_console(searched):
+    _, _, text = searched
+    assert "done" in text
+    assert KEYS[-1].label() in text
+
+
+def test_a_finished_search_is_skipped_when_run_again(searched, monkeypatch, capsys):
+    from flashtune.autotuner import worker as worker_mod
+
+    db, first, _ = searched
+    started = []
+    original = worker_mod.TrialWorker._start
+    monkeypatch.setattr(worker_mod.TrialWorker, "_start", lambda self: started.append(1) or original(self))
+    before = {k: len(trials_of(db, k)) for k in KEYS}
+    again = search(KEYS, db=db, trials=TRIALS, device="cpu", progress=False)
+    assert [r.status for r in again.results] == ["already_tuned"] * len(KEYS)
+    assert not started  # no worker, no trial
+    assert {k: len(trials_of(db, k)) for k in KEYS} == before
+    for r, f in zip(again.results, first.results):
+        assert r.n_trials == TRIALS
+        assert cid(r.winner) == cid(f.winner) and r.time_ms == f.time_ms
+        assert r.default_time_ms == f.default_time_ms
+    assert capsys.readouterr().out == ""  # progress=False prints nothing
+    # a terminal console with the bar on works as well
+    out = io.StringIO()
+    search(KEYS[:1], db=db, trials=TRIALS, device="cpu", console=Console(file=out, force_terminal=True, width=80))
+    assert "done" in out.getvalue()

@@ -1,0 +1,193 @@
+"""What the search measures: pruning by validate(), the exhaustive mode, duplicates,
+the sampler steering, and arguments refused before anything is written."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+import torch
+from autotuner_helpers import Spy, cid, journal_study, key, rows_per_config, tiny_space, trials_of
+
+from flashtune.autotuner import search, study_name
+from flashtune.autotuner.worker import TrialWorker
+from flashtune.kernels import config as config_mod
+from flashtune.kernels.config import ConfigError, FwdConfig, default_config
+from flashtune.kernels.space import candidates
+from flashtune.keys import TuningKey
+from flashtune.provenance import kernel_source_hash
+from flashtune.store import Store
+
+FAST = dict(device="cpu", trial_timeout=120, finalists=2, rounds=1, progress=False)
+
+
+def _valid(cfg, head_dim=16, dtype=torch.float32) -> bool:
+    try:
+        cfg.validate(head_dim, dtype, "cpu")
+        return True
+    except ConfigError:
+        return False
+
+
+def _starts(monkeypatch) -> list:
+    started, original = [], TrialWorker._start
+    monkeypatch.setattr(TrialWorker, "_start", lambda w: started.append(1) or original(w))
+    return started
+
+
+def test_nothing_valid_means_no_compile_and_no_worker(tmp_path, monkeypatch):
+    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 1)
+    started = _starts(monkeypatch)
+    k = key("bwd", "float32")
+    (r,) = search([k], db=tmp_path / "t.db", trials=3, **FAST).results
+    assert r.status == "no_valid_config" and r.n_trials == 0 and r.winner is None
+    assert started == [] and trials_of(tmp_path / "t.db", k) == []
+
+
+def test_configs_validate_rejects_never_reach_the_worker(tmp_path, monkeypatch):
+    """A small shared-memory limit (in this process, where validate() runs) rejects most of
+    the space; the sampler still proposes rejected configs, which cost no trial."""
+    limit = 64 * (32 + 2 * 2 * 32)  # exactly the default's estimate (fwd, fp32, d16)
+    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: limit)
+    space = candidates("fwd")
+    valid = {cid(c) for c in space if _valid(c)}
+    assert 3 < len(valid) < len(space) // 2
+    runs = Spy(monkeypatch, "run")
+    k, db, trials = key("fwd", "float32"), tmp_path / "t.db", 3
+    (r,) = search([k], db=db, trials=trials, seed=1, **FAST).results
+    assert r.status == "tuned" and r.n_trials == trials
+    assert len(runs.calls) == trials  # the budget counts measured configs only
+    assert all(cid(cfg) in valid for (_, cfg, *_) in runs.calls)
+    assert set(rows_per_config(db, k)) <= valid
+    study = journal_study(tmp_path / "optuna-journal.log", study_name(k, kernel_source_hash()))
+    skipped = [t for t in study.trials if t.user_attrs.get("skipped") == "invalid"]
+    assert skipped, "the sampler never proposed a rejected config: the test shows nothing"
+    assert all(t.state == optuna.trial.TrialState.PRUNED for t in skipped)
+    assert not {tuple(sorted(t.params.items())) for t in skipped} & valid
+
+
+def test_a_space_within_the_budget_is_measured_exhaustively(tmp_path, monkeypatch):
+    k = key("bwd", "float32", seq_len=16, causal=False)
+    default = default_config("bwd", 16, torch.float32, "cpu")
+    configs = tiny_space(monkeypatch, "bwd", {"BLOCK_M1": [16], "BLOCK_N1": [32], "BLOCK_M2": [32],
+                                              "BLOCK_N2": [16, 32], "num_warps": [4], "num_stages": [1, 2]})
+    assert default in configs and len(configs) == 4
+    runs = Spy(monkeypatch, "run")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    journal = tmp_path / "home" / "not" / "yet" / "journal.log"
+    db = tmp_path / "t.db"
+    run = dict(db=db, trials=6, storage="~/not/yet/journal.log", **FAST)  # the journal's folders are created
+    (r,) = search([k], **run).results
+    assert r.status == "tuned" and r.n_trials == 4 and r.outcomes == {"ok": 4}
+    assert sorted(cid(cfg) for (_, cfg, *_) in runs.calls) == sorted(cid(c) for c in configs)
+    assert cid(runs.calls[0][1]) == cid(default)  # the default goes first
+    assert rows_per_config(db, k) == {cid(c): 1 for c in configs}
+    study = journal_study(journal, study_name(k, kernel_source_hash()))
+    assert all(t.state != optuna.trial.TrialState.PRUNED for t in study.trials)  # no proposal was wasted
+    # the whole space is measured, so the key is done although the budget was larger
+    (again,) = search([k], **run).results
+    assert again.status == "already_tuned" and len(runs.calls) == 4
+
+
+def test_a_time_budget_ends_the_key_early_and_a_rerun_goes_on(tmp_path, monkeypatch):
+    runs = Spy(monkeypatch, "run")
+    k, db = key("fwd", "float32", seq_len=16, causal=False), tmp_path / "t.db"
+    # the first trial alone (a fresh worker builds the key's inputs) takes longer than this
+    (r,) = search([k], db=db, trials=50, timeout=0.5, **FAST).results
+    assert r.status == "tuned" and r.n_trials == len(runs.calls) == 1
+    (r2,) = search([k], db=db, trials=50, timeout=0.5, **FAST).results
+    assert r2.status == "tuned" and r2.n_trials == 2  # not "already_tuned": the budget is not spent
+    assert max(rows_per_config(db, k).values()) == 1
+
+
+class _Repeating(optuna.samplers.BaseSampler):
+    """Proposes the same few configs over and over (an enqueued trial bypasses it)."""
+
+    def __init__(self, proposals):
+        self.proposals = proposals
+        self.asked = 0
+
+    def infer_relative_search_space(self, study, trial):
+        return {}
+
+    def sample_relative(self, study, trial, search_space):
+        return {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        self.asked += 1
+        return getattr(self.proposals[trial.number % len(self.proposals)], param_name)
+
+
+@pytest.mark.parametrize("proposals", ["duplicates", "rejected only"])
+def test_repeated_or_rejected_proposals_are_never_measured_and_the_search_still_ends(tmp_path, monkeypatch,
+                                                                                   proposals):
+    k = key("fwd", "float16", seq_len=16, causal=False)
+    default = default_config("fwd", 16, torch.float16, "cpu")
+    if proposals == "duplicates":
+        repeated = [default, FwdConfig(16, 16, 4, 1)]
+    else:
+        monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 2 * 16 * (64 + 2 * 3 * 32))
+        repeated = [FwdConfig(256, 128, 8, 4)]
+        assert not _valid(repeated[0], dtype=torch.float16) and _valid(default, dtype=torch.float16)
+    sampler = _Repeating(repeated)
+    monkeypatch.setattr(optuna.samplers, "TPESampler", lambda **kwargs: sampler)
+    runs = Spy(monkeypatch, "run")
+    db, trials = tmp_path / "t.db", 3
+    # the study in an RDB storage this time (any Optuna storage URL works)
+    (r,) = search([k], db=db, trials=trials, storage=f"sqlite:///{tmp_path / 'optuna.db'}", **FAST).results
+    assert r.status == "tuned" and r.n_trials == trials
+    measured = [cid(cfg) for (_, cfg, *_) in runs.calls]
+    assert len(measured) == len(set(measured)) == trials  # a config proposed twice is measured once
+    assert max(rows_per_config(db, k).values()) == 1
+    study = optuna.load_study(study_name=study_name(k, kernel_source_hash()),
+                              storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    reason = "duplicate" if proposals == "duplicates" else "invalid"
+    pruned = [t for t in study.trials if t.user_attrs.get("skipped") == reason]
+    assert len(pruned) >= 20  # the sampler was stuck, and the search steered it
+    assert sampler.asked > 0
+
+
+def _bad_calls():
+    k = key("fwd", "float32")
+    other_gpu = TuningKey("NVIDIA H200@sm90", "float32", 16, 16, True, "fwd")
+    cases = [
+        ("trials", dict(trials=0)), ("trials", dict(trials=-2)), ("trials", dict(trials=2.0)),
+        ("trials", dict(trials=True)), ("timeout", dict(timeout=-1)), ("timeout", dict(timeout=0)),
+        ("timeout", dict(timeout=math.nan)), ("trial_timeout", dict(trial_timeout=0)),
+        ("trial_timeout", dict(trial_timeout=math.inf)), ("rounds", dict(rounds=0)),
+        ("finalists", dict(finalists=0)), ("keys", dict(keys=[other_gpu])), ("keys", dict(keys=["fwd"])),
+        ("device", dict(device="nonsense")), ("device", dict(device="meta")),
+        ("faults", dict(faults=[1])),
+    ]
+    if not torch.cuda.is_available():
+        cases.append(("device", dict(device="cuda")))
+        cases.append(("device", dict(device="cuda:0")))
+    return [pytest.param(name, dict(dict(keys=[k], trials=3, device="cpu"), **kwargs),
+                         id=f"{name}={str(list(kwargs.values())[0])[:24]}") for name, kwargs in cases]
+
+
+@pytest.mark.parametrize("name, kwargs", _bad_calls())
+def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, monkeypatch, name, kwargs):
+    started = _starts(monkeypatch)
+    fresh = tmp_path / "fresh" / "t.db"
+    keys = kwargs.pop("keys")
+    with pytest.raises(ValueError, match=rf"^{name}: "):
+        search(keys, db=fresh, progress=False, **kwargs)
+    assert not fresh.parent.exists()  # no store, no journal
+
+    existing = tmp_path / "existing.db"
+    with Store(existing) as store:
+        before = store.list_gpus()
+    with pytest.raises(ValueError, match=rf"^{name}: "):
+        search(keys, db=existing, progress=False, **kwargs)
+    with Store(existing) as store:
+        assert store.list_gpus() == before == [] and store.list_results() == []
+    assert not (tmp_path / "optuna-journal.log").exists()
+    assert started == []
+
+
+def test_a_directory_as_the_journal_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="^storage: .* is a directory"):
+        search([key()], db=tmp_path / "t.db", trials=1, device="cpu", storage=tmp_path, progress=False)
+    assert not (tmp_path / "t.db").exists()
