@@ -32,10 +32,14 @@ def script_location() -> Path:
                      "reinstall flashtune")
 
 
+def is_store_table_name(name: str | None) -> bool:
+    """flashtune's own tables (a shared database holds others, Optuna's for one)."""
+    return (name or "").startswith("flashtune_") and name != VERSION_TABLE
+
+
 def is_store_table(name: str | None, type_: str, _parents=None) -> bool:
-    """Alembic's ``include_name`` hook: autogenerate looks at flashtune's tables only
-    (a shared database holds others, Optuna's for one)."""
-    return type_ != "table" or (name or "").startswith("flashtune_") and name != VERSION_TABLE
+    """Alembic's ``include_name`` hook: autogenerate looks at flashtune's tables only."""
+    return type_ != "table" or is_store_table_name(name)
 
 
 def alembic_config(url: sa.URL | None = None, connection: sa.Connection | None = None):
@@ -104,6 +108,10 @@ def migrate(engine: sa.Engine, url: sa.URL, revision: str = "head") -> str:
         found = database_revision(connection)
         if found is not None and found not in known_revisions():
             raise schema_error(found, url)
+        unversioned = found is None and sorted(filter(is_store_table_name, sa.inspect(connection).get_table_names()))
+        if unversioned:
+            raise StoreError(f"the database at {show_url(url)} has flashtune's tables ({', '.join(unversioned)}) but "
+                             f"no {VERSION_TABLE} table, so their schema is unknown; restore it from a backup")
         try:
             command.upgrade(alembic_config(url, connection), revision)
         except CommandError as e:

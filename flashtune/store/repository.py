@@ -15,8 +15,8 @@ from flashtune.keys import GpuInfo, TuningKey
 from flashtune.provenance import Provenance
 from flashtune.store.engine import create_store_engine, resolve_url, show_url, sqlite_path, transaction
 from flashtune.store.errors import StoreError
-from flashtune.store.migrations import VERSION_TABLE, database_revision, head_revision, migrate, schema_error
-from flashtune.store.models import KEY_COLUMNS, TRIAL_STATUSES, Base, Gpu, Trial, TunedResult, utcnow
+from flashtune.store.migrations import database_revision, head_revision, migrate, schema_error
+from flashtune.store.models import KEY_COLUMNS, TRIAL_STATUSES, Gpu, Trial, TunedResult, utcnow
 from flashtune.store.records import (
     ImportSummary,
     ResultFilter,
@@ -72,19 +72,14 @@ class Store:
     def _check_schema(self, create: bool) -> None:
         where = show_url(self.url)
         with transaction(self._engine, f"open the store at {where}") as session:
-            connection = session.connection()
-            revision = database_revision(connection)
-            ours = set(sa.inspect(connection).get_table_names()) & set(Base.metadata.tables)
+            revision = database_revision(session.connection())
         if revision == head_revision():
             return
         if revision is not None:
             raise schema_error(revision, self.url)
-        if ours:
-            raise StoreError(f"the database at {where} has flashtune's tables ({', '.join(sorted(ours))}) but no "
-                             f"{VERSION_TABLE} table, so its schema is unknown; restore it from a backup")
         if not create:
             raise StoreError(f"the database at {where} holds no flashtune store")
-        migrate(self._engine, self.url)
+        migrate(self._engine, self.url)  # under a lock: finds the work done if another process did it
 
     def _transaction(self, action: str, *, write: bool = False):
         return transaction(self._engine, action, write=write)
@@ -181,10 +176,14 @@ class Store:
             if result.key in seen:
                 raise ValueError(f"results[{i}]: {result.key.label()} on {result.key.gpu} appears twice")
             seen.add(result.key)
+        gpus = {result.gpu.key: result.gpu for result in results}
         outcomes: collections.Counter[str] = collections.Counter()
         with self._transaction(action, write=True) as session:
+            # GPU rows first, in one order: on PostgreSQL their row locks then serialize
+            # the writers of one GPU, so two imports cannot deadlock on result rows.
+            gpu_ids = {gpu_key: _upsert_gpu(session, gpus[gpu_key]) for gpu_key in sorted(gpus)}
             for result in results:
-                outcomes[_write_result(session, result, on_conflict)] += 1
+                outcomes[_write_result(session, result, gpu_ids[result.key.gpu], on_conflict)] += 1
         return ImportSummary(**outcomes)
 
     def load_table(self, gpu: str | GpuInfo) -> dict[TuningKey, StoredResult]:
@@ -262,7 +261,7 @@ def _conditions(model: type[TunedResult | Trial], where: ResultFilter) -> list:
     return conditions
 
 
-def _write_result(session: Session, result: StoredResult, on_conflict: str) -> str:
+def _write_result(session: Session, result: StoredResult, gpu_id: int, on_conflict: str) -> str:
     """Write one result under the ``on_conflict`` policy; say whether it was inserted,
     replaced an existing one, or the existing one was kept."""
     table = TunedResult.__table__
@@ -271,14 +270,15 @@ def _write_result(session: Session, result: StoredResult, on_conflict: str) -> s
         "default_time_ms": result.default_time_ms, "error": result.error, "n_trials": result.n_trials,
         **{name: getattr(result.provenance, name) for name in PROVENANCE_COLUMNS},
     }
-    where = _conditions(TunedResult, ResultFilter.for_key(result.key))
-    # FOR UPDATE: on PostgreSQL the row cannot change before our write (SQLite's
-    # IMMEDIATE transaction already excludes other writers).
-    existed = session.scalar(sa.select(TunedResult.id).where(*where).with_for_update()) is not None
+    key_values = _key_values(result.key, gpu_id)
+    where = [table.c[name] == value for name, value in key_values.items()]
+    # Nobody else writes this row before we do: the caller holds the GPU row's lock on
+    # PostgreSQL, and SQLite's IMMEDIATE transaction excludes other writers.
+    existed = session.scalar(sa.select(table.c.id).where(*where)) is not None
     if existed and on_conflict == "error":
         raise StoreError(f"{result.key.label()} on {result.key.gpu} already has a result; import with "
                          "on_conflict='skip', 'replace' or 'keep_faster' to resolve it")
-    query = _insert(session, table).values(**_key_values(result.key, _upsert_gpu(session, result.gpu)), **values)
+    query = _insert(session, table).values(**key_values, **values)
     if on_conflict == "skip":
         query = query.on_conflict_do_nothing(index_elements=list(_KEY_INDEX))
     elif on_conflict in ("replace", "keep_faster"):

@@ -89,8 +89,8 @@ def _doomed_writer(url: str, reports) -> None:
                                         message=f"committed {i}"))
     write_one = repository._write_result
 
-    def write_then_stall(session, stored, on_conflict, written=[0]):  # noqa: B006 - a counter
-        outcome = write_one(session, stored, on_conflict)
+    def write_then_stall(session, *args, written=[0]):  # noqa: B006 - a counter
+        outcome = write_one(session, *args)
         written[0] += 1
         if written[0] == IMPORTED // 2:
             session.flush()
@@ -108,6 +108,7 @@ def test_a_writer_killed_mid_transaction_leaves_the_committed_rows_and_nothing_e
     reports, child_end = FORK.Pipe(duplex=False)
     child = FORK.Process(target=_doomed_writer, args=(db_url, child_end))
     child.start()
+    child_end.close()  # so that a child that dies early is an EOF here, not a wait
     committed = [reports.recv() for _ in range(COMMITTED)]
     assert reports.poll(60) and reports.recv() == "mid-transaction"
     os.kill(child.pid, signal.SIGKILL)
@@ -140,6 +141,7 @@ def test_a_writer_killed_at_any_moment_keeps_every_commit(db_url, kill_after):
     reports, child_end = FORK.Pipe(duplex=False)
     child = FORK.Process(target=_busy_writer, args=(db_url, child_end))
     child.start()
+    child_end.close()  # so that a child that dies early is an EOF here, not a wait
     reported = [reports.recv() for _ in range(kill_after)]
     os.kill(child.pid, signal.SIGKILL)  # wherever it is: between, inside or committing a write
     child.join()

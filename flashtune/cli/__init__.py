@@ -1,0 +1,48 @@
+"""The ``flashtune`` command: search, list, show, export, import, bench, db, info.
+
+One click group in the style of sqlite-utils: every command has help, tables by
+default and ``--json``/``--csv`` on request, user mistakes end in a one-line error with
+the remedy (exit 1; usage errors exit 2). torch, triton, sqlalchemy and optuna are
+imported inside the commands, so ``flashtune --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import click
+
+from flashtune._version import __version__
+from flashtune.cli._common import Group
+from flashtune.cli.bench import bench_command
+from flashtune.cli.db import db_group
+from flashtune.cli.exchange import export_command, import_command
+from flashtune.cli.info import info_command
+from flashtune.cli.results import list_command, show_command
+from flashtune.cli.search import search_command
+
+__all__ = ["cli", "main"]
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="flashtune", message="%(prog)s %(version)s")
+def cli():
+    """flashtune: FlashAttention kernels tuned for the GPU you have.
+
+    \b
+    Tune this GPU, then look at what was stored:
+      flashtune search
+      flashtune list
+    Hand the tuned table to another team:
+      flashtune export -o h200.json
+      flashtune import h200.json
+    Without a GPU, `flashtune search --interpreter` runs a tiny CPU demo.
+    """
+
+
+for command in (search_command, list_command, show_command, export_command, import_command, bench_command,
+                db_group, info_command):
+    cli.add_command(command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script: ``flashtune = flashtune.cli:main``."""
+    cli.main(args=argv, prog_name="flashtune")

@@ -1,0 +1,161 @@
+"""What ``flashtune bench`` measures: flashtune's tuned and default configs against torch SDPA.
+
+Shapes and FLOPs are the autotuner's (``trial_shape``, ``flops``): the benchmark grid's
+batch and heads on a GPU (16k tokens, model width 2048), batch 1 and 2 heads under the
+interpreter. The forward time is one call; the backward time is
+``o.backward(do, retain_graph=True)`` alone, as in BENCHMARKS.md. On a GPU the timer is
+``triton.testing.do_bench`` (median); under the interpreter it is the wall clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+import warnings
+
+import torch
+
+from flashtune.autotuner.trial import flops, trial_shape
+from flashtune.kernels import attention, default_config
+from flashtune.keys import TuningKey
+
+IMPLEMENTATIONS = ("tuned", "default", "cudnn", "flash")
+SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    key: TuningKey
+    impl: str
+    time_ms: float | None
+    tflops: float | None
+    note: str = ""  # where a tuned config came from, or why nothing was measured
+
+
+def tuned_config(table: dict, key: TuningKey):
+    """The stored config for ``key``: exact, else the nearest tuned seq len (log2) of its family.
+
+    Returns (config, note) or (None, why).
+    """
+    if key in table:
+        return table[key].config, "exact"
+    family = [k for k in table if k.family == key.family]
+    if not family:
+        return None, "not tuned"
+    nearest = min(family, key=lambda k: (abs(math.log2(k.seq_len) - math.log2(key.seq_len)), k.seq_len))
+    return table[nearest].config, f"nearest n={nearest.seq_len}"
+
+
+def measure(keys, table: dict, impls, device: str, *, on_result=None) -> list[Measurement]:
+    """Time every implementation on every key; ``on_result`` sees each measurement."""
+    out = []
+    for key in keys:
+        for impl in impls:
+            m = _measure_one(key, table, impl, torch.device(device))
+            out.append(m)
+            if on_result is not None:
+                on_result(m)
+    return out
+
+
+def _measure_one(key: TuningKey, table: dict, impl: str, device: torch.device) -> Measurement:
+    interpreter = device.type != "cuda"
+    batch, heads = trial_shape(key, interpreter)
+    dtype = getattr(torch, key.dtype)
+    note = ""
+    if impl in ("tuned", "default"):
+        configs = {}
+        for pass_ in ("fwd", "bwd"):
+            family_key = dataclasses.replace(key, pass_=pass_)
+            cfg, why = tuned_config(table, family_key) if impl == "tuned" else (None, "")
+            configs[pass_] = cfg or default_config(pass_, key.head_dim, dtype, device)
+            if pass_ == key.pass_:
+                note = why
+                if impl == "tuned" and cfg is None:
+                    return Measurement(key, impl, None, None, "not tuned")
+
+        def run(q, k, v):
+            return attention(q, k, v, causal=key.causal, fwd_config=configs["fwd"], bwd_config=configs["bwd"])
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
+
+        def run(q, k, v):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=key.causal)
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    shape = (batch, heads, key.seq_len, key.head_dim)
+    q, k, v, do = (torch.randn(shape, device=device, dtype=dtype, generator=gen) for _ in range(4))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SDPA warns for each reason a backend cannot run
+            if key.pass_ == "fwd":
+                ms = _time(lambda: run(q, k, v), device)
+            else:
+                for t in (q, k, v):
+                    t.requires_grad_(True)
+                o = run(q, k, v)
+                ms = _time(lambda: o.backward(do, retain_graph=True), device, grad_to_none=(q, k, v))
+    except RuntimeError as e:  # an SDPA backend that does not support this shape or dtype
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return Measurement(key, impl, None, None, f"unsupported: {message[:80]}")
+    return Measurement(key, impl, ms, flops(key, batch, heads) / ms * 1e-9, note)
+
+
+def _time(fn, device: torch.device, grad_to_none=None) -> float:
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, grad_to_none=grad_to_none, return_mode="median"))
+    fn()  # warm-up: the interpreter compiles nothing, but the first call allocates
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def geomean(values) -> float | None:
+    values = [v for v in values if v is not None and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def plot(measurements, path: str, title: str) -> None:
+    """TFLOPS vs seq len, one line per implementation, one panel per key family."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = sorted({(m.key.pass_, m.key.dtype, m.key.head_dim, m.key.causal) for m in measurements},
+                      key=lambda f: (f[0] != "fwd", f[1], f[2], f[3]))
+    cols = min(4, len(families))
+    rows = math.ceil(len(families) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    for ax, family in zip(axes.flat, families):
+        pass_, dtype, head_dim, causal = family
+        for impl in IMPLEMENTATIONS:
+            points = sorted((m.key.seq_len, m.tflops) for m in measurements
+                            if (m.key.pass_, m.key.dtype, m.key.head_dim, m.key.causal) == family
+                            and m.impl == impl and m.tflops is not None)
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=impl)
+        ax.set_xscale("log", base=2)
+        seq_lens = sorted({m.key.seq_len for m in measurements})
+        ax.set_xticks(seq_lens, [f"{n // 1024}k" if n >= 1024 else str(n) for n in seq_lens])
+        ax.set_title(f"{pass_} {dtype} d{head_dim} {'causal' if causal else 'full'}", fontsize=9)
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("TFLOPS")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(families):]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,283 @@
+"""What the commands share: error handling, options, opening the store, output formats.
+
+Nothing here imports torch, triton, sqlalchemy or optuna at module level: ``flashtune
+--help`` must stay instant. Those load inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from flashtune.keys import DTYPES, PASSES
+
+# Search and bench defaults: the standard grid of the benchmark protocol (BENCHMARKS.md).
+GRID_HEAD_DIMS = (64, 128)
+GRID_DTYPES = ("bfloat16",)
+GRID_SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
+# The interpreter demo: tiny shapes in a dtype the interpreter computes correctly.
+DEMO_HEAD_DIMS = (16,)
+DEMO_DTYPES = ("float32",)
+DEMO_SEQ_LENS = (16, 32)
+
+DB_HELP = ("The store: a SQLite file path or a SQLAlchemy URL (sqlite:///PATH, postgresql+psycopg://...). "
+           "Default: $FLASHTUNE_DB, else tuned.db in the user data directory.")
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean "the user asked for something that cannot be done"."""
+    types: list[type[BaseException]] = [ValueError, OSError]
+    store = sys.modules.get("flashtune.store.errors")  # loaded once a command touched the store
+    if store is not None:
+        types.append(store.StoreError)
+    return tuple(types)
+
+
+def one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    if isinstance(error, OSError) and error.strerror:
+        text = f"{error.strerror}: {error.filename}" if error.filename else error.strerror
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn an API's ValueError / StoreError / OSError into a one-line ``ClickException``."""
+    try:
+        yield
+    except click.ClickException:
+        raise
+    except _user_error_types() as e:
+        raise click.ClickException(one_line(e)) from e
+
+
+class Command(click.Command):
+    """A command whose user mistakes end in a one-line error (exit 1), never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with user_errors():
+            return super().invoke(ctx)
+
+
+class Group(click.Group):
+    command_class = Command
+    group_class = type  # subgroups are Groups too
+
+
+# -- options --------------------------------------------------------------------------------
+
+db_option = click.option("--db", metavar="PATH|URL", help=DB_HELP)
+
+
+def filter_options(f):
+    """--gpu --dtype --head-dim --seq-len --causal/--full --pass: each narrows the selection."""
+    options = [
+        click.option("--gpu", metavar="KEY", help="GPU key, e.g. 'NVIDIA H200@sm90' (`flashtune info` shows this "
+                     "GPU's)."),
+        click.option("--dtype", type=click.Choice(DTYPES), help="Only this dtype."),
+        click.option("--head-dim", type=click.IntRange(min=1), help="Only this head dim."),
+        click.option("--seq-len", type=click.IntRange(min=1), help="Only this sequence length."),
+        click.option("--causal/--full", "causal", default=None, help="Only causal, or only full (non-causal) "
+                     "attention."),
+        click.option("--pass", "pass_", type=click.Choice(PASSES), help="Only the forward or the backward pass."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def result_filter(gpu, dtype, head_dim, seq_len, causal, pass_):
+    from flashtune.store import ResultFilter
+
+    return ResultFilter(gpu=gpu, dtype=dtype, head_dim=head_dim, seq_len=seq_len, causal=causal, pass_=pass_)
+
+
+def _split(values: Sequence[str]) -> list[str]:
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def ints_callback(ctx, param, values):
+    """``--seq-len 512,1024 --seq-len 2048`` -> [512, 1024, 2048]."""
+    out = []
+    for part in _split(values):
+        try:
+            number = int(part)
+        except ValueError:
+            raise click.BadParameter(f"{part!r} is not an integer") from None
+        if number < 1:
+            raise click.BadParameter(f"{number} is not a positive integer")
+        out.append(number)
+    return list(dict.fromkeys(out))
+
+
+def choices_callback(choices: Sequence[str]):
+    def callback(ctx, param, values):
+        out = _split(values)
+        for part in out:
+            if part not in choices:
+                raise click.BadParameter(f"{part!r} is not one of {', '.join(choices)}")
+        return list(dict.fromkeys(out))
+    return callback
+
+
+def key_grid_options(f):
+    """--head-dim/--dtype/--seq-len/--causal/--full/--pass, several values each (a grid of keys)."""
+    options = [
+        click.option("--head-dim", "head_dims", multiple=True, callback=ints_callback, metavar="D[,D...]",
+                     help=f"Head dims. [default: {','.join(map(str, GRID_HEAD_DIMS))}; interpreter: "
+                     f"{','.join(map(str, DEMO_HEAD_DIMS))}]"),
+        click.option("--dtype", "dtypes", multiple=True, callback=choices_callback(DTYPES), metavar="DTYPE[,...]",
+                     help=f"Dtypes ({', '.join(DTYPES)}). [default: {','.join(GRID_DTYPES)}; interpreter: "
+                     f"{','.join(DEMO_DTYPES)}]"),
+        click.option("--seq-len", "seq_lens", multiple=True, callback=ints_callback, metavar="N[,N...]",
+                     help=f"Sequence lengths. [default: {','.join(map(str, GRID_SEQ_LENS))}; interpreter: "
+                     f"{','.join(map(str, DEMO_SEQ_LENS))}]"),
+        click.option("--causal/--full", "causal", default=None,
+                     help="Only causal or only full attention. [default: both]"),
+        click.option("--pass", "passes", multiple=True, callback=choices_callback(PASSES), metavar="PASS[,PASS]",
+                     help="fwd, bwd or both. [default: both]"),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def grid(head_dims, dtypes, seq_lens, causal, passes, *, interpreter: bool) -> dict[str, list]:
+    """The values of each key field: the given ones, else the defaults for the mode."""
+    return {
+        "head_dims": head_dims or list(DEMO_HEAD_DIMS if interpreter else GRID_HEAD_DIMS),
+        "dtypes": dtypes or list(DEMO_DTYPES if interpreter else GRID_DTYPES),
+        "seq_lens": seq_lens or list(DEMO_SEQ_LENS if interpreter else GRID_SEQ_LENS),
+        "causal": [False, True] if causal is None else [causal],
+        "passes": passes or list(PASSES),
+    }
+
+
+def output_options(f):
+    f = click.option("--csv", "as_csv", is_flag=True, help="Output CSV.")(f)
+    return click.option("--json", "as_json", is_flag=True, help="Output JSON.")(f)
+
+
+# -- devices --------------------------------------------------------------------------------
+
+_NEEDS_GPU = {"search": "tunes and times GPU kernels", "bench": "times GPU kernels"}
+
+
+def interpreter_options(f):
+    f = click.option("--device", metavar="DEVICE", help="The CUDA device, e.g. cuda:1, or cpu for the interpreter "
+                     "demo. [default: cuda]")(f)
+    return click.option("--interpreter", is_flag=True, help="Run a tiny demo under the Triton interpreter on the "
+                        "CPU (no GPU needed; timings are not GPU timings).")(f)
+
+
+def choose_device(command: str, device: str | None, interpreter: bool) -> tuple[str, bool]:
+    """The torch device to run on and whether it is the interpreter; no GPU is an error.
+
+    ``command`` is "search" or "bench", for the message.
+    """
+    import os
+
+    if interpreter or device == "cpu":
+        if "flashtune.kernels.common" not in sys.modules:
+            os.environ["TRITON_INTERPRET"] = "1"  # read by triton and the kernels at import
+        return "cpu", True
+    import torch
+
+    if not torch.cuda.is_available():
+        raise click.ClickException(
+            f"no CUDA GPU found (torch {torch.__version__} sees none): `flashtune {command}` {_NEEDS_GPU[command]}; "
+            f"run `flashtune {command} --interpreter` for a tiny demo under the Triton interpreter on the CPU"
+        )
+    return device or "cuda", False
+
+
+# -- the store ------------------------------------------------------------------------------
+
+def missing_store(db: str | None) -> Path | None:
+    """The SQLite file of ``db`` if it does not exist (yet); None otherwise."""
+    from flashtune.store import resolve_url
+
+    url = resolve_url(db)
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    path = Path(url.database)
+    return None if path.exists() else path
+
+
+def open_store(db: str | None, *, create: bool = False):
+    """The store at ``db``; without ``create``, a missing SQLite file is an error that says what to do."""
+    from flashtune.store import Store, resolve_url
+
+    path = None if create else missing_store(db)
+    if path is not None:
+        raise click.ClickException(f"no flashtune store at {path}: tune with `flashtune search`, import a file with "
+                                   "`flashtune import FILE`, or point --db at another store")
+    return Store(resolve_url(db), create=create)
+
+
+# -- output ---------------------------------------------------------------------------------
+
+def fmt(value: Any, digits: int = 4) -> str:
+    """A cell of a readable table."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Plain aligned columns: numbers right, text left (stable for tests and pipes)."""
+    cells = [[fmt(c) for c in row] for row in rows]
+    numeric = []
+    for i in range(len(headers)):
+        present = [row[i] for row in rows if row[i] not in (None, "-")]
+        numeric.append(bool(present) and all(_is_number(v) for v in present))
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if n else v.ljust(w) for v, w, n in zip(values, widths, numeric)).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def _is_number(value: Any) -> bool:
+    """A number, or a ratio such as "1.25x"."""
+    if isinstance(value, str) and value.endswith("x"):
+        value = value[:-1]
+        return value.replace(".", "", 1).isdigit()
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, allow_nan=False, default=str))
+
+
+def echo_csv(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(headers)
+    for row in rows:
+        writer.writerow(["" if v is None else json.dumps(v) if isinstance(v, (dict, list)) else v for v in row])
+    click.echo(buffer.getvalue(), nl=False)
+
+
+def check_one_format(as_json: bool, as_csv: bool) -> None:
+    if as_json and as_csv:
+        raise click.UsageError("--json and --csv exclude each other: choose one")

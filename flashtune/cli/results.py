@@ -1,0 +1,215 @@
+"""``flashtune list`` and ``flashtune show``: the stored table, and one key in detail."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from flashtune.cli._common import (
+    Command,
+    check_one_format,
+    db_option,
+    echo_csv,
+    echo_json,
+    filter_options,
+    fmt,
+    format_table,
+    open_store,
+    output_options,
+    ratio,
+    result_filter,
+)
+
+CSV_COLUMNS = ("gpu", "dtype", "head_dim", "seq_len", "causal", "pass", "config", "time_ms", "tflops",
+               "default_time_ms", "speedup", "error", "n_trials", "flashtune_version", "kernel_hash",
+               "triton_version", "torch_version", "cuda_version", "driver_version", "created_at", "updated_at")
+TABLE_COLUMNS = ("gpu", "pass", "dtype", "d", "n", "mask", "config", "ms", "TFLOPS", "vs default", "trials")
+
+
+def config_label(config) -> str:
+    """Compact: fwd ``BLOCK_MxBLOCK_N wW sS``; bwd ``M1xN1/M2xN2 wW sS``."""
+    d = config.to_dict()
+    if "BLOCK_M" in d:
+        blocks = f"{d['BLOCK_M']}x{d['BLOCK_N']}"
+    else:
+        blocks = f"{d['BLOCK_M1']}x{d['BLOCK_N1']}/{d['BLOCK_M2']}x{d['BLOCK_N2']}"
+    return f"{blocks} w{d['num_warps']} s{d['num_stages']}"
+
+
+def key_cells(key) -> list[Any]:
+    return [key.gpu, key.pass_, key.dtype, key.head_dim, key.seq_len, "causal" if key.causal else "full"]
+
+
+def result_record(result) -> dict[str, Any]:
+    """A stored result as JSON: its export entry plus the GPU, speed-up and timestamps."""
+    from flashtune.store.exchange import entry_dict
+
+    return {"gpu": result.key.gpu, **entry_dict(result), "speedup": result.speedup,
+            "created_at": _iso(result.created_at), "updated_at": _iso(result.updated_at)}
+
+
+def _iso(moment) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def _stale_note(results) -> str | None:
+    from flashtune.provenance import kernel_source_hash
+
+    stale = sum(r.provenance.kernel_hash != kernel_source_hash() for r in results)
+    if not stale:
+        return None
+    return (f"note: {stale} of {len(results)} results were tuned with other kernel sources; "
+            "`flashtune search --revalidate` re-times them")
+
+
+@click.command("list", cls=Command)
+@filter_options
+@db_option
+@output_options
+def list_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_csv):
+    """List the tuned results, filtered by key fields.
+
+    \b
+    Columns: config is BLOCK_MxBLOCK_N (bwd: M1xN1/M2xN2), warps and stages;
+    ms is the winner's median time, "vs default" its speed-up over the heuristic
+    default config measured in the same run.
+
+    \b
+    Examples:
+      flashtune list --gpu 'NVIDIA H200@sm90' --pass fwd --causal
+      flashtune list --json
+    """
+    check_one_format(as_json, as_csv)
+    where = result_filter(gpu, dtype, head_dim, seq_len, causal, pass_)
+    with open_store(db) as store:
+        results = store.list_results(where)
+    if as_json:
+        echo_json([result_record(r) for r in results])
+    elif as_csv:
+        records = [result_record(r) for r in results]
+        echo_csv(CSV_COLUMNS, [[_csv_value(rec, column) for column in CSV_COLUMNS] for rec in records])
+    elif not results:
+        click.echo(f"no tuned results ({where.describe()})", err=True)
+    else:
+        rows = [[*key_cells(r.key), config_label(r.config), r.time_ms, r.tflops, ratio(r.speedup), r.n_trials]
+                for r in results]
+        click.echo(format_table(TABLE_COLUMNS, rows))
+        note = _stale_note(results)
+        if note:
+            click.echo(note, err=True)
+
+
+def _csv_value(record: dict[str, Any], column: str) -> Any:
+    return record["provenance"][column] if column in record["provenance"] else record[column]
+
+
+@click.command("show", cls=Command)
+@filter_options
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Output JSON.")
+@click.option("--csv", "as_csv", is_flag=True, help="Output the trials as CSV.")
+def show_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_csv):
+    """Show one key in detail: its result, provenance and trials.
+
+    The filters must pick out one key (`flashtune list` with the same filters shows
+    the candidates). A key that was searched but has no valid config shows its trials
+    when every key field is given.
+
+    \b
+    Example:
+      flashtune show --gpu 'NVIDIA H200@sm90' --pass bwd --dtype bfloat16 \\
+          --head-dim 128 --seq-len 4096 --causal
+    """
+    check_one_format(as_json, as_csv)
+    where = result_filter(gpu, dtype, head_dim, seq_len, causal, pass_)
+    with open_store(db) as store:
+        results = store.list_results(where)
+        if len(results) > 1:
+            raise click.ClickException(
+                f"{len(results)} results match ({where.describe()}): narrow them to one key with "
+                f"{_differing_options(results)} (`flashtune list` shows them)")
+        if results:
+            result, key = results[0], results[0].key
+            trials = store.trials_for(key)
+        else:
+            result = None
+            key, trials = _trials_without_result(store, where)
+    if as_json:
+        echo_json({"key": _key_record(key), "result": result and result_record(result),
+                   "trials": [_trial_record(t) for t in trials]})
+    elif as_csv:
+        records = [_trial_record(t) for t in trials]
+        columns = ("id", "status", "config", "time_ms", "error", "message", "study", "kernel_hash",
+                   "triton_version", "created_at")
+        echo_csv(columns, [[rec[c] for c in columns] for rec in records])
+    else:
+        click.echo(_details(key, result, trials))
+
+
+def _differing_options(results) -> str:
+    """The filter options whose values differ among ``results``."""
+    options = {"gpu": "--gpu", "dtype": "--dtype", "head_dim": "--head-dim", "seq_len": "--seq-len",
+               "causal": "--causal/--full", "pass_": "--pass"}
+    return ", ".join(option for field, option in options.items()
+                     if len({getattr(r.key, field) for r in results}) > 1)
+
+
+def _trials_without_result(store, where):
+    """A key searched without a winner: its trials, when the filters name the whole key."""
+    from flashtune.keys import TuningKey
+
+    fields = (where.dtype, where.head_dim, where.seq_len, where.causal, where.pass_)
+    if None not in fields:
+        gpus = [where.gpu] if where.gpu is not None else [g.key for g in store.list_gpus()]
+        for gpu in gpus:
+            key = TuningKey(gpu, where.dtype, where.head_dim, where.seq_len, where.causal, where.pass_)
+            trials = store.trials_for(key)
+            if trials:
+                return key, trials
+    raise click.ClickException(f"no tuned result matches ({where.describe()}): `flashtune list` shows what is "
+                               "stored")
+
+
+def _key_record(key) -> dict[str, Any]:
+    return {"gpu": key.gpu, "dtype": key.dtype, "head_dim": key.head_dim, "seq_len": key.seq_len,
+            "causal": key.causal, "pass": key.pass_}
+
+
+def _trial_record(trial) -> dict[str, Any]:
+    return {"id": trial.id, "status": trial.status, "config": trial.config.to_dict(), "time_ms": trial.time_ms,
+            "error": None if trial.error is None or trial.error == float("inf") else trial.error,
+            "message": trial.message, "study": trial.study, "kernel_hash": trial.kernel_hash,
+            "triton_version": trial.triton_version, "created_at": _iso(trial.created_at)}
+
+
+def _details(key, result, trials) -> str:
+    lines = [f"{key.label()} on {key.gpu}"]
+    if result is None:
+        lines.append("no tuned result: no config passed the correctness check")
+    else:
+        p = result.provenance
+        pairs = [
+            ("config", result.config.short()),
+            ("time", f"{fmt(result.time_ms)} ms"),
+            ("TFLOPS", fmt(result.tflops)),
+            ("default time", "-" if result.default_time_ms is None else f"{fmt(result.default_time_ms)} ms"),
+            ("speed-up", ratio(result.speedup)),
+            ("error", f"{fmt(result.error)} (worst error / allowance; <= 1 passes)"),
+            ("trials", str(result.n_trials)),
+            ("tuned with", (f"flashtune {p.flashtune_version}, kernels {p.kernel_hash}, triton {p.triton_version}, "
+                            f"torch {p.torch_version}, CUDA {p.cuda_version or '-'}, "
+                            f"driver {p.driver_version or '-'}")),
+            ("GPU", f"{p.gpu_name}, compute capability {p.capability}, {p.sm_count} SMs"),
+            ("updated", _iso(result.updated_at) or "-"),
+        ]
+        width = max(len(name) for name, _ in pairs)
+        lines += [f"  {name.ljust(width)}  {value}" for name, value in pairs]
+    lines.append("")
+    if not trials:
+        lines.append("no trials recorded for this key (it was imported, or its trials were deleted)")
+    else:
+        lines.append(f"{len(trials)} trials:")
+        rows = [[t.id, t.status, config_label(t.config), t.time_ms, t.error, t.message[:60]] for t in trials]
+        lines.append(format_table(("id", "status", "config", "ms", "error", "message"), rows))
+    return "\n".join(lines)

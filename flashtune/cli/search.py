@@ -1,0 +1,163 @@
+"""``flashtune search``: tune this GPU's kernel configs and store the winners."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from flashtune.cli._common import (
+    Command,
+    choose_device,
+    db_option,
+    echo_json,
+    format_table,
+    grid,
+    interpreter_options,
+    key_grid_options,
+    open_store,
+    ratio,
+)
+from flashtune.cli.results import config_label
+
+DEFAULT_TRIALS = 16
+DEMO_TRIALS = 3
+TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall clock: not GPU performance"}
+
+
+@click.command("search", cls=Command)
+@key_grid_options
+@click.option("--trials", type=click.IntRange(min=1), metavar="N",
+              help=f"Configs measured per key. [default: {DEFAULT_TRIALS}; interpreter: {DEMO_TRIALS}]")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Stop a key's search after this long (with --trials, whichever comes first).")
+@click.option("--trial-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
+              metavar="SECONDS", help="A trial that takes longer is killed and recorded as a timeout.")
+@db_option
+@click.option("--storage", metavar="PATH|URL", help="Optuna's study storage: a journal file or an RDB URL "
+              "(PostgreSQL to share a search between hosts). [default: optuna-journal.log next to the store]")
+@click.option("--revalidate", is_flag=True, help="Re-time the stored winners and their runners-up under the "
+              "current versions (the stored keys of this GPU that match the key options).")
+@click.option("--force", is_flag=True, help="Search keys again even if their search already finished.")
+@interpreter_options
+@click.option("--seed", type=int, default=0, show_default=True, help="The sampler's seed.")
+@click.option("--progress/--no-progress", default=None, help="Show a progress bar. [default: when stderr is a "
+              "terminal]")
+@click.option("--json", "as_json", is_flag=True, help="Output the summary as JSON.")
+def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout, trial_timeout, db, storage,
+                   revalidate, force, interpreter, device, seed, progress, as_json):
+    """Tune kernel configs for this GPU and store the winners.
+
+    By default: the common LLM shapes (head dims 64 and 128, bfloat16, sequence
+    lengths 512 to 16384, causal and full, forward and backward) with a quick budget
+    of 16 configs per key. Every config is checked against an fp32 reference before
+    it is timed; the winner, its speed-up over the heuristic default, and every
+    trial go to the store. An interrupted search resumes where it stopped.
+
+    \b
+    Examples:
+      flashtune search
+      flashtune search --head-dim 128 --seq-len 4096,8192 --causal --trials 64
+      flashtune search --revalidate          # after upgrading triton or flashtune
+      flashtune search --interpreter         # tiny CPU demo, no GPU needed
+    """
+    from flashtune.autotuner import build_keys, search
+    from flashtune.keys import GpuInfo
+
+    dev, is_interpreter = choose_device("search", device, interpreter)
+    trials = trials or (DEMO_TRIALS if is_interpreter else DEFAULT_TRIALS)
+    values = grid(head_dims, dtypes, seq_lens, causal, passes, interpreter=is_interpreter)
+    gpu = GpuInfo.interpreter() if is_interpreter else GpuInfo.from_device(dev)
+    before = {}
+    if revalidate:
+        keys, before = _stored_keys(db, gpu.key, head_dims, dtypes, seq_lens, causal, passes)
+    else:
+        keys = build_keys(gpu.key, head_dims=values["head_dims"], dtypes=values["dtypes"],
+                          seq_lens=values["seq_lens"], causal=values["causal"], passes=values["passes"])
+    if is_interpreter and "bfloat16" in {k.dtype for k in keys}:
+        click.echo("warning: bfloat16 gives wrong results under the Triton interpreter; its configs will fail the "
+                   "correctness check (use --dtype float32 or float16)", err=True)
+    if progress is None:
+        progress = sys.stderr.isatty() and not as_json
+    if not as_json:
+        mode = "the Triton interpreter: a CPU demo" if is_interpreter else dev
+        verb = "revalidating" if revalidate else "searching"
+        click.echo(f"{verb} {len(keys)} keys on {gpu.key} ({mode}), {trials} trials per key", err=True)
+    console = None
+    if progress:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    try:
+        summary = search(keys, db=db, trials=trials, timeout=timeout, trial_timeout=trial_timeout, storage=storage,
+                         device=dev, progress=progress, seed=seed, force=force or revalidate, console=console)
+    except KeyboardInterrupt:
+        raise click.ClickException("interrupted: the keys finished so far are stored; run the same command again "
+                                   "to resume") from None
+    _report(summary, before, as_json)
+    failed = [r for r in summary.results if r.status not in ("tuned", "already_tuned")]
+    if failed:
+        raise click.ClickException(f"{len(failed)} of {len(summary.results)} keys were not tuned "
+                                   f"({', '.join(sorted({r.status for r in failed}))}): `flashtune show` with a "
+                                   "key's options lists its trials and their errors")
+
+
+def _stored_keys(db, gpu_key, head_dims, dtypes, seq_lens, causal, passes):
+    """The stored keys of this GPU that match every key option given, and their results."""
+    with open_store(db) as store:
+        table = store.load_table(gpu_key)
+    keys = sorted(k for k in table
+                  if (not head_dims or k.head_dim in head_dims) and (not dtypes or k.dtype in dtypes)
+                  and (not seq_lens or k.seq_len in seq_lens) and (causal is None or k.causal == causal)
+                  and (not passes or k.pass_ in passes))
+    if not keys:
+        raise click.ClickException(f"nothing to revalidate: the store has no tuned results for {gpu_key} that match "
+                                   "the key options; run `flashtune search` first")
+    return keys, {k: table[k] for k in keys}
+
+
+def _report(summary, before, as_json: bool) -> None:
+    results = summary.results
+    timers = sorted({r.timer for r in results if r.timer})
+    if as_json:
+        echo_json({
+            "interpreter": summary.interpreter, "storage": summary.storage, "timers": timers,
+            "keys": [{
+                "gpu": r.key.gpu, "dtype": r.key.dtype, "head_dim": r.key.head_dim, "seq_len": r.key.seq_len,
+                "causal": r.key.causal, "pass": r.key.pass_, "status": r.status,
+                "config": r.winner.to_dict() if r.winner is not None else None, "time_ms": r.time_ms,
+                "tflops": r.tflops, "default_time_ms": r.default_time_ms, "speedup": r.speedup,
+                "trials": r.n_trials, "rejected": r.rejected, "outcomes": r.outcomes, "wall_s": r.wall_s,
+                "timer": r.timer, "before_ms": before[r.key].time_ms if r.key in before else None,
+                "message": getattr(r, "message", ""),
+            } for r in results],
+        })
+        return
+    headers = ["key", "status", "winner", "ms", "TFLOPS", "vs default", "trials", "rejected"]
+    if before:
+        headers.append("was ms")
+    rows = []
+    for r in results:
+        row = [r.key.label(), r.status, config_label(r.winner) if r.winner is not None else None, r.time_ms,
+               r.tflops, ratio(r.speedup), r.n_trials, r.rejected]
+        if before:
+            row.append(before[r.key].time_ms if r.key in before else None)
+        rows.append(row)
+    click.echo(format_table(headers, rows))
+    tuned = [r for r in results if r.status == "tuned"]
+    click.echo(f"{len(tuned)} of {len(results)} keys tuned on {results[0].key.gpu if results else '-'}; "
+               f"Optuna storage: {summary.storage}")
+    for timer in timers:
+        click.echo(f"timings: {timer}" + (f" ({TIMER_NOTES[timer]})" if timer in TIMER_NOTES else ""))
+    for r in results:
+        message = getattr(r, "message", "")
+        if r.status.startswith("failed") and message:
+            click.echo(f"{r.key.label()} {r.status}: {message.strip().splitlines()[0]}")
+    rejected = sum(r.rejected for r in results)
+    if rejected:
+        statuses = {}
+        for r in results:
+            for status, n in r.outcomes.items():
+                if status != "ok":
+                    statuses[status] = statuses.get(status, 0) + n
+        click.echo("rejected trials: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))

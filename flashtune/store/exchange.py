@@ -1,0 +1,422 @@
+"""Tuned tables as files: export from one store, import into another.
+
+An export file is UTF-8 JSON, data only (nothing in it is ever executed or unpickled)::
+
+    {
+      "format": "flashtune-tuned-table",
+      "format_version": 1,
+      "flashtune_version": "0.1.0",            # the exporting flashtune
+      "exported_at": "2026-11-30T12:00:00Z",
+      "tables": [                              # one per GPU; a file may hold several
+        {
+          "gpu": {"key": "NVIDIA H200@sm90", "name": "NVIDIA H200", "capability": [9, 0],
+                  "sm_count": 132, "total_memory": 150754820096},
+          "entries": [
+            {"dtype": "bfloat16", "head_dim": 64, "seq_len": 1024, "causal": true, "pass": "fwd",
+             "config": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+             "time_ms": 0.123, "tflops": 456.7, "default_time_ms": 0.15, "error": 0.31, "n_trials": 32,
+             "provenance": {"flashtune_version": "0.1.0", "kernel_hash": "...", "triton_version": "3.6.0",
+                            "torch_version": "2.11.0", "cuda_version": "13.0", "driver_version": "..."}}
+          ]
+        }
+      ],
+      "sha256": "..."                          # of the canonical JSON of "tables"
+    }
+
+An entry's provenance is its table's GPU (name, compute capability, SM count) plus the
+versions it was tuned under. The checksum covers every entry and its GPU: sha256 of
+``json.dumps(tables, sort_keys=True, separators=(",", ":"), ensure_ascii=True)``.
+
+Importing reads at most ``MAX_BYTES``, parses with the standard JSON parser (duplicate
+names and NaN/Infinity rejected), validates the whole document with pydantic (strict
+types, finite numbers, known dtypes and passes, configs valid for their pass, no
+tuning key twice), verifies the checksum, refuses entries tuned with other kernel
+sources unless forced, and only then writes, in one transaction (``Store.import_results``).
+Every rejection is an ``ExchangeError`` whose message names the place in the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from flashtune._version import __version__
+from flashtune.keys import DTYPES, PASSES, GpuInfo, TuningKey
+from flashtune.provenance import Provenance, kernel_source_hash
+from flashtune.store.records import ImportSummary, StoredResult, config_class
+
+__all__ = [
+    "FORMAT", "FORMAT_VERSION", "MAX_BYTES", "ExchangeError", "ExportFile", "check_kernel_hash", "checksum",
+    "dump_export", "entry_dict", "export_document", "gpu_dict", "import_export", "parse_export", "plan_import",
+    "read_export", "write_export",
+]
+
+FORMAT = "flashtune-tuned-table"
+FORMAT_VERSION = 1
+MAX_BYTES = 16 * 1024 * 1024
+VERSION_FIELDS = ("flashtune_version", "kernel_hash", "triton_version", "torch_version", "cuda_version",
+                  "driver_version")
+
+
+class ExchangeError(ValueError):
+    """An export file that cannot be imported (or written); the message says where and why."""
+
+
+# -- the file's schema ------------------------------------------------------------------
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# Text shows up in tables and messages: no control characters (a newline would break a line).
+_PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+_Version = Annotated[str, Field(max_length=64, pattern=_PRINTABLE)]
+_Count = Annotated[int, Field(ge=0, le=2**62)]
+_Size = Annotated[int, Field(ge=1, le=2**31 - 1)]
+
+
+class _Gpu(_Strict):
+    key: Annotated[str, Field(min_length=1, max_length=255, pattern=_PRINTABLE)]
+    name: Annotated[str, Field(min_length=1, max_length=200, pattern=_PRINTABLE)]
+    capability: Annotated[list[Annotated[int, Field(ge=0, le=1000)]], Field(min_length=2, max_length=2)]
+    sm_count: Annotated[int, Field(ge=0, le=2**31 - 1)]
+    total_memory: _Count
+
+    @model_validator(mode="after")
+    def _key_matches(self):
+        expected = self.info().key
+        if self.key != expected:
+            raise ValueError(f"key {self.key!r} does not match name and capability ({expected!r})")
+        return self
+
+    def info(self) -> GpuInfo:
+        return GpuInfo(self.name, (self.capability[0], self.capability[1]), self.sm_count, self.total_memory)
+
+
+class _Versions(_Strict):
+    flashtune_version: _Version
+    kernel_hash: _Version
+    triton_version: _Version
+    torch_version: _Version
+    cuda_version: _Version
+    driver_version: _Version
+
+
+class _Entry(_Strict):
+    dtype: Literal[DTYPES]  # type: ignore[valid-type]
+    head_dim: Annotated[int, Field(ge=1, le=1024)]
+    seq_len: _Size
+    causal: bool
+    pass_: Literal[PASSES] = Field(alias="pass")  # type: ignore[valid-type]
+    config: dict[str, int]
+    time_ms: Annotated[float, Field(gt=0)]
+    tflops: Annotated[float, Field(ge=0)]
+    default_time_ms: Annotated[float, Field(gt=0)] | None
+    error: Annotated[float, Field(ge=0)]
+    n_trials: _Count
+    provenance: _Versions
+
+    @model_validator(mode="after")
+    def _config_valid(self):
+        # ConfigError is a ValueError: pydantic reports it at this entry
+        config_class(self.pass_).from_dict(self.config)
+        return self
+
+    def result(self, gpu: _Gpu) -> StoredResult:
+        info = gpu.info()
+        key = TuningKey(info.key, self.dtype, self.head_dim, self.seq_len, self.causal, self.pass_)
+        provenance = Provenance(**self.provenance.model_dump(), gpu_name=info.name,
+                                capability=f"{info.capability[0]}.{info.capability[1]}", sm_count=info.sm_count)
+        return StoredResult(key=key, config=config_class(self.pass_).from_dict(self.config), time_ms=self.time_ms,
+                            tflops=self.tflops, default_time_ms=self.default_time_ms, error=self.error,
+                            n_trials=self.n_trials, gpu=info, provenance=provenance)
+
+
+class _Table(_Strict):
+    gpu: _Gpu
+    entries: list[_Entry]
+
+
+class _Document(_Strict):
+    format: Literal[FORMAT]  # type: ignore[valid-type]
+    format_version: Literal[FORMAT_VERSION]  # type: ignore[valid-type]
+    flashtune_version: _Version
+    exported_at: _Version
+    tables: list[_Table]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+# -- what a file holds --------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ExportFile:
+    """A validated export file: its results, and who wrote it when."""
+
+    flashtune_version: str
+    exported_at: str
+    results: tuple[StoredResult, ...]
+
+    @property
+    def gpus(self) -> list[str]:
+        """The GPU keys of the file's tables, in file order."""
+        return list(dict.fromkeys(r.key.gpu for r in self.results))
+
+    def kernel_hashes(self) -> Counter:
+        return Counter(r.provenance.kernel_hash for r in self.results)
+
+    def triton_versions(self) -> Counter:
+        return Counter(r.provenance.triton_version for r in self.results)
+
+
+# -- export -------------------------------------------------------------------------------
+
+def entry_dict(result: StoredResult) -> dict[str, Any]:
+    """One result as an export entry (its GPU is its table's)."""
+    key = result.key
+    return {
+        "dtype": key.dtype, "head_dim": key.head_dim, "seq_len": key.seq_len, "causal": key.causal,
+        "pass": key.pass_, "config": result.config.to_dict(), "time_ms": result.time_ms, "tflops": result.tflops,
+        "default_time_ms": result.default_time_ms, "error": result.error, "n_trials": result.n_trials,
+        "provenance": {name: getattr(result.provenance, name) for name in VERSION_FIELDS},
+    }
+
+
+def gpu_dict(gpu: GpuInfo) -> dict[str, Any]:
+    return {"key": gpu.key, "name": gpu.name, "capability": list(gpu.capability), "sm_count": gpu.sm_count,
+            "total_memory": gpu.total_memory}
+
+
+def checksum(tables: Any) -> str:
+    """sha256 of the canonical JSON of ``tables`` (sorted keys, no spaces, ASCII)."""
+    try:
+        canonical = json.dumps(tables, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ExchangeError(f"cannot checksum the tables: {e}") from e
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def export_document(results: Iterable[StoredResult], *, exported_at: datetime | None = None) -> dict[str, Any]:
+    """The export document of ``results``: one table per GPU, in the order given."""
+    tables: dict[str, dict[str, Any]] = {}
+    for result in results:
+        table = tables.setdefault(result.gpu.key, {"gpu": gpu_dict(result.gpu), "entries": []})
+        table["entries"].append(entry_dict(result))
+    body = list(tables.values())
+    moment = (exported_at or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "flashtune_version": __version__,
+        "exported_at": moment.strftime("%Y-%m-%dT%H:%M:%SZ"), "tables": body, "sha256": checksum(body),
+    }
+
+
+def dump_export(results: Iterable[StoredResult], *, exported_at: datetime | None = None) -> bytes:
+    """The bytes of an export file holding ``results``: one line per entry, so files diff well."""
+    document = export_document(results, exported_at=exported_at)
+
+    def one_line(value: Any) -> str:
+        return json.dumps(value, allow_nan=False)
+
+    lines = ["{"]
+    lines += [f" {one_line(name)}: {one_line(value)}," for name, value in document.items()
+              if name not in ("tables", "sha256")]
+    lines.append(' "tables": [')
+    for t, table in enumerate(document["tables"]):
+        lines.append(f'  {{"gpu": {one_line(table["gpu"])}, "entries": [')
+        lines += [f"   {one_line(entry)}," for entry in table["entries"]]
+        if table["entries"]:
+            lines[-1] = lines[-1].rstrip(",")
+        lines.append("  ]}" + ("," if t < len(document["tables"]) - 1 else ""))
+    lines += [" ],", f' "sha256": {one_line(document["sha256"])}', "}", ""]
+    return "\n".join(lines).encode("utf-8")
+
+
+def write_export(path: str | os.PathLike, results: Iterable[StoredResult]) -> int:
+    """Write an export file atomically (a temporary file renamed into place); return the entry count."""
+    results = list(results)
+    data = dump_export(results)
+    if len(data) > MAX_BYTES:
+        raise ExchangeError(f"the export would be {len(data)} bytes, over the {MAX_BYTES}-byte limit of an "
+                            "import: export fewer results (use the filters)")
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ExchangeError(f"cannot write {path}: {e.strerror or e}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    return len(results)
+
+
+# -- import -------------------------------------------------------------------------------
+
+def read_export(path: str | os.PathLike, *, max_bytes: int = MAX_BYTES) -> ExportFile:
+    """Read and validate an export file; the size is checked before anything is parsed."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise ExchangeError(_too_big(size, max_bytes))
+        with path.open("rb") as f:
+            data = f.read(max_bytes + 1)  # the file may have grown since stat()
+    except OSError as e:
+        raise ExchangeError(f"cannot read {path}: {e.strerror or e}") from e
+    return parse_export(data, max_bytes=max_bytes)
+
+
+def parse_export(data: bytes, *, max_bytes: int = MAX_BYTES) -> ExportFile:
+    """Validate the bytes of an export file; raise ``ExchangeError`` naming the first problem."""
+    if len(data) > max_bytes:
+        raise ExchangeError(_too_big(len(data), max_bytes))
+    document = _load_json(data)
+    _check_header(document)
+    try:
+        parsed = _Document.model_validate(document)
+    except ValidationError as e:
+        raise ExchangeError(_describe(e)) from None
+    if checksum(document["tables"]) != parsed.sha256:
+        raise ExchangeError("the sha256 checksum does not match the tables: the file was changed or damaged "
+                            "after export; export it again")
+    results = _results(parsed)
+    return ExportFile(parsed.flashtune_version, parsed.exported_at, tuple(results))
+
+
+def check_kernel_hash(export: ExportFile, *, force: bool = False) -> None:
+    """Refuse results tuned with other kernel sources than this flashtune's, unless ``force``."""
+    ours = kernel_source_hash()
+    others = {h: n for h, n in export.kernel_hashes().items() if h != ours}
+    if others and not force:
+        found = ", ".join(f"{h or '(none)'} ({n} entries)" for h, n in sorted(others.items()))
+        raise ExchangeError(
+            f"the file was tuned with other kernel sources (kernel hash {found}; this flashtune's is {ours}): "
+            "those configs may be slow or wrong here; tune this GPU with `flashtune search`, or pass --force to "
+            "import them anyway"
+        )
+
+
+def plan_import(store, results: Iterable[StoredResult], on_conflict: str) -> ImportSummary:
+    """What ``Store.import_results(results, on_conflict=...)`` would do, without writing;
+    ``store`` None stands for a store that does not exist yet."""
+    counts: Counter[str] = Counter()
+    by_gpu: dict[str, dict] = {}
+    for result in results:
+        table = by_gpu.get(result.key.gpu)
+        if table is None:
+            table = by_gpu[result.key.gpu] = store.load_table(result.key.gpu) if store is not None else {}
+        existing = table.get(result.key)
+        if existing is None:
+            counts["inserted"] += 1
+        elif on_conflict == "replace" or (on_conflict == "keep_faster" and result.time_ms < existing.time_ms):
+            counts["replaced"] += 1
+        elif on_conflict == "error":
+            raise ExchangeError(f"{result.key.label()} on {result.key.gpu} already has a result; choose what to "
+                                "do with --on-conflict keep-faster, replace or skip")
+        else:
+            counts["kept"] += 1
+    return ImportSummary(**counts)
+
+
+def import_export(store, export: ExportFile, *, on_conflict: str = "keep_faster", dry_run: bool = False,
+                  force: bool = False) -> ImportSummary:
+    """Write a validated file's results in one transaction (or, with ``dry_run``, say what
+    would be written); results tuned with other kernel sources need ``force``."""
+    check_kernel_hash(export, force=force)
+    if dry_run:
+        return plan_import(store, export.results, on_conflict)
+    return store.import_results(export.results, on_conflict=on_conflict)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+def _too_big(size: int, limit: int) -> str:
+    return f"the file is {size} bytes, over the {limit}-byte limit of an export file; is it an export?"
+
+
+def _reject_constant(name: str):
+    raise ExchangeError(f"the file holds {name}, which is not a finite number")
+
+
+def _unique_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in seen:
+            raise ExchangeError(f"the file names {name!r} twice in one object")
+        seen[name] = value
+    return seen
+
+
+def _load_json(data: bytes) -> Any:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ExchangeError(f"the file is not UTF-8 text (byte {e.start}): is it an export?") from None
+    try:
+        return json.loads(text, object_pairs_hook=_unique_names, parse_constant=_reject_constant)
+    except ExchangeError:
+        raise
+    except json.JSONDecodeError as e:
+        raise ExchangeError(f"the file is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+                            "was it truncated?") from None
+    except (ValueError, RecursionError) as e:  # nesting too deep, integers too long
+        raise ExchangeError(f"the file cannot be read as JSON: {type(e).__name__}: {e}") from None
+
+
+def _check_header(document: Any) -> None:
+    """The format fields first, so a file of another kind or version says so plainly."""
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise ExchangeError(f"not a flashtune export file (expected \"format\": \"{FORMAT}\")")
+    version = document.get("format_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        raise ExchangeError(f"the file has format version {version}, this flashtune reads version "
+                            f"{FORMAT_VERSION}: it was written by a newer flashtune; upgrade flashtune")
+
+
+def _describe(error: ValidationError) -> str:
+    problems = error.errors(include_url=False)
+    first = problems[0]
+    where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" if str(part).isidentifier()
+                    else f"[{str(part)!r}]" for part in first["loc"]).lstrip(".")
+    message = first["msg"].removeprefix("Value error, ")
+    more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+    value = first.get("input")
+    shown = "" if isinstance(value, (dict, list)) else f", got {_short(value)}"
+    return f"{where or 'the file'}: {message}{shown}{more}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _results(document: _Document) -> list[StoredResult]:
+    """The file's results; a GPU or a tuning key that appears twice is an error."""
+    results: list[StoredResult] = []
+    tables: dict[str, int] = {}
+    seen: dict[TuningKey, str] = {}
+    for t, table in enumerate(document.tables):
+        if table.gpu.key in tables:
+            raise ExchangeError(f"tables[{t}]: GPU {table.gpu.key!r} already has tables[{tables[table.gpu.key]}]")
+        tables[table.gpu.key] = t
+        for e, entry in enumerate(table.entries):
+            result = entry.result(table.gpu)
+            where = f"tables[{t}].entries[{e}]"
+            if result.key in seen:
+                raise ExchangeError(f"{where}: {result.key.label()} on {result.key.gpu} is also {seen[result.key]}")
+            seen[result.key] = where
+            try:
+                result.check()  # what the store will require, so a bad file fails before the transaction
+            except ValueError as error:
+                raise ExchangeError(f"{where}: {error}") from None
+            results.append(result)
+    return results
+

@@ -1,0 +1,190 @@
+"""``flashtune list`` and ``flashtune show``: table, JSON and CSV output, filters, errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from exchange_samples import A100, H200, key, result
+
+from flashtune.provenance import kernel_source_hash
+from flashtune.store import Store
+
+LIST_TABLE = """\
+gpu                         pass  dtype       d     n  mask    config                ms  TFLOPS  vs default  trials
+--------------------------  ----  --------  ---  ----  ------  -----------------  -----  ------  ----------  ------
+NVIDIA A100-SXM4-80GB@sm80  bwd   bfloat16   64   512  causal  32x32/32x32 w8 s2  0.625   512.5       2.00x      16
+NVIDIA A100-SXM4-80GB@sm80  fwd   bfloat16   64   512  causal  64x32 w4 s3        0.125   512.5       2.00x      16
+NVIDIA H200@sm90            bwd   bfloat16   64  1024  causal  32x64/64x32 w8 s2    0.5   512.5       2.00x      16
+NVIDIA H200@sm90            fwd   bfloat16   64  1024  causal  64x32 w4 s3         0.25   512.5       2.00x      16
+NVIDIA H200@sm90            fwd   bfloat16   64  2048  causal  128x32 w4 s3        0.75   512.5       2.00x      16
+NVIDIA H200@sm90            fwd   float16   128  1024  full    64x32 w4 s3        0.375   512.5           -      16
+"""
+
+
+def test_list_prints_the_table(invoke, db):
+    result_ = invoke("list", "--db", db)
+    assert (result_.exit_code, result_.output) == (0, LIST_TABLE)
+
+
+@pytest.mark.parametrize("args, rows", [
+    (["--gpu", A100.key], [0, 1]),
+    (["--pass", "bwd"], [0, 2]),
+    (["--dtype", "float16"], [5]),
+    (["--head-dim", "64", "--seq-len", "1024"], [2, 3]),
+    (["--full"], [5]),
+    (["--causal", "--gpu", H200.key, "--pass", "fwd"], [3, 4]),
+])
+def test_list_filters(invoke, db, args, rows):
+    out = invoke("list", "--db", db, *args)
+    lines = LIST_TABLE.splitlines()
+    assert out.exit_code == 0
+    assert [line.split() for line in out.output.splitlines()[2:]] == [lines[2 + i].split() for i in rows]
+
+
+def test_list_json(invoke, db):
+    out = invoke("list", "--db", db, "--json", "--gpu", H200.key, "--seq-len", "2048")
+    assert out.exit_code == 0
+    [record] = json.loads(out.output)
+    assert record["created_at"] and record["updated_at"]
+    del record["created_at"], record["updated_at"]
+    assert record == {
+        "gpu": H200.key, "dtype": "bfloat16", "head_dim": 64, "seq_len": 2048, "causal": True, "pass": "fwd",
+        "config": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}, "time_ms": 0.75,
+        "tflops": 512.5, "default_time_ms": 1.5, "error": 0.125, "n_trials": 16, "speedup": 2.0,
+        "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": "3.6.0",
+                       "torch_version": "2.11.0+cu130", "cuda_version": "13.0",
+                       "driver_version": "cuda-driver-api 13.0"},
+    }
+
+
+def test_list_csv(invoke, db):
+    out = invoke("list", "--db", db, "--csv", "--dtype", "float16")
+    assert out.exit_code == 0
+    rows = list(csv.DictReader(io.StringIO(out.output)))
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["gpu"], row["pass"], row["causal"], row["time_ms"], row["default_time_ms"], row["speedup"]) == \
+        (H200.key, "fwd", "False", "0.375", "", "")
+    assert json.loads(row["config"]) == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}
+    assert out.output.splitlines()[0].startswith("gpu,dtype,head_dim,seq_len,causal,pass,config,time_ms,")
+
+
+def test_list_of_nothing(invoke, db):
+    out = invoke("list", "--db", db, "--seq-len", "99")
+    assert (out.exit_code, out.stdout, out.stderr) == (0, "", "no tuned results (seq_len=99)\n")
+    assert json.loads(invoke("list", "--db", db, "--seq-len", "99", "--json").output) == []
+    assert invoke("list", "--db", db, "--seq-len", "99", "--csv").output.count("\n") == 1  # the header
+
+
+def test_list_notes_results_of_other_kernel_sources(invoke, tmp_path):
+    path = tmp_path / "old.db"
+    with Store(path) as store:
+        store.import_results([result(key(512), kernel_hash="0000000000000000"), result(key(1024))])
+    out = invoke("list", "--db", path)
+    assert out.exit_code == 0
+    assert out.stderr == ("note: 1 of 2 results were tuned with other kernel sources; "
+                          "`flashtune search --revalidate` re-times them\n")
+
+
+def test_list_without_a_store_says_what_to_do(invoke, tmp_path):
+    missing = tmp_path / "none.db"
+    out = invoke("list", "--db", missing)
+    assert out.exit_code == 1
+    assert out.output == (f"Error: no flashtune store at {missing}: tune with `flashtune search`, import a file with "
+                          "`flashtune import FILE`, or point --db at another store\n")
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"this is not a database" * 100, "file is not a database"),
+])
+def test_list_of_a_corrupt_file_is_one_line(invoke, tmp_path, content, message):
+    path = tmp_path / "bad.db"
+    path.write_bytes(content)
+    out = invoke("list", "--db", path)
+    assert out.exit_code == 1
+    assert out.output.startswith("Error: ") and message in out.output and out.output.count("\n") == 1
+
+
+def test_list_of_a_bad_url(invoke):
+    out = invoke("list", "--db", "mysql://nobody@nowhere/db")
+    assert out.exit_code == 1
+    assert out.output.startswith("Error: unsupported database URL scheme 'mysql'")
+
+
+# -- show ---------------------------------------------------------------------------------
+
+SHOW_TEXT = """\
+bwd bfloat16 d64 n1024 causal on NVIDIA H200@sm90
+  config        BLOCK_M1=32 BLOCK_N1=64 BLOCK_M2=64 BLOCK_N2=32 num_warps=8 num_stages=2
+  time          0.5 ms
+  TFLOPS        512.5
+  default time  1 ms
+  speed-up      2.00x
+  error         0.125 (worst error / allowance; <= 1 passes)
+  trials        16
+  tuned with    flashtune 0.1.0, kernels {hash}, triton 3.6.0, torch 2.11.0+cu130, CUDA 13.0, driver cuda-driver-api 13.0
+  GPU           NVIDIA H200, compute capability 9.0, 132 SMs
+"""
+
+
+def test_show_one_key_with_its_trials(invoke, db):
+    k = key(1024, pass_="bwd")
+    stored = result(k)
+    with Store(db) as store:
+        store.record_trial(k, stored.config, "ok", provenance=stored.provenance, time_ms=0.5, error=0.125,
+                           study="s")
+        store.record_trial(k, result(k, block=128).config, "incorrect", provenance=stored.provenance, error=3.5,
+                           message="dq error is 3.5x the allowance", study="s")
+    out = invoke("show", "--db", db, "--pass", "bwd", "--gpu", H200.key)
+    assert out.exit_code == 0, out.output
+    head, _, rest = out.output.partition("  updated ")
+    assert head == SHOW_TEXT.format(hash=stored.provenance.kernel_hash)
+    trials = rest.split("\n\n", 1)[1]
+    assert trials == (
+        "2 trials:\n"
+        "id  status     config                ms  error  message\n"
+        "--  ---------  -------------------  ---  -----  ------------------------------\n"
+        " 1  ok         32x64/64x32 w8 s2    0.5  0.125\n"
+        " 2  incorrect  32x128/128x32 w8 s2    -    3.5  dq error is 3.5x the allowance\n"
+    )
+
+    as_json = json.loads(invoke("show", "--db", db, "--pass", "bwd", "--gpu", H200.key, "--json").output)
+    assert as_json["key"] == {"gpu": H200.key, "dtype": "bfloat16", "head_dim": 64, "seq_len": 1024, "causal": True,
+                              "pass": "bwd"}
+    assert as_json["result"]["time_ms"] == 0.5
+    assert [(t["status"], t["time_ms"], t["error"]) for t in as_json["trials"]] == [("ok", 0.5, 0.125),
+                                                                                   ("incorrect", None, 3.5)]
+    as_csv = list(csv.DictReader(io.StringIO(invoke("show", "--db", db, "--pass", "bwd", "--gpu", H200.key,
+                                                    "--csv").output)))
+    assert [row["status"] for row in as_csv] == ["ok", "incorrect"]
+
+
+def test_show_needs_filters_that_pick_one_key(invoke, db):
+    out = invoke("show", "--db", db, "--gpu", H200.key, "--pass", "fwd")
+    assert out.exit_code == 1
+    assert out.output == (f"Error: 3 results match (gpu='{H200.key}', pass='fwd'): narrow them to one key with "
+                          "--dtype, --head-dim, --seq-len, --causal/--full (`flashtune list` shows them)\n")
+
+
+def test_show_of_no_match(invoke, db):
+    out = invoke("show", "--db", db, "--seq-len", "99")
+    assert out.exit_code == 1
+    assert out.output == "Error: no tuned result matches (seq_len=99): `flashtune list` shows what is stored\n"
+
+
+def test_show_a_key_whose_search_found_nothing(invoke, db):
+    k = key(4096, pass_="bwd")
+    with Store(db) as store:
+        store.record_trial(k, result(k).config, "compile_error", provenance=result(k).provenance,
+                           message="CompilationError: boom")
+    args = ["--dtype", "bfloat16", "--head-dim", "64", "--seq-len", "4096", "--causal", "--pass", "bwd"]
+    out = invoke("show", "--db", db, *args)
+    assert out.exit_code == 0, out.output
+    assert out.output.startswith(f"bwd bfloat16 d64 n4096 causal on {H200.key}\n"
+                                 "no tuned result: no config passed the correctness check\n\n1 trials:\n")
+    assert "compile_error" in out.output and "CompilationError: boom" in out.output
+    assert json.loads(invoke("show", "--db", db, *args, "--json").output)["result"] is None

@@ -1,0 +1,216 @@
+"""``flashtune search`` and ``flashtune bench`` end to end under the Triton interpreter.
+
+One tiny search (head dim 16, float32, n=16, full attention, both passes, 2 trials per
+key) runs once per module into a temporary store; the tests then list, show, re-run,
+revalidate and benchmark it. Without a GPU both commands must say so and point at
+--interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from flashtune.cli import cli
+from flashtune.kernels import common
+from flashtune.keys import GpuInfo, TuningKey
+from flashtune.store import Store
+
+INTERPRETER = GpuInfo.interpreter().key
+TINY = ["--interpreter", "--head-dim", "16", "--dtype", "float32", "--seq-len", "16", "--full", "--trials", "2"]
+KEYS = [TuningKey(INTERPRETER, "float32", 16, 16, False, p) for p in ("fwd", "bwd")]
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+# bench runs the kernels in this process: under the interpreter only if triton was imported with it
+in_process_interpreter = pytest.mark.skipif(not common.INTERPRETER, reason="the kernels were imported for the GPU "
+                                            "in this process (TRITON_INTERPRET unset); CPU CI runs these")
+
+
+def _invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], prog_name="flashtune")
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """(store path, journal path, the search's Result) after the tiny interpreter search."""
+    root = tmp_path_factory.mktemp("search")
+    db, journal = root / "tuned.db", root / "journal.log"
+    out = _invoke("search", *TINY, "--db", db, "--storage", journal)
+    return db, journal, out
+
+
+def _copy(searched, tmp_path):
+    db, journal, _ = searched
+    shutil.copy(db, tmp_path / "tuned.db")
+    shutil.copy(journal, tmp_path / "journal.log")
+    return tmp_path / "tuned.db", tmp_path / "journal.log"
+
+
+def test_search_tunes_the_keys_and_prints_a_summary(searched):
+    db, journal, out = searched
+    assert out.exit_code == 0, out.output
+    assert out.stderr == f"searching 2 keys on {INTERPRETER} (the Triton interpreter: a CPU demo), 2 trials per key\n"
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["key", "status", "winner", "ms", "TFLOPS", "vs", "default", "trials", "rejected"]
+    assert [line.split()[:6] for line in lines[2:4]] == [["fwd", "float32", "d16", "n16", "full", "tuned"],
+                                                        ["bwd", "float32", "d16", "n16", "full", "tuned"]]
+    assert [line.split()[-2:] for line in lines[2:4]] == [["2", "0"], ["2", "0"]]
+    assert lines[4:] == [
+        f"2 of 2 keys tuned on {INTERPRETER}; Optuna storage: {journal}",
+        "timings: interpreter-wall-clock (Triton interpreter on the CPU, wall clock: not GPU performance)",
+    ]
+    with Store(db) as store:
+        assert sorted(store.load_table(INTERPRETER)) == sorted(KEYS)
+        assert [len(store.trials_for(k)) for k in KEYS] == [2, 2]
+
+
+def test_list_and_show_the_search(searched):
+    db, _, _ = searched
+    out = _invoke("list", "--db", db)
+    assert out.exit_code == 0
+    rows = [line.split()[:6] for line in out.output.splitlines()[2:]]
+    assert rows == [[INTERPRETER, "bwd", "float32", "16", "16", "full"], [INTERPRETER, "fwd", "float32", "16", "16",
+                                                                          "full"]]
+    out = _invoke("show", "--db", db, "--pass", "fwd")
+    assert out.exit_code == 0
+    assert out.output.startswith(f"fwd float32 d16 n16 full on {INTERPRETER}\n")
+    assert "\n2 trials:\n" in out.output
+
+
+def test_search_again_skips_finished_keys(searched, tmp_path):
+    db, journal = _copy(searched, tmp_path)
+    out = _invoke("search", *TINY, "--db", db, "--storage", journal, "--json")
+    assert out.exit_code == 0, out.output
+    summary = json.loads(out.stdout)
+    assert summary["interpreter"] is True
+    assert [(k["pass"], k["status"]) for k in summary["keys"]] == [("fwd", "already_tuned"), ("bwd", "already_tuned")]
+    with Store(db) as store:
+        assert [len(store.trials_for(k)) for k in KEYS] == [2, 2]
+
+
+def test_revalidate_retimes_the_stored_keys(searched, tmp_path):
+    db, journal = _copy(searched, tmp_path)
+    with Store(db) as store:
+        before = store.load_table(INTERPRETER)
+    out = _invoke("search", "--interpreter", "--revalidate", "--trials", "2", "--pass", "fwd", "--db", db,
+                  "--storage", journal)
+    assert out.exit_code == 0, out.output
+    assert out.stderr.startswith(f"revalidating 1 keys on {INTERPRETER}")
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[-2:] == ["was", "ms"]
+    assert lines[2].split()[:6] == ["fwd", "float32", "d16", "n16", "full", "tuned"]
+    assert float(lines[2].split()[-1]) == pytest.approx(before[KEYS[0]].time_ms, rel=1e-3)
+    with Store(db) as store:
+        after = store.load_table(INTERPRETER)
+        assert [len(store.trials_for(k)) for k in KEYS] == [2, 2]  # re-timed, not searched again
+    assert after[KEYS[0]].updated_at > before[KEYS[0]].updated_at  # fwd re-timed and stored again
+    assert after[KEYS[1]] == before[KEYS[1]]  # bwd was not asked for
+
+
+def test_revalidate_with_nothing_stored(tmp_path):
+    out = _invoke("search", "--interpreter", "--revalidate", "--db", tmp_path / "empty.db")
+    assert out.exit_code == 1
+    assert out.output.endswith(f"Error: no flashtune store at {tmp_path / 'empty.db'}: tune with `flashtune search`, "
+                               "import a file with `flashtune import FILE`, or point --db at another store\n")
+    Store(tmp_path / "empty.db").close()
+    out = _invoke("search", "--interpreter", "--revalidate", "--db", tmp_path / "empty.db")
+    assert out.exit_code == 1
+    assert out.output == (f"Error: nothing to revalidate: the store has no tuned results for {INTERPRETER} that "
+                          "match the key options; run `flashtune search` first\n")
+
+
+def test_a_key_without_a_valid_config_fails_the_command(tmp_path):
+    # bf16 is computed wrongly by the interpreter, so its one trial fails the correctness check
+    out = _invoke("search", "--interpreter", "--dtype", "bfloat16", "--seq-len", "16", "--full", "--pass", "fwd",
+                  "--trials", "1", "--db", tmp_path / "t.db", "--storage", tmp_path / "j.log")
+    assert out.exit_code == 1
+    assert out.stderr.startswith("warning: bfloat16 gives wrong results under the Triton interpreter")
+    assert "no_valid_config" in out.stdout and "rejected trials: 1 incorrect\n" in out.stdout
+    assert out.stderr.endswith("Error: 1 of 1 keys were not tuned (no_valid_config): `flashtune show` with a key's "
+                               "options lists its trials and their errors\n")
+
+
+@no_gpu
+@pytest.mark.parametrize("command", ["search", "bench"])
+def test_without_a_gpu_the_commands_offer_the_interpreter(tmp_path, command):
+    out = _invoke(command, "--db", tmp_path / "t.db")
+    assert out.exit_code == 1
+    assert out.output.startswith("Error: no CUDA GPU found (torch ")
+    assert out.output.endswith(f"; run `flashtune {command} --interpreter` for a tiny demo under the Triton "
+                               "interpreter on the CPU\n")
+    assert not (tmp_path / "t.db").exists()
+
+
+# -- bench --------------------------------------------------------------------------------
+
+
+@in_process_interpreter
+def test_bench_compares_tuned_and_default(searched, tmp_path):
+    db, _, _ = searched
+    plot = tmp_path / "bench.png"
+    out = _invoke("bench", "--interpreter", "--head-dim", "16", "--dtype", "float32", "--seq-len", "16,32", "--full",
+                  "--pass", "fwd", "--db", db, "--plot", plot)
+    assert out.exit_code == 0, out.output
+    assert out.stderr == (f"benchmarking 2 keys x 2 implementations on {INTERPRETER} (Triton interpreter, CPU wall "
+                          "clock: not GPU performance)\n")
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["key", "tuned", "TFLOPS", "default", "TFLOPS", "tuned/default", "tuned", "config"]
+    assert lines[2].split()[:5] == ["fwd", "float32", "d16", "n16", "full"] and lines[2].endswith("exact")
+    assert lines[3].split()[:5] == ["fwd", "float32", "d16", "n32", "full"] and lines[3].endswith("nearest n=16")
+    assert lines[4].startswith("geometric mean")
+    assert lines[5:] == ["timer: interpreter-wall-clock; ratios are times (above 1: tuned is faster)",
+                         f"plot: {plot}"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@in_process_interpreter
+def test_bench_json(searched):
+    db, _, _ = searched
+    out = _invoke("bench", "--interpreter", "--head-dim", "16", "--dtype", "float32", "--seq-len", "16", "--full",
+                  "--pass", "bwd", "--db", db, "--json")
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.stdout)
+    assert (report["gpu"], report["interpreter"], report["timer"]) == (INTERPRETER, True, "interpreter-wall-clock")
+    assert [(m["impl"], m["pass"], m["note"]) for m in report["measurements"]] == [("tuned", "bwd", "exact"),
+                                                                                  ("default", "bwd", "")]
+    assert all(m["time_ms"] > 0 and m["tflops"] > 0 for m in report["measurements"])
+    [ratios] = report["ratios"]
+    expected = report["measurements"][1]["time_ms"] / report["measurements"][0]["time_ms"]
+    assert ratios["tuned/default"] == pytest.approx(expected)
+    assert report["geomean"]["tuned/default"] == pytest.approx(expected)
+
+
+@in_process_interpreter
+def test_bench_without_tuned_results_says_so(tmp_path):
+    out = _invoke("bench", "--interpreter", "--seq-len", "16", "--full", "--pass", "fwd", "--impl", "tuned",
+                  "--db", tmp_path / "none.db")
+    assert out.exit_code == 0, out.output
+    assert out.stderr.startswith(f"note: nothing is tuned for {INTERPRETER} in this store; run `flashtune search "
+                                 "--interpreter` first\n")
+    assert out.stdout.splitlines()[2].split()[-3:] == ["-", "not", "tuned"]
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_bench_usage_errors(tmp_path):
+    out = _invoke("bench", "--interpreter", "--impl", "cudnn")
+    assert out.exit_code == 2
+    assert "under the interpreter only --impl tuned and --impl default can run" in out.output
+
+
+@pytest.mark.parametrize("error, message", [
+    (KeyboardInterrupt(),
+     "Error: interrupted: the keys finished so far are stored; run the same command again to resume\n"),
+    (ValueError("storage: '/x' is a directory; give the journal file's path"),
+     "Error: storage: '/x' is a directory; give the journal file's path\n"),
+])
+def test_search_errors_are_one_line(monkeypatch, tmp_path, error, message):
+    def fake_search(keys, **kwargs):
+        raise error
+
+    monkeypatch.setattr("flashtune.autotuner.search", fake_search)
+    out = _invoke("search", *TINY, "--db", tmp_path / "t.db")
+    assert out.exit_code == 1
+    assert out.stderr.endswith(message) and "Traceback" not in out.output
