@@ -106,9 +106,6 @@ class ResultFilter:
     def for_key(cls, key: TuningKey) -> ResultFilter:
         return cls(key.gpu, key.dtype, key.head_dim, key.seq_len, key.causal, key.pass_)
 
-    def is_empty(self) -> bool:
-        return all(getattr(self, f.name) is None for f in dataclasses.fields(self))
-
     def describe(self) -> str:
         parts = [f"{f.name.rstrip('_')}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                  if getattr(self, f.name) is not None]

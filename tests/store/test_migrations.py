@@ -60,7 +60,7 @@ def test_opening_a_new_database_creates_the_schema(db_url):
     assert current_revision(db_url) == head_revision()
 
 
-def test_the_first_revision_is_the_head_of_a_linear_history():
+def test_the_revisions_form_one_line_from_0001_to_head():
     scripts = list(migrations._scripts().walk_revisions())
     assert scripts[-1].revision == "0001" and scripts[-1].down_revision is None
     assert all(len(s.nextrev) <= 1 for s in scripts), "branched history"
@@ -101,6 +101,9 @@ def _row_key(row: dict) -> TuningKey:
 
 def test_golden_files_match_their_rows():
     assert GOLDEN_REVISIONS == sorted(ROWS), "every schema in ROWS has a committed golden file, and back"
+    assert set(GOLDEN_REVISIONS) == migrations.known_revisions(), (
+        "every schema revision needs its golden database: add its rows to ROWS, then run "
+        "python tests/store/golden_data.py REVISION")
     for revision in GOLDEN_REVISIONS:
         engine = sa.create_engine(f"sqlite:///file:{golden_path(revision)}?mode=ro&uri=true")
         with engine.connect() as connection:
