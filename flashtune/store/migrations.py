@@ -18,8 +18,9 @@ from flashtune.store.engine import create_store_engine, resolve_url, show_url, s
 from flashtune.store.errors import SchemaBehindError, SchemaNewerError, StoreError
 
 VERSION_TABLE = "flashtune_alembic_version"
-# Key of the PostgreSQL advisory lock that serializes concurrent upgrades of one database.
-_PG_MIGRATION_LOCK = 0x666C617368  # "flash"
+# First key of the PostgreSQL advisory lock that serializes concurrent upgrades of one
+# schema (the second key is the schema's hash).
+_PG_MIGRATION_LOCK = 0x666C6173  # "flas"
 
 
 def script_location() -> Path:
@@ -96,7 +97,7 @@ def migrate(engine: sa.Engine, url: sa.URL, revision: str = "head") -> str:
     """Upgrade the database behind ``engine`` to ``revision`` in one transaction; return the new revision.
 
     Concurrent calls queue: on SQLite the transaction begins IMMEDIATE, on PostgreSQL it
-    takes an advisory lock; the second caller then finds the work done.
+    takes an advisory lock for the schema; the second caller then finds the work done.
     """
     from alembic import command
     from alembic.util import CommandError
@@ -104,7 +105,8 @@ def migrate(engine: sa.Engine, url: sa.URL, revision: str = "head") -> str:
     with transaction(engine, f"upgrade {show_url(url)}", write=True) as session:
         connection = session.connection()
         if engine.dialect.name == "postgresql":
-            connection.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK)))
+            schema = sa.func.hashtext(sa.func.coalesce(sa.func.current_schema(), ""))
+            connection.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK, schema)))
         found = database_revision(connection)
         if found is not None and found not in known_revisions():
             raise schema_error(found, url)
