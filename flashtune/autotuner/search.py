@@ -143,7 +143,7 @@ class _KeySearch:
     """The search of one key; the study, the store and the worker are shared."""
 
     def __init__(self, key, *, store, storage, worker, gpu, provenance, device, trials, timeout, trial_timeout,
-                 finalists, rounds, seed, faults, progress):
+                 finalists, rounds, seed, faults, progress, batch):
         import optuna
 
         self.key, self.store, self.worker, self.gpu = key, store, worker, gpu
@@ -151,6 +151,7 @@ class _KeySearch:
         self.trial_timeout, self.finalists, self.rounds = trial_timeout, finalists, rounds
         self.faults = faults or {}
         self.progress = progress
+        self.batch = batch
         cls, space = SPACES[key.pass_]
         self.cls = cls
         self.dists = {name: optuna.distributions.CategoricalDistribution(values) for name, values in space.items()}
@@ -243,49 +244,84 @@ class _KeySearch:
             if _config_id(cfg) not in waiting:
                 self.study.enqueue_trial(cfg.to_dict())
 
+    def _propose(self, n: int) -> list:
+        """Up to ``n`` distinct, valid, unmeasured proposals as (trial, config) pairs.
+
+        Configs ``validate()`` rejects and configs already measured are told to the study
+        as pruned (they cost nothing); if the sampler keeps proposing them, an unmeasured
+        valid config is enqueued to steer it."""
+        import optuna
+
+        batch, ids, idle = [], set(), 0
+        while len(batch) < n and self.n_measured() + len(batch) < self.trials:
+            rest = [c for c in self._unmeasured() if _config_id(c) not in ids]
+            if not rest:
+                break
+            trial = self.study.ask(self.dists)
+            cfg = self.cls(**trial.params)
+            cid = _config_id(cfg)
+            if cid not in self.valid_ids or cid in self.measured or cid in ids:
+                trial.set_user_attr("skipped", "invalid" if cid not in self.valid_ids else "duplicate")
+                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                idle += 1
+                if idle >= 20:
+                    idle = 0
+                    self.study.enqueue_trial(rest[len(self.measured) % len(rest)].to_dict())
+                continue
+            idle = 0
+            batch.append((trial, cfg))
+            ids.add(cid)
+        return batch
+
     def run(self, on_trial) -> None:
         import optuna
 
         self._enqueue(self.warm_start())
         start = time.monotonic()
-        idle_proposals = 0
         while self.n_measured() < self.trials and (self.timeout is None or time.monotonic() - start < self.timeout):
-            if not self._unmeasured():
+            batch = self._propose(self.batch)
+            if not batch:
                 break
-            trial = self.study.ask(self.dists)
-            cfg = self.cls(**trial.params)
-            cid = _config_id(cfg)
-            if cid not in self.valid_ids or cid in self.measured:
-                # rejected by validate() (never compiled) or already measured: costs nothing,
-                # but steer the sampler to an unmeasured valid config if it keeps doing it
-                trial.set_user_attr("skipped", "invalid" if cid not in self.valid_ids else "duplicate")
-                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                idle_proposals += 1
-                if idle_proposals >= 20:
-                    idle_proposals = 0
-                    rest = self._unmeasured()
-                    self.study.enqueue_trial(rest[len(self.measured) % len(rest)].to_dict())
-                continue
-            idle_proposals = 0
+            pending = list(batch)
             try:
-                outcome = self.worker.run(self.key, cfg, self.trial_timeout, self.faults.get(cid, 0))
-            except BaseException:
-                # interrupted, or the key's inputs could not be built: no outcome for this
-                # config, which stays unmeasured (a resumed search measures it)
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                raise
+                if len(batch) > 1:
+                    self.worker.precompile(self.key, [c for _, c in batch],
+                                           [self.faults.get(_config_id(c), 0) for _, c in batch],
+                                           timeout=self.trial_timeout * len(batch))
+                while pending:
+                    if self.timeout is not None and time.monotonic() - start >= self.timeout:
+                        break
+                    trial, cfg = pending.pop(0)
+                    self._measure(trial, cfg, on_trial)
+            finally:
+                # interrupted, out of time, or the key's inputs could not be built: these
+                # configs stay unmeasured (a resumed search measures them)
+                for trial, _ in pending:
+                    self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def _measure(self, trial, cfg, on_trial) -> None:
+        import optuna
+
+        cid = _config_id(cfg)
+        try:
+            outcome = self.worker.run(self.key, cfg, self.trial_timeout, self.faults.get(cid, 0))
             self.store.record_trial(self.key, cfg, outcome.status, provenance=self.provenance,
                                     time_ms=outcome.time_ms, error=outcome.error, message=outcome.message,
                                     study=self.study.study_name)
             for name, value in (("status", outcome.status), ("time_ms", outcome.time_ms),
                                 ("error", outcome.error), ("message", outcome.message)):
                 trial.set_user_attr(name, value)
-            if outcome.status == "ok":
-                self.study.tell(trial, outcome.time_ms)
-            else:
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            self.measured[cid] = (outcome.status, outcome.time_ms, outcome.error)
-            on_trial(self, cfg, outcome)
+        except BaseException:
+            # no outcome reached the study: the config stays unmeasured there (if the store
+            # got it, a resumed search takes it from the store)
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        if outcome.status == "ok":
+            self.study.tell(trial, outcome.time_ms)
+        else:
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        self.measured[cid] = (outcome.status, outcome.time_ms, outcome.error)
+        on_trial(self, cfg, outcome)
 
     def finalize(self, started: float) -> KeyResult:
         """Re-time the best few with the default, interleaved, and store the winner."""
@@ -335,7 +371,7 @@ class _KeySearch:
 def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: float | None = None,
            trial_timeout: float = 120.0, storage: str | os.PathLike | None = None, device: str | None = None,
            progress: bool = True, finalists: int = 3, rounds: int = 5, seed: int = 0, force: bool = False,
-           faults: dict | None = None, console=None) -> SearchSummary:
+           faults: dict | None = None, console=None, batch: int | None = None) -> SearchSummary:
     """Tune every key: ``trials`` measured configs and/or ``timeout`` seconds per key.
 
     ``db`` is the store (URL, path or None for the default); ``storage`` Optuna's (a
@@ -344,6 +380,9 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     interpreter (tiny shapes, interpreter timings: a test and demo mode). A key whose
     study already finished with this budget is skipped unless ``force``. ``faults``
     (tests only) maps a config's id to a fault to inject into its forward launch.
+    ``batch`` proposals are taken from the sampler at a time and their kernels compiled
+    in parallel before they are measured one by one (default 8 on a GPU, 1 under the
+    interpreter, which has nothing to compile).
 
     A bad argument raises ValueError naming it before the store or the study storage
     is touched. A key whose inputs cannot be built, or whose re-timing crashes, ends
@@ -380,6 +419,9 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
         raise ValueError(f"device: expected a CUDA device ('cuda', 'cuda:N') or 'cpu' (the interpreter), "
                          f"got {device!r}")
     interpreter = dev.type == "cpu"
+    if batch is None:
+        batch = 1 if interpreter else 8
+    _check_count("batch", batch)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {device!r} asks for CUDA, but no CUDA GPU is available; use device='cpu' for "
                          "the interpreter demo")
@@ -403,7 +445,7 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
                 ks = _KeySearch(key, store=store, storage=optuna_storage, worker=worker, gpu=gpu,
                                 provenance=provenance, device=dev, trials=trials, timeout=timeout,
                                 trial_timeout=trial_timeout, finalists=finalists, rounds=rounds, seed=seed,
-                                faults=faults, progress=bar)
+                                faults=faults, progress=bar, batch=batch)
                 done = ks.study.user_attrs.get("finalized_trials")
                 if not force and done is not None and done >= min(trials, len(ks.valid)):
                     bar.advance_key(key, trials)

@@ -86,15 +86,32 @@ class KeyBench:
         self.lse2_in = (self.lse_ref * LOG2E).float().contiguous()
         self.flops = flops(key, self.batch, self.heads)
 
-    def launcher(self, config, fault: int = FAULT_NONE):
+    def launcher(self, config, fault: int = FAULT_NONE, *, compile_only: bool = False):
         """A no-argument callable running the key's pass with ``config``."""
         if self.key.pass_ == "fwd":
             assert isinstance(config, FwdConfig)
             return lambda: attention_forward(self.q, self.k, self.v, config, causal=self.key.causal,
-                                             sm_scale=self.sm_scale, _fault=fault)
+                                             sm_scale=self.sm_scale, compile_only=compile_only, _fault=fault)
         assert isinstance(config, BwdConfig)
         return lambda: attention_backward(self.do, self.q, self.k, self.v, self.o_in, self.lse2_in, config,
-                                          causal=self.key.causal, sm_scale=self.sm_scale)
+                                          causal=self.key.causal, sm_scale=self.sm_scale, compile_only=compile_only)
+
+    def precompile(self, configs: list, faults: list[int], threads: int) -> None:
+        """Compile the kernels of several configs in parallel threads (GPU only).
+
+        Failures are left for the trial of each config to meet and record."""
+        if self.device.type != "cuda" or len(configs) < 2:
+            return
+        import concurrent.futures
+
+        from triton.runtime._async_compile import AsyncCompileMode
+
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool, AsyncCompileMode(pool, ignore_errors=True):
+            for config, fault in zip(configs, faults):
+                try:
+                    self.launcher(config, fault, compile_only=True)()
+                except Exception:  # noqa: BLE001 - the trial records it
+                    pass
 
     def check(self, result) -> tuple[bool, float, str]:
         """(passed, worst error / allowance, which output was worst)."""

@@ -78,6 +78,9 @@ def _child(conn, device: str, interpreter: bool, parent_pid: int | None = None) 
             elif op == "run":
                 cls = FwdConfig if args["pass"] == "fwd" else BwdConfig
                 reply = bench.run(cls(**args["config"]), args.get("fault", 0))
+            elif op == "precompile":
+                cls = FwdConfig if args["pass"] == "fwd" else BwdConfig
+                reply = bench.precompile([cls(**c) for c in args["configs"]], args["faults"], args["threads"])
             elif op == "retime":
                 cls = FwdConfig if args["pass"] == "fwd" else BwdConfig
                 reply = bench.retime([cls(**c) for c in args["configs"]], args["rounds"])
@@ -193,6 +196,17 @@ class TrialWorker:
             return self._request("run", {"pass": key.pass_, "config": config.to_dict(), "fault": fault}, timeout)
         except WorkerLost as e:
             return Outcome(e.status, message=str(e))
+
+    def precompile(self, key: TuningKey, configs: list, faults: list[int], timeout: float) -> None:
+        """Compile several configs' kernels in parallel in the child, so their trials
+        start warm. Best effort: a failure here is met again, and recorded, by the trial."""
+        self._ensure(key)
+        try:
+            self._request("precompile", {"pass": key.pass_, "configs": [c.to_dict() for c in configs],
+                                         "faults": faults, "threads": max(1, min(16, os.cpu_count() or 1))},
+                          timeout)
+        except (WorkerLost, WorkerError):
+            pass
 
     def retime(self, key: TuningKey, configs: list, rounds: int, timeout: float) -> list[list[float]]:
         self._ensure(key)

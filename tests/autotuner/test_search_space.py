@@ -191,3 +191,19 @@ def test_a_directory_as_the_journal_is_refused(tmp_path):
     with pytest.raises(ValueError, match="^storage: .* is a directory"):
         search([key()], db=tmp_path / "t.db", trials=1, device="cpu", storage=tmp_path, progress=False)
     assert not (tmp_path / "t.db").exists()
+
+
+def test_batched_proposals_are_precompiled_together_and_measured_once(tmp_path, monkeypatch):
+    # Three proposals at a time: each batch goes to the worker's precompile (a no-op under
+    # the interpreter), then every config of it is measured once; the budget still holds.
+    k = key("fwd", "float32", seq_len=16, causal=True)
+    runs = Spy(monkeypatch, "run")
+    precompiles = Spy(monkeypatch, "precompile")
+    db = tmp_path / "t.db"
+    (r,) = search([k], db=db, trials=5, batch=3, **FAST).results
+    assert r.status == "tuned" and r.n_trials == 5
+    assert len(runs.calls) == 5 and len({cid(cfg) for (_, cfg, *_) in runs.calls}) == 5
+    batches = [[cid(c) for c in cfgs] for (_, cfgs, *_) in precompiles.calls]
+    assert [len(b) for b in batches] == [3, 2]
+    assert [c for b in batches for c in b] == [cid(cfg) for (_, cfg, *_) in runs.calls]
+    assert rows_per_config(db, k) == {cid(cfg): 1 for (_, cfg, *_) in runs.calls}
