@@ -1,4 +1,5 @@
-"""What ``flashtune bench`` measures: flashtune's tuned and default configs against torch SDPA.
+"""What ``flashtune bench`` measures: flashtune as ``get_tuned_attention()`` serves it, with
+the heuristic default configs, and torch SDPA's cuDNN and flash backends.
 
 Shapes and FLOPs are the autotuner's (``trial_shape``, ``flops``): the benchmark grid's
 batch and heads on a GPU (16k tokens, model width 2048), batch 1 and 2 heads under the
@@ -21,7 +22,6 @@ from flashtune.autotuner.trial import flops, trial_shape
 from flashtune.kernels import attention, default_config
 from flashtune.keys import TuningKey
 
-IMPLEMENTATIONS = ("tuned", "default", "cudnn", "flash")
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
 
@@ -31,53 +31,57 @@ class Measurement:
     impl: str
     time_ms: float | None
     tflops: float | None
-    note: str = ""  # where a tuned config came from, or why nothing was measured
+    note: str = ""  # where the tuned config came from, or why nothing was measured
 
 
-def tuned_config(table: dict, key: TuningKey):
-    """The stored config for ``key``: exact, else the nearest tuned seq len (log2) of its family.
+def measure(keys, impls, device: str, *, db=None, on_result=None) -> list[Measurement]:
+    """Time every implementation on every key; ``on_result`` sees each measurement.
 
-    Returns (config, note) or (None, why).
+    "tuned" is what ``get_tuned_attention(db)`` serves (exact key, else the nearest tuned
+    seq len); a key it would serve with the heuristic default is not measured as tuned.
     """
-    if key in table:
-        return table[key].config, "exact"
-    family = [k for k in table if k.family == key.family]
-    if not family:
-        return None, "not tuned"
-    nearest = min(family, key=lambda k: (abs(math.log2(k.seq_len) - math.log2(key.seq_len)), k.seq_len))
-    return table[nearest].config, f"nearest n={nearest.seq_len}"
+    dev = torch.device(device)
+    tuned = None
+    if "tuned" in impls:
+        from flashtune.dispatch import get_tuned_attention
 
-
-def measure(keys, table: dict, impls, device: str, *, on_result=None) -> list[Measurement]:
-    """Time every implementation on every key; ``on_result`` sees each measurement."""
+        tuned = get_tuned_attention(db, device=dev)
     out = []
     for key in keys:
         for impl in impls:
-            m = _measure_one(key, table, impl, torch.device(device))
+            m = _measure_one(key, impl, dev, tuned)
             out.append(m)
             if on_result is not None:
                 on_result(m)
     return out
 
 
-def _measure_one(key: TuningKey, table: dict, impl: str, device: torch.device) -> Measurement:
-    interpreter = device.type != "cuda"
-    batch, heads = trial_shape(key, interpreter)
+def _precision(dtype: torch.dtype) -> str:
+    # as the dispatcher does: fp32 follows torch's matmul precision setting
+    return "tf32" if dtype is torch.float32 and torch.get_float32_matmul_precision() != "highest" else "ieee"
+
+
+def _measure_one(key: TuningKey, impl: str, device: torch.device, tuned) -> Measurement:
+    batch, heads = trial_shape(key, device.type != "cuda")
     dtype = getattr(torch, key.dtype)
+    gen = torch.Generator(device=device).manual_seed(0)
+    shape = (batch, heads, key.seq_len, key.head_dim)
+    q, k, v, do = (torch.randn(shape, device=device, dtype=dtype, generator=gen) for _ in range(4))
     note = ""
-    if impl in ("tuned", "default"):
-        configs = {}
-        for pass_ in ("fwd", "bwd"):
-            family_key = dataclasses.replace(key, pass_=pass_)
-            cfg, why = tuned_config(table, family_key) if impl == "tuned" else (None, "")
-            configs[pass_] = cfg or default_config(pass_, key.head_dim, dtype, device)
-            if pass_ == key.pass_:
-                note = why
-                if impl == "tuned" and cfg is None:
-                    return Measurement(key, impl, None, None, "not tuned")
+    if impl == "tuned":
+        choice = tuned.explain(q, k, v, is_causal=key.causal)
+        note = choice.fwd_source if key.pass_ == "fwd" else choice.bwd_source
+        if not note.startswith("tuned"):
+            return Measurement(key, impl, None, None, f"not tuned ({note})")
 
         def run(q, k, v):
-            return attention(q, k, v, causal=key.causal, fwd_config=configs["fwd"], bwd_config=configs["bwd"])
+            return tuned(q, k, v, is_causal=key.causal)
+    elif impl == "default":
+        fwd, bwd = (default_config(p, key.head_dim, dtype, device) for p in ("fwd", "bwd"))
+
+        def run(q, k, v):
+            return attention(q, k, v, causal=key.causal, fwd_config=fwd, bwd_config=bwd,
+                             fp32_precision=_precision(dtype))
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -87,9 +91,6 @@ def _measure_one(key: TuningKey, table: dict, impl: str, device: torch.device) -
             with sdpa_kernel(backend):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=key.causal)
 
-    gen = torch.Generator(device=device).manual_seed(0)
-    shape = (batch, heads, key.seq_len, key.head_dim)
-    q, k, v, do = (torch.randn(shape, device=device, dtype=dtype, generator=gen) for _ in range(4))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # SDPA warns for each reason a backend cannot run
@@ -139,7 +140,7 @@ def plot(measurements, path: str, title: str) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
     for ax, family in zip(axes.flat, families):
         pass_, dtype, head_dim, causal = family
-        for impl in IMPLEMENTATIONS:
+        for impl in dict.fromkeys(m.impl for m in measurements):
             points = sorted((m.key.seq_len, m.tflops) for m in measurements
                             if (m.key.pass_, m.key.dtype, m.key.head_dim, m.key.causal) == family
                             and m.impl == impl and m.tflops is not None)

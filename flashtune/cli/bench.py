@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 import click
 
@@ -15,7 +16,6 @@ from flashtune.cli._common import (
     grid,
     interpreter_options,
     key_grid_options,
-    open_store,
     ratio,
 )
 
@@ -35,8 +35,9 @@ DEMO_IMPLS = ("tuned", "default")
 def bench_command(head_dims, dtypes, seq_lens, causal, passes, impls, db, interpreter, device, plot_path, as_json):
     """Benchmark tuned configs vs the heuristic default vs torch SDPA.
 
-    For each key: flashtune with the stored config (exact key, else the nearest
-    tuned sequence length), flashtune with the heuristic default config, and torch
+    For each key: flashtune as get_tuned_attention() serves it (the stored config of
+    the key, else of the nearest tuned sequence length), flashtune with the heuristic
+    default config, and torch
     SDPA's cuDNN and flash backends, at the benchmark grid's shapes (16k tokens,
     model width 2048). The table gives TFLOPS and the ratios of times (above 1: tuned
     is faster), with their geometric means.
@@ -68,10 +69,6 @@ def bench_command(head_dims, dtypes, seq_lens, causal, passes, impls, db, interp
     values = grid(head_dims, dtypes, seq_lens, causal, passes, interpreter=is_interpreter)
     keys = build_keys(gpu.key, head_dims=values["head_dims"], dtypes=values["dtypes"], seq_lens=values["seq_lens"],
                       causal=values["causal"], passes=values["passes"])
-    table = _tuned_table(db, gpu.key) if "tuned" in impls else {}
-    if not table and "tuned" in impls:
-        click.echo(f"note: nothing is tuned for {gpu.key} in this store; run `flashtune search"
-                   f"{' --interpreter' if is_interpreter else ''}` first", err=True)
     if not as_json:
         click.echo(f"benchmarking {len(keys)} keys x {len(impls)} implementations on {gpu.key}"
                    f"{' (Triton interpreter, CPU wall clock: not GPU performance)' if is_interpreter else ''}",
@@ -82,7 +79,14 @@ def bench_command(head_dims, dtypes, seq_lens, causal, passes, impls, db, interp
             click.echo(f"  {m.key.label()} {m.impl}: {'-' if m.time_ms is None else f'{m.time_ms:.4g} ms'}",
                        err=True)
 
-    measurements = _bench.measure(keys, table, impls, dev, on_result=on_result)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", _dispatch_warning())
+        measurements = _bench.measure(keys, impls, dev, db=db, on_result=on_result)
+    for warning in caught:  # the dispatcher's: an unreadable store, stale rows
+        click.echo(f"note: {warning.message}", err=True)
+    if "tuned" in impls and all(m.time_ms is None for m in measurements if m.impl == "tuned"):
+        click.echo(f"note: nothing is tuned for these keys on {gpu.key} in this store; run `flashtune search"
+                   f"{' --interpreter' if is_interpreter else ''}` first", err=True)
     rows = _rows(keys, impls, measurements)
     timer = "interpreter-wall-clock" if is_interpreter else "triton.testing.do_bench median"
     if plot_path:
@@ -97,7 +101,7 @@ def bench_command(head_dims, dtypes, seq_lens, causal, passes, impls, db, interp
     ratio_names = [f"tuned/{impl}" for impl in impls if impl != "tuned"] if tuned else []
     headers = ["key", *[f"{impl} TFLOPS" for impl in impls], *ratio_names, *(["tuned config"] if tuned else [])]
     table_rows = [[key.label(), *[r[f"{impl}_tflops"] for impl in impls], *[ratio(r[name]) for name in ratio_names],
-                   *([r["tuned_note"]] if tuned else [])] for key, r in rows]
+                   *([r["tuned_note"].removeprefix("tuned ")] if tuned else [])] for key, r in rows]
     means = _geomeans(rows)
     table_rows.append(["geometric mean", *[None] * len(impls), *[ratio(means[name]) for name in ratio_names],
                        *([""] if tuned else [])])
@@ -107,14 +111,10 @@ def bench_command(head_dims, dtypes, seq_lens, causal, passes, impls, db, interp
         click.echo(f"plot: {plot_path}")
 
 
-def _tuned_table(db, gpu_key) -> dict:
-    """The GPU's tuned results; none where there is no store yet (bench never creates one)."""
-    try:
-        store = open_store(db)
-    except click.ClickException:
-        return {}
-    with store:
-        return store.load_table(gpu_key)
+def _dispatch_warning() -> type[Warning]:
+    from flashtune.dispatch import DispatchWarning
+
+    return DispatchWarning
 
 
 def _rows(keys, impls, measurements):

@@ -41,5 +41,5 @@ def test_search_then_bench_on_the_gpu(tmp_path):
     times = {m["impl"]: m["time_ms"] for m in report["measurements"]}
     assert set(times) == {"tuned", "default", "cudnn", "flash"}
     assert times["tuned"] > 0 and times["default"] > 0 and times["flash"] > 0
-    assert report["measurements"][0]["note"] == "exact"
+    assert report["measurements"][0]["note"] == "tuned exact"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

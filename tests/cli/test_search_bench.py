@@ -158,8 +158,9 @@ def test_bench_compares_tuned_and_default(searched, tmp_path):
                           "clock: not GPU performance)\n")
     lines = out.stdout.splitlines()
     assert lines[0].split() == ["key", "tuned", "TFLOPS", "default", "TFLOPS", "tuned/default", "tuned", "config"]
-    assert lines[2].split()[:5] == ["fwd", "float32", "d16", "n16", "full"] and lines[2].endswith("exact")
-    assert lines[3].split()[:5] == ["fwd", "float32", "d16", "n32", "full"] and lines[3].endswith("nearest n=16")
+    assert lines[2].split()[:5] == ["fwd", "float32", "d16", "n16", "full"] and lines[2].endswith("  exact")
+    assert lines[3].split()[:5] == ["fwd", "float32", "d16", "n32", "full"]
+    assert lines[3].endswith("  nearest (seq_len 16)")  # what get_tuned_attention serves there
     assert lines[4].startswith("geometric mean")
     assert lines[5:] == ["timer: interpreter-wall-clock; ratios are times (above 1: tuned is faster)",
                          f"plot: {plot}"]
@@ -174,7 +175,7 @@ def test_bench_json(searched):
     assert out.exit_code == 0, out.output
     report = json.loads(out.stdout)
     assert (report["gpu"], report["interpreter"], report["timer"]) == (INTERPRETER, True, "interpreter-wall-clock")
-    assert [(m["impl"], m["pass"], m["note"]) for m in report["measurements"]] == [("tuned", "bwd", "exact"),
+    assert [(m["impl"], m["pass"], m["note"]) for m in report["measurements"]] == [("tuned", "bwd", "tuned exact"),
                                                                                   ("default", "bwd", "")]
     assert all(m["time_ms"] > 0 and m["tflops"] > 0 for m in report["measurements"])
     [ratios] = report["ratios"]
@@ -188,9 +189,10 @@ def test_bench_without_tuned_results_says_so(tmp_path):
     out = _invoke("bench", "--interpreter", "--seq-len", "16", "--full", "--pass", "fwd", "--impl", "tuned",
                   "--db", tmp_path / "none.db")
     assert out.exit_code == 0, out.output
-    assert out.stderr.startswith(f"note: nothing is tuned for {INTERPRETER} in this store; run `flashtune search "
-                                 "--interpreter` first\n")
-    assert out.stdout.splitlines()[2].split()[-3:] == ["-", "not", "tuned"]
+    assert out.stderr.endswith(f"note: nothing is tuned for these keys on {INTERPRETER} in this store; run "
+                               "`flashtune search --interpreter` first\n")
+    assert "no flashtune store at" in out.stderr  # the dispatcher's warning, as a note
+    assert out.stdout.splitlines()[2].split()[-4:] == ["-", "not", "tuned", "(heuristic)"]
     assert not (tmp_path / "none.db").exists()
 
 
