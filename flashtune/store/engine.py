@@ -57,7 +57,11 @@ def resolve_url(url: str | os.PathLike | sa.URL | None = None) -> sa.URL:
         url = os.environ.get(ENV_VAR)
     if not url:
         url = default_path()
-        url.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            url.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create the store's directory {url.parent}: {e}; set {ENV_VAR} to a "
+                             "writable path or a database URL") from e
     if isinstance(url, sa.URL):
         parsed = url
     elif isinstance(url, os.PathLike) or "://" not in url:

@@ -31,6 +31,14 @@ def test_default_location_is_the_user_data_dir(tmp_path, monkeypatch):
     assert expected.is_file() and current_revision(expected) == head_revision()
 
 
+def test_an_unusable_default_location_says_to_set_flashtune_db(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLASHTUNE_DB")
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "a-file" / "data"))
+    with pytest.raises(StoreError, match="cannot create the store's directory .*set FLASHTUNE_DB"):
+        Store()
+
+
 def test_flashtune_db_takes_a_path_or_a_url(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHTUNE_DB", str(tmp_path / "from-env.db"))
     with Store() as store:
