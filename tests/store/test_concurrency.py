@@ -80,6 +80,25 @@ COMMITTED = 20
 IMPORTED = 40
 
 
+def _start_writer(target, url: str):
+    """Start ``target(url, reports)`` in a child; return the reports' read end and a
+    function that SIGKILLs the child, then checks the SQLite file's integrity."""
+    Store(url).close()  # the schema exists before the writer starts
+    reports, child_end = FORK.Pipe(duplex=False)
+    child = FORK.Process(target=target, args=(url, child_end))
+    child.start()
+    child_end.close()  # so that a child that dies early is an EOF here, not a wait
+
+    def kill() -> None:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+        assert child.exitcode == -signal.SIGKILL
+        if url.startswith("sqlite"):
+            assert _integrity(url) == "ok"
+
+    return reports, kill
+
+
 def _doomed_writer(url: str, reports) -> None:
     """Commit trials one by one (reporting each id), then stall half-way through an import."""
     store = Store(url)
@@ -104,19 +123,10 @@ def _doomed_writer(url: str, reports) -> None:
 
 
 def test_a_writer_killed_mid_transaction_leaves_the_committed_rows_and_nothing_else(db_url):
-    Store(db_url).close()
-    reports, child_end = FORK.Pipe(duplex=False)
-    child = FORK.Process(target=_doomed_writer, args=(db_url, child_end))
-    child.start()
-    child_end.close()  # so that a child that dies early is an EOF here, not a wait
+    reports, kill = _start_writer(_doomed_writer, db_url)
     committed = [reports.recv() for _ in range(COMMITTED)]
     assert reports.poll(60) and reports.recv() == "mid-transaction"
-    os.kill(child.pid, signal.SIGKILL)
-    child.join()
-    assert child.exitcode == -signal.SIGKILL
-
-    if db_url.startswith("sqlite"):
-        assert _integrity(db_url) == "ok"
+    kill()
     with Store(db_url) as store:
         trials = store.trials_for(key())
         assert [t.id for t in trials] == committed
@@ -137,17 +147,9 @@ def _busy_writer(url: str, reports) -> None:
 
 @pytest.mark.parametrize("kill_after", [7, 31])
 def test_a_writer_killed_at_any_moment_keeps_every_commit(db_url, kill_after):
-    Store(db_url).close()
-    reports, child_end = FORK.Pipe(duplex=False)
-    child = FORK.Process(target=_busy_writer, args=(db_url, child_end))
-    child.start()
-    child_end.close()  # so that a child that dies early is an EOF here, not a wait
+    reports, kill = _start_writer(_busy_writer, db_url)
     reported = [reports.recv() for _ in range(kill_after)]
-    os.kill(child.pid, signal.SIGKILL)  # wherever it is: between, inside or committing a write
-    child.join()
-
-    if db_url.startswith("sqlite"):
-        assert _integrity(db_url) == "ok"
+    kill()  # wherever the writer is: between, inside or committing a write
     with Store(db_url) as store:
         ids = [t.id for t in store.trials_for(key())]
         assert ids[:kill_after] == reported and len(ids) <= kill_after + 1  # the last one may be committed unreported
