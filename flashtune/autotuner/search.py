@@ -143,7 +143,7 @@ class _KeySearch:
     """The search of one key; the study, the store and the worker are shared."""
 
     def __init__(self, key, *, store, storage, worker, gpu, provenance, device, trials, timeout, trial_timeout,
-                 finalists, rounds, seed, faults, progress, batch):
+                 finalists, rounds, seed, faults, progress, batch, revalidate=False):
         import optuna
 
         self.key, self.store, self.worker, self.gpu = key, store, worker, gpu
@@ -152,6 +152,7 @@ class _KeySearch:
         self.faults = faults or {}
         self.progress = progress
         self.batch = batch
+        self.revalidate = revalidate
         cls, space = SPACES[key.pass_]
         self.cls = cls
         self.dists = {name: optuna.distributions.CategoricalDistribution(values) for name, values in space.items()}
@@ -305,9 +306,7 @@ class _KeySearch:
         cid = _config_id(cfg)
         try:
             outcome = self.worker.run(self.key, cfg, self.trial_timeout, self.faults.get(cid, 0))
-            self.store.record_trial(self.key, cfg, outcome.status, provenance=self.provenance,
-                                    time_ms=outcome.time_ms, error=outcome.error, message=outcome.message,
-                                    study=self.study.study_name)
+            self._record(cfg, outcome)
             for name, value in (("status", outcome.status), ("time_ms", outcome.time_ms),
                                 ("error", outcome.error), ("message", outcome.message)):
                 trial.set_user_attr(name, value)
@@ -320,8 +319,14 @@ class _KeySearch:
             self.study.tell(trial, outcome.time_ms)
         else:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        self.measured[cid] = (outcome.status, outcome.time_ms, outcome.error)
         on_trial(self, cfg, outcome)
+
+    def _record(self, cfg, outcome) -> None:
+        """A trial's outcome into the store and into what this search knows."""
+        self.store.record_trial(self.key, cfg, outcome.status, provenance=self.provenance,
+                                time_ms=outcome.time_ms, error=outcome.error, message=outcome.message,
+                                study=self.study.study_name)
+        self.measured[_config_id(cfg)] = (outcome.status, outcome.time_ms, outcome.error)
 
     def finalize(self, started: float) -> KeyResult:
         """Re-time the best few with the default, interleaved, and store the winner."""
@@ -341,10 +346,21 @@ class _KeySearch:
         stored = self.store.list_results(ResultFilter.for_key(self.key))
         if stored and self._measured_ok(stored[0].config):
             finalists.append(stored[0].config)
-        default_ok = self.default is not None and self._measured_ok(self.default)
-        if default_ok:
+        if self.default is not None and self._measured_ok(self.default):
             finalists.append(self.default)
-        unique = list({_config_id(c): c for c in finalists}.values())
+        finalists = list({_config_id(c): c for c in finalists}.values())
+        if self.revalidate:
+            # checked and timed again under the current versions; a config that is now
+            # wrong (or fails to build) drops out
+            for cfg in finalists:
+                self._record(cfg, self.worker.run(self.key, cfg, self.trial_timeout,
+                                                  self.faults.get(_config_id(cfg), 0)))
+            finalists = [c for c in finalists if self._measured_ok(c)]
+            common["outcomes"] = dict(Counter(v[0] for v in self.measured.values()))
+            if not finalists:
+                return KeyResult(self.key, "no_valid_config", wall_s=time.monotonic() - started, **common)
+        default_ok = self.default is not None and self._measured_ok(self.default)
+        unique = finalists
         times = self.worker.retime(self.key, unique, self.rounds, timeout=self.trial_timeout * (1 + self.rounds)
                                    * len(unique))
         # after retime: the child has this key's inputs even when no trial ran in this
@@ -371,14 +387,18 @@ class _KeySearch:
 def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: float | None = None,
            trial_timeout: float = 120.0, storage: str | os.PathLike | None = None, device: str | None = None,
            progress: bool = True, finalists: int = 3, rounds: int = 5, seed: int = 0, force: bool = False,
-           faults: dict | None = None, console=None, batch: int | None = None) -> SearchSummary:
+           faults: dict | None = None, console=None, batch: int | None = None,
+           revalidate: bool = False) -> SearchSummary:
     """Tune every key: ``trials`` measured configs and/or ``timeout`` seconds per key.
 
     ``db`` is the store (URL, path or None for the default); ``storage`` Optuna's (a
     journal file path or an RDB URL; default: a journal file next to the store).
     ``device`` is a CUDA device ("cuda:0"), or "cpu" to run under the Triton
     interpreter (tiny shapes, interpreter timings: a test and demo mode). A key whose
-    study already finished with this budget is skipped unless ``force``. ``faults``
+    study already finished with this budget is skipped unless ``force`` or
+    ``revalidate``; ``revalidate`` also checks and times the finalists (the best few,
+    the stored winner, the default) again under the current versions before the
+    interleaved re-timing, so a config that became wrong cannot stay the winner. ``faults``
     (tests only) maps a config's id to a fault to inject into its forward launch.
     ``batch`` proposals are taken from the sampler at a time and their kernels compiled
     in parallel before they are measured one by one (default 8 on a GPU, 1 under the
@@ -445,9 +465,9 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
                 ks = _KeySearch(key, store=store, storage=optuna_storage, worker=worker, gpu=gpu,
                                 provenance=provenance, device=dev, trials=trials, timeout=timeout,
                                 trial_timeout=trial_timeout, finalists=finalists, rounds=rounds, seed=seed,
-                                faults=faults, progress=bar, batch=batch)
+                                faults=faults, progress=bar, batch=batch, revalidate=revalidate)
                 done = ks.study.user_attrs.get("finalized_trials")
-                if not force and done is not None and done >= min(trials, len(ks.valid)):
+                if not (force or revalidate) and done is not None and done >= min(trials, len(ks.valid)):
                     bar.advance_key(key, trials)
                     stored = store.list_results(ResultFilter.for_key(key))
                     won = dict(winner=stored[0].config, time_ms=stored[0].time_ms, tflops=stored[0].tflops,

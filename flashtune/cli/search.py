@@ -36,8 +36,8 @@ TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall cl
 @db_option
 @click.option("--storage", metavar="PATH|URL", help="Optuna's study storage: a journal file or an RDB URL "
               "(PostgreSQL to share a search between hosts). [default: optuna-journal.log next to the store]")
-@click.option("--revalidate", is_flag=True, help="Re-time the stored winners and their runners-up under the "
-              "current versions (the stored keys of this GPU that match the key options).")
+@click.option("--revalidate", is_flag=True, help="Check and re-time the stored winners and their runners-up under "
+              "the current versions (the stored keys of this GPU that match the key options).")
 @click.option("--force", is_flag=True, help="Search keys again even if their search already finished.")
 @interpreter_options
 @click.option("--seed", type=int, default=0, show_default=True, help="The sampler's seed.")
@@ -90,7 +90,7 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout,
         console = Console(stderr=True)
     try:
         summary = search(keys, db=db, trials=trials, timeout=timeout, trial_timeout=trial_timeout, storage=storage,
-                         device=dev, progress=progress, seed=seed, force=force or revalidate, console=console)
+                         device=dev, progress=progress, seed=seed, force=force, revalidate=revalidate, console=console)
     except KeyboardInterrupt:
         raise click.ClickException("interrupted: the keys finished so far are stored; run the same command again "
                                    "to resume") from None

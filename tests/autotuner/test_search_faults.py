@@ -104,6 +104,26 @@ def test_a_stored_winner_that_is_now_wrong_is_replaced(tmp_path, monkeypatch):
     assert cid(r.winner) == cid(DEFAULT) == cid(stored_result(db, K).config)
 
 
+def test_revalidate_checks_the_finalists_again_and_drops_one_that_became_wrong(tmp_path, monkeypatch):
+    """After an upgrade the old trials prove nothing: --revalidate measures the finalists again."""
+    configs = tiny_space(monkeypatch, "fwd", {"BLOCK_M": [16, 32], "BLOCK_N": [16], "num_warps": [4],
+                                              "num_stages": [1]})
+    db = tmp_path / "t.db"
+    run = dict(db=db, trials=2, device="cpu", trial_timeout=120, rounds=1, progress=False)
+    (first,) = search([K], **run).results
+    assert first.status == "tuned" and first.n_trials == 2
+    winner = first.winner
+    runs = Spy(monkeypatch, "run")
+    # the same versions, but the winner now computes a wrong answer (as a new triton might)
+    (again,) = search([K], revalidate=True, faults={cid(winner): FAULT_WRONG}, **run).results
+    assert again.status == "tuned" and cid(again.winner) != cid(winner)
+    assert sorted(cid(cfg) for (_, cfg, *_) in runs.calls) == sorted(cid(c) for c in configs)  # both re-checked
+    statuses = {cid(t.config): [x.status for x in trials_of(db, K) if cid(x.config) == cid(t.config)]
+                for t in trials_of(db, K)}
+    assert statuses[cid(winner)] == ["ok", "incorrect"]
+    assert cid(stored_result(db, K).config) == cid(again.winner)
+
+
 def test_a_stored_winner_not_measured_in_this_run_is_not_a_finalist(tmp_path, monkeypatch):
     db, stale = tmp_path / "t.db", FwdConfig(128, 64, 8, 1)
     _store_winner(db, stale)
