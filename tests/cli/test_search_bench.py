@@ -105,7 +105,11 @@ def test_revalidate_retimes_the_stored_keys(searched, tmp_path):
     assert float(lines[2].split()[-1]) == pytest.approx(before[KEYS[0]].time_ms, rel=1e-3)
     with Store(db) as store:
         after = store.load_table(INTERPRETER)
-        assert [len(store.trials_for(k)) for k in KEYS] == [2, 2]  # re-timed, not searched again
+        # both finalists checked and timed again (two more trials), nothing searched anew
+        fwd_trials = store.trials_for(KEYS[0])
+        assert [len(fwd_trials), len(store.trials_for(KEYS[1]))] == [4, 2]
+        assert sorted(str(t.config) for t in fwd_trials[2:]) == sorted(str(t.config) for t in fwd_trials[:2])
+        assert [t.status for t in fwd_trials[2:]] == ["ok", "ok"]
     assert after[KEYS[0]].updated_at > before[KEYS[0]].updated_at  # fwd re-timed and stored again
     assert after[KEYS[1]] == before[KEYS[1]]  # bwd was not asked for
 
