@@ -1,0 +1,283 @@
+"""Shared checks of flashtune's attention against independent references.
+
+The tolerance rule is FlashAttention's: the error of our kernel against a float64
+reference may be at most ``factor`` times the error of torch's own attention computed
+in the input dtype (against the same reference), plus a small absolute slack. NaN or
+Inf always fails.
+
+- "torch's own attention in the input dtype" is SDPA's math backend, with fp16/bf16
+  reductions allowed so it really computes in that dtype (torch otherwise upcasts to
+  fp32 inside), and with TF32 matmuls when our kernel runs fp32 with tf32 dots on a GPU.
+  For the log-sum-exp (which SDPA does not return) it is ``reference_attention`` in
+  float32 under the same matmul precision: our kernels always keep the LSE in fp32.
+- The float64 truth is ``flashtune.kernels.reference_attention`` in float64, itself
+  checked against torch SDPA (math backend) in float64 on every case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from flashtune.kernels import BwdConfig, FwdConfig, attention, reference_attention
+
+# name -> (torch dtype, fp32_precision passed to attention)
+DTYPES = {
+    "fp32-ieee": (torch.float32, "ieee"),
+    "fp32-tf32": (torch.float32, "tf32"),
+    "fp16": (torch.float16, "tf32"),
+    "bf16": (torch.bfloat16, "tf32"),
+}
+# (B, H, N, D) values laid out in memory as:
+#   bhnd: contiguous; bnhd: (B, N, H, D) storage viewed as (B, H, N, D) (the usual
+#   projection output); bhdn: head dim not unit-stride; padded: (B, N, H, D + 8)
+#   storage sliced to D, so rows are not dense; expanded (dO only): stride 0 except
+#   along D, as autograd passes for ``o.sum()``-like losses; mixed (a Case's q, k, v
+#   only): q bhnd, k bnhd, v bhdn.
+DENSE_LAYOUTS = ("bhnd", "bnhd", "bhdn", "mixed")
+MIXED = {"q": "bhnd", "k": "bnhd", "v": "bhdn"}
+LAYOUTS = DENSE_LAYOUTS + ("padded",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    factor: float  # times torch's own error in the input dtype
+    atol: float  # absolute slack for O, dQ, dK, dV
+    lse_atol: float  # absolute slack for the log-sum-exp
+
+
+def tolerance(dtype: str, device: torch.device) -> Tolerance:
+    """The tolerance for one dtype name (a DTYPES key) on a device.
+
+    fp32 with tf32 dots on a GPU: each dot rounds its inputs to 10 mantissa bits, so the
+    bound is 3x torch's error with TF32 matmuls plus 1e-3. Under the interpreter tf32
+    dots are exact fp32 and get fp32's bound.
+    """
+    if dtype == "fp16":
+        return Tolerance(2.0, 1e-3, 1e-4)
+    if dtype == "bf16":
+        return Tolerance(2.0, 1e-2, 1e-4)
+    if dtype == "fp32-tf32" and device.type == "cuda":
+        return Tolerance(3.0, 1e-3, 1e-3)
+    return Tolerance(2.0, 1e-5, 1e-5)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One attention call to check: shapes, dtype, masking, configs, memory layouts."""
+
+    dtype: str
+    causal: bool
+    n_q: int
+    n_k: int
+    head_dim: int
+    heads: tuple[int, int] = (2, 2)  # (Hq, Hkv)
+    batch: int = 1
+    fwd: FwdConfig | None = None
+    bwd: BwdConfig | None = None
+    layout: str = "bhnd"
+    do_layout: str = "bhnd"
+    sm_scale: float | None = None
+
+    def __str__(self) -> str:
+        hq, hkv = self.heads
+        parts = [self.dtype, "causal" if self.causal else "full", f"q{self.n_q}k{self.n_k}", f"d{self.head_dim}",
+                 f"b{self.batch}h{hq}" if hq == hkv else f"b{self.batch}h{hq}kv{hkv}"]
+        parts.append("fwd" + ("default" if self.fwd is None else f"{self.fwd.BLOCK_M}x{self.fwd.BLOCK_N}"))
+        if self.bwd is None:
+            parts.append("bwddefault")
+        else:
+            b = self.bwd
+            parts.append(f"bwd{b.BLOCK_M1}x{b.BLOCK_N1}.{b.BLOCK_M2}x{b.BLOCK_N2}")
+        if self.layout != "bhnd":
+            parts.append(self.layout)
+        if self.do_layout != "bhnd":
+            parts.append(f"do-{self.do_layout}")
+        if self.sm_scale is not None:
+            parts.append(f"scale{self.sm_scale:g}")
+        return "-".join(parts)
+
+
+def make_tensor(shape, *, layout: str, dtype: torch.dtype, device, gen: torch.Generator) -> torch.Tensor:
+    """Random (B, H, N, D) values (standard normal, from ``gen``) in the given memory layout."""
+    B, H, N, D = shape
+    values = torch.randn(B, H, N, D, generator=gen)
+    if layout == "bhnd":
+        return values.to(device=device, dtype=dtype)
+    if layout == "bnhd":
+        return values.transpose(1, 2).contiguous().to(device=device, dtype=dtype).transpose(1, 2)
+    if layout == "bhdn":
+        return values.transpose(2, 3).contiguous().to(device=device, dtype=dtype).transpose(2, 3)
+    if layout == "padded":
+        storage = torch.full((B, N, H, D + 8), float("nan"))  # the padding must never be read
+        storage[..., :D] = values.transpose(1, 2)
+        return storage.to(device=device, dtype=dtype)[..., :D].transpose(1, 2)
+    if layout == "expanded":
+        return torch.randn(D, generator=gen).to(device=device, dtype=dtype).expand(B, H, N, D)
+    raise ValueError(f"layout: unknown {layout!r}")
+
+
+def case_inputs(case: Case, device):
+    """Leaf q, k, v (requiring grad) and dO for a case, seeded by the case's name."""
+    gen = torch.Generator().manual_seed(zlib.crc32(str(case).encode()))
+    dtype = DTYPES[case.dtype][0]
+    hq, hkv = case.heads
+    layout = MIXED if case.layout == "mixed" else dict.fromkeys("qkv", case.layout)
+    q = make_tensor((case.batch, hq, case.n_q, case.head_dim), layout=layout["q"], dtype=dtype, device=device,
+                    gen=gen)
+    k = make_tensor((case.batch, hkv, case.n_k, case.head_dim), layout=layout["k"], dtype=dtype, device=device,
+                    gen=gen)
+    v = make_tensor((case.batch, hkv, case.n_k, case.head_dim), layout=layout["v"], dtype=dtype, device=device,
+                    gen=gen)
+    do = make_tensor((case.batch, hq, case.n_q, case.head_dim), layout=case.do_layout, dtype=dtype, device=device,
+                     gen=gen)
+    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do
+
+
+# ----------------------------------------------------------------------------------
+# The three computations: ours, the float64 truth, torch in the input dtype.
+# ----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Outputs:
+    o: torch.Tensor
+    lse: torch.Tensor | None
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+
+
+def flashtune_outputs(q, k, v, do, *, causal, sm_scale, fwd_config, bwd_config, fp32_precision) -> Outputs:
+    o, lse = attention(q, k, v, causal=causal, sm_scale=sm_scale, fwd_config=fwd_config, bwd_config=bwd_config,
+                       return_lse=True, fp32_precision=fp32_precision)
+    # autograd.grad returns the backward's tensors as they are (no .grad accumulation),
+    # so their strides are the kernel's.
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    return Outputs(o.detach(), lse.detach(), dq, dk, dv)
+
+
+def _leaves(q, k, v, dtype):
+    return tuple(x.detach().to(dtype).requires_grad_() for x in (q, k, v))
+
+
+def reference_outputs(q, k, v, do, *, causal, sm_scale, dtype=torch.float64) -> Outputs:
+    """``reference_attention`` in ``dtype`` (float64: the truth), grads through autograd."""
+    qr, kr, vr = _leaves(q, k, v, dtype)
+    o, lse = reference_attention(qr, kr, vr, causal=causal, sm_scale=sm_scale, dtype=dtype)
+    dq, dk, dv = torch.autograd.grad(o, (qr, kr, vr), do.to(dtype))
+    return Outputs(o.detach(), lse.detach(), dq, dk, dv)
+
+
+@contextlib.contextmanager
+def torch_precision(dtype: torch.dtype, tf32: bool):
+    """SDPA's math backend computing in ``dtype`` itself; TF32 matmuls if ``tf32``."""
+    reduce_prev = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    tf32_prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(dtype in (torch.float16, torch.bfloat16))
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        with sdpa_kernel([SDPBackend.MATH]):
+            yield
+    finally:
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(reduce_prev)
+        torch.backends.cuda.matmul.allow_tf32 = tf32_prev
+
+
+def sdpa_outputs(q, k, v, do, *, causal, sm_scale, dtype, tf32=False) -> Outputs:
+    """torch SDPA (math backend) in ``dtype``; lse from ``reference_attention`` in fp32."""
+    qs, ks, vs = _leaves(q, k, v, dtype)
+    with torch_precision(dtype, tf32):
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=sm_scale,
+                                           enable_gqa=q.shape[1] != k.shape[1])
+        dq, dk, dv = torch.autograd.grad(o, (qs, ks, vs), do.to(dtype))
+        lse = None
+        if dtype != torch.float64:
+            lse = reference_attention(q.detach(), k.detach(), v.detach(), causal=causal, sm_scale=sm_scale,
+                                      dtype=torch.float32)[1]
+    return Outputs(o.detach(), lse, dq, dk, dv)
+
+
+# ----------------------------------------------------------------------------------
+# Comparison
+# ----------------------------------------------------------------------------------
+def _index(flat_index: int, shape) -> tuple[int, ...]:
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat_index), shape))
+
+
+def assert_close_to_reference(name: str, actual: torch.Tensor, truth: torch.Tensor, baseline: torch.Tensor, *,
+                              factor: float, atol: float) -> float:
+    """FlashAttention's rule: max|actual - truth| <= factor * max|baseline - truth| + atol.
+
+    ``truth`` is the float64 reference, ``baseline`` torch's own attention in the input
+    dtype. NaN/Inf in ``actual`` fail. On failure the message gives the count of
+    elements over the bound and the worst index with both values. Returns the error.
+    """
+    assert actual.shape == truth.shape, f"{name}: shape {tuple(actual.shape)}, expected {tuple(truth.shape)}"
+    a, t = actual.detach().to(torch.float64), truth.detach().to(torch.float64)
+    assert torch.isfinite(t).all(), f"{name}: the float64 reference itself is not finite"
+    finite = torch.isfinite(a)
+    if not finite.all():
+        n_bad = int((~finite).sum())
+        first = _index(int((~finite).flatten().nonzero()[0]), a.shape)
+        raise AssertionError(f"{name}: {n_bad} of {a.numel()} values are NaN/Inf, first at index {first} "
+                             f"(value {a[first].item()}, expected {t[first].item():.6g})")
+    err = (a - t).abs()
+    base_err = (baseline.detach().to(torch.float64) - t).abs().max().item()
+    allowed = factor * base_err + atol
+    worst = err.max().item()
+    if worst > allowed:
+        n_bad = int((err > allowed).sum())
+        idx = _index(int(err.argmax()), a.shape)
+        raise AssertionError(
+            f"{name}: max abs error {worst:.3g} > allowed {allowed:.3g} "
+            f"(= {factor:g} x torch's own error {base_err:.3g} + {atol:g}); "
+            f"{n_bad} of {a.numel()} elements over; worst at index {idx}: "
+            f"got {a[idx].item():.6g}, expected {t[idx].item():.6g}")
+    return worst
+
+
+def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None, fwd_config=None,
+                    bwd_config=None, check_strides: bool = True, cross_check_reference: bool = True) -> dict:
+    """Run flashtune forward+backward and check O, LSE, dQ, dK, dV and output layouts.
+
+    Returns the max errors by name (for reporting).
+    """
+    dtype, precision = DTYPES[dtype_name]
+    tol = tolerance(dtype_name, q.device)
+    ours = flashtune_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, fwd_config=fwd_config,
+                             bwd_config=bwd_config, fp32_precision=precision)
+
+    B, Hq, Nq, _ = q.shape
+    assert ours.o.dtype == q.dtype and ours.o.shape == q.shape
+    assert ours.lse.dtype == torch.float32 and ours.lse.shape == (B, Hq, Nq), (ours.lse.dtype, ours.lse.shape)
+    for name, grad, inp in (("dq", ours.dq, q), ("dk", ours.dk, k), ("dv", ours.dv, v)):
+        assert grad.dtype == inp.dtype and grad.shape == inp.shape, (name, grad.dtype, grad.shape)
+    if check_strides:
+        for name, out, inp in (("o", ours.o, q), ("dq", ours.dq, q), ("dk", ours.dk, k), ("dv", ours.dv, v)):
+            assert out.stride() == inp.stride(), f"{name}: strides {out.stride()}, expected the input's {inp.stride()}"
+
+    truth = reference_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale)
+    if cross_check_reference:
+        sdpa64 = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, dtype=torch.float64)
+        for name in ("o", "dq", "dk", "dv"):
+            torch.testing.assert_close(getattr(truth, name), getattr(sdpa64, name), rtol=1e-7, atol=1e-9,
+                                       msg=lambda m, name=name: f"reference_attention vs SDPA float64, {name}: {m}")
+    tf32 = dtype == torch.float32 and precision == "tf32" and q.device.type == "cuda"
+    torch_low = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, dtype=dtype, tf32=tf32)
+
+    errors = {"lse": assert_close_to_reference("lse", ours.lse, truth.lse, torch_low.lse, factor=tol.factor,
+                                               atol=tol.lse_atol)}
+    for name in ("o", "dq", "dk", "dv"):
+        errors[name] = assert_close_to_reference(name, getattr(ours, name), getattr(truth, name),
+                                                 getattr(torch_low, name), factor=tol.factor, atol=tol.atol)
+    return errors
+
+
+def run_case(case: Case, device) -> dict:
+    q, k, v, do = case_inputs(case, device)
+    return check_attention(q, k, v, do, dtype_name=case.dtype, causal=case.causal, sm_scale=case.sm_scale,
+                           fwd_config=case.fwd, bwd_config=case.bwd, check_strides=case.layout in DENSE_LAYOUTS)

@@ -1,0 +1,217 @@
+"""Forward and backward against float64 references on small odd shapes.
+
+Runs everywhere: under Triton's interpreter on the CPU in CI (fp32 and fp16; bf16 is
+wrong in the interpreter and is checked on the GPU), and on CUDA when there is one.
+Each case checks O, LSE, dQ, dK, dV with FlashAttention's tolerance rule (see
+kernel_checks.py) and that outputs come back in the inputs' memory layout.
+
+Explicit small configs put every code path of the kernels on these shapes: blocks
+smaller and larger than the sequence, BLOCK_M != BLOCK_N both ways in all three
+kernels (so the causal diagonal straddles blocks differently), full and partial blocks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from kernel_checks import Case, case_inputs, run_case
+
+from flashtune.kernels import BwdConfig, FwdConfig, attention
+
+F, B = FwdConfig, BwdConfig
+# (fwd, bwd) pairs; bwd blocks are (M1, N1, M2, N2): dK/dV walks BLOCK_M1 queries per
+# BLOCK_N1 keys, dQ walks BLOCK_N2 keys per BLOCK_M2 queries.
+SMALL_CONFIGS = [
+    (F(16, 16, 4, 1), B(16, 16, 16, 16, 4, 1)),
+    (F(32, 16, 4, 1), B(16, 32, 32, 16, 4, 1)),
+    (F(16, 32, 4, 1), B(32, 16, 16, 32, 4, 1)),
+    (F(64, 32, 4, 2), B(32, 64, 64, 32, 4, 2)),
+]
+MORE_CONFIGS = SMALL_CONFIGS + [
+    (F(64, 16, 4, 1), B(16, 64, 64, 16, 4, 1)),
+    (F(16, 64, 4, 1), B(64, 16, 16, 64, 4, 1)),
+    (F(64, 64, 4, 1), B(64, 64, 64, 64, 4, 1)),
+    (F(128, 32, 8, 3), B(32, 128, 128, 32, 8, 3)),
+]
+SEQ_LENS = [(1, 1), (17, 17), (69, 69), (33, 69), (69, 33), (1, 17), (17, 1)]
+HEAD_DIMS = [16, 32, 48, 64, 80]
+HEADS = [(2, 2), (4, 2), (4, 1)]  # MHA, GQA, MQA
+CPU_DTYPES = ["fp32-ieee", "fp32-tf32", "fp16"]
+
+
+def _matrix() -> list[Case]:
+    """dtype x (Nq, Nk) x causal, each cell with a rotating head dim, head grouping,
+    batch and config pair so that every value of each meets many of the others."""
+    cases = []
+    for i, (dtype, (n_q, n_k), causal) in enumerate(itertools.product(CPU_DTYPES, SEQ_LENS, (False, True))):
+        fwd, bwd = SMALL_CONFIGS[i % len(SMALL_CONFIGS)]
+        cases.append(Case(dtype, causal, n_q, n_k, HEAD_DIMS[i % len(HEAD_DIMS)], heads=HEADS[i % len(HEADS)],
+                          batch=1 + i % 2, fwd=fwd, bwd=bwd))
+    return cases
+
+
+def _head_dims() -> list[Case]:
+    # powers of two, padded ones (1, 8, 48, 80, 96, 200), and the 256 maximum
+    fwd, bwd = SMALL_CONFIGS[1]
+    return [Case(dtype, causal, 33, 69, d, fwd=fwd, bwd=bwd)
+            for d in (1, 8, 16, 32, 48, 64, 80, 96, 128, 200, 256)
+            for dtype in ("fp32-ieee", "fp16") for causal in (False, True)]
+
+
+def _grouped_heads() -> list[Case]:
+    # dK/dV sum over every query head of the group; Nq < Nk and Nq > Nk
+    fwd, bwd = SMALL_CONFIGS[2]
+    return [Case(dtype, causal, n_q, n_k, 48, heads=heads, batch=2 if heads == (4, 2) else 1, fwd=fwd, bwd=bwd)
+            for heads in ((4, 2), (4, 1), (6, 2)) for (n_q, n_k) in ((69, 33), (33, 69))
+            for dtype in ("fp32-ieee", "fp16") for causal in (False, True)]
+
+
+def _layouts() -> list[Case]:
+    fwd, bwd = SMALL_CONFIGS[1]
+    cases = [Case(dtype, causal, 69, 33, 40, heads=(4, 2), fwd=fwd, bwd=bwd, layout=layout)
+             for layout in ("bnhd", "bhdn", "padded", "mixed") for dtype in ("fp32-ieee", "fp16")
+             for causal in (False, True)]
+    cases += [Case("fp32-ieee", causal, 33, 69, 32, heads=(4, 2), fwd=fwd, bwd=bwd, layout="bnhd", do_layout=do)
+              for do in ("bnhd", "expanded") for causal in (False, True)]
+    return cases
+
+
+def _scales() -> list[Case]:
+    fwd, bwd = SMALL_CONFIGS[0]
+    return [Case(dtype, causal, 69, 69, 32, fwd=fwd, bwd=bwd, sm_scale=scale)
+            for dtype, scale in (("fp32-ieee", 0.05), ("fp32-ieee", 0.3), ("fp32-ieee", 2.0), ("fp16", 0.3),
+                                 ("fp32-ieee", -0.5), ("fp32-ieee", 0.0))
+            for causal in (False, True)] + [
+        # scores with a spread of ~45: exp overflows in fp32 unless the running max is subtracted
+        Case(dtype, causal, 69, 69, 128, fwd=fwd, bwd=bwd, sm_scale=4.0)
+        for dtype in ("fp32-ieee", "fp16") for causal in (False, True)]
+
+
+def _configs() -> list[Case]:
+    return [Case("fp32-ieee", causal, n_q, n_k, 48, fwd=fwd, bwd=bwd)
+            for fwd, bwd in MORE_CONFIGS for (n_q, n_k) in ((69, 69), (33, 69), (69, 33)) for causal in (False, True)]
+
+
+def _defaults() -> list[Case]:
+    # fwd_config/bwd_config None: the heuristic table's configs for this device
+    return [Case(dtype, causal, 69, 69, d) for dtype in ("fp32-tf32", "fp16") for d in (64, 80)
+            for causal in (False, True)]
+
+
+@pytest.mark.parametrize("case", _matrix(), ids=str)
+def test_matrix(case, kernel_device):
+    run_case(case, kernel_device)
+
+
+@pytest.mark.parametrize("case", _head_dims(), ids=str)
+def test_head_dims(case, kernel_device):
+    run_case(case, kernel_device)
+
+
+@pytest.mark.parametrize("case", _grouped_heads(), ids=str)
+def test_grouped_query_heads(case, kernel_device):
+    run_case(case, kernel_device)
+
+
+@pytest.mark.parametrize("case", _layouts(), ids=str)
+def test_strided_layouts(case, kernel_device):
+    run_case(case, kernel_device)
+
+
+@pytest.mark.parametrize("case", _scales(), ids=str)
+def test_sm_scale(case, kernel_device):
+    run_case(case, kernel_device)
+
+
+@pytest.mark.parametrize("case", _configs(), ids=str)
+def test_block_configs(case, kernel_device):
+    run_case(case, kernel_device)
+
+
+@pytest.mark.parametrize("case", _defaults(), ids=str)
+def test_default_configs(case, kernel_device):
+    run_case(case, kernel_device)
+
+
+def test_causal_keys_past_last_query_get_zero_grad(kernel_device):
+    """Nq < Nk, causal: keys after the last query are seen by nobody, so dK = dV = 0 there
+    exactly (and O does not depend on them)."""
+    case = Case("fp32-ieee", True, 17, 69, 32, fwd=SMALL_CONFIGS[1][0], bwd=SMALL_CONFIGS[1][1])
+    q, k, v, do = case_inputs(case, kernel_device)
+    o = attention(q, k, v, causal=True, fwd_config=case.fwd, bwd_config=case.bwd)
+    dk, dv = torch.autograd.grad(o, (k, v), do)
+    assert dk[:, :, 17:].abs().max().item() == 0.0
+    assert dv[:, :, 17:].abs().max().item() == 0.0
+    assert dv[:, :, :17].abs().max().item() > 0.0
+
+
+def test_return_lse_false_returns_only_o(kernel_device):
+    case = Case("fp32-ieee", False, 17, 17, 16)
+    q, k, v, _ = case_inputs(case, kernel_device)
+    o = attention(q, k, v)
+    assert isinstance(o, torch.Tensor) and o.shape == q.shape
+    o2, lse = attention(q, k, v, return_lse=True)
+    assert torch.equal(o, o2) and lse.shape == q.shape[:3]
+
+
+def test_no_grad_forward(kernel_device):
+    case = Case("fp16", True, 33, 33, 48)
+    q, k, v, _ = case_inputs(case, kernel_device)
+    with torch.no_grad():
+        o = attention(q, k, v, causal=True)
+    assert not o.requires_grad
+    assert torch.equal(o, attention(q, k, v, causal=True).detach())
+
+
+# Run in a child process: a wrong 32-bit offset reads unmapped memory, which kills the
+# process (a segfault under the interpreter, an illegal address on the GPU).
+LARGE_OFFSET_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    from flashtune.kernels import BwdConfig, FwdConfig, attention, reference_attention
+
+    device, dtype = sys.argv[1], getattr(torch, sys.argv[2])
+    N, D, STRIDE = 80, 16, 1 << 25  # the last rows sit 79 * 2^25 > 2^31 elements from the start
+    gen = torch.Generator().manual_seed(0)
+
+    def strided():
+        # rows 2^25 elements apart; the untouched storage between them is never committed
+        storage = torch.empty(N * STRIDE, dtype=dtype, device=device)
+        t = torch.as_strided(storage, (1, 1, N, D), (N * STRIDE, N * STRIDE, STRIDE, 1))
+        return t.copy_(torch.randn(1, 1, N, D, generator=gen)).requires_grad_()
+
+    q, v = strided(), strided()
+    k = torch.randn(1, 1, N, D, generator=gen).to(device, dtype).requires_grad_()
+    do = torch.randn(1, 1, N, D, generator=gen).to(device, dtype)
+    o = attention(q, k, v, causal=True, fwd_config=FwdConfig(16, 16, 4, 1), bwd_config=BwdConfig(16, 16, 16, 16, 4, 1))
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    ref, _ = reference_attention(*leaves, causal=True, dtype=torch.float64)
+    ref_grads = torch.autograd.grad(ref, leaves, do.double())
+    for name, a, b in zip(("o", "dq", "dk", "dv"), (o, *grads), (ref, *ref_grads)):
+        err = (a.double() - b).abs().max().item()
+        print(name, err)
+        assert err < 2e-2, (name, err)
+    print("OK")
+""")
+
+
+def test_offsets_beyond_int32(kernel_device):
+    """Element offsets past 2^31 inside one (batch, head): e.g. (B, N, H, D) storage with
+    N * H * D >= 2^31, as long contexts with many heads have. The row offset
+    ``offs_m * stride_n`` must be computed in 64 bits."""
+    dtype = "float16" if kernel_device.type == "cpu" else "bfloat16"
+    env = dict(os.environ)
+    if kernel_device.type == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    out = subprocess.run([sys.executable, "-c", LARGE_OFFSET_SCRIPT, kernel_device.type, dtype],
+                         check=False, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0 and "OK" in out.stdout, (
+        f"attention with row offsets beyond 2^31 elements failed: exit code {out.returncode}"
+        f"{' (SIGSEGV)' if out.returncode == -11 else ''}\nstdout: {out.stdout[-2000:]}\nstderr: {out.stderr[-2000:]}")

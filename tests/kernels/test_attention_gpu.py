@@ -1,0 +1,220 @@
+"""On the GPU: the feature matrix at realistic sizes, bf16, and every search-space config.
+
+All tests here are marked ``gpu`` and skip without CUDA. The tolerance rule is the one
+of kernel_checks.py: error vs float64 <= factor x torch's own error in the input dtype
++ slack (fp16 2x + 1e-3, bf16 2x + 1e-2, fp32 ieee 2x + 1e-5, fp32 with tf32 dots
+3x torch-with-TF32 + 1e-3; LSE slack 1e-4, 1e-3 for tf32).
+
+Run with ``python -m pytest -m gpu tests/kernels -q``. Compiles dominate the time;
+the every-config test compiles its configs in parallel (triton's AsyncCompileMode).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import itertools
+import math
+import os
+
+import pytest
+import torch
+from kernel_checks import (
+    Case,
+    assert_close_to_reference,
+    case_inputs,
+    check_attention,
+    reference_outputs,
+    sdpa_outputs,
+    tolerance,
+)
+
+from flashtune.kernels import ConfigError, attention, attention_backward, attention_forward, default_config
+from flashtune.kernels.common import LN2
+from flashtune.kernels.space import candidates
+
+pytestmark = pytest.mark.gpu
+
+# Beyond this many scores per head the float64 cross-check of reference_attention
+# against SDPA is skipped (it is done on every smaller case): it doubles the memory.
+CROSS_CHECK_MAX_SCORES = 1024 * 1024
+
+
+def _realistic() -> list[Case]:
+    cases = []
+    for dtype, causal, d, n in itertools.product(("bf16", "fp16"), (False, True), (64, 80, 128, 256),
+                                                 (1, 17, 1000, 1024, 4096)):
+        cases.append(Case(dtype, causal, n, n, d, heads=(8, 8), batch=2))
+    for dtype, causal, d, n in itertools.product(("fp32-tf32", "fp32-ieee"), (False, True), (64, 128),
+                                                 (17, 1000, 4096)):
+        cases.append(Case(dtype, causal, n, n, d, heads=(8, 8), batch=2))
+    # q length != kv length, both ways (causal aligned top-left, as torch SDPA)
+    for (n_q, n_k), causal in itertools.product(((1000, 4096), (4096, 1000), (1, 1024), (1024, 1)), (False, True)):
+        cases.append(Case("bf16", causal, n_q, n_k, 128, heads=(8, 8), batch=2))
+    # grouped-query and multi-query
+    for heads, d, causal in itertools.product(((8, 2), (8, 1)), (64, 128), (False, True)):
+        cases.append(Case("bf16", causal, 1000, 1000, d, heads=heads, batch=2))
+    cases += [Case("fp16", causal, 1024, 1000, 80, heads=(8, 2), batch=2) for causal in (False, True)]
+    # strided layouts: (B, N, H, D) storage; head dim not unit-stride; padded rows; dO
+    for d, causal in itertools.product((64, 128), (False, True)):
+        cases.append(Case("bf16", causal, 1024, 1024, d, heads=(8, 2), batch=2, layout="bnhd", do_layout="bnhd"))
+    cases += [Case("bf16", True, 1000, 1000, 128, heads=(8, 8), batch=2, layout=layout)
+              for layout in ("bhdn", "padded")]
+    cases += [Case("fp16", True, 1000, 1000, 64, heads=(8, 8), batch=2, do_layout="expanded")]
+    # sm_scale
+    cases += [Case("bf16", causal, 1000, 1000, 128, heads=(8, 8), batch=2, sm_scale=0.5) for causal in (False, True)]
+    return cases
+
+
+@pytest.mark.parametrize("case", _realistic(), ids=str)
+def test_realistic(case):
+    q, k, v, do = case_inputs(case, torch.device("cuda"))
+    errors = check_attention(q, k, v, do, dtype_name=case.dtype, causal=case.causal, sm_scale=case.sm_scale,
+                             fwd_config=case.fwd, bwd_config=case.bwd, check_strides=case.layout != "padded",
+                             cross_check_reference=case.n_q * case.n_k <= CROSS_CHECK_MAX_SCORES)
+    print(case, {name: f"{e:.2e}" for name, e in errors.items()})
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_deterministic(dtype):
+    """No atomics anywhere: two runs give bit-identical outputs and gradients."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(2, 8, 1000, 128, device="cuda", dtype=dtype, generator=gen).requires_grad_()
+    k, v = (torch.randn(2, 2, 1000, 128, device="cuda", dtype=dtype, generator=gen).requires_grad_()
+            for _ in range(2))
+    do = torch.randn(2, 8, 1000, 128, device="cuda", dtype=dtype, generator=gen)
+    runs = []
+    for _ in range(2):
+        o, lse = attention(q, k, v, causal=True, return_lse=True)
+        runs.append((o, lse, *torch.autograd.grad(o, (q, k, v), do)))
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), *runs):
+        assert torch.equal(a, b), f"{name} differs between two identical runs"
+
+
+def test_batch_times_heads_beyond_grid_y_limit():
+    """B * H = 66560 programs along grid axis 1, past CUDA's 65535 limit for gridDim.y:
+    many short sequences (batched inference) must still run."""
+    case = Case("bf16", True, 16, 16, 64, heads=(64, 64), batch=1040)
+    q, k, v, do = case_inputs(case, torch.device("cuda"))
+    check_attention(q, k, v, do, dtype_name=case.dtype, causal=True)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_tensors_on_a_device_other_than_the_current_one():
+    """Tensors on cuda:1 while cuda:0 is current: the kernels must launch on the tensors'
+    device (triton launches on the current device unless told otherwise)."""
+    assert torch.cuda.current_device() == 0
+    case = Case("bf16", True, 1000, 1000, 128, heads=(8, 2), batch=2)
+    q, k, v, do = case_inputs(case, torch.device("cuda", 1))
+    check_attention(q, k, v, do, dtype_name=case.dtype, causal=True)
+
+
+# ----------------------------------------------------------------------------------
+# Every config of the default search space: correct, or rejected by validate().
+# ----------------------------------------------------------------------------------
+SPACE_SHAPE = (1, 2, 256)  # B, H, N
+SPACE_DTYPE = torch.bfloat16
+
+
+def _precompile(launch, configs) -> None:
+    """Compile the configs in parallel so the launches below hit triton's cache.
+
+    Errors are ignored here: a config that fails to compile fails again, with its
+    message, at its own launch.
+    """
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:  # an older triton: the launches compile one by one
+        return
+    workers = max(1, min(32, os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool, AsyncCompileMode(pool, ignore_errors=True):
+        for cfg in configs:
+            with contextlib.suppress(Exception):  # a failure recurs, reported, at the real launch
+                launch(cfg, compile_only=True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_every_search_space_config(pass_, head_dim, causal):
+    """Launch every config of ``candidates(pass_)``: each must be rejected by
+    validate() before launch, or compile, launch and give correct results. A config that
+    validate() accepts but that fails to compile, runs out of resources or computes
+    wrong values fails the test, by name."""
+    configs = candidates(pass_)
+    assert configs, f"candidates({pass_!r}) is empty"
+    summary, failures = check_configs(pass_, configs, head_dim=head_dim, causal=causal, device=torch.device("cuda"))
+    print(summary)
+    assert not failures, summary + "\n" + "\n".join(failures)
+
+
+def check_configs(pass_, configs, *, head_dim, causal, device, shape=SPACE_SHAPE, dtype=SPACE_DTYPE):
+    """Validate, precompile, launch and check each config; returns (summary, failures)."""
+    B, H, N = shape
+    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32-ieee"}[dtype]
+    gen = torch.Generator(device=device).manual_seed(head_dim + causal)
+    q, k, v, do = (torch.randn(B, H, N, head_dim, device=device, dtype=dtype, generator=gen) for _ in range(4))
+    scale = 1.0 / math.sqrt(head_dim)
+    tol = tolerance(dtype_name, device)
+    truth = reference_outputs(q, k, v, do, causal=causal, sm_scale=scale)
+    torch_low = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=scale, dtype=dtype)
+    precision = "ieee" if dtype == torch.float32 else "tf32"
+    # the backward runs on the forward of the heuristic config
+    o_default, lse2_default = attention_forward(q, k, v, default_config("fwd", head_dim, dtype, device),
+                                                causal=causal, sm_scale=scale, fp32_precision=precision)
+
+    def launch(cfg, compile_only=False):
+        if pass_ == "fwd":
+            return attention_forward(q, k, v, cfg, causal=causal, sm_scale=scale, fp32_precision=precision,
+                                     compile_only=compile_only)
+        return attention_backward(do, q, k, v, o_default, lse2_default, cfg, causal=causal, sm_scale=scale,
+                                  fp32_precision=precision, compile_only=compile_only)
+
+    def check(result):
+        if pass_ == "fwd":
+            o, lse2 = result
+            assert_close_to_reference("o", o, truth.o, torch_low.o, factor=tol.factor, atol=tol.atol)
+            assert_close_to_reference("lse", lse2 * LN2, truth.lse, torch_low.lse, factor=tol.factor,
+                                      atol=tol.lse_atol)
+        else:
+            for name, got in zip(("dq", "dk", "dv"), result):
+                assert_close_to_reference(name, got, getattr(truth, name), getattr(torch_low, name),
+                                          factor=tol.factor, atol=tol.atol)
+
+    def synchronize():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    accepted, rejected = [], 0
+    for cfg in configs:
+        try:
+            cfg.validate(head_dim, dtype, device)
+            accepted.append(cfg)
+        except ConfigError:
+            rejected += 1
+    if device.type == "cuda":
+        _precompile(launch, accepted)
+
+    failures = []
+    for cfg in accepted:
+        try:
+            result = launch(cfg)
+            synchronize()
+        except Exception as e:  # noqa: BLE001 - every launch failure is a finding
+            first_line = str(e).splitlines()[0] if str(e) else ""
+            failures.append(f"{cfg.short()}: validate() accepted it, but the launch failed: "
+                            f"{type(e).__name__}: {first_line}")
+            try:
+                synchronize()
+            except Exception:  # noqa: BLE001
+                failures.append("the CUDA context is lost after this config: the remaining configs were not run")
+                break
+            continue
+        try:
+            check(result)
+        except AssertionError as e:
+            failures.append(f"{cfg.short()}: wrong result: {e}")
+    summary = (f"{pass_} head_dim={head_dim} causal={causal} {dtype_name} B,H,N={shape}: {len(configs)} configs, "
+               f"{rejected} rejected by validate(), {len(accepted) - len(failures)} correct, "
+               f"{len(failures)} failed")
+    return summary, failures

@@ -1,0 +1,106 @@
+"""The pieces of benchmarks/attention.py that need no GPU: FLOPs, grid, configs, table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "attention.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_attention"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_flops(bench):
+    # D=128, N=4096: B=4, H=16 -> 4 * 4 * 16 * 4096^2 * 128 = 549.76 GFLOP forward
+    assert bench.grid_shape(128, 4096) == (4, 16)
+    fwd = bench.attention_flops("fwd", 4, 16, 4096, 128, causal=False)
+    assert fwd == 4 * 4 * 16 * 4096 ** 2 * 128 == 549755813888
+    assert bench.attention_flops("fwd", 4, 16, 4096, 128, causal=True) == fwd / 2
+    assert bench.attention_flops("bwd", 4, 16, 4096, 128, causal=False) == 2.5 * fwd
+    assert bench.attention_flops("bwd", 4, 16, 4096, 128, causal=True) == 1.25 * fwd
+    # the standard grid keeps the work per N constant in tokens: FLOPs grow linearly in N
+    f = [bench.attention_flops("fwd", *bench.grid_shape(64, n), n, 64, False) for n in (512, 1024)]
+    assert f[1] == 2 * f[0]
+    with pytest.raises(ValueError):
+        bench.attention_flops("both", 1, 1, 1, 1, False)
+
+
+def test_tflops_ratio_geomean(bench):
+    assert bench.tflops(1e12, 1.0) == pytest.approx(1000.0)  # 1 TFLOP in 1 ms
+    assert bench.tflops(1e12, None) is None
+    assert bench.ratio(2.0, 4.0) == 0.5 and bench.ratio(None, 4.0) is None and bench.ratio(1.0, None) is None
+    assert bench.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert bench.geomean([None, 3.0]) == pytest.approx(3.0)
+    assert bench.geomean([]) is None
+
+
+def test_pick_config_most_specific_wins(bench, tmp_path):
+    fwd_any = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    fwd_d128 = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    fwd_exact = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
+    path = tmp_path / "configs.json"
+    path.write_text(json.dumps({"entries": [
+        {"fwd": fwd_any},
+        {"head_dim": 128, "fwd": fwd_d128},
+        {"head_dim": 128, "seq_len": 4096, "causal": True, "dtype": "bf16", "fwd": fwd_exact},
+    ]}))
+    entries = bench.load_configs(str(path))
+    pick = bench.pick_config
+    assert pick(entries, "fwd", head_dim=128, seq_len=4096, causal=True, dtype="bfloat16") == fwd_exact
+    assert pick(entries, "fwd", head_dim=128, seq_len=4096, causal=False, dtype="bf16") == fwd_d128
+    assert pick(entries, "fwd", head_dim=128, seq_len=4096, causal=True, dtype="fp16") == fwd_d128
+    assert pick(entries, "fwd", head_dim=64, seq_len=512, causal=False, dtype="bf16") == fwd_any
+    assert pick(entries, "bwd", head_dim=64, seq_len=512, causal=False, dtype="bf16") is None
+
+
+def test_load_configs_rejects_unknown_keys(bench, tmp_path):
+    path = tmp_path / "configs.json"
+    path.write_text(json.dumps([{"headdim": 64}]))
+    with pytest.raises(SystemExit, match="unknown keys"):
+        bench.load_configs(str(path))
+
+
+def test_table_and_summary(bench):
+    row = bench.Row("fwd", 128, 4096, 4, 16, True, "bf16", 2.0e12, config={"BLOCK_M": 128, "BLOCK_N": 64})
+    row.tflops = {"flashtune": 400.0, "cudnn": 500.0, "flash": 320.0}
+    assert row.ratios() == {"cudnn": 0.8, "flash": 1.25}
+    line = bench.format_row(row)
+    assert "400.0" in line and "0.800" in line and "1.250" in line
+    assert len(bench.TABLE_HEADER.split("|")) == len(line.split("|"))
+    aborted = bench.Row("bwd", 64, 512, 32, 32, False, "bf16", 1.0, error="flashtune disagrees with cuDNN: o")
+    assert "ABORTED" in bench.format_row(aborted)
+    row2 = bench.Row("fwd", 64, 512, 32, 32, False, "bf16", 1.0)
+    row2.tflops = {"flashtune": 100.0, "cudnn": 400.0, "flash": 100.0}
+    summary = bench.summarize([row, row2, aborted])
+    assert summary["fwd"]["cudnn"] == pytest.approx(math.sqrt(0.8 * 0.25))
+    assert summary["fwd"]["flash"] == pytest.approx(math.sqrt(1.25 * 1.0))
+    assert summary["fwd"]["rows"] == 2 and "bwd" not in summary  # aborted rows are left out
+    assert "vs cuDNN" in bench.format_summary(summary)
+
+
+def test_args(bench):
+    args = bench.parse_args(["--quick"])
+    assert args.seq_lens == [1024, 4096] and args.head_dims == [64, 128] and args.dtype == "bf16"
+    assert bench.parse_args([]).seq_lens == [512, 1024, 2048, 4096, 8192, 16384]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--seq-lens", "1000"])
+
+
+def test_help_runs_as_a_script():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--help"], check=False, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--quick" in out.stdout and "--configs" in out.stdout and "--out" in out.stdout
