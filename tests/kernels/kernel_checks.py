@@ -175,16 +175,20 @@ def reference_outputs(q, k, v, do, *, causal, sm_scale, dtype=torch.float64) -> 
 @contextlib.contextmanager
 def torch_precision(dtype: torch.dtype, tf32: bool):
     """SDPA's math backend computing in ``dtype`` itself; TF32 matmuls if ``tf32``."""
+    matmul = torch.backends.cuda.matmul
+    # torch >= 2.9 has fp32_precision and raises when it is mixed with the legacy allow_tf32
+    setting, value = ("fp32_precision", "tf32" if tf32 else "ieee") if hasattr(matmul, "fp32_precision") \
+        else ("allow_tf32", tf32)
     reduce_prev = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
-    tf32_prev = torch.backends.cuda.matmul.allow_tf32
+    matmul_prev = getattr(matmul, setting)
     torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(dtype in (torch.float16, torch.bfloat16))
-    torch.backends.cuda.matmul.allow_tf32 = tf32
+    setattr(matmul, setting, value)
     try:
         with sdpa_kernel([SDPBackend.MATH]):
             yield
     finally:
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(reduce_prev)
-        torch.backends.cuda.matmul.allow_tf32 = tf32_prev
+        setattr(matmul, setting, matmul_prev)
 
 
 def sdpa_outputs(q, k, v, do, *, causal, sm_scale, dtype, tf32=False) -> Outputs:
