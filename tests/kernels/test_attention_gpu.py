@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import math
 import os
+import time
 
 import pytest
 import torch
@@ -192,8 +193,10 @@ def check_configs(pass_, configs, *, head_dim, causal, device, shape=SPACE_SHAPE
             accepted.append(cfg)
         except ConfigError:
             rejected += 1
+    t0 = time.perf_counter()
     if device.type == "cuda":
         _precompile(launch, accepted)
+    t1 = time.perf_counter()
 
     failures = []
     for cfg in accepted:
@@ -216,5 +219,6 @@ def check_configs(pass_, configs, *, head_dim, causal, device, shape=SPACE_SHAPE
             failures.append(f"{cfg.short()}: wrong result: {e}")
     summary = (f"{pass_} head_dim={head_dim} causal={causal} {dtype_name} B,H,N={shape}: {len(configs)} configs, "
                f"{rejected} rejected by validate(), {len(accepted) - len(failures)} correct, "
-               f"{len(failures)} failed")
+               f"{len(failures)} failed; compile {t1 - t0:.0f} s, launches and checks "
+               f"{time.perf_counter() - t1:.0f} s")
     return summary, failures
