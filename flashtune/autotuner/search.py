@@ -439,6 +439,8 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
         raise ValueError(f"device: expected a CUDA device ('cuda', 'cuda:N') or 'cpu' (the interpreter), "
                          f"got {device!r}")
     interpreter = dev.type == "cpu"
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())  # the worker must name its device
     if batch is None:
         batch = 1 if interpreter else 8
     _check_count("batch", batch)

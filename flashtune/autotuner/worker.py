@@ -63,7 +63,7 @@ def _child(conn, device: str, interpreter: bool, parent_pid: int | None = None) 
 
     dev = torch.device(device)
     if dev.type == "cuda":
-        torch.cuda.set_device(dev)
+        torch.cuda.set_device(dev.index if dev.index is not None else 0)
     bench: KeyBench | None = None
     while True:
         try:

@@ -25,9 +25,9 @@ def _bwd_preprocess_kernel(O, DO, DELTA,
                            stride_ob, stride_oh, stride_on, stride_od,
                            stride_dob, stride_doh, stride_don, stride_dod,
                            H, N_Q, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr):
-    pid_bh = tl.program_id(1)
-    off_b = (pid_bh // H).to(tl.int64)
-    off_h = (pid_bh % H).to(tl.int64)
+    off_h = tl.program_id(1).to(tl.int64)
+    off_b = tl.program_id(2).to(tl.int64)
+    pid_bh = off_b * H + off_h
     offs_m = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, BLOCK_D)
     o = load_tile(O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od,
@@ -35,7 +35,7 @@ def _bwd_preprocess_kernel(O, DO, DELTA,
     do = load_tile(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don
                    + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, True, HEAD_DIM, BLOCK_D)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, delta, mask=offs_m < N_Q)
+    tl.store(DELTA + pid_bh * N_Q + offs_m, delta, mask=offs_m < N_Q)
 
 
 @triton.jit
@@ -80,9 +80,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, qk_scale,
                      H, H_KV, GROUP, N_Q, N_K,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    pid_bh = tl.program_id(1)
-    off_b = (pid_bh // H_KV).to(tl.int64)
-    off_hk = (pid_bh % H_KV).to(tl.int64)
+    off_hk = tl.program_id(1).to(tl.int64)
+    off_b = tl.program_id(2).to(tl.int64)
     start_n = tl.program_id(0) * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_mb = tl.arange(0, BLOCK_M)
@@ -162,9 +161,9 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, qk_scale,
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    off_b = (pid_bh // H).to(tl.int64)
-    off_h = (pid_bh % H).to(tl.int64)
+    off_h = tl.program_id(1).to(tl.int64)
+    off_b = tl.program_id(2).to(tl.int64)
+    pid_bh = off_b * H + off_h
     off_hk = off_h // GROUP
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -175,7 +174,7 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, qk_scale,
                   + offs_d[None, :] * stride_qd, offs_m, N_Q, offs_d, True, HEAD_DIM, BLOCK_D)
     do = load_tile(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don
                    + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, True, HEAD_DIM, BLOCK_D)
-    row = pid_bh.to(tl.int64) * N_Q
+    row = pid_bh * N_Q
     lse = tl.load(LSE + row + offs_m, mask=offs_m < N_Q, other=0.0)
     delta = tl.load(DELTA + row + offs_m, mask=offs_m < N_Q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -220,7 +219,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     pre_block = max(16, min(128, 8192 // BLOCK_D))
     _bwd_preprocess_kernel.run(
         o, do, delta, *o.stride(), *do.stride(), H, N_Q,
-        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=pre_block, grid=(triton.cdiv(N_Q, pre_block), B * H),
+        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=pre_block, grid=(triton.cdiv(N_Q, pre_block), H, B),
         warmup=compile_only)
     launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision,
                   num_warps=config.num_warps, num_stages=config.num_stages, warmup=compile_only)
@@ -228,12 +227,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         q, k, v, do, dk, dv, lse2, delta, sm_scale, sm_scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         H, H_KV, H // H_KV, N_Q, N_K,
-        BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1, grid=(triton.cdiv(N_K, config.BLOCK_N1), B * H_KV),
+        BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1, grid=(triton.cdiv(N_K, config.BLOCK_N1), H_KV, B),
         **launch)
     _bwd_dq_kernel.run(
         q, k, v, do, dq, lse2, delta, sm_scale, sm_scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         H, H // H_KV, N_Q, N_K,
-        BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(triton.cdiv(N_Q, config.BLOCK_M2), B * H),
+        BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(triton.cdiv(N_Q, config.BLOCK_M2), H, B),
         **launch)
     return dq, dk, dv

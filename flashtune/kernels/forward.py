@@ -60,9 +60,9 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, FaultFlag, qk_scale,
     if CAUSAL:
         # the last query blocks have the most keys: start them first
         pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    off_b = (pid_bh // H).to(tl.int64)
-    off_h = (pid_bh % H).to(tl.int64)
+    off_h = tl.program_id(1).to(tl.int64)
+    off_b = tl.program_id(2).to(tl.int64)
+    pid_bh = off_b * H + off_h
     off_hk = off_h // GROUP
 
     start_m = pid_m * BLOCK_M
@@ -108,7 +108,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, FaultFlag, qk_scale,
             pass
     store_tile(o_ptrs, acc.to(O.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D)
     # log-sum-exp in base 2 units of the scaled scores: lse2 = log2(sum_j 2^(s_j))
-    lse_ptrs = LSE + pid_bh.to(tl.int64) * N_Q + offs_m
+    lse_ptrs = LSE + pid_bh * N_Q + offs_m
     tl.store(lse_ptrs, m_i + tl.math.log2(l_i), mask=offs_m < N_Q)
 
 
@@ -128,7 +128,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     o = torch.empty_like(q)
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     fault_flag = torch.zeros(1, device=q.device, dtype=torch.int32) if _fault == FAULT_SPIN else lse2
-    grid = (triton.cdiv(N_Q, config.BLOCK_M), B * H)
+    grid = (triton.cdiv(N_Q, config.BLOCK_M), H, B)  # CUDA caps grid y and z at 65535
     _attn_fwd_kernel.run(
         q, k, v, o, lse2, fault_flag, sm_scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
