@@ -1,0 +1,84 @@
+"""Compile flashtune's kernels for sm_90 (H100/H200) without a GPU; print shared memory.
+
+Run as a script with TRITON_INTERPRET unset (the interpreter replaces the kernels by
+Python functions). Reads a JSON list of {"pass", "config", "head_dim", "dtype",
+"causal"} on stdin and prints one JSON line per item with the compiled kernels'
+shared memory in bytes ("shared": one number per kernel), or "skip" when this triton
+cannot compile for sm_90 here. The launches' specialisations are mimicked for
+contiguous tensors: unit head-dim strides, 16-byte aligned pointers and strides.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+TARGET = ("cuda", 90, 32)
+POINTER_TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
+
+
+def _source(fn, pointers: dict, scalars: dict, constexprs: dict):
+    from triton.compiler import ASTSource
+
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name.startswith("stride") and name.endswith("d"):
+            constexprs[name] = 1  # contiguous head dim: triton specialises a stride of 1
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in pointers:
+            signature[name] = pointers[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = scalars.get(name, "i32")
+            if name.startswith("stride"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return ASTSource(fn, signature, constexprs, attrs)
+
+
+def compile_shared(item: dict) -> list[int]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from flashtune.kernels import backward, forward
+    from flashtune.kernels.config import BwdConfig, FwdConfig, padded_head_dim
+
+    p = POINTER_TYPES[item["dtype"]]
+    D = item["head_dim"]
+    common = {"CAUSAL": item["causal"], "HEAD_DIM": D, "BLOCK_D": padded_head_dim(D),
+              "PRECISION": "tf32" if item["dtype"] == "float32" else "ieee"}
+    if item["pass"] == "fwd":
+        cfg = FwdConfig.from_dict(item["config"])
+        pointers = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32", "FaultFlag": "*fp32"}
+        kernels = [(forward._attn_fwd_kernel, pointers, {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "FAULT": 0})]
+    else:
+        cfg = BwdConfig.from_dict(item["config"])
+        pointers = {"Q": p, "K": p, "V": p, "DO": p, "LSE": "*fp32", "DELTA": "*fp32"}
+        kernels = [(backward._bwd_dkdv_kernel, {**pointers, "DK": p, "DV": p},
+                    {"BLOCK_M": cfg.BLOCK_M1, "BLOCK_N": cfg.BLOCK_N1}),
+                   (backward._bwd_dq_kernel, {**pointers, "DQ": p}, {"BLOCK_M": cfg.BLOCK_M2, "BLOCK_N": cfg.BLOCK_N2})]
+    shared = []
+    for fn, pointers, blocks in kernels:
+        src = _source(fn, pointers, {"qk_scale": "fp32", "sm_scale": "fp32"}, {**common, **blocks})
+        compiled = triton.compile(src, target=GPUTarget(*TARGET),
+                                  options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+        shared.append(int(compiled.metadata.shared))
+    return shared
+
+
+def main() -> int:
+    items = json.load(sys.stdin)
+    try:
+        import triton.backends.nvidia  # noqa: F401
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.compiler import ASTSource  # noqa: F401
+    except ImportError as e:
+        print(json.dumps({"skip": f"this triton cannot compile for sm_90 here: {e}"}))
+        return 0
+    for item in items:
+        print(json.dumps({**item, "shared": compile_shared(item)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""A config that validate() accepts on an H100/H200 must fit in its shared memory.
+
+Checked without a GPU: triton compiles the kernels for sm_90 in a child process
+(sm90_shared_memory.py) and reports each compiled kernel's shared memory, which is
+compared with the device's 232448-byte limit (what triton checks at launch, raising
+OutOfResources). Covers the sm_90 heuristic defaults at the largest head dims, and
+configs of the default search space whose estimate is close to the real need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flashtune.kernels import BwdConfig
+from flashtune.kernels import config as config_mod
+
+SM90_SHARED_MEMORY = 232448  # bytes per block, opt-in maximum of the H100/H200
+SCRIPT = pathlib.Path(__file__).with_name("sm90_shared_memory.py")
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _items():
+    fwd_table, bwd_table = config_mod.HEURISTICS[(9, 0)]
+    items = []
+    for dtype in ("bfloat16", "float32"):
+        for head_dim in (128, 256):
+            key = (DTYPES[dtype], head_dim)
+            items.append(("sm90 default", "fwd", fwd_table[key], head_dim, dtype))
+            items.append(("sm90 default", "bwd", bwd_table[key], head_dim, dtype))
+    # default search space, fp32 head_dim 256: estimated 204800 bytes (accepted)
+    items.append(("search space", "bwd", BwdConfig(64, 32, 32, 16, 4, 1), 256, "float32"))
+    items.append(("search space", "bwd", BwdConfig(64, 32, 64, 32, 8, 1), 256, "float32"))
+    return items
+
+
+def test_accepted_configs_fit_sm90_shared_memory():
+    items = _items()
+    request = [{"pass": p, "config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": True}
+               for _, p, cfg, d, dt in items]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(SCRIPT)], input=json.dumps(request), check=False,
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, f"compiling for sm_90 failed:\n{out.stderr[-3000:]}"
+    results = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    if results and "skip" in results[0]:
+        pytest.skip(results[0]["skip"])
+    assert len(results) == len(items)
+
+    too_big = []
+    for (origin, pass_, cfg, head_dim, dtype), res in zip(items, results):
+        estimate = cfg.shared_memory(head_dim, DTYPES[dtype])
+        accepted = estimate <= SM90_SHARED_MEMORY
+        print(f"{origin} {pass_} {dtype} D={head_dim} {cfg.short()}: estimate {estimate}, "
+              f"compiled {res['shared']}, accepted={accepted}")
+        if accepted and max(res["shared"]) > SM90_SHARED_MEMORY:
+            too_big.append(f"{origin} {pass_} {dtype} head_dim={head_dim} {cfg.short()}: validate() estimates "
+                           f"{estimate} bytes and accepts it, the compiled kernels need {res['shared']} "
+                           f"(limit {SM90_SHARED_MEMORY})")
+    assert not too_big, "configs accepted on sm_90 that cannot launch there:\n" + "\n".join(too_big)
+
