@@ -54,17 +54,18 @@ class Tolerance:
 def tolerance(dtype: str, device: torch.device) -> Tolerance:
     """The tolerance for one dtype name (a DTYPES key) on a device.
 
-    fp32 with tf32 dots on a GPU: each dot rounds its inputs to 10 mantissa bits, as
-    float16 does, so the bound is 2x torch's own attention error in float16 plus 1e-3
-    (LSE 2e-3); the autotuner's trials use the same rule. Under the interpreter tf32
-    dots are exact fp32 and get fp32's bound.
+    fp32 with tf32 dots on a GPU: each dot keeps 10 mantissa bits of its inputs, as
+    float16 does, but Hopper's tf32 tensor cores truncate where float16 rounds (measured
+    on the H200: 2-4x torch's float16 error), so the bound is 4x torch's own attention
+    error in float16 plus 1e-3 (LSE 5e-3); the autotuner's trials use the same rule.
+    Under the interpreter tf32 dots are exact fp32 and get fp32's bound.
     """
     if dtype == "fp16":
         return Tolerance(2.0, 1e-3, 1e-4)
     if dtype == "bf16":
         return Tolerance(2.0, 1e-2, 1e-4)
     if dtype == "fp32-tf32" and device.type == "cuda":
-        return Tolerance(2.0, 1e-3, 2e-3)
+        return Tolerance(4.0, 1e-3, 5e-3)
     return Tolerance(2.0, 1e-5, 1e-5)
 
 
