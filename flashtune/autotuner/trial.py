@@ -8,7 +8,6 @@ and times it; ``retime(configs, rounds)`` re-times finalists interleaved.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import statistics
@@ -50,6 +49,23 @@ def flops(key: TuningKey, batch: int, heads: int) -> float:
     if key.causal:
         f /= 2
     return f * (2.5 if key.pass_ == "bwd" else 1.0)
+
+
+def time_ms(fn, device: torch.device, *, quick: bool = False, grad_to_none=None) -> float:
+    """Median time of ``fn`` in ms: triton's do_bench (CUDA events, L2 flushed between
+    runs) on a GPU; wall clock under the interpreter, which is no performance figure."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100,
+                                             grad_to_none=grad_to_none, return_mode="median"))
+    fn()  # warm-up: the first call allocates
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
 
 
 def _seed(key: TuningKey) -> int:
@@ -134,18 +150,7 @@ class KeyBench:
         return worst <= 1.0, worst, worst_name
 
     def time_ms(self, fn, *, quick: bool = False) -> float:
-        """Median time of ``fn``: CUDA events with L2 flush on a GPU, wall clock under the interpreter."""
-        if self.device.type == "cuda":
-            import triton.testing
-
-            return float(triton.testing.do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100,
-                                                 return_mode="median"))
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+        return time_ms(fn, self.device, quick=quick)
 
     def run(self, config, fault: int = FAULT_NONE) -> Outcome:
         """Check ``config`` against the reference, then time it."""

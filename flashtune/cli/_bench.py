@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
-import time
 import warnings
 
 import torch
 
-from flashtune.autotuner.trial import flops, trial_shape
+from flashtune.autotuner.trial import flops, time_ms, trial_shape
 from flashtune.kernels import attention, default_config
 from flashtune.keys import TuningKey
 
@@ -95,30 +93,16 @@ def _measure_one(key: TuningKey, impl: str, device: torch.device, tuned) -> Meas
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # SDPA warns for each reason a backend cannot run
             if key.pass_ == "fwd":
-                ms = _time(lambda: run(q, k, v), device)
+                ms = time_ms(lambda: run(q, k, v), device)
             else:
                 for t in (q, k, v):
                     t.requires_grad_(True)
                 o = run(q, k, v)
-                ms = _time(lambda: o.backward(do, retain_graph=True), device, grad_to_none=(q, k, v))
+                ms = time_ms(lambda: o.backward(do, retain_graph=True), device, grad_to_none=(q, k, v))
     except RuntimeError as e:  # an SDPA backend that does not support this shape or dtype
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return Measurement(key, impl, None, None, f"unsupported: {message[:80]}")
     return Measurement(key, impl, ms, flops(key, batch, heads) / ms * 1e-9, note)
-
-
-def _time(fn, device: torch.device, grad_to_none=None) -> float:
-    if device.type == "cuda":
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, grad_to_none=grad_to_none, return_mode="median"))
-    fn()  # warm-up: the interpreter compiles nothing, but the first call allocates
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def geomean(values) -> float | None:

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import LOG2E, dot_precision, load_tile, store_tile
+from flashtune.kernels.common import LOG2E, block_offsets, dot_precision, load_tile, needs_int64, store_tile
 from flashtune.kernels.config import BwdConfig, padded_head_dim
 
 
@@ -24,12 +24,13 @@ from flashtune.kernels.config import BwdConfig, padded_head_dim
 def _bwd_preprocess_kernel(O, DO, DELTA,
                            stride_ob, stride_oh, stride_on, stride_od,
                            stride_dob, stride_doh, stride_don, stride_dod,
-                           H, N_Q, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr):
+                           H, N_Q, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
+                           INT64: tl.constexpr):
     off_h = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
     pid_bh = off_b * H + off_h
-    offs_m = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_m = block_offsets(tl.program_id(0) * BLOCK, BLOCK, INT64)
+    offs_d = block_offsets(0, BLOCK_D, INT64)
     o = load_tile(O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od,
                   offs_m, N_Q, offs_d, True, HEAD_DIM, BLOCK_D)
     do = load_tile(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don
@@ -79,13 +80,13 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, qk_scale,
                      stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                      H, H_KV, GROUP, N_Q, N_K,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr):
     off_hk = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
     start_n = tl.program_id(0) * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_mb = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = block_offsets(start_n, BLOCK_N, INT64)
+    offs_mb = block_offsets(0, BLOCK_M, INT64)
+    offs_d = block_offsets(0, BLOCK_D, INT64)
 
     k = load_tile(K + off_b * stride_kb + off_hk * stride_kh + offs_n[:, None] * stride_kn
                   + offs_d[None, :] * stride_kd, offs_n, N_K, offs_d, True, HEAD_DIM, BLOCK_D)
@@ -157,7 +158,7 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, qk_scale,
                    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
                    H, GROUP, N_Q, N_K,
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -166,9 +167,9 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, qk_scale,
     pid_bh = off_b * H + off_h
     off_hk = off_h // GROUP
     start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_nb = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_m = block_offsets(start_m, BLOCK_M, INT64)
+    offs_nb = block_offsets(0, BLOCK_N, INT64)
+    offs_d = block_offsets(0, BLOCK_D, INT64)
 
     q = load_tile(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qn
                   + offs_d[None, :] * stride_qd, offs_m, N_Q, offs_d, True, HEAD_DIM, BLOCK_D)
@@ -217,11 +218,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     delta = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
 
     pre_block = max(16, min(128, 8192 // BLOCK_D))
+    int64 = needs_int64(q, k, v, o, do, dq, dk, dv)
     _bwd_preprocess_kernel.run(
         o, do, delta, *o.stride(), *do.stride(), H, N_Q,
-        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=pre_block, grid=(triton.cdiv(N_Q, pre_block), H, B),
+        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=pre_block, INT64=int64, grid=(triton.cdiv(N_Q, pre_block), H, B),
         warmup=compile_only)
-    launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision,
+    launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
                   num_warps=config.num_warps, num_stages=config.num_stages, warmup=compile_only)
     _bwd_dkdv_kernel.run(
         q, k, v, do, dk, dv, lse2, delta, sm_scale, sm_scale * LOG2E,

@@ -23,6 +23,20 @@ def dot_precision(dtype: torch.dtype, fp32_precision: str) -> str:
     return fp32_precision if dtype == torch.float32 else "ieee"
 
 
+def needs_int64(*tensors: torch.Tensor) -> bool:
+    """Whether an element offset inside one of the tensors may pass int32."""
+    return any(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) >= 2**31 - 1 for t in tensors)
+
+
+@triton.jit
+def block_offsets(start, BLOCK: tl.constexpr, INT64: tl.constexpr):
+    """start + arange(BLOCK), in int64 when offsets times strides may pass int32."""
+    offs = start + tl.arange(0, BLOCK)
+    if INT64:
+        offs = offs.to(tl.int64)
+    return offs
+
+
 @triton.jit
 def load_tile(ptrs, rows, n_rows, cols, CHECK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """Load a [rows, BLOCK_D] tile, zero-filling rows past n_rows and the head-dim padding."""

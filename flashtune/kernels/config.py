@@ -59,7 +59,7 @@ def _check_block(name: str, value: Any) -> None:
 
 
 def _check_launch(num_warps: Any, num_stages: Any) -> None:
-    if not isinstance(num_warps, int) or num_warps not in NUM_WARPS:
+    if not isinstance(num_warps, int) or isinstance(num_warps, bool) or num_warps not in NUM_WARPS:
         raise ConfigError(f"num_warps: expected one of {NUM_WARPS}, got {num_warps!r}")
     if not isinstance(num_stages, int) or isinstance(num_stages, bool) or not 1 <= num_stages <= MAX_STAGES:
         raise ConfigError(f"num_stages: expected an integer in [1, {MAX_STAGES}], got {num_stages!r}")
@@ -164,10 +164,15 @@ class BwdConfig(_ConfigBase):
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         d, e = padded_head_dim(head_dim), _element_size(dtype)
-        # held tiles + num_stages buffers of the two walked tiles + the fp32 scratch of
-        # the transposed score block
-        dkdv = e * d * (2 * self.BLOCK_N1 + 2 * self.num_stages * self.BLOCK_M1) + 4 * self.BLOCK_M1 * self.BLOCK_N1
-        dq = e * d * (2 * self.BLOCK_M2 + 2 * self.num_stages * self.BLOCK_N2) + 4 * self.BLOCK_M2 * self.BLOCK_N2
+        # Each kernel: its two held tiles, num_stages buffers of the two walked tiles, and
+        # layout-conversion scratch for the fp32 score block, which grows with the warps
+        # for fp32 inputs. An upper bound of what Triton 3.6 allocated for sm_90 in every
+        # config compiled so far (tests/kernels/sm90_shared_memory.py, 2026-11-30).
+        scratch = max(9, self.num_warps + 1) if e == 4 else 2
+        dkdv = e * d * (2 * self.BLOCK_N1 + 2 * self.num_stages * self.BLOCK_M1) \
+            + 4 * self.BLOCK_M1 * self.BLOCK_N1 * scratch
+        dq = e * d * (2 * self.BLOCK_M2 + 2 * self.num_stages * self.BLOCK_N2) \
+            + 4 * self.BLOCK_M2 * self.BLOCK_N2 * scratch
         return max(dkdv, dq)
 
     def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "BwdConfig":

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import LOG2E, dot_precision, load_tile, store_tile
+from flashtune.kernels.common import LOG2E, block_offsets, dot_precision, load_tile, needs_int64, store_tile
 from flashtune.kernels.config import FwdConfig, padded_head_dim
 
 # Test-only fault injection for the autotuner's isolation tests.
@@ -55,7 +55,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, FaultFlag, qk_scale,
                      H, GROUP, N_Q, N_K,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                     FAULT: tl.constexpr):
+                     INT64: tl.constexpr, FAULT: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         # the last query blocks have the most keys: start them first
@@ -66,9 +66,9 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, FaultFlag, qk_scale,
     off_hk = off_h // GROUP
 
     start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_nb = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_m = block_offsets(start_m, BLOCK_M, INT64)
+    offs_nb = block_offsets(0, BLOCK_N, INT64)
+    offs_d = block_offsets(0, BLOCK_D, INT64)
 
     q_base = Q + off_b * stride_qb + off_h * stride_qh + offs_d[None, :] * stride_qd
     k_base = K + off_b * stride_kb + off_hk * stride_kh + offs_d[None, :] * stride_kd
@@ -135,7 +135,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
         H, H // k.shape[1], N_Q, N_K,
         CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=padded_head_dim(D),
         BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
-        PRECISION=dot_precision(q.dtype, fp32_precision), FAULT=_fault,
+        PRECISION=dot_precision(q.dtype, fp32_precision), INT64=needs_int64(q, k, v, o), FAULT=_fault,
         num_warps=config.num_warps, num_stages=config.num_stages,
         grid=grid, warmup=compile_only,
     )

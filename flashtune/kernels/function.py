@@ -84,7 +84,10 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config) -> tuple[FwdConfig,
         elif not isinstance(cfg, cls):
             raise TypeError(f"{name}: expected a {cls.__name__} or None, got {type(cfg).__name__}")
         else:
-            resolved.append(_validated(cfg, D, dtype, device))
+            try:
+                resolved.append(_validated(cfg, D, dtype, device))
+            except TypeError:  # an unhashable field: validate() names it
+                resolved.append(cfg.validate(D, dtype, device))
     return resolved[0], resolved[1]
 
 

@@ -22,16 +22,6 @@ from flashtune.keys import GpuInfo, TuningKey  # noqa: E402
 from flashtune.provenance import current_provenance  # noqa: E402
 from flashtune.store import Store, StoredResult  # noqa: E402
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-# Triton 3.6's interpreter trips numpy's array -> scalar deprecation on every index.
-_INTERPRETER_NOISE = "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if str(item.path).startswith(_HERE):
-            item.add_marker(pytest.mark.filterwarnings(_INTERPRETER_NOISE))
-
 
 @pytest.fixture(autouse=True)
 def _fresh_dispatcher(tmp_path, monkeypatch):

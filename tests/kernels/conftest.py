@@ -20,18 +20,6 @@ from flashtune.kernels import common  # imports triton: after the env set-up
 SEED = 20261129
 
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-# Triton 3.6's interpreter trips numpy's deprecation of array -> scalar conversion on
-# every index: thousands of warnings per run that say nothing about flashtune.
-_INTERPRETER_NOISE = "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if str(item.path).startswith(_HERE):
-            item.add_marker(pytest.mark.filterwarnings(_INTERPRETER_NOISE))
-
-
 def pytest_runtest_setup(item):
     if item.get_closest_marker("gpu") is not None and not HAS_CUDA:
         pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False")

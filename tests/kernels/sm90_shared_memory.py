@@ -46,7 +46,7 @@ def compile_shared(item: dict) -> list[int]:
     p = POINTER_TYPES[item["dtype"]]
     D = item["head_dim"]
     common = {"CAUSAL": item["causal"], "HEAD_DIM": D, "BLOCK_D": padded_head_dim(D),
-              "PRECISION": "tf32" if item["dtype"] == "float32" else "ieee"}
+              "PRECISION": "tf32" if item["dtype"] == "float32" else "ieee", "INT64": False}
     if item["pass"] == "fwd":
         cfg = FwdConfig.from_dict(item["config"])
         pointers = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32", "FaultFlag": "*fp32"}
