@@ -2,9 +2,10 @@
 
 - ``resolve_url``: a SQLAlchemy URL from a URL, a file path, or nothing (``FLASHTUNE_DB``,
   else ``<user data dir>/flashtune/tuned.db``).
-- ``create_store_engine``: an engine; on SQLite every connection gets WAL, a busy
-  timeout and foreign keys, and flashtune emits BEGIN itself (IMMEDIATE for writes), so
-  two writers queue on the lock instead of failing half-way.
+- ``create_store_engine``: an engine; on SQLite every connection gets a busy timeout
+  and foreign keys, and flashtune emits BEGIN itself (IMMEDIATE for writes), so two
+  writers queue on the lock instead of failing half-way.
+- ``use_wal``: WAL mode for a SQLite file once it is known to be a flashtune store.
 - ``transaction``: one session, one transaction; commits, rolls back and closes, and
   turns driver errors into ``StoreError`` with the cause chained.
 """
@@ -114,11 +115,25 @@ def _configure_sqlite_connection(dbapi_connection, _record) -> None:
     try:
         cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys = ON")
-        # journal_mode is stored in the file: set it once, so opening never writes.
-        if cursor.execute("PRAGMA journal_mode").fetchone()[0] not in ("wal", "memory"):
-            cursor.execute("PRAGMA journal_mode = WAL")
     finally:
         cursor.close()
+
+
+def use_wal(engine: sa.Engine) -> None:
+    """Put a SQLite store in WAL mode (readers never wait for the writer).
+
+    journal_mode is stored in the file, so this runs once the file is known to be a
+    flashtune store: opening some other SQLite file by mistake leaves it as it was."""
+    if engine.dialect.name != "sqlite":
+        return
+    raw = engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        if cursor.execute("PRAGMA journal_mode").fetchone()[0] not in ("wal", "memory"):
+            cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+    finally:
+        raw.close()
 
 
 def _begin_sqlite_transaction(connection: sa.Connection) -> None:

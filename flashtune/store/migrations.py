@@ -14,7 +14,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from flashtune.store.engine import create_store_engine, resolve_url, show_url, sqlite_path, transaction
+from flashtune.store.engine import (create_store_engine, resolve_url, show_url, sqlite_path, transaction, use_wal,
+                                    wrap_errors)
 from flashtune.store.errors import SchemaBehindError, SchemaNewerError, StoreError
 
 VERSION_TABLE = "flashtune_alembic_version"
@@ -129,7 +130,10 @@ def upgrade(url: str | os.PathLike | None = None, revision: str = "head") -> str
     resolved = resolve_url(url)
     engine = create_store_engine(resolved)
     try:
-        return migrate(engine, resolved, revision)
+        revision = migrate(engine, resolved, revision)
+        with wrap_errors(f"upgrade {show_url(resolved)}"):
+            use_wal(engine)
+        return revision
     finally:
         engine.dispose()
 

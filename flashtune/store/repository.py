@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 
 from flashtune.keys import GpuInfo, TuningKey
 from flashtune.provenance import Provenance
-from flashtune.store.engine import create_store_engine, resolve_url, show_url, sqlite_path, transaction
+from flashtune.store.engine import (create_store_engine, resolve_url, show_url, sqlite_path, transaction, use_wal,
+                                    wrap_errors)
 from flashtune.store.errors import StoreError
 from flashtune.store.migrations import database_revision, head_revision, migrate, schema_error
 from flashtune.store.models import KEY_COLUMNS, TRIAL_STATUSES, Gpu, Trial, TunedResult, utcnow
@@ -73,13 +74,14 @@ class Store:
         where = show_url(self.url)
         with transaction(self._engine, f"open the store at {where}") as session:
             revision = database_revision(session.connection())
-        if revision == head_revision():
-            return
-        if revision is not None:
+        if revision is not None and revision != head_revision():
             raise schema_error(revision, self.url)
-        if not create:
-            raise StoreError(f"the database at {where} holds no flashtune store")
-        migrate(self._engine, self.url)  # under a lock: finds the work done if another process did it
+        if revision is None:
+            if not create:
+                raise StoreError(f"the database at {where} holds no flashtune store")
+            migrate(self._engine, self.url)  # under a lock: finds the work done if another process did it
+        with wrap_errors(f"open the store at {where}"):
+            use_wal(self._engine)
 
     def _transaction(self, action: str, *, write: bool = False):
         return transaction(self._engine, action, write=write)

@@ -63,13 +63,30 @@ def test_a_percent_sign_in_the_path_survives_alembic(tmp_path):
 # -- SQLite connections ---------------------------------------------------------------------
 
 
-def test_sqlite_connections_get_wal_foreign_keys_and_busy_timeout(tmp_path):
+def test_sqlite_connections_get_foreign_keys_and_busy_timeout_and_stores_wal(tmp_path):
     engine = create_store_engine(resolve_url(tmp_path / "x.db"))
     with engine.connect() as connection:
-        values = [connection.exec_driver_sql(f"PRAGMA {name}").scalar()
-                  for name in ("journal_mode", "foreign_keys", "busy_timeout")]
-        assert values == ["wal", 1, store_engine.BUSY_TIMEOUT_MS]
+        values = [connection.exec_driver_sql(f"PRAGMA {name}").scalar() for name in ("foreign_keys", "busy_timeout")]
+        assert values == [1, store_engine.BUSY_TIMEOUT_MS]
     engine.dispose()
+    Store(tmp_path / "opened.db").close()  # a new store, created on open
+    upgrade(tmp_path / "upgraded.db")  # a new store, created by `flashtune db upgrade`
+    for path in (tmp_path / "opened.db", tmp_path / "upgraded.db"):
+        with sqlite3.connect(path) as connection:
+            assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_foreign_sqlite_file_keeps_its_journal_mode(tmp_path):
+    """Pointing flashtune at some other SQLite database by mistake changes nothing in it."""
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE notes (body TEXT)")
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match="holds no flashtune store"):
+        Store(path, create=False)
+    with sqlite3.connect(path) as connection:
+        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert path.read_bytes() == before
 
 
 def test_sqlite_writes_take_the_lock_at_begin_and_reads_do_not(tmp_path):
