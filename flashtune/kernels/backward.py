@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import LOG2E, block_offsets, dot_precision, load_tile, needs_int64, store_tile
+from flashtune.kernels.common import (LOG2E, block_offsets, dot_precision, load_tile, needs_int64, on_device,
+                                      store_tile)
 from flashtune.kernels.config import BwdConfig, padded_head_dim
 
 
@@ -219,22 +220,23 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
     pre_block = max(16, min(128, 8192 // BLOCK_D))
     int64 = needs_int64(q, k, v, o, do, dq, dk, dv)
-    _bwd_preprocess_kernel.run(
-        o, do, delta, *o.stride(), *do.stride(), H, N_Q,
-        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=pre_block, INT64=int64, grid=(triton.cdiv(N_Q, pre_block), H, B),
-        warmup=compile_only)
-    launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
-                  num_warps=config.num_warps, num_stages=config.num_stages, warmup=compile_only)
-    _bwd_dkdv_kernel.run(
-        q, k, v, do, dk, dv, lse2, delta, sm_scale, sm_scale * LOG2E,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        H, H_KV, H // H_KV, N_Q, N_K,
-        BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1, grid=(triton.cdiv(N_K, config.BLOCK_N1), H_KV, B),
-        **launch)
-    _bwd_dq_kernel.run(
-        q, k, v, do, dq, lse2, delta, sm_scale, sm_scale * LOG2E,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        H, H // H_KV, N_Q, N_K,
-        BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(triton.cdiv(N_Q, config.BLOCK_M2), H, B),
-        **launch)
+    with on_device(q):
+        _bwd_preprocess_kernel.run(
+            o, do, delta, *o.stride(), *do.stride(), H, N_Q,
+            HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=pre_block, INT64=int64, grid=(triton.cdiv(N_Q, pre_block), H, B),
+            warmup=compile_only)
+        launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
+                      num_warps=config.num_warps, num_stages=config.num_stages, warmup=compile_only)
+        _bwd_dkdv_kernel.run(
+            q, k, v, do, dk, dv, lse2, delta, sm_scale, sm_scale * LOG2E,
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+            H, H_KV, H // H_KV, N_Q, N_K,
+            BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1, grid=(triton.cdiv(N_K, config.BLOCK_N1), H_KV, B),
+            **launch)
+        _bwd_dq_kernel.run(
+            q, k, v, do, dq, lse2, delta, sm_scale, sm_scale * LOG2E,
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+            H, H // H_KV, N_Q, N_K,
+            BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(triton.cdiv(N_Q, config.BLOCK_M2), H, B),
+            **launch)
     return dq, dk, dv

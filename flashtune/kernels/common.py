@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -21,6 +22,13 @@ PRECISIONS = ("tf32", "ieee")
 def dot_precision(dtype: torch.dtype, fp32_precision: str) -> str:
     """The tl.dot input precision: only fp32 inputs have a choice."""
     return fp32_precision if dtype == torch.float32 else "ieee"
+
+
+def on_device(t: torch.Tensor):
+    """A context that makes ``t``'s CUDA device current: triton launches on the current one."""
+    if t.device.type == "cuda" and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
 
 
 def needs_int64(*tensors: torch.Tensor) -> bool:

@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import LOG2E, block_offsets, dot_precision, load_tile, needs_int64, store_tile
+from flashtune.kernels.common import (LOG2E, block_offsets, dot_precision, load_tile, needs_int64, on_device,
+                                      store_tile)
 from flashtune.kernels.config import FwdConfig, padded_head_dim
 
 # Test-only fault injection for the autotuner's isolation tests.
@@ -129,14 +130,15 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     fault_flag = torch.zeros(1, device=q.device, dtype=torch.int32) if _fault == FAULT_SPIN else lse2
     grid = (triton.cdiv(N_Q, config.BLOCK_M), H, B)  # CUDA caps grid y and z at 65535
-    _attn_fwd_kernel.run(
-        q, k, v, o, lse2, fault_flag, sm_scale * LOG2E,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, H // k.shape[1], N_Q, N_K,
-        CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=padded_head_dim(D),
-        BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
-        PRECISION=dot_precision(q.dtype, fp32_precision), INT64=needs_int64(q, k, v, o), FAULT=_fault,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-        grid=grid, warmup=compile_only,
-    )
+    with on_device(q):
+        _attn_fwd_kernel.run(
+            q, k, v, o, lse2, fault_flag, sm_scale * LOG2E,
+            *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+            H, H // k.shape[1], N_Q, N_K,
+            CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=padded_head_dim(D),
+            BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
+            PRECISION=dot_precision(q.dtype, fp32_precision), INT64=needs_int64(q, k, v, o), FAULT=_fault,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+            grid=grid, warmup=compile_only,
+        )
     return o, lse2

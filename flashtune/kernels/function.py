@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import torch
 
@@ -53,12 +54,13 @@ def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32")
         raise ValueError(f"k: the number of query heads ({Hq}) must be a multiple of the number of key/value "
                          f"heads ({k.shape[1]})")
     if not isinstance(causal, bool):
-        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+        kind = type(causal)
+        raise TypeError(f"causal: expected a bool, got {kind.__module__}.{kind.__qualname__} {causal!r}")
     if fp32_precision not in PRECISIONS:
         raise ValueError(f"fp32_precision: expected one of {PRECISIONS}, got {fp32_precision!r}")
     if sm_scale is None:
         return 1.0 / math.sqrt(D)
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale):
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale):
         raise ValueError(f"sm_scale: expected a finite number, got {sm_scale!r}")
     return float(sm_scale)
 
@@ -124,7 +126,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     this GPU. float32 inputs use tf32 tensor-core dots unless ``fp32_precision="ieee"``.
 
     Returns o, or (o, lse) with ``return_lse=True``: lse is (batch, heads_q, seq_q) float32,
-    the natural-log log-sum-exp of the scaled scores of each query row.
+    the natural-log log-sum-exp of the scaled scores of each query row. Gradients flow
+    through o only: lse is returned for inspection and is not differentiable.
     """
     scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, fp32_precision=fp32_precision)
     fwd, bwd = resolve_configs(q, fwd_config, bwd_config)

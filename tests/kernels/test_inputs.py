@@ -172,6 +172,20 @@ def test_bad_sm_scale(scale):
         attention(*qkv(), sm_scale=scale)
 
 
+def test_numpy_scalar_sm_scale_is_a_number():
+    import numpy as np
+
+    q, k, v = qkv()
+    torch.testing.assert_close(attention(q, k, v, sm_scale=np.float32(0.5)), attention(q, k, v, sm_scale=0.5))
+
+
+def test_a_numpy_bool_causal_is_named_in_the_error():
+    import numpy as np
+
+    with raises(TypeError, "causal:", "expected a bool", "numpy"):
+        attention(*qkv(), causal=np.bool_(True))
+
+
 @pytest.mark.parametrize("precision", ["fp32", "TF32", "highest", None, ""], ids=repr)
 def test_bad_fp32_precision(precision):
     with raises(ValueError, "fp32_precision:", "'tf32'", "'ieee'"):
