@@ -102,10 +102,13 @@ class FlashAttentionFunction(torch.autograd.Function):
         ctx.causal, ctx.sm_scale = causal, sm_scale
         ctx.bwd_config, ctx.fp32_precision = bwd_config, fp32_precision
         ctx.mark_non_differentiable(lse2)
+        ctx.set_materialize_grads(False)  # lse2 has no gradient: no zero tensor per backward
         return o, lse2
 
     @staticmethod
     def backward(ctx, do, _dlse2):
+        if do is None:  # o took no part in the loss
+            return (None,) * 8
         q, k, v, o, lse2 = ctx.saved_tensors
         dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.bwd_config, causal=ctx.causal,
                                         sm_scale=ctx.sm_scale, fp32_precision=ctx.fp32_precision)
