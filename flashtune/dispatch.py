@@ -59,7 +59,7 @@ from flashtune.kernels import (
     default_config,
 )
 from flashtune.keys import GpuInfo, dtype_name
-from flashtune.provenance import kernel_source_hash
+from flashtune.provenance import is_current, kernel_source_hash
 from flashtune.store import ENV_VAR, Store, default_path, resolve_url
 from flashtune.store.engine import show_url
 
@@ -181,15 +181,14 @@ def _read_results(url, gpu: str) -> list:
 
 
 def _warn_if_stale(results, where: str, gpu: str) -> None:
-    ours = (kernel_source_hash(), triton.__version__)
-    stale = [r for r in results if (r.provenance.kernel_hash, r.provenance.triton_version) != ours]
+    stale = [r for r in results if not is_current(r.provenance)]
     if stale:
         theirs = sorted({f"kernel {r.provenance.kernel_hash} with triton {r.provenance.triton_version}"
                          for r in stale})
         _warn_once(f"{len(stale)} of {len(results)} tuned configs for {gpu} in {where} were tuned under another "
-                   f"kernel source or Triton version ({'; '.join(theirs)}; this flashtune: kernel {ours[0]} with "
-                   f"triton {ours[1]}). They are served as they are; re-time them with "
-                   f"`flashtune search --revalidate --db {where}`")
+                   f"kernel source or Triton version ({'; '.join(theirs)}; this flashtune: kernel "
+                   f"{kernel_source_hash()} with triton {triton.__version__}). They are served as they are; "
+                   f"re-time them with `flashtune search --revalidate --db {where}`")
 
 
 def _shared_table(url, device: torch.device, since: int) -> TunedTable:

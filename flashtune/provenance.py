@@ -23,6 +23,18 @@ def kernel_source_hash() -> str:
     return h.hexdigest()[:16]
 
 
+def is_current(provenance: "Provenance") -> bool:
+    """Whether a row was tuned with this flashtune's kernel sources and this triton
+    (read from the installed metadata: no triton import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        triton_version = version("triton")
+    except PackageNotFoundError:
+        triton_version = ""
+    return provenance.kernel_hash == kernel_source_hash() and provenance.triton_version == triton_version
+
+
 def _driver_version() -> str:
     try:
         import torch

@@ -143,14 +143,13 @@ class _KeySearch:
     """The search of one key; the study, the store and the worker are shared."""
 
     def __init__(self, key, *, store, storage, worker, gpu, provenance, device, trials, timeout, trial_timeout,
-                 finalists, rounds, seed, faults, progress, batch, revalidate=False):
+                 finalists, rounds, seed, faults, batch, revalidate=False):
         import optuna
 
         self.key, self.store, self.worker, self.gpu = key, store, worker, gpu
         self.provenance, self.trials, self.timeout = provenance, trials, timeout
         self.trial_timeout, self.finalists, self.rounds = trial_timeout, finalists, rounds
         self.faults = faults or {}
-        self.progress = progress
         self.batch = batch
         self.revalidate = revalidate
         cls, space = SPACES[key.pass_]
@@ -467,7 +466,7 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
                 ks = _KeySearch(key, store=store, storage=optuna_storage, worker=worker, gpu=gpu,
                                 provenance=provenance, device=dev, trials=trials, timeout=timeout,
                                 trial_timeout=trial_timeout, finalists=finalists, rounds=rounds, seed=seed,
-                                faults=faults, progress=bar, batch=batch, revalidate=revalidate)
+                                faults=faults, batch=batch, revalidate=revalidate)
                 done = ks.study.user_attrs.get("finalized_trials")
                 if not (force or revalidate) and done is not None and done >= min(trials, len(ks.valid)):
                     bar.advance_key(key, trials)

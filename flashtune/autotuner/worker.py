@@ -59,7 +59,7 @@ def _child(conn, device: str, interpreter: bool, parent_pid: int | None = None) 
 
     from flashtune.autotuner.outcome import is_fatal
     from flashtune.autotuner.trial import KeyBench
-    from flashtune.kernels.config import BwdConfig, FwdConfig
+    from flashtune.store.records import config_class
 
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -76,13 +76,12 @@ def _child(conn, device: str, interpreter: bool, parent_pid: int | None = None) 
                 bench = KeyBench(args["key"], dev)
                 reply: Any = bench.describe()
             elif op == "run":
-                cls = FwdConfig if args["pass"] == "fwd" else BwdConfig
-                reply = bench.run(cls(**args["config"]), args.get("fault", 0))
+                reply = bench.run(config_class(args["pass"])(**args["config"]), args.get("fault", 0))
             elif op == "precompile":
-                cls = FwdConfig if args["pass"] == "fwd" else BwdConfig
+                cls = config_class(args["pass"])
                 reply = bench.precompile([cls(**c) for c in args["configs"]], args["faults"], args["threads"])
             elif op == "retime":
-                cls = FwdConfig if args["pass"] == "fwd" else BwdConfig
+                cls = config_class(args["pass"])
                 reply = bench.retime([cls(**c) for c in args["configs"]], args["rounds"])
             elif op == "exit":
                 return

@@ -54,12 +54,12 @@ def _iso(moment) -> str | None:
 
 
 def _stale_note(results) -> str | None:
-    from flashtune.provenance import kernel_source_hash
+    from flashtune.provenance import is_current
 
-    stale = sum(r.provenance.kernel_hash != kernel_source_hash() for r in results)
+    stale = sum(not is_current(r.provenance) for r in results)
     if not stale:
         return None
-    return (f"note: {stale} of {len(results)} results were tuned with other kernel sources; "
+    return (f"note: {stale} of {len(results)} results were tuned with other kernel sources or another triton; "
             "`flashtune search --revalidate` re-times them")
 
 
