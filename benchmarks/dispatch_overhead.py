@@ -75,6 +75,7 @@ def make_calls(args, device):
 
     import flashtune
     from flashtune.kernels import attention_backward, attention_forward
+    from flashtune.kernels.common import torch_fp32_precision
 
     dtype = getattr(torch, args.dtype)
     shape = (args.batch, args.heads, args.seq_len, args.head_dim)
@@ -87,8 +88,7 @@ def make_calls(args, device):
     fwd, bwd = choice.fwd_config, choice.bwd_config
     if fwd is None:
         raise SystemExit(f"the tuned callable would not run flashtune's kernels here: {choice.fwd_source}")
-    # the precision the tuned callable picks for fp32 (tf32 unless torch's is "highest")
-    precision = "tf32" if torch.get_float32_matmul_precision() != "highest" else "ieee"
+    precision = torch_fp32_precision(dtype)  # what the tuned callable picks
 
     def grads(attend):
         def call():

@@ -58,6 +58,7 @@ from flashtune.kernels import (
     check_inputs,
     default_config,
 )
+from flashtune.kernels.common import torch_fp32_precision
 from flashtune.keys import GpuInfo, dtype_name
 from flashtune.provenance import is_current, kernel_source_hash
 from flashtune.store import ENV_VAR, Store, default_path, resolve_url
@@ -273,9 +274,7 @@ class TunedAttention:
             return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                                   is_causal=is_causal, scale=scale, **extra)
         fwd, bwd = plan.choice.fwd_config, plan.choice.bwd_config
-        precision = "ieee"
-        if query.dtype is torch.float32 and torch.get_float32_matmul_precision() != "highest":
-            precision = "tf32"
+        precision = torch_fp32_precision(query.dtype)
         if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
             return FlashAttentionFunction.apply(query, key, value, is_causal, plan.sm_scale, fwd, bwd, precision)[0]
         # nothing to differentiate: the launcher alone, without autograd's cost per call

@@ -18,6 +18,7 @@ import torch
 
 from flashtune.autotuner.trial import flops, time_ms, trial_shape
 from flashtune.kernels import attention, default_config
+from flashtune.kernels.common import torch_fp32_precision
 from flashtune.keys import TuningKey
 
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
@@ -54,11 +55,6 @@ def measure(keys, impls, device: str, *, db=None, on_result=None) -> list[Measur
     return out
 
 
-def _precision(dtype: torch.dtype) -> str:
-    # as the dispatcher does: fp32 follows torch's matmul precision setting
-    return "tf32" if dtype is torch.float32 and torch.get_float32_matmul_precision() != "highest" else "ieee"
-
-
 def _measure_one(key: TuningKey, impl: str, device: torch.device, tuned) -> Measurement:
     batch, heads = trial_shape(key, device.type != "cuda")
     dtype = getattr(torch, key.dtype)
@@ -79,7 +75,7 @@ def _measure_one(key: TuningKey, impl: str, device: torch.device, tuned) -> Meas
 
         def run(q, k, v):
             return attention(q, k, v, causal=key.causal, fwd_config=fwd, bwd_config=bwd,
-                             fp32_precision=_precision(dtype))
+                             fp32_precision=torch_fp32_precision(dtype))
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -19,6 +19,12 @@ LN2 = math.log(2.0)
 PRECISIONS = ("tf32", "ieee")
 
 
+def torch_fp32_precision(dtype: torch.dtype) -> str:
+    """The fp32_precision that follows torch's matmul setting, as SDPA's fp32 matmuls do:
+    "tf32" unless ``torch.get_float32_matmul_precision()`` is "highest" (torch's default)."""
+    return "tf32" if dtype is torch.float32 and torch.get_float32_matmul_precision() != "highest" else "ieee"
+
+
 def dot_precision(dtype: torch.dtype, fp32_precision: str) -> str:
     """The tl.dot input precision: only fp32 inputs have a choice."""
     return fp32_precision if dtype == torch.float32 else "ieee"
