@@ -79,7 +79,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, qk_scale,
                      stride_dob, stride_doh, stride_don, stride_dod,
                      stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                      stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                     H, H_KV, GROUP, N_Q, N_K,
+                     H, GROUP, N_Q, N_K,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr):
     off_hk = tl.program_id(1).to(tl.int64)
@@ -230,7 +230,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         _bwd_dkdv_kernel.run(
             q, k, v, do, dk, dv, lse2, delta, sm_scale, sm_scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-            H, H_KV, H // H_KV, N_Q, N_K,
+            H, H // H_KV, N_Q, N_K,
             BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1, grid=(triton.cdiv(N_K, config.BLOCK_N1), H_KV, B),
             **launch)
         _bwd_dq_kernel.run(
