@@ -119,7 +119,8 @@ def open_storage(storage, store_url):
 
 
 def _config_id(cfg) -> tuple:
-    return tuple(sorted(cfg.to_dict().items()))
+    """Identity of a launch: configs that differ only in fields it does not use are one."""
+    return tuple(sorted(cfg.canonical().to_dict().items()))
 
 
 @contextlib.contextmanager

@@ -41,10 +41,11 @@ def _bwd_preprocess_kernel(O, DO, DELTA,
 
 
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_base, delta_base,
+def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_base, delta_base, dqa_base,
                     offs_n, offs_mb, offs_d, lo, hi, N_Q, N_K, qk_scale,
                     MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+                    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+                    ATOMIC_DQ: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_mb
         q = load_tile(q_base + offs_m[:, None] * stride_qn, offs_m, N_Q, offs_d, MASK, HEAD_DIM, BLOCK_D)
@@ -66,13 +67,21 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
         else:
             delta = tl.load(delta_base + offs_m)
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
+        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+        dk = tl.dot(ds_t, q, dk, input_precision=PRECISION)
+        if ATOMIC_DQ:
+            # this key block's share of dQ (unscaled), added into the fp32 accumulator
+            dq = tl.dot(tl.trans(ds_t), k, input_precision=PRECISION)
+            dq_ptrs = dqa_base + offs_m[:, None] * BLOCK_D + offs_d[None, :]
+            if MASK:
+                tl.atomic_add(dq_ptrs, dq, mask=offs_m[:, None] < N_Q, sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, qk_scale,
+def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, sm_scale, qk_scale,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -81,7 +90,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, qk_scale,
                      stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                      H, GROUP, N_Q, N_K,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
+                     ATOMIC_DQ: tl.constexpr):
     off_hk = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
     start_n = tl.program_id(0) * BLOCK_N
@@ -112,15 +122,16 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sm_scale, qk_scale,
         q_base = Q + off_b * stride_qb + off_h * stride_qh + offs_d[None, :] * stride_qd
         do_base = DO + off_b * stride_dob + off_h * stride_doh + offs_d[None, :] * stride_dod
         row = (off_b * H + off_h) * N_Q
+        dqa_base = DQA + row * BLOCK_D
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
-                                 offs_n, offs_mb, offs_d, first * BLOCK_M, diag_end * BLOCK_M, N_Q, N_K, qk_scale,
-                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
+                                 dqa_base, offs_n, offs_mb, offs_d, first * BLOCK_M, diag_end * BLOCK_M, N_Q, N_K, qk_scale,
+                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
-                                 offs_n, offs_mb, offs_d, diag_end * BLOCK_M, tail * BLOCK_M, N_Q, N_K, qk_scale,
-                                 False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
+                                 dqa_base, offs_n, offs_mb, offs_d, diag_end * BLOCK_M, tail * BLOCK_M, N_Q, N_K, qk_scale,
+                                 False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
-                                 offs_n, offs_mb, offs_d, tail * BLOCK_M, n_blocks * BLOCK_M, N_Q, N_K, qk_scale,
-                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)
+                                 dqa_base, offs_n, offs_mb, offs_d, tail * BLOCK_M, n_blocks * BLOCK_M, N_Q, N_K, qk_scale,
+                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ)
 
     dk = dk * sm_scale
     store_tile(DK + off_b * stride_dkb + off_hk * stride_dkh + offs_n[:, None] * stride_dkn
@@ -210,6 +221,10 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
     ``lse2`` is the forward's base-2 log-sum-exp. Returns (dq, dk, dv) in the layouts
     and dtypes of q, k and v.
+
+    With ``config.atomic_dq`` the dK/dV kernel also accumulates dQ (fp32 atomic adds into
+    a zeroed buffer, scaled and cast at the end) and the dQ kernel does not run, unless
+    torch's deterministic algorithms are on.
     """
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
@@ -217,9 +232,12 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     precision = dot_precision(q.dtype, fp32_precision)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    atomic_dq = bool(config.atomic_dq) and not torch.are_deterministic_algorithms_enabled()
+    # dQ accumulator of the atomic mode, padded to BLOCK_D so the adds need no column mask
+    dq_acc = torch.zeros((B, H, N_Q, BLOCK_D) if atomic_dq else (1,), device=q.device, dtype=torch.float32)
 
     pre_block = max(16, min(128, 8192 // BLOCK_D))
-    int64 = needs_int64(q, k, v, o, do, dq, dk, dv)
+    int64 = needs_int64(q, k, v, o, do, dq, dk, dv, dq_acc)
     with on_device(q):
         _bwd_preprocess_kernel.run(
             o, do, delta, *o.stride(), *do.stride(), H, N_Q,
@@ -228,11 +246,16 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
                       num_warps=config.num_warps, num_stages=config.num_stages, warmup=compile_only)
         _bwd_dkdv_kernel.run(
-            q, k, v, do, dk, dv, lse2, delta, sm_scale, sm_scale * LOG2E,
+            q, k, v, do, dk, dv, lse2, delta, dq_acc, sm_scale, sm_scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
             H, H // H_KV, N_Q, N_K,
             BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1, grid=(triton.cdiv(N_K, config.BLOCK_N1), H_KV, B),
-            **launch)
+            ATOMIC_DQ=atomic_dq, **launch)
+        if atomic_dq:
+            if not compile_only:
+                dq.copy_(dq_acc[..., :D].mul_(sm_scale))
+            return dq, dk, dv
+        launch.update(num_warps=config.dq_num_warps, num_stages=config.dq_num_stages)
         _bwd_dq_kernel.run(
             q, k, v, do, dq, lse2, delta, sm_scale, sm_scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),

@@ -21,6 +21,8 @@ MAX_BLOCK = 256
 MAX_HEAD_DIM = 256
 NUM_WARPS = (1, 2, 4, 8, 16)
 MAX_STAGES = 8
+# the atomic-dQ backward's shared-memory need was measured up to this head dim only
+ATOMIC_DQ_MAX_HEAD_DIM = 128
 
 # Shared memory per block (opt-in maximum) by compute capability, used when torch
 # cannot tell (older torch, or the interpreter).
@@ -58,11 +60,11 @@ def _check_block(name: str, value: Any) -> None:
         raise ConfigError(f"{name}: expected a power of two in [{MIN_BLOCK}, {MAX_BLOCK}], got {value}")
 
 
-def _check_launch(num_warps: Any, num_stages: Any) -> None:
+def _check_launch(num_warps: Any, num_stages: Any, prefix: str = "") -> None:
     if not isinstance(num_warps, int) or isinstance(num_warps, bool) or num_warps not in NUM_WARPS:
-        raise ConfigError(f"num_warps: expected one of {NUM_WARPS}, got {num_warps!r}")
+        raise ConfigError(f"{prefix}num_warps: expected one of {NUM_WARPS}, got {num_warps!r}")
     if not isinstance(num_stages, int) or isinstance(num_stages, bool) or not 1 <= num_stages <= MAX_STAGES:
-        raise ConfigError(f"num_stages: expected an integer in [1, {MAX_STAGES}], got {num_stages!r}")
+        raise ConfigError(f"{prefix}num_stages: expected an integer in [1, {MAX_STAGES}], got {num_stages!r}")
 
 
 def _element_size(dtype: torch.dtype) -> int:
@@ -80,6 +82,8 @@ def _check_smem(name: str, needed: int, device) -> None:
 
 class _ConfigBase:
     FIELDS: ClassVar[tuple[str, ...]]
+    # fields that stored data written before they existed may lack (their defaults apply)
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
@@ -89,13 +93,17 @@ class _ConfigBase:
         """Build a config from stored data; unknown or missing fields raise ConfigError."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"{cls.__name__}: expected a mapping of fields, got {type(data).__name__}")
-        missing = [f for f in cls.FIELDS if f not in data]
+        missing = [f for f in cls.FIELDS if f not in data and f not in cls.OPTIONAL]
         extra = sorted(set(data) - set(cls.FIELDS))
         if missing or extra:
             raise ConfigError(f"{cls.__name__}: missing fields {missing}, unknown fields {extra}")
-        cfg = cls(**{f: data[f] for f in cls.FIELDS})
+        cfg = cls(**{f: data[f] for f in cls.FIELDS if f in data})
         cfg.check_fields()
         return cfg
+
+    def canonical(self):
+        """The same kernel launch with the fields it does not use set to fixed values."""
+        return self
 
     def short(self) -> str:
         return " ".join(f"{f}={getattr(self, f)}" for f in self.FIELDS)
@@ -142,10 +150,17 @@ class BwdConfig(_ConfigBase):
     """Backward launch config.
 
     The dK/dV kernel holds a BLOCK_N1 block of keys and walks the queries in blocks of
-    BLOCK_M1; the dQ kernel holds a BLOCK_M2 block of queries and walks the keys in
-    blocks of BLOCK_N2. Both use num_warps and num_stages. Constraints: the four
-    blocks powers of two in [16, 256]; num_warps in {1, 2, 4, 8, 16}; num_stages in
-    [1, 8]; the estimated shared memory of each kernel within the device's limit.
+    BLOCK_M1, with num_warps and num_stages. dQ comes one of two ways:
+    - ``atomic_dq=0``: a dQ kernel holds a BLOCK_M2 block of queries and walks the keys
+      in blocks of BLOCK_N2, with dq_num_warps and dq_num_stages (default: the dK/dV
+      kernel's); it recomputes the scores, 7 matmuls in all;
+    - ``atomic_dq=1``: the dK/dV kernel adds each key block's share of dQ into an fp32
+      buffer with atomic adds (5 matmuls in all; the order of the adds, hence dQ's last
+      bits, varies from run to run; under ``torch.use_deterministic_algorithms`` the dQ
+      kernel runs instead). BLOCK_M2, BLOCK_N2, dq_num_warps and dq_num_stages are unused.
+    Constraints: the four blocks powers of two in [16, 256]; warps in {1, 2, 4, 8, 16};
+    stages in [1, 8]; atomic_dq 0 or 1; the estimated shared memory of each kernel within
+    the device's limit.
     """
 
     BLOCK_M1: int
@@ -154,30 +169,69 @@ class BwdConfig(_ConfigBase):
     BLOCK_N2: int
     num_warps: int
     num_stages: int
+    dq_num_warps: int | None = None
+    dq_num_stages: int | None = None
+    atomic_dq: int = 0
 
-    FIELDS: ClassVar[tuple[str, ...]] = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps", "num_stages")
+    FIELDS: ClassVar[tuple[str, ...]] = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps", "num_stages",
+                                         "dq_num_warps", "dq_num_stages", "atomic_dq")
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"dq_num_warps", "dq_num_stages", "atomic_dq"})
+
+    def __post_init__(self) -> None:
+        # the dQ kernel's launch values default to the dK/dV kernel's (configs stored
+        # before these fields existed launched both kernels with one pair)
+        if self.dq_num_warps is None:
+            object.__setattr__(self, "dq_num_warps", self.num_warps)
+        if self.dq_num_stages is None:
+            object.__setattr__(self, "dq_num_stages", self.num_stages)
+        if isinstance(self.atomic_dq, bool):
+            object.__setattr__(self, "atomic_dq", int(self.atomic_dq))
 
     def check_fields(self) -> None:
         for name in self.FIELDS[:4]:
             _check_block(name, getattr(self, name))
         _check_launch(self.num_warps, self.num_stages)
+        _check_launch(self.dq_num_warps, self.dq_num_stages, prefix="dq_")
+        if self.atomic_dq not in (0, 1) or not isinstance(self.atomic_dq, int):
+            raise ConfigError(f"atomic_dq: expected 0 or 1, got {self.atomic_dq!r}")
+
+    def canonical(self) -> "BwdConfig":
+        """With atomic dQ the dQ kernel's fields are unused (but for deterministic mode): they
+        take the dK/dV kernel's values, blocks swapped (the dQ kernel holds BLOCK_M2 queries
+        as the dK/dV kernel holds BLOCK_N1 keys), so the canonical form fits wherever the
+        config does."""
+        if not self.atomic_dq:
+            return self
+        return dataclasses.replace(self, BLOCK_M2=self.BLOCK_N1, BLOCK_N2=self.BLOCK_M1,
+                                   dq_num_warps=self.num_warps, dq_num_stages=self.num_stages)
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         d, e = padded_head_dim(head_dim), _element_size(dtype)
         # Each kernel: its two held tiles, num_stages buffers of the two walked tiles, and
         # layout-conversion scratch for the fp32 score block, which grows with the warps
         # for fp32 inputs. An upper bound of what Triton 3.6 allocated for sm_90 in every
-        # config compiled so far (tests/kernels/sm90_shared_memory.py, 2026-11-30).
-        scratch = max(9, self.num_warps + 1) if e == 4 else 2
+        # config compiled so far (tests/kernels/sm90_shared_memory.py, 2026-11-30). The
+        # atomic-dQ dK/dV kernel took up to 1 KiB more than the plain one at D=128 (96
+        # configs compiled, 2026-11-30): 1/8 of a score block covers it. Under
+        # deterministic mode an atomic config runs the dQ kernel with its blocks, so that
+        # kernel's estimate counts either way.
+        def scratch(warps: int) -> int:
+            return max(9, warps + 1) if e == 4 else 2
+
         dkdv = e * d * (2 * self.BLOCK_N1 + 2 * self.num_stages * self.BLOCK_M1) \
-            + 4 * self.BLOCK_M1 * self.BLOCK_N1 * scratch
-        dq = e * d * (2 * self.BLOCK_M2 + 2 * self.num_stages * self.BLOCK_N2) \
-            + 4 * self.BLOCK_M2 * self.BLOCK_N2 * scratch
+            + 4 * self.BLOCK_M1 * self.BLOCK_N1 * scratch(self.num_warps)
+        if self.atomic_dq:
+            dkdv += e * self.BLOCK_M1 * self.BLOCK_N1 // 8
+        dq = e * d * (2 * self.BLOCK_M2 + 2 * self.dq_num_stages * self.BLOCK_N2) \
+            + 4 * self.BLOCK_M2 * self.BLOCK_N2 * scratch(self.dq_num_warps)
         return max(dkdv, dq)
 
     def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "BwdConfig":
         """Raise ConfigError naming the field if this config cannot run; return self."""
         self.check_fields()
+        if self.atomic_dq and padded_head_dim(head_dim) > ATOMIC_DQ_MAX_HEAD_DIM:
+            raise ConfigError(f"atomic_dq: supported up to head_dim {ATOMIC_DQ_MAX_HEAD_DIM}, got head_dim {head_dim}; "
+                              "use atomic_dq=0")
         _check_smem("BwdConfig", self.shared_memory(head_dim, dtype), device)
         return self
 
@@ -200,8 +254,12 @@ _SM90_FWD = {
     (_f32, 128): _F(32, 64, 4, 3), (_f32, 256): _F(32, 32, 4, 3),
 }
 _SM90_BWD = {
-    (_bf, 16): _B(32, 128, 128, 32, 4, 3), (_bf, 32): _B(32, 128, 128, 32, 4, 3),
-    (_bf, 64): _B(32, 128, 128, 32, 4, 3), (_bf, 128): _B(64, 128, 128, 64, 8, 2),
+    # bf16 D=64: the tuned winner of N=1k..16k non-causal (docs/tuning.md), 1.18x the
+    # earlier 32/128/128/32; D=128: atomic dQ, 1.03-1.11x the best separate-dQ config at
+    # N=4k/16k (H200, 2026-11-30, .scratch experiment recorded in docs/tuning.md); its dQ
+    # fields are what the dQ kernel uses under deterministic mode.
+    (_bf, 16): _B(64, 64, 128, 64, 4, 3), (_bf, 32): _B(64, 64, 128, 64, 4, 3),
+    (_bf, 64): _B(64, 64, 128, 64, 4, 3), (_bf, 128): _B(64, 128, 128, 64, 8, 3, 8, 3, atomic_dq=1),
     (_bf, 256): _B(32, 64, 64, 32, 8, 1),
     (_f32, 16): _B(32, 64, 64, 32, 4, 2), (_f32, 32): _B(32, 64, 64, 32, 4, 2),
     (_f32, 64): _B(32, 64, 64, 32, 4, 2), (_f32, 128): _B(32, 64, 64, 32, 4, 1),

@@ -20,7 +20,9 @@ FWD_SPACE: dict[str, list[int]] = {
 }
 
 # dK/dV holds keys (BLOCK_N1) and walks queries (BLOCK_M1); dQ holds queries (BLOCK_M2)
-# and walks keys (BLOCK_N2): the held block is the larger one in good configs.
+# and walks keys (BLOCK_N2): the held block is the larger one in good configs. The dQ
+# kernel has its own warps and stages; atomic_dq=1 drops it for atomic adds of dQ in the
+# dK/dV kernel (which wins at D=128 and loses at D=64 on the H200: docs/tuning.md).
 BWD_SPACE: dict[str, list[int]] = {
     "BLOCK_M1": [16, 32, 64],
     "BLOCK_N1": [32, 64, 128],
@@ -28,17 +30,22 @@ BWD_SPACE: dict[str, list[int]] = {
     "BLOCK_N2": [16, 32, 64],
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3],
+    "dq_num_warps": [4, 8],
+    "dq_num_stages": [1, 2, 3],
+    "atomic_dq": [0, 1],
 }
 
 SPACES = {"fwd": (FwdConfig, FWD_SPACE), "bwd": (BwdConfig, BWD_SPACE)}
 
 
 def candidates(pass_: str) -> list:
-    """Every config of the pass's search space, in a fixed order."""
+    """Every distinct config of the pass's search space, in a fixed order (canonical
+    forms: combinations that differ only in fields the launch does not use count once)."""
     if pass_ not in SPACES:
         raise ValueError(f"pass_: expected 'fwd' or 'bwd', got {pass_!r}")
     cls, space = SPACES[pass_]
-    return [cls(**dict(zip(space, values))) for values in itertools.product(*space.values())]
+    configs = (cls(**dict(zip(space, values))).canonical() for values in itertools.product(*space.values()))
+    return list(dict.fromkeys(configs))
 
 
 def valid_candidates(pass_: str, head_dim: int, dtype: torch.dtype, device=None) -> list:

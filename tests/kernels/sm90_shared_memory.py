@@ -54,14 +54,17 @@ def compile_shared(item: dict) -> list[int]:
     else:
         cfg = BwdConfig.from_dict(item["config"])
         pointers = {"Q": p, "K": p, "V": p, "DO": p, "LSE": "*fp32", "DELTA": "*fp32"}
-        kernels = [(backward._bwd_dkdv_kernel, {**pointers, "DK": p, "DV": p},
-                    {"BLOCK_M": cfg.BLOCK_M1, "BLOCK_N": cfg.BLOCK_N1}),
-                   (backward._bwd_dq_kernel, {**pointers, "DQ": p}, {"BLOCK_M": cfg.BLOCK_M2, "BLOCK_N": cfg.BLOCK_N2})]
+        kernels = [(backward._bwd_dkdv_kernel, {**pointers, "DK": p, "DV": p, "DQA": "*fp32"},
+                    {"BLOCK_M": cfg.BLOCK_M1, "BLOCK_N": cfg.BLOCK_N1, "ATOMIC_DQ": bool(cfg.atomic_dq)},
+                    (cfg.num_warps, cfg.num_stages)),
+                   # the dQ kernel also runs for an atomic config under deterministic mode
+                   (backward._bwd_dq_kernel, {**pointers, "DQ": p}, {"BLOCK_M": cfg.BLOCK_M2, "BLOCK_N": cfg.BLOCK_N2},
+                    (cfg.dq_num_warps, cfg.dq_num_stages))]
     shared = []
-    for fn, pointers, blocks in kernels:
+    for fn, pointers, blocks, (warps, stages) in (kernels if item["pass"] != "fwd" else
+                                                  [(*k, (cfg.num_warps, cfg.num_stages)) for k in kernels]):
         src = _source(fn, pointers, {"qk_scale": "fp32", "sm_scale": "fp32"}, {**common, **blocks})
-        compiled = triton.compile(src, target=GPUTarget(*TARGET),
-                                  options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+        compiled = triton.compile(src, target=GPUTarget(*TARGET), options={"num_warps": warps, "num_stages": stages})
         shared.append(int(compiled.metadata.shared))
     return shared
 

@@ -12,6 +12,7 @@ kernels (so the causal diagonal straddles blocks differently), full and partial 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import subprocess
@@ -27,12 +28,16 @@ from flashtune.kernels import BwdConfig, FwdConfig, attention
 F, B = FwdConfig, BwdConfig
 # (fwd, bwd) pairs; bwd blocks are (M1, N1, M2, N2): dK/dV walks BLOCK_M1 queries per
 # BLOCK_N1 keys, dQ walks BLOCK_N2 keys per BLOCK_M2 queries.
+# atomic_dq=1: dQ accumulated by the dK/dV kernel (no dQ kernel).
 SMALL_CONFIGS = [
     (F(16, 16, 4, 1), B(16, 16, 16, 16, 4, 1)),
     (F(32, 16, 4, 1), B(16, 32, 32, 16, 4, 1)),
     (F(16, 32, 4, 1), B(32, 16, 16, 32, 4, 1)),
-    (F(64, 32, 4, 2), B(32, 64, 64, 32, 4, 2)),
+    (F(64, 32, 4, 2), B(32, 64, 64, 32, 4, 2, dq_num_warps=8, dq_num_stages=1)),
+    (F(16, 16, 4, 1), B(16, 32, 32, 16, 4, 1, atomic_dq=1)),
+    (F(32, 32, 4, 1), B(32, 16, 16, 32, 4, 2, atomic_dq=1)),
 ]
+ATOMIC_BWD = SMALL_CONFIGS[4][1]
 MORE_CONFIGS = SMALL_CONFIGS + [
     (F(64, 16, 4, 1), B(16, 64, 64, 16, 4, 1)),
     (F(16, 64, 4, 1), B(64, 16, 16, 64, 4, 1)),
@@ -65,11 +70,15 @@ def _head_dims() -> list[Case]:
 
 
 def _grouped_heads() -> list[Case]:
-    # dK/dV sum over every query head of the group; Nq < Nk and Nq > Nk
+    # dK/dV sum over every query head of the group; Nq < Nk and Nq > Nk; with atomic dQ,
+    # each query head's dQ gets the adds of its own head only
     fwd, bwd = SMALL_CONFIGS[2]
-    return [Case(dtype, causal, n_q, n_k, 48, heads=heads, batch=2 if heads == (4, 2) else 1, fwd=fwd, bwd=bwd)
-            for heads in ((4, 2), (4, 1), (6, 2)) for (n_q, n_k) in ((69, 33), (33, 69))
-            for dtype in ("fp32-ieee", "fp16") for causal in (False, True)]
+    cases = [Case(dtype, causal, n_q, n_k, 48, heads=heads, batch=2 if heads == (4, 2) else 1, fwd=fwd, bwd=bwd)
+             for heads in ((4, 2), (4, 1), (6, 2)) for (n_q, n_k) in ((69, 33), (33, 69))
+             for dtype in ("fp32-ieee", "fp16") for causal in (False, True)]
+    cases += [Case("fp32-ieee", causal, n_q, n_k, 48, heads=heads, batch=2, fwd=fwd, bwd=ATOMIC_BWD)
+              for heads in ((4, 2), (6, 2)) for (n_q, n_k) in ((69, 33), (33, 69)) for causal in (False, True)]
+    return cases
 
 
 def _layouts() -> list[Case]:
@@ -149,6 +158,31 @@ def test_causal_keys_past_last_query_get_zero_grad(kernel_device):
     assert dk[:, :, 17:].abs().max().item() == 0.0
     assert dv[:, :, 17:].abs().max().item() == 0.0
     assert dv[:, :, :17].abs().max().item() > 0.0
+
+
+def test_atomic_dq_falls_back_to_the_dq_kernel_under_deterministic_algorithms(kernel_device):
+    """Atomic adds make dQ's last bits vary with their order: with torch's deterministic
+    algorithms on, an atomic config runs the dQ kernel (with its dQ fields) instead, and
+    gives exactly what the same config with atomic_dq=0 gives."""
+    case = Case("fp32-ieee", True, 69, 33, 32, heads=(4, 2), fwd=SMALL_CONFIGS[0][0], bwd=ATOMIC_BWD)
+    q, k, v, do = case_inputs(case, kernel_device)
+    separate = dataclasses.replace(ATOMIC_BWD, atomic_dq=0)
+
+    def grads(bwd):
+        o = attention(q, k, v, causal=True, fwd_config=case.fwd, bwd_config=bwd)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        det = grads(ATOMIC_BWD)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    for a, b in zip(det, grads(separate)):
+        assert torch.equal(a, b)
+    # and the atomic path itself agrees with the dQ kernel to rounding
+    for a, b in zip(grads(ATOMIC_BWD), det):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_return_lse_false_returns_only_o(kernel_device):

@@ -138,15 +138,60 @@ def _precompile(launch, configs) -> None:
 @pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("pass_", ["fwd", "bwd"])
 def test_every_search_space_config(pass_, head_dim, causal):
-    """Launch every config of ``candidates(pass_)``: each must be rejected by
-    validate() before launch, or compile, launch and give correct results. A config that
-    validate() accepts but that fails to compile, runs out of resources or computes
+    """Launch every config of ``candidates(pass_)`` (backward: a subset that launches every
+    distinct dK/dV and dQ kernel of the space, see ``kernel_cover``): each must be rejected
+    by validate() before launch, or compile, launch and give correct results. A config
+    that validate() accepts but that fails to compile, runs out of resources or computes
     wrong values fails the test, by name."""
     configs = candidates(pass_)
     assert configs, f"candidates({pass_!r}) is empty"
+    if pass_ == "bwd":
+        configs = kernel_cover(configs, head_dim, SPACE_DTYPE)
     summary, failures = check_configs(pass_, configs, head_dim=head_dim, causal=causal, device=torch.device("cuda"))
     print(summary)
     assert not failures, summary + "\n" + "\n".join(failures)
+
+
+def _bwd_kernels(cfg) -> tuple[tuple, tuple | None]:
+    """The two kernel launches of a backward config: (dK/dV, dQ or None)."""
+    dkdv = (cfg.BLOCK_M1, cfg.BLOCK_N1, cfg.num_warps, cfg.num_stages, cfg.atomic_dq)
+    return dkdv, None if cfg.atomic_dq else (cfg.BLOCK_M2, cfg.BLOCK_N2, cfg.dq_num_warps, cfg.dq_num_stages)
+
+
+def kernel_cover(configs, head_dim, dtype):
+    """The backward space has thousands of configs but far fewer distinct kernels: keep,
+    in order, each config that validates and launches a dK/dV or dQ kernel not yet kept,
+    plus every config validate() rejects (those cost nothing). Every kernel of the space
+    that some valid config launches is launched."""
+    seen, out = set(), []
+    for cfg in configs:
+        try:
+            cfg.validate(head_dim, dtype, torch.device("cuda"))
+        except ConfigError:
+            out.append(cfg)
+            continue
+        kernels = {k for k in _bwd_kernels(cfg) if k is not None}
+        if kernels - seen:
+            seen |= kernels
+            out.append(cfg)
+    return out
+
+
+def test_kernel_cover_launches_every_kernel_of_the_space():
+    configs = candidates("bwd")
+    cover = kernel_cover(configs, 64, SPACE_DTYPE)
+    valid = [c for c in configs if _valid(c, 64)]
+    wanted = {k for c in valid for k in _bwd_kernels(c) if k is not None}
+    got = {k for c in cover if _valid(c, 64) for k in _bwd_kernels(c) if k is not None}
+    assert wanted == got and len(cover) < len(configs) / 10
+
+
+def _valid(cfg, head_dim) -> bool:
+    try:
+        cfg.validate(head_dim, SPACE_DTYPE, torch.device("cuda"))
+        return True
+    except ConfigError:
+        return False
 
 
 def check_configs(pass_, configs, *, head_dim, causal, device, shape=SPACE_SHAPE, dtype=SPACE_DTYPE):

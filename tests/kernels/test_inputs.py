@@ -215,6 +215,9 @@ BAD_BWD = [
     (B(16, 16, 48, 16, 4, 1), "BLOCK_M2"), (B(16, 16, 16, 4, 4, 1), "BLOCK_N2"),
     (B(16, 16, 16, 16, 3, 1), "num_warps"), (B(16, 16, 16, 16, 4, 0), "num_stages"),
     (B(16, 16, 16, 16.0, 4, 1), "BLOCK_N2"), (B(16, 16, 16, 16, 4, None), "num_stages"),
+    (B(16, 16, 16, 16, 4, 1, dq_num_warps=3), "dq_num_warps"), (B(16, 16, 16, 16, 4, 1, dq_num_stages=0), "dq_num_stages"),
+    (B(16, 16, 16, 16, 4, 1, dq_num_stages=2.0), "dq_num_stages"), (B(16, 16, 16, 16, 4, 1, atomic_dq=2), "atomic_dq"),
+    (B(16, 16, 16, 16, 4, 1, atomic_dq="yes"), "atomic_dq"), (B(16, 16, 16, 16, 4, 1, atomic_dq=1.0), "atomic_dq"),
 ]
 
 
@@ -290,9 +293,39 @@ def test_from_dict_errors(cls, data, words):
         cls.from_dict(data)
 
 
-@pytest.mark.parametrize("cfg", [F(32, 16, 4, 2), B(16, 32, 64, 16, 8, 3)], ids=_cfg_id)
+@pytest.mark.parametrize("cfg", [F(32, 16, 4, 2), B(16, 32, 64, 16, 8, 3), B(16, 32, 64, 16, 8, 3, 4, 1),
+                                 B(64, 128, 128, 64, 8, 3, atomic_dq=1)], ids=_cfg_id)
 def test_from_dict_round_trip(cfg):
     assert type(cfg).from_dict(cfg.to_dict()) == cfg
+
+
+def test_bwd_config_stored_before_the_dq_fields_launches_both_kernels_alike():
+    old = {"BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32, "num_warps": 8, "num_stages": 2}
+    cfg = B.from_dict(old)
+    assert (cfg.dq_num_warps, cfg.dq_num_stages, cfg.atomic_dq) == (8, 2, 0)
+    assert cfg == B(32, 64, 64, 32, 8, 2) == B(32, 64, 64, 32, 8, 2, 8, 2, 0)
+    assert cfg.to_dict() == {**old, "dq_num_warps": 8, "dq_num_stages": 2, "atomic_dq": 0}
+
+
+def test_bwd_canonical_drops_the_unused_dq_fields_of_atomic_configs():
+    plain = B(32, 64, 128, 16, 8, 2, 4, 1)
+    assert plain.canonical() is plain
+    a, b = B(32, 64, 128, 16, 8, 2, 4, 1, atomic_dq=1), B(32, 64, 32, 64, 8, 2, 8, 3, atomic_dq=1)
+    assert a != b and a.canonical() == b.canonical() == B(32, 64, 64, 32, 8, 2, 8, 2, atomic_dq=1)
+    # the canonical form's dQ kernel (deterministic mode) needs no more shared memory than the dK/dV kernel
+    for cfg in (a, b):
+        assert cfg.canonical().shared_memory(128, torch.bfloat16) <= B(32, 64, 64, 32, 8, 2).shared_memory(
+            128, torch.bfloat16) + 32 * 64 * 2 // 8
+
+
+def test_atomic_dq_is_limited_to_head_dims_it_was_measured_for():
+    cfg = B(16, 16, 16, 16, 4, 1, atomic_dq=1)
+    assert cfg.validate(128, torch.float16, "cpu") is cfg
+    assert cfg.validate(100, torch.float16, "cpu") is cfg
+    with raises(ConfigError, "atomic_dq:", "head_dim 129", "atomic_dq=0"):
+        cfg.validate(129, torch.float16, "cpu")
+    with raises(ConfigError, "atomic_dq:"):
+        attention(*qkv((1, 2, 17, 200), dtype=torch.float16), bwd_config=cfg)
 
 
 # ----------------------------------------------------------------------------------
