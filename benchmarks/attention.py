@@ -300,7 +300,7 @@ def bench_shape(args, entries, head_dim, seq_len, causal, dtype_name) -> list[Ro
     for pass_, cls in (("fwd", FwdConfig), ("bwd", BwdConfig)):
         given = pick_config(entries, pass_, head_dim=head_dim, seq_len=seq_len, causal=causal, dtype=dtype_name)
         cfgs[pass_] = cls.from_dict(given).validate(head_dim, dtype, q.device) if given else \
-            default_config(pass_, head_dim, dtype, q.device)
+            default_config(pass_, head_dim, dtype, q.device, causal=causal)
         sources[pass_] = "file" if given else "default"
     runners = {"flashtune": _flashtune(cfgs["fwd"], cfgs["bwd"]),
                "cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION), "flash": _sdpa(SDPBackend.FLASH_ATTENTION)}

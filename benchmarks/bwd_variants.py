@@ -50,7 +50,7 @@ def main() -> None:
     dev, dt = torch.device("cuda"), torch.bfloat16
     results, t0 = [], time.time()
     for D, causal in itertools.product(args.head_dims, (False, True)):
-        base = default_config("bwd", D, dt, dev)
+        base = default_config("bwd", D, dt, dev, causal=causal)
         cands = variants(base, D, dt, dev)
         compiled = False
         for N in args.seq_lens:
@@ -98,8 +98,8 @@ def main() -> None:
 def attention_forward_default(q, k, v, causal, sm_scale):
     from flashtune.kernels.forward import attention_forward
 
-    return attention_forward(q, k, v, default_config("fwd", q.shape[-1], q.dtype, q.device), causal=causal,
-                             sm_scale=sm_scale)
+    return attention_forward(q, k, v, default_config("fwd", q.shape[-1], q.dtype, q.device, causal=causal),
+                             causal=causal, sm_scale=sm_scale)
 
 
 if __name__ == "__main__":

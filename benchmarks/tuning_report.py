@@ -87,7 +87,7 @@ def main() -> None:
         key = r.key
         bench = KeyBench(key, dev)
         dtype = getattr(torch, key.dtype)
-        configs = {"tuned": r.config, "default": default_config(key.pass_, key.head_dim, dtype, dev),
+        configs = {"tuned": r.config, "default": default_config(key.pass_, key.head_dim, dtype, dev, causal=key.causal),
                    "seed": SEED_CONFIGS[key.pass_]}
         configs.update({f"single{i}": c for i, c in enumerate(singles[key.pass_])})
         if key in sweep:

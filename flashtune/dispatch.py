@@ -344,7 +344,7 @@ def _pick(table: TunedTable, pass_: str, dtype: torch.dtype, head_dim: int, seq_
             source = f"heuristic (the tuned {pass_} config of seq_len {tuned_len} does not fit here: {e})"
             _warn_once(f"flashtune skips a stored config for {table.gpu} {dtype_name(dtype)} d{head_dim} "
                        f"n{tuned_len} {'causal' if causal else 'full'} {pass_}: {e}; using the heuristic default")
-    return default_config(pass_, head_dim, dtype, device), source
+    return default_config(pass_, head_dim, dtype, device, causal=causal), source
 
 
 def _resolve_device(device) -> torch.device:

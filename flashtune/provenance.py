@@ -11,15 +11,20 @@ from flashtune._version import __version__
 from flashtune.keys import GpuInfo
 
 _KERNEL_DIR = Path(__file__).parent / "kernels"
+# The files whose code runs on the GPU (the @triton.jit functions and their launchers). The
+# heuristic tables, search space, input checks and reference live beside them and may
+# change without making stored results stale. (A change to how a stored config maps to
+# a launch, e.g. a config field's default in config.py, shows in the launchers too.)
+KERNEL_FILES = ("common.py", "forward.py", "backward.py")
 
 
 @functools.lru_cache(maxsize=1)
 def kernel_source_hash() -> str:
     """sha256 (first 16 hex digits) over the kernel sources: changes when a kernel does."""
     h = hashlib.sha256()
-    for path in sorted(_KERNEL_DIR.glob("*.py")):
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
+    for name in KERNEL_FILES:
+        h.update(name.encode())
+        h.update((_KERNEL_DIR / name).read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 
 from flashtune.keys import GpuInfo, TuningKey
 from flashtune.kernels.config import ConfigError, default_config
-from flashtune.kernels.space import SPACES, valid_candidates
+from flashtune.kernels.space import SPACES, default_neighbours, valid_candidates
 
 STUDY_PREFIX = "flashtune"
 
@@ -162,7 +162,7 @@ class _KeySearch:
         self.valid = valid_candidates(key.pass_, key.head_dim, self.dtype, device)
         self.valid_ids = {_config_id(c) for c in self.valid}
         try:
-            self.default = default_config(key.pass_, key.head_dim, self.dtype, device)
+            self.default = default_config(key.pass_, key.head_dim, self.dtype, device, causal=key.causal)
         except ConfigError:  # nothing runs on this device: the key ends as no_valid_config
             self.default = None
         sampler = optuna.samplers.TPESampler(multivariate=True, seed=seed, constant_liar=True,
@@ -210,6 +210,8 @@ class _KeySearch:
                                                       self.key.causal, self.key.pass_))
         family.sort(key=lambda r: abs(r.key.seq_len - self.key.seq_len))
         first += [r.config for r in family]
+        if self.default is not None:
+            first += default_neighbours(self.default)
         if len(self.valid) <= self.trials:
             first += self.valid  # the valid space fits the budget: measure all of it
         seen, queue = set(), []

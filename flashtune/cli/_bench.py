@@ -71,7 +71,7 @@ def _measure_one(key: TuningKey, impl: str, device: torch.device, tuned) -> Meas
         def run(q, k, v):
             return tuned(q, k, v, is_causal=key.causal)
     elif impl == "default":
-        fwd, bwd = (default_config(p, key.head_dim, dtype, device) for p in ("fwd", "bwd"))
+        fwd, bwd = (default_config(p, key.head_dim, dtype, device, causal=key.causal) for p in ("fwd", "bwd"))
 
         def run(q, k, v):
             return attention(q, k, v, causal=key.causal, fwd_config=fwd, bwd_config=bwd,

@@ -237,7 +237,8 @@ class BwdConfig(_ConfigBase):
 
 
 # ----------------------------------------------------------------------------------
-# Heuristic defaults: (dtype, padded head_dim) -> config, per architecture.
+# Heuristic defaults: (dtype, padded head_dim) -> config, per architecture; an entry
+# keyed (dtype, padded head_dim, causal) overrides it for that masking.
 # ----------------------------------------------------------------------------------
 _F, _B = FwdConfig, BwdConfig
 _bf, _fp, _f32 = torch.bfloat16, torch.float16, torch.float32
@@ -250,6 +251,10 @@ _SM90_FWD = {
     # triton 3.6, 2026-11-29.
     (_bf, 16): _F(128, 64, 8, 3), (_bf, 32): _F(128, 64, 8, 3), (_bf, 64): _F(128, 64, 8, 3),
     (_bf, 128): _F(64, 64, 4, 3), (_bf, 256): _F(64, 32, 4, 3),
+    # bf16 D=128 non-causal: 128x128 won every such key of the search, 1.05x / 1.07x the
+    # 64x64 default at N=4k / 16k (docs/tuning.md, report of 2026-11-30); causal keeps 64x64
+    # (128x128 is 0.86x it at N=1k causal).
+    (_bf, 128, False): _F(128, 128, 8, 3),
     (_f32, 16): _F(64, 32, 4, 3), (_f32, 32): _F(64, 32, 4, 3), (_f32, 64): _F(64, 32, 4, 3),
     (_f32, 128): _F(32, 64, 4, 3), (_f32, 256): _F(32, 32, 4, 3),
 }
@@ -289,18 +294,20 @@ def device_capability(device) -> tuple[int, int]:
     return (0, 0)
 
 
-def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None):
+def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None):
     """The heuristic config for a pass ("fwd" or "bwd") on ``device``.
 
     Walks the tables from the device's architecture down to the generic one and
-    returns the first entry that validates on the device.
+    returns the first entry that validates on the device; within a table an entry for
+    this masking ((dtype, head_dim, causal)) comes before the one for both.
     """
     if pass_ not in ("fwd", "bwd"):
         raise ValueError(f"pass_: expected 'fwd' or 'bwd', got {pass_!r}")
     cap = device_capability(device)
     key = (_bf if dtype == _fp else dtype, padded_head_dim(head_dim))
-    candidates = [tables[0 if pass_ == "fwd" else 1].get(key)
-                  for c, tables in sorted(HEURISTICS.items(), reverse=True) if c <= cap]
+    keys = [key] if causal is None else [(*key, bool(causal)), key]
+    candidates = [tables[0 if pass_ == "fwd" else 1].get(k)
+                  for c, tables in sorted(HEURISTICS.items(), reverse=True) if c <= cap for k in keys]
     candidates.append(_SMALLEST_FWD if pass_ == "fwd" else _SMALLEST_BWD)
     last_error: ConfigError | None = None
     for cfg in candidates:

@@ -71,18 +71,18 @@ def _validated(config, head_dim: int, dtype: torch.dtype, device: torch.device):
 
 
 @functools.lru_cache(maxsize=1024)
-def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device):
-    return default_config(pass_, head_dim, dtype, device)
+def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool):
+    return default_config(pass_, head_dim, dtype, device, causal=causal)
 
 
-def resolve_configs(q: torch.Tensor, fwd_config, bwd_config) -> tuple[FwdConfig, BwdConfig]:
+def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = False) -> tuple[FwdConfig, BwdConfig]:
     """The configs to launch with: the given ones, validated, or the heuristic defaults."""
     D, dtype, device = q.shape[-1], q.dtype, q.device
     resolved = []
     for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
                                   ("bwd_config", bwd_config, BwdConfig, "bwd")):
         if cfg is None:
-            resolved.append(_default(pass_, D, dtype, device))
+            resolved.append(_default(pass_, D, dtype, device, bool(causal)))
         elif not isinstance(cfg, cls):
             raise TypeError(f"{name}: expected a {cls.__name__} or None, got {type(cfg).__name__}")
         else:
@@ -133,7 +133,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     through o only: lse is returned for inspection and is not differentiable.
     """
     scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, fp32_precision=fp32_precision)
-    fwd, bwd = resolve_configs(q, fwd_config, bwd_config)
+    fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal)
     o, lse2 = FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision)
     if return_lse:
         return o, lse2 * LN2

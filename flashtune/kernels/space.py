@@ -6,6 +6,7 @@ that ``validate()`` rejects for a shape and device, so they never cost a compile
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
@@ -57,3 +58,13 @@ def valid_candidates(pass_: str, head_dim: int, dtype: torch.dtype, device=None)
         except ConfigError:
             pass
     return out
+
+
+def default_neighbours(cfg) -> list:
+    """Configs one structural step from a default that a sampler with a small budget is
+    unlikely to try early, measured right after it: for the backward, the same blocks
+    with dQ computed the other way (atomic vs dQ kernel), whose better choice depends on
+    the key (docs/tuning.md)."""
+    if isinstance(cfg, BwdConfig):
+        return [dataclasses.replace(cfg, atomic_dq=1 - cfg.atomic_dq)]
+    return []

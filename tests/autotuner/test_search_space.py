@@ -3,6 +3,7 @@ the sampler steering, and arguments refused before anything is written."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import optuna
@@ -88,6 +89,19 @@ def test_a_space_within_the_budget_is_measured_exhaustively(tmp_path, monkeypatc
     # the whole space is measured, so the key is done although the budget was larger
     (again,) = search([k], **run).results
     assert again.status == "already_tuned" and len(runs.calls) == 4
+
+
+def test_the_default_and_its_other_dq_mode_are_measured_first(tmp_path, monkeypatch):
+    """Whether atomic dQ beats the dQ kernel depends on the key: the backward's warm start
+    measures the default, then the default with dQ computed the other way."""
+    runs = Spy(monkeypatch, "run")
+    k = key("bwd", "float32", seq_len=16, causal=True)
+    default = default_config("bwd", 16, torch.float32, "cpu")
+    (r,) = search([k], db=tmp_path / "t.db", trials=3, seed=3, **FAST).results
+    assert r.status == "tuned" and r.n_trials == 3
+    flipped = dataclasses.replace(default, atomic_dq=1 - default.atomic_dq)
+    assert [cid(cfg) for (_, cfg, *_) in runs.calls[:2]] == [cid(default), cid(flipped)]
+    assert {t.config.atomic_dq for t in trials_of(tmp_path / "t.db", k)} == {0, 1}
 
 
 def test_a_time_budget_ends_the_key_early_and_a_rerun_goes_on(tmp_path, monkeypatch):

@@ -361,3 +361,17 @@ def test_default_config_no_fit(monkeypatch):
 def test_default_config_bad_pass():
     with raises(ValueError, "pass_:", "'fwd'", "'bwd'"):
         default_config("forward", 64, torch.float16, "cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_default_config_prefers_an_entry_for_the_masking(dtype, monkeypatch):
+    # sm_90's table has a non-causal entry for bf16 (and so fp16) D=128
+    monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
+    full = default_config("fwd", 128, dtype, "cpu", causal=False)
+    either = default_config("fwd", 128, dtype, "cpu")
+    assert full == config_mod.HEURISTICS[(9, 0)][0][(torch.bfloat16, 128, False)]
+    assert default_config("fwd", 128, dtype, "cpu", causal=True) == either != full
+    assert default_config("fwd", 100, dtype, "cpu", causal=False) == full  # padded to 128
+    # one that does not fit the device gives way to the entry for both maskings
+    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: full.shared_memory(128, dtype) - 1)
+    assert default_config("fwd", 128, dtype, "cpu", causal=False) == either

@@ -29,11 +29,12 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 def _items():
     fwd_table, bwd_table = config_mod.HEURISTICS[(9, 0)]
     items = []
-    for dtype in ("bfloat16", "float32"):
-        for head_dim in (128, 256):
-            key = (DTYPES[dtype], head_dim)
-            items.append(("sm90 default", "fwd", fwd_table[key], head_dim, dtype))
-            items.append(("sm90 default", "bwd", bwd_table[key], head_dim, dtype))
+    names = {v: k for k, v in DTYPES.items()}
+    for pass_, table in (("fwd", fwd_table), ("bwd", bwd_table)):
+        # every entry at the largest head dims, the causal-specific ones included
+        for (dtype, head_dim, *_), cfg in table.items():
+            if head_dim >= 128 and dtype in names:
+                items.append(("sm90 default", pass_, cfg, head_dim, names[dtype]))
     # default search space, fp32 head_dim 256: estimated 204800 bytes (accepted)
     items.append(("search space", "bwd", BwdConfig(64, 32, 32, 16, 4, 1), 256, "float32"))
     items.append(("search space", "bwd", BwdConfig(64, 32, 64, 32, 8, 1), 256, "float32"))
