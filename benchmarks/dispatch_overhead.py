@@ -24,6 +24,10 @@ tuned's extra microseconds and ratio over attention and over direct.
     python benchmarks/dispatch_overhead.py --db tuned.db --causal --out overhead.json
     python benchmarks/dispatch_overhead.py --device cpu --iters 3 --repeats 1   # interpreter smoke run
 
+--diagnose adds measurements that locate the autograd path's extra cost: the backward
+launcher alone (main thread), the same in another Python thread (autograd runs backward
+on its own thread), and an autograd round trip through a do-nothing Function.
+
 --out FILE writes the results as JSON (--out - prints them). --device cpu runs the
 kernels under the Triton interpreter: its timings say nothing about the GPU.
 """
@@ -55,6 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=2000, help="calls per timed loop")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds (median reported)")
     p.add_argument("--out", default=None, help="write the results as JSON to this file ('-': stdout)")
+    p.add_argument("--diagnose", action="store_true", help="also time the pieces of the autograd path")
     return p.parse_args(argv)
 
 
@@ -121,6 +126,62 @@ def make_calls(args, device):
     return calls, choice
 
 
+def diagnose(args, device, sync) -> dict:
+    """Host µs per call of the pieces of the autograd path (see --diagnose)."""
+    import threading
+
+    import torch
+
+    import flashtune
+    from flashtune.kernels import attention_backward, attention_forward
+    from flashtune.kernels.common import torch_fp32_precision
+
+    dtype = getattr(torch, args.dtype)
+    shape = (args.batch, args.heads, args.seq_len, args.head_dim)
+    q, k, v, do = (torch.randn(shape, device=device, dtype=dtype) for _ in range(4))
+    choice = flashtune.get_tuned_attention(args.db, device=device).explain(q, k, v, is_causal=args.causal)
+    fwd, bwd, precision = choice.fwd_config, choice.bwd_config, torch_fp32_precision(dtype)
+    o, lse2 = attention_forward(q, k, v, fwd, causal=args.causal, sm_scale=args.head_dim ** -0.5,
+                                fp32_precision=precision)
+
+    def backward():
+        return attention_backward(do, q, k, v, o, lse2, bwd, causal=args.causal, sm_scale=args.head_dim ** -0.5,
+                                  fp32_precision=precision)
+
+    class Identity(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    x = q.clone().requires_grad_()
+
+    def noop_round_trip():
+        return torch.autograd.grad(Identity.apply(x), (x,), do)
+
+    def in_thread(call):
+        def timed():
+            box = []
+            worker = threading.Thread(target=lambda: box.append(per_call_us(call, args.iters, sync)))
+            worker.start()
+            worker.join()
+            return box[0]
+        return timed
+
+    measures = {"bwd launcher, main thread": lambda: per_call_us(backward, args.iters, sync),
+                "bwd launcher, another thread": in_thread(backward),
+                "autograd round trip, no-op Function": lambda: per_call_us(noop_round_trip, args.iters, sync)}
+    backward(), noop_round_trip(), in_thread(backward)()  # warm up
+    rounds = {name: [] for name in measures}
+    for _ in range(args.repeats):
+        for name, measure in measures.items():
+            rounds[name].append(measure())
+    return {name: statistics.median(times) for name, times in rounds.items()}
+
+
 def run(args) -> dict:
     import torch
 
@@ -139,6 +200,7 @@ def run(args) -> dict:
         for key, call in calls.items():
             rounds[key].append(per_call_us(call, args.iters, sync))
     us = {f"{variant} {mode}": statistics.median(rounds[(variant, mode)]) for variant, mode in calls}
+    pieces = diagnose(args, device, sync) if args.diagnose else None
     overhead = {}
     for mode in MODES:
         for base in ("attention", "direct"):
@@ -155,6 +217,7 @@ def run(args) -> dict:
                    "bwd": choice.bwd_config.to_dict(), "bwd_source": choice.bwd_source},
         "us_per_call": us,
         "overhead": overhead,
+        **({"diagnose_us_per_call": pieces} if pieces is not None else {}),
         "environment": current_provenance(device).to_dict(),
     }
 
@@ -175,6 +238,9 @@ def format_report(result: dict) -> str:
     lines.append("")
     for name, o in result["overhead"].items():
         lines.append(f"{name:<30} {o['extra_us']:+8.2f} us  x{o['ratio']:.3f}")
+    if "diagnose_us_per_call" in result:
+        lines.append("")
+        lines.extend(f"{name:<38} {us:>8.2f} us" for name, us in result["diagnose_us_per_call"].items())
     return "\n".join(lines)
 
 

@@ -234,7 +234,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     delta = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     atomic_dq = bool(config.atomic_dq) and not torch.are_deterministic_algorithms_enabled()
     # dQ accumulator of the atomic mode, padded to BLOCK_D so the adds need no column mask
-    dq_acc = torch.zeros((B, H, N_Q, BLOCK_D) if atomic_dq else (1,), device=q.device, dtype=torch.float32)
+    # (without atomics the kernel never touches it: any fp32 pointer will do, no allocation)
+    dq_acc = torch.zeros((B, H, N_Q, BLOCK_D), device=q.device, dtype=torch.float32) if atomic_dq else delta
 
     pre_block = max(16, min(128, 8192 // BLOCK_D))
     int64 = needs_int64(q, k, v, o, do, dq, dk, dv, dq_acc)

@@ -30,3 +30,20 @@ def test_the_overhead_benchmark_reports_every_variant(tmp_path):
     assert result["choice"]["fwd_source"] == "heuristic"
     assert set(result["overhead"]) == {f"tuned vs {b} {m}" for b in ("attention", "direct") for m in ("fwd", "fwd+bwd")}
     assert not (tmp_path / "none.db").exists()
+
+
+def test_the_diagnose_mode_times_the_pieces_of_the_autograd_path(tmp_path):
+    out = tmp_path / "overhead.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "FLASHTUNE_DB": str(tmp_path / "none.db"),
+           "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--dtype", "float32", "--seq-len", "16", "--head-dim", "16",
+         "--iters", "1", "--repeats", "1", "--diagnose", "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    pieces = json.loads(out.read_text())["diagnose_us_per_call"]
+    assert set(pieces) == {"bwd launcher, main thread", "bwd launcher, another thread",
+                           "autograd round trip, no-op Function"}
+    assert all(t > 0 for t in pieces.values())
+    assert "bwd launcher, another thread" in done.stdout
