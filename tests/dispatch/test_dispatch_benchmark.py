@@ -11,38 +11,36 @@ import sys
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "dispatch_overhead.py"
 
 
-def test_the_overhead_benchmark_reports_every_variant(tmp_path):
+def _smoke_run(tmp_path, *extra) -> tuple[subprocess.CompletedProcess, dict]:
+    """A tiny fp32 run under the interpreter with an empty store; (process, JSON result)."""
     out = tmp_path / "overhead.json"
     env = {**os.environ, "TRITON_INTERPRET": "1", "FLASHTUNE_DB": str(tmp_path / "none.db"),
            "PYTHONWARNINGS": "ignore::DeprecationWarning"}
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--device", "cpu", "--dtype", "float32", "--seq-len", "16", "--head-dim", "16",
-         "--iters", "1", "--repeats", "1", "--out", str(out)],
+         "--iters", "1", "--repeats", "1", "--out", str(out), *extra],
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert done.returncode == 0, done.stderr
+    return done, json.loads(out.read_text())
+
+
+def test_the_overhead_benchmark_reports_every_variant(tmp_path):
+    done, result = _smoke_run(tmp_path)
     assert "[Triton interpreter: not GPU figures]" in done.stdout
-    result = json.loads(out.read_text())
     assert result["interpreter"] is True
     assert set(result["us_per_call"]) == {f"{v} {m}" for v in ("direct", "attention", "tuned", "sdpa")
                                           for m in ("fwd", "fwd+bwd")}
     assert all(t > 0 for t in result["us_per_call"].values())
     assert result["choice"]["fwd_source"] == "heuristic"
     assert set(result["overhead"]) == {f"tuned vs {b} {m}" for b in ("attention", "direct") for m in ("fwd", "fwd+bwd")}
+    assert "diagnose_us_per_call" not in result
     assert not (tmp_path / "none.db").exists()
 
 
 def test_the_diagnose_mode_times_the_pieces_of_the_autograd_path(tmp_path):
-    out = tmp_path / "overhead.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "FLASHTUNE_DB": str(tmp_path / "none.db"),
-           "PYTHONWARNINGS": "ignore::DeprecationWarning"}
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--device", "cpu", "--dtype", "float32", "--seq-len", "16", "--head-dim", "16",
-         "--iters", "1", "--repeats", "1", "--diagnose", "--out", str(out)],
-        capture_output=True, text=True, env=env, timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    pieces = json.loads(out.read_text())["diagnose_us_per_call"]
+    done, result = _smoke_run(tmp_path, "--diagnose")
+    pieces = result["diagnose_us_per_call"]
     assert set(pieces) == {"bwd launcher, main thread", "bwd launcher, another thread",
                            "autograd round trip, no-op Function"}
     assert all(t > 0 for t in pieces.values())
