@@ -77,15 +77,15 @@ def import_command(file, db, on_conflict, dry_run, force, as_json):
         ExchangeError,
         check_kernel_hash,
         import_export,
-        plan_import,
         read_export,
     )
+    from flashtune.store.repository import ImportSummary
 
     try:
         export = read_export(file)
         check_kernel_hash(export, force=force)  # before the store is opened (or created)
-        if dry_run and missing_store(db):  # a dry run creates nothing
-            summary = plan_import(None, export.results, ON_CONFLICT[on_conflict])
+        if dry_run and missing_store(db):  # a dry run creates nothing: into no store, every entry is new
+            summary = ImportSummary(inserted=len(export.results))
         else:
             with open_store(db, create=True) as store:
                 summary = import_export(store, export, on_conflict=ON_CONFLICT[on_conflict], dry_run=dry_run,

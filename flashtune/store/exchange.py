@@ -56,7 +56,7 @@ from flashtune.store.records import ImportSummary, StoredResult, config_class
 
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "MAX_BYTES", "ExchangeError", "ExportFile", "check_kernel_hash", "checksum",
-    "dump_export", "entry_dict", "export_document", "gpu_dict", "import_export", "parse_export", "plan_import",
+    "dump_export", "entry_dict", "export_document", "gpu_dict", "import_export", "parse_export",
     "read_export", "write_export",
 ]
 
@@ -304,36 +304,12 @@ def check_kernel_hash(export: ExportFile, *, force: bool = False) -> None:
         )
 
 
-def plan_import(store, results: Iterable[StoredResult], on_conflict: str) -> ImportSummary:
-    """What ``Store.import_results(results, on_conflict=...)`` would do, without writing;
-    ``store`` None stands for a store that does not exist yet."""
-    counts: Counter[str] = Counter()
-    by_gpu: dict[str, dict] = {}
-    for result in results:
-        table = by_gpu.get(result.key.gpu)
-        if table is None:
-            table = by_gpu[result.key.gpu] = store.load_table(result.key.gpu) if store is not None else {}
-        existing = table.get(result.key)
-        if existing is None:
-            counts["inserted"] += 1
-        elif on_conflict == "replace" or (on_conflict == "keep_faster" and result.time_ms < existing.time_ms):
-            counts["replaced"] += 1
-        elif on_conflict == "error":
-            raise ExchangeError(f"{result.key.label()} on {result.key.gpu} already has a result; choose what to "
-                                "do with --on-conflict keep-faster, replace or skip")
-        else:
-            counts["kept"] += 1
-    return ImportSummary(**counts)
-
-
 def import_export(store, export: ExportFile, *, on_conflict: str = "keep_faster", dry_run: bool = False,
                   force: bool = False) -> ImportSummary:
     """Write a validated file's results in one transaction (or, with ``dry_run``, say what
     would be written); results tuned with other kernel sources need ``force``."""
     check_kernel_hash(export, force=force)
-    if dry_run:
-        return plan_import(store, export.results, on_conflict)
-    return store.import_results(export.results, on_conflict=on_conflict)
+    return store.import_results(export.results, on_conflict=on_conflict, dry_run=dry_run)
 
 
 # -- helpers ------------------------------------------------------------------------------

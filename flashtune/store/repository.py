@@ -157,18 +157,22 @@ class Store:
                                       f"save the result of {result.key.label()} on {result.key.gpu}")
         return summary.kept == 0
 
-    def import_results(self, results: Iterable[StoredResult], *, on_conflict: str = "error") -> ImportSummary:
+    def import_results(self, results: Iterable[StoredResult], *, on_conflict: str = "error",
+                       dry_run: bool = False) -> ImportSummary:
         """Store many results in one transaction: all of them, or on any error none.
 
         ``on_conflict`` says what to do where a key already has a result: ``error`` (the
         import fails), ``skip`` (keep the stored one), ``replace``, or ``keep_faster``.
+        ``dry_run``: do every write, report, and roll the transaction back (so the report
+        follows the same rules as a real import).
         """
         if on_conflict not in ON_CONFLICT:
             raise ValueError(f"on_conflict: expected one of {', '.join(ON_CONFLICT)}, got {on_conflict!r}")
         results = list(results)
-        return self._write_results(results, on_conflict, f"import {len(results)} results")
+        return self._write_results(results, on_conflict, f"import {len(results)} results", dry_run=dry_run)
 
-    def _write_results(self, results: list[StoredResult], on_conflict: str, action: str) -> ImportSummary:
+    def _write_results(self, results: list[StoredResult], on_conflict: str, action: str, *,
+                       dry_run: bool = False) -> ImportSummary:
         seen: set[TuningKey] = set()
         for i, result in enumerate(results):
             try:
@@ -180,12 +184,17 @@ class Store:
             seen.add(result.key)
         gpus = {result.gpu.key: result.gpu for result in results}
         outcomes: collections.Counter[str] = collections.Counter()
-        with self._transaction(action, write=True) as session:
-            # GPU rows first, in one order: on PostgreSQL their row locks then serialize
-            # the writers of one GPU, so two imports cannot deadlock on result rows.
-            gpu_ids = {gpu_key: _upsert_gpu(session, gpus[gpu_key]) for gpu_key in sorted(gpus)}
-            for result in results:
-                outcomes[_write_result(session, result, gpu_ids[result.key.gpu], on_conflict)] += 1
+        try:
+            with self._transaction(action, write=True) as session:
+                # GPU rows first, in one order: on PostgreSQL their row locks then serialize
+                # the writers of one GPU, so two imports cannot deadlock on result rows.
+                gpu_ids = {gpu_key: _upsert_gpu(session, gpus[gpu_key]) for gpu_key in sorted(gpus)}
+                for result in results:
+                    outcomes[_write_result(session, result, gpu_ids[result.key.gpu], on_conflict)] += 1
+                if dry_run:
+                    raise _RollBack  # leaves the transaction through its rollback path
+        except _RollBack:
+            pass
         return ImportSummary(**outcomes)
 
     def load_table(self, gpu: str | GpuInfo) -> dict[TuningKey, StoredResult]:
@@ -261,6 +270,10 @@ def _conditions(model: type[TunedResult | Trial], where: ResultFilter) -> list:
         if value is not None:
             conditions.append(getattr(model, name) == value)
     return conditions
+
+
+class _RollBack(Exception):
+    """Raised inside a transaction to undo it (a dry run)."""
 
 
 def _write_result(session: Session, result: StoredResult, gpu_id: int, on_conflict: str) -> str:
