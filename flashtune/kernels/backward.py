@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (LOG2E, block_offsets, dot_precision, load_tile, needs_int64, on_device,
-                                      store_tile)
+from flashtune.kernels.common import (LOG2E, block_offsets, dot_precision, key_range, load_tile, needs_int64,
+                                      on_device, store_tile)
 from flashtune.kernels.config import BwdConfig, padded_head_dim
 
 
@@ -194,17 +194,12 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, qk_scale,
 
     k_base = K + off_b * stride_kb + off_hk * stride_kh + offs_d[None, :] * stride_kd
     v_base = V + off_b * stride_vb + off_hk * stride_vh + offs_d[None, :] * stride_vd
-    n_full = N_K // BLOCK_N
-    if CAUSAL:
-        n_full = tl.minimum(n_full, (start_m + 1) // BLOCK_N)
-        hi = tl.minimum(start_m + BLOCK_M, N_K)
-    else:
-        hi = N_K
+    full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
-                       offs_m, offs_nb, offs_d, 0, n_full * BLOCK_N, N_K, qk_scale,
+                       offs_m, offs_nb, offs_d, 0, full_hi, N_K, qk_scale,
                        False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
-                       offs_m, offs_nb, offs_d, n_full * BLOCK_N, hi, N_K, qk_scale,
+                       offs_m, offs_nb, offs_d, full_hi, hi, N_K, qk_scale,
                        True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     dq = dq * sm_scale
     store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqn

@@ -52,6 +52,20 @@ def block_offsets(start, BLOCK: tl.constexpr, INT64: tl.constexpr):
 
 
 @triton.jit
+def key_range(start_m, N_K, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(full_hi, hi) for a block of queries from start_m walking the keys: keys [0, full_hi)
+    need no mask, [full_hi, hi) need the causal and/or sequence-end mask (full_hi is a
+    multiple of BLOCK_N; causal is aligned top-left, query i sees keys j <= i)."""
+    n_full = N_K // BLOCK_N
+    if CAUSAL:
+        n_full = tl.minimum(n_full, (start_m + 1) // BLOCK_N)
+        hi = tl.minimum(start_m + BLOCK_M, N_K)
+    else:
+        hi = N_K
+    return n_full * BLOCK_N, hi
+
+
+@triton.jit
 def load_tile(ptrs, rows, n_rows, cols, CHECK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """Load a [rows, BLOCK_D] tile, zero-filling rows past n_rows and the head-dim padding."""
     if CHECK_ROWS:

@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (LOG2E, block_offsets, dot_precision, load_tile, needs_int64, on_device,
-                                      store_tile)
+from flashtune.kernels.common import (LOG2E, block_offsets, dot_precision, key_range, load_tile, needs_int64,
+                                      on_device, store_tile)
 from flashtune.kernels.config import FwdConfig, padded_head_dim
 
 # Test-only fault injection for the autotuner's isolation tests.
@@ -82,13 +82,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, FaultFlag, qk_scale,
 
     # Key blocks [0, full_hi) need no mask; [full_hi, hi) need the causal and/or
     # sequence-end mask.
-    n_full = N_K // BLOCK_N
-    if CAUSAL:
-        n_full = tl.minimum(n_full, (start_m + 1) // BLOCK_N)
-        hi = tl.minimum(start_m + BLOCK_M, N_K)
-    else:
-        hi = N_K
-    full_hi = n_full * BLOCK_N
+    full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
                                offs_m, offs_nb, offs_d, 0, full_hi, N_K, qk_scale,
                                False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
