@@ -79,7 +79,7 @@ def import_command(file, db, on_conflict, dry_run, force, as_json):
         import_export,
         read_export,
     )
-    from flashtune.store.repository import ImportSummary
+    from flashtune.store.records import ImportSummary
 
     try:
         export = read_export(file)

@@ -278,27 +278,32 @@ def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None
 
     errors = {"lse": assert_close_to_reference("lse", ours.lse, truth.lse, torch_low.lse, factor=tol.factor,
                                                atol=tol.lse_atol)}
+    s_max = max_visible_score(q, k, sm_scale, causal) if dtype == torch.float32 else 0.0
     for name in ("o", "dq", "dk", "dv"):
-        slack = recompute_slack(q, k, sm_scale, getattr(truth, name)) if name != "o" and dtype == torch.float32 \
-            else 0.0
+        slack = 0.0 if name == "o" else recompute_slack(s_max, getattr(truth, name))
         errors[name] = assert_close_to_reference(name, getattr(ours, name), getattr(truth, name),
                                                  getattr(torch_low, name), factor=tol.factor, atol=tol.atol + slack)
     return errors
 
 
-def recompute_slack(q, k, sm_scale, grad_truth) -> float:
-    """The backward recomputes P = exp(S - LSE) with S rounded afresh (another dot order
-    than the forward's), where torch's autograd reuses the forward's P. In fp32 a rounding
-    of S relative to eps moves P by |S| * eps relative, which only matters once scores are
-    large (|S| ~ 100+, the overflow cases): allow 2 * eps32 * max|S| * max|grad|. Exact
-    max|S| on small (CPU) shapes; on large ones the Cauchy-Schwarz bound would be loose, and
-    their scores are small, so no slack."""
+def max_visible_score(q, k, sm_scale, causal) -> float:
+    """max |S| over the scores a query sees, exact on small (CPU) shapes; 0 on large ones,
+    where the Cauchy-Schwarz bound would be loose and the scores are small anyway."""
     if q.shape[2] * k.shape[2] * q.shape[0] * q.shape[1] > 1 << 22:
         return 0.0
     scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
-    group = q.shape[1] // k.shape[1]
-    kk = k.detach().double().repeat_interleave(group, dim=1)
-    s_max = (q.detach().double() @ kk.transpose(-1, -2)).abs().max().item() * abs(scale)
+    kk = k.detach().double().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = (q.detach().double() @ kk.transpose(-1, -2)).abs() * abs(scale)
+    if causal:
+        s = s * torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=s.device).tril()
+    return s.max().item()
+
+
+def recompute_slack(s_max: float, grad_truth) -> float:
+    """The backward recomputes P = exp(S - LSE) with S rounded afresh (another dot order
+    than the forward's), where torch's autograd reuses the forward's P. In fp32 a rounding
+    of S relative to eps moves P by |S| * eps relative, which only matters once scores are
+    large (|S| ~ 100+, the overflow cases): allow 2 * eps32 * max|S| * max|grad|."""
     return 2 * torch.finfo(torch.float32).eps * s_max * grad_truth.abs().max().item()
 
 
