@@ -42,8 +42,9 @@ from flashtune.kernels.common import key_range  # noqa: E402
 
 @triton.jit
 def _inner(acc, l_i, m_i, q, desc_k, desc_v, off_b, off_hk, offs_m, lo, hi, N_K, qk_scale,
-           MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    for start_n in range(lo, hi, BLOCK_N):
+           MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+           WS: tl.constexpr):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         k = desc_k.load([off_b, off_hk, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
         qk = tl.dot(q, tl.trans(k)) * qk_scale
         if MASK:
@@ -63,7 +64,8 @@ def _inner(acc, l_i, m_i, q, desc_k, desc_v, off_b, off_hk, offs_m, lo, hi, N_K,
 
 @triton.jit
 def fwd_tma(desc_q, desc_k, desc_v, desc_o, LSE, qk_scale, H, GROUP, N_Q, N_K,
-            CAUSAL: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            CAUSAL: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            WS: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -78,16 +80,16 @@ def fwd_tma(desc_q, desc_k, desc_v, desc_o, LSE, qk_scale, H, GROUP, N_Q, N_K,
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N)
     acc, l_i, m_i = _inner(acc, l_i, m_i, q, desc_k, desc_v, off_b, off_hk, offs_m, 0, full_hi, N_K,
-                           qk_scale, False, CAUSAL, BLOCK_D, BLOCK_N)
+                           qk_scale, False, CAUSAL, BLOCK_D, BLOCK_N, WS)
     acc, l_i, m_i = _inner(acc, l_i, m_i, q, desc_k, desc_v, off_b, off_hk, offs_m, full_hi, hi, N_K,
-                           qk_scale, True, CAUSAL, BLOCK_D, BLOCK_N)
+                           qk_scale, True, CAUSAL, BLOCK_D, BLOCK_N, False)
     acc = acc / l_i[:, None]
     desc_o.store([off_b, off_h, start_m, 0], acc.to(desc_o.dtype).reshape(1, 1, BLOCK_M, BLOCK_D))
     rows = (off_b * H + off_h).to(tl.int64) * N_Q
     tl.store(LSE + rows + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < N_Q)
 
 
-def forward_tma(q, k, v, cfg, causal: bool, sm_scale: float):
+def forward_tma(q, k, v, cfg, causal: bool, sm_scale: float, ws: bool = False):
     """(o, lse2) of the TMA forward; q, k, v (B, H, N, D) with 16-byte aligned strides."""
     import torch
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -107,7 +109,7 @@ def forward_tma(q, k, v, cfg, causal: bool, sm_scale: float):
     fwd_tma[(triton.cdiv(N_Q, block_m), H, B)](
         desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(o, block_m), lse2, sm_scale * LOG2E,
         H, H // k.shape[1], N_Q, k.shape[2], CAUSAL=causal, BLOCK_D=bd, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=warps, num_stages=stages)
+        WS=ws, num_warps=warps, num_stages=stages)
     return o, lse2
 
 
@@ -167,6 +169,14 @@ def run(args) -> tuple[list[dict], list[str]]:
                         row["tflops"][f"pointer {name}"] = flops / triton.testing.do_bench(
                             pointer, return_mode="median") * 1e-9
                         row["tflops"][f"tma {name}"] = flops / triton.testing.do_bench(tma, return_mode="median") * 1e-9
+                        # warp specialisation of the unmasked loop: documented for Blackwell; does sm_90 take it?
+                        try:
+                            o3, _ = forward_tma(q, k, v, cfg, causal, scale, ws=True)
+                            row["err"][f"ws {name}"] = (o1.float() - o3.float()).abs().max().item()
+                            row["tflops"][f"tma-ws {name}"] = flops / triton.testing.do_bench(
+                                lambda: forward_tma(q, k, v, cfg, causal, scale, ws=True), return_mode="median") * 1e-9
+                        except Exception as e:  # noqa: BLE001 - an answer, not a failure of the experiment
+                            row.setdefault("ws_errors", {})[name] = f"{type(e).__name__}: {str(e)[:200]}"
                 rows.append(row)
                 best = sorted(row["tflops"].items(), key=lambda x: -x[1])[:6]
                 print(f"D{D} causal={causal} N{N}: max |pointer - tma| {max(row['err'].values(), default=0):.2e}; "
