@@ -30,17 +30,19 @@ TABLE_COLUMNS = ("gpu", "pass", "dtype", "d", "n", "mask", "config", "ms", "TFLO
 def config_label(config) -> str:
     """Compact: fwd ``BLOCK_MxBLOCK_N wW sS``; bwd ``M1xN1/M2xN2 wW sS`` (dK/dV then dQ
     blocks), ``M1xN1 wW sS / M2xN2 wW sS`` when the dQ kernel has its own warps or
-    stages, ``M1xN1 wW sS atomic-dQ`` when dQ is accumulated in the dK/dV kernel."""
+    stages, ``M1xN1 wW sS atomic-dQ`` when dQ is accumulated in the dK/dV kernel;
+    `` tma`` appended when tiles load through TMA descriptors."""
     d = config.to_dict()
     launch = f"w{d['num_warps']} s{d['num_stages']}"
+    tma = " tma" if d.get("tma") else ""
     if "BLOCK_M" in d:
-        return f"{d['BLOCK_M']}x{d['BLOCK_N']} {launch}"
+        return f"{d['BLOCK_M']}x{d['BLOCK_N']} {launch}{tma}"
     if d.get("atomic_dq"):
-        return f"{d['BLOCK_M1']}x{d['BLOCK_N1']} {launch} atomic-dQ"
+        return f"{d['BLOCK_M1']}x{d['BLOCK_N1']} {launch} atomic-dQ{tma}"
     dq_launch = f"w{d['dq_num_warps']} s{d['dq_num_stages']}"
     if dq_launch == launch:
-        return f"{d['BLOCK_M1']}x{d['BLOCK_N1']}/{d['BLOCK_M2']}x{d['BLOCK_N2']} {launch}"
-    return f"{d['BLOCK_M1']}x{d['BLOCK_N1']} {launch} / {d['BLOCK_M2']}x{d['BLOCK_N2']} {dq_launch}"
+        return f"{d['BLOCK_M1']}x{d['BLOCK_N1']}/{d['BLOCK_M2']}x{d['BLOCK_N2']} {launch}{tma}"
+    return f"{d['BLOCK_M1']}x{d['BLOCK_N1']} {launch} / {d['BLOCK_M2']}x{d['BLOCK_N2']} {dq_launch}{tma}"
 
 
 def key_cells(key) -> list[Any]:

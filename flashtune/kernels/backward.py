@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from flashtune.kernels.common import (LOG2E, block_offsets, dot_precision, key_range, load_tile, needs_int64,
-                                      on_device, store_tile)
+                                      on_device, store_tile, tma_descriptors, tma_tile)
 from flashtune.kernels.config import BwdConfig, padded_head_dim
 
 
@@ -42,13 +42,17 @@ def _bwd_preprocess_kernel(O, DO, DELTA,
 
 @triton.jit
 def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_base, delta_base, dqa_base,
+                    desc_q, desc_do, off_b, off_h,
                     offs_n, offs_mb, offs_d, lo, hi, N_Q, N_K, qk_scale,
                     MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
-                    ATOMIC_DQ: tl.constexpr):
+                    ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_mb
-        q = load_tile(q_base + offs_m[:, None] * stride_qn, offs_m, N_Q, offs_d, MASK, HEAD_DIM, BLOCK_D)
+        if TMA:
+            q = tma_tile(desc_q, off_b, off_h, start_m, BLOCK_M, BLOCK_D)
+        else:
+            q = load_tile(q_base + offs_m[:, None] * stride_qn, offs_m, N_Q, offs_d, MASK, HEAD_DIM, BLOCK_D)
         if MASK:
             lse = tl.load(lse_base + offs_m, mask=offs_m < N_Q, other=0.0)
         else:
@@ -60,7 +64,10 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
             if CAUSAL:
                 valid = valid & (offs_n[:, None] <= offs_m[None, :])
             p_t = tl.where(valid, p_t, 0.0)
-        do = load_tile(do_base + offs_m[:, None] * stride_don, offs_m, N_Q, offs_d, MASK, HEAD_DIM, BLOCK_D)
+        if TMA:
+            do = tma_tile(desc_do, off_b, off_h, start_m, BLOCK_M, BLOCK_D)
+        else:
+            do = load_tile(do_base + offs_m[:, None] * stride_don, offs_m, N_Q, offs_d, MASK, HEAD_DIM, BLOCK_D)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
         if MASK:
             delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
@@ -81,7 +88,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, sm_scale, qk_scale,
+def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, sm_scale, qk_scale,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -91,7 +98,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, sm_scale, qk_scale,
                      H, GROUP, N_Q, N_K,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
-                     ATOMIC_DQ: tl.constexpr):
+                     ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr):
     off_hk = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
     start_n = tl.program_id(0) * BLOCK_N
@@ -124,14 +131,17 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, sm_scale, qk_scale,
         row = (off_b * H + off_h) * N_Q
         dqa_base = DQA + row * BLOCK_D
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
-                                 dqa_base, offs_n, offs_mb, offs_d, first * BLOCK_M, diag_end * BLOCK_M, N_Q, N_K, qk_scale,
-                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ)
+                                 dqa_base, DescQ, DescDO, off_b, off_h,
+                                 offs_n, offs_mb, offs_d, first * BLOCK_M, diag_end * BLOCK_M, N_Q, N_K, qk_scale,
+                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
-                                 dqa_base, offs_n, offs_mb, offs_d, diag_end * BLOCK_M, tail * BLOCK_M, N_Q, N_K, qk_scale,
-                                 False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ)
+                                 dqa_base, DescQ, DescDO, off_b, off_h,
+                                 offs_n, offs_mb, offs_d, diag_end * BLOCK_M, tail * BLOCK_M, N_Q, N_K, qk_scale,
+                                 False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
-                                 dqa_base, offs_n, offs_mb, offs_d, tail * BLOCK_M, n_blocks * BLOCK_M, N_Q, N_K, qk_scale,
-                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ)
+                                 dqa_base, DescQ, DescDO, off_b, off_h,
+                                 offs_n, offs_mb, offs_d, tail * BLOCK_M, n_blocks * BLOCK_M, N_Q, N_K, qk_scale,
+                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA)
 
     dk = dk * sm_scale
     store_tile(DK + off_b * stride_dkb + off_hk * stride_dkh + offs_n[:, None] * stride_dkn
@@ -141,14 +151,18 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, sm_scale, qk_scale,
 
 
 @triton.jit
-def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
+def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, desc_k, desc_v, off_b, off_hk,
                   offs_m, offs_nb, offs_d, lo, hi, N_K, qk_scale,
                   MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_nb
-        k = load_tile(k_base + offs_n[:, None] * stride_kn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
-        v = load_tile(v_base + offs_n[:, None] * stride_vn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
+        if TMA:
+            k = tma_tile(desc_k, off_b, off_hk, start_n, BLOCK_N, BLOCK_D)
+            v = tma_tile(desc_v, off_b, off_hk, start_n, BLOCK_N, BLOCK_D)
+        else:
+            k = load_tile(k_base + offs_n[:, None] * stride_kn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
+            v = load_tile(v_base + offs_n[:, None] * stride_vn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
         p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale - lse[:, None])
         if MASK:
             valid = offs_n[None, :] < N_K
@@ -162,7 +176,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, qk_scale,
+def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale,
                    stride_qb, stride_qh, stride_qn, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
@@ -170,7 +184,8 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, qk_scale,
                    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
                    H, GROUP, N_Q, N_K,
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
+                   TMA: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -195,12 +210,12 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, qk_scale,
     k_base = K + off_b * stride_kb + off_hk * stride_kh + offs_d[None, :] * stride_kd
     v_base = V + off_b * stride_vb + off_hk * stride_vh + offs_d[None, :] * stride_vd
     full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N)
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                        offs_m, offs_nb, offs_d, 0, full_hi, N_K, qk_scale,
-                       False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn,
+                       False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                        offs_m, offs_nb, offs_d, full_hi, hi, N_K, qk_scale,
-                       True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+                       True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA)
     dq = dq * sm_scale
     store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqn
                + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D)
@@ -232,6 +247,9 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     # (without atomics the kernel never touches it: any fp32 pointer will do, no allocation)
     dq_acc = torch.zeros((B, H, N_Q, BLOCK_D), device=q.device, dtype=torch.float32) if atomic_dq else delta
 
+    # the walked tiles (dK/dV: Q and dO; dQ: K and V) through TMA descriptors when the
+    # config asks and the copy engine can address the tensors, else through pointers
+    descs_dkdv = tma_descriptors(config.tma, (q, do), config.BLOCK_M1, BLOCK_D)
     pre_block = max(16, min(128, 8192 // BLOCK_D))
     int64 = needs_int64(q, k, v, o, do, dq, dk, dv, dq_acc)
     with on_device(q):
@@ -242,20 +260,21 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
                       num_warps=config.num_warps, num_stages=config.num_stages, warmup=compile_only)
         _bwd_dkdv_kernel.run(
-            q, k, v, do, dk, dv, lse2, delta, dq_acc, sm_scale, sm_scale * LOG2E,
+            q, k, v, do, dk, dv, lse2, delta, dq_acc, *(descs_dkdv or (q, do)), sm_scale, sm_scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
             H, H // H_KV, N_Q, N_K,
             BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1, grid=(triton.cdiv(N_K, config.BLOCK_N1), H_KV, B),
-            ATOMIC_DQ=atomic_dq, **launch)
+            ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, **launch)
         if atomic_dq:
             if not compile_only:
                 dq.copy_(dq_acc[..., :D].mul_(sm_scale))
             return dq, dk, dv
         launch.update(num_warps=config.dq_num_warps, num_stages=config.dq_num_stages)
+        descs_dq = tma_descriptors(config.tma, (k, v), config.BLOCK_N2, BLOCK_D)
         _bwd_dq_kernel.run(
-            q, k, v, do, dq, lse2, delta, sm_scale, sm_scale * LOG2E,
+            q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), sm_scale, sm_scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
             H, H // H_KV, N_Q, N_K,
             BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(triton.cdiv(N_Q, config.BLOCK_M2), H, B),
-            **launch)
+            TMA=descs_dq is not None, **launch)
     return dq, dk, dv

@@ -42,6 +42,36 @@ def needs_int64(*tensors: torch.Tensor) -> bool:
     return any(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) >= 2**31 - 1 for t in tensors)
 
 
+def tma_capable(device: torch.device) -> bool:
+    """Whether tile loads through TMA descriptors run on ``device``: Hopper (sm_90) and
+    newer, or the interpreter (CPU tensors)."""
+    if device.type != "cuda":
+        return INTERPRETER
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def tma_descriptors(enabled: bool, tensors, rows: int, block_d: int):
+    """TMA descriptors over (B, H, N, D) tensors for [rows, block_d] tiles of one head
+    (rows past N and columns past D read as zeros), or None (load through pointers) when
+    not ``enabled``, on a device without TMA, or when the copy engine cannot address one
+    of the tensors: it needs a unit-stride head dim and 16-byte aligned base and strides."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if not enabled or not tma_capable(tensors[0].device):
+        return None
+    for t in tensors:
+        e = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s <= 0 or s * e % 16 for s in t.stride()[:-1]):
+            return None
+    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, block_d]) for t in tensors)
+
+
+@triton.jit
+def tma_tile(desc, b, h, start, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows [start, start + ROWS) of head (b, h) through a descriptor of tma_descriptor()."""
+    return desc.load([b.to(tl.int32), h.to(tl.int32), start, 0]).reshape(ROWS, BLOCK_D)
+
+
 @triton.jit
 def block_offsets(start, BLOCK: tl.constexpr, INT64: tl.constexpr):
     """start + arange(BLOCK), in int64 when offsets times strides may pass int32."""

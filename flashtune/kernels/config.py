@@ -23,6 +23,8 @@ NUM_WARPS = (1, 2, 4, 8, 16)
 MAX_STAGES = 8
 # the atomic-dQ backward's shared-memory need was measured up to this head dim only
 ATOMIC_DQ_MAX_HEAD_DIM = 128
+# TMA tile loads: run on the H200 for 16-bit inputs up to this padded head dim
+TMA_MAX_HEAD_DIM = 128
 
 # Shared memory per block (opt-in maximum) by compute capability, used when torch
 # cannot tell (older torch, or the interpreter).
@@ -65,6 +67,21 @@ def _check_launch(num_warps: Any, num_stages: Any, prefix: str = "") -> None:
         raise ConfigError(f"{prefix}num_warps: expected one of {NUM_WARPS}, got {num_warps!r}")
     if not isinstance(num_stages, int) or isinstance(num_stages, bool) or not 1 <= num_stages <= MAX_STAGES:
         raise ConfigError(f"{prefix}num_stages: expected an integer in [1, {MAX_STAGES}], got {num_stages!r}")
+
+
+def _check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value not in (0, 1):
+        raise ConfigError(f"{name}: expected 0 or 1, got {value!r}")
+
+
+def _check_tma(head_dim: int, dtype: torch.dtype, device) -> None:
+    if _element_size(dtype) != 2 or padded_head_dim(head_dim) > TMA_MAX_HEAD_DIM:
+        raise ConfigError(f"tma: supported for float16/bfloat16 up to head_dim {TMA_MAX_HEAD_DIM}, got {dtype} "
+                          f"head_dim {head_dim}; use tma=0")
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda" and device_capability(dev) < (9, 0):
+        raise ConfigError(f"tma: needs compute capability 9.0 or newer, {dev} has "
+                          f"{'.'.join(map(str, device_capability(dev)))}; use tma=0")
 
 
 def _element_size(dtype: torch.dtype) -> int:
@@ -114,33 +131,51 @@ class FwdConfig(_ConfigBase):
     """Forward launch config.
 
     Each program computes a BLOCK_M x head_dim tile of the output and walks the keys in
-    blocks of BLOCK_N. Constraints: BLOCK_M and BLOCK_N powers of two in [16, 256];
-    num_warps in {1, 2, 4, 8, 16}; num_stages in [1, 8]; the estimated shared memory
-    (the Q tile plus num_stages buffers of a K and a V tile) within the device's limit.
+    blocks of BLOCK_N, loading them through pointers or, with ``tma=1``, through Hopper's
+    tensor memory accelerator (one copy instruction per tile; up to 8 % faster at D=128
+    on the H200, 5-9 % slower at D=64: docs/data/h200-2026-11-30/fwd_tma.json). A TMA
+    config whose tensors the copy engine cannot address (head dim not unit-stride, or
+    base or strides not 16-byte aligned) runs with pointer loads. Constraints: BLOCK_M and BLOCK_N powers of two in
+    [16, 256]; num_warps in {1, 2, 4, 8, 16}; num_stages in [1, 8]; tma 0 or 1, 1 only
+    for 16-bit dtypes, head dims up to 128 and compute capability 9.0 or newer; the
+    estimated shared memory (the Q tile plus num_stages buffers of a K and a V tile)
+    within the device's limit.
     """
 
     BLOCK_M: int
     BLOCK_N: int
     num_warps: int
     num_stages: int
+    tma: int = 0
 
-    FIELDS: ClassVar[tuple[str, ...]] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+    FIELDS: ClassVar[tuple[str, ...]] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma")
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"tma"})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tma, bool):
+            object.__setattr__(self, "tma", int(self.tma))
 
     def check_fields(self) -> None:
         _check_block("BLOCK_M", self.BLOCK_M)
         _check_block("BLOCK_N", self.BLOCK_N)
         _check_launch(self.num_warps, self.num_stages)
+        _check_flag("tma", self.tma)
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         d, e = padded_head_dim(head_dim), _element_size(dtype)
         # Q tile + num_stages buffers of K and V: equal to what Triton 3.6 allocated for
         # every config of the space at D=64 bf16 with num_stages >= 2 (an upper bound
-        # at num_stages=1), measured on the H200 with benchmarks/sweep_space.py.
-        return e * d * (self.BLOCK_M + 2 * self.num_stages * self.BLOCK_N)
+        # at num_stages=1), measured on the H200 with benchmarks/sweep_space.py. TMA
+        # loads add their barriers and alignment: at most 1 KiB over the pointer kernel in
+        # all 72 D=128 bf16 configs of BLOCK_M 64..256, BLOCK_N 32..128, 4/8 warps, 1..4
+        # stages, compiled for sm_90 (2026-11-30).
+        return e * d * (self.BLOCK_M + 2 * self.num_stages * self.BLOCK_N) + 1024 * self.tma
 
     def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "FwdConfig":
         """Raise ConfigError naming the field if this config cannot run; return self."""
         self.check_fields()
+        if self.tma:
+            _check_tma(head_dim, dtype, device)
         _check_smem("FwdConfig", self.shared_memory(head_dim, dtype), device)
         return self
 
@@ -160,7 +195,9 @@ class BwdConfig(_ConfigBase):
       kernel runs instead). BLOCK_M2, BLOCK_N2, dq_num_warps and dq_num_stages are unused.
     Constraints: the four blocks powers of two in [16, 256]; warps in {1, 2, 4, 8, 16};
     stages in [1, 8]; atomic_dq 0 or 1; the estimated shared memory of each kernel within
-    the device's limit.
+    the device's limit. ``tma=1`` loads the walked tiles (Q and dO in the dK/dV kernel, K
+    and V in the dQ kernel) through TMA descriptors, under the forward's conditions (see
+    FwdConfig).
     """
 
     BLOCK_M1: int
@@ -172,10 +209,11 @@ class BwdConfig(_ConfigBase):
     dq_num_warps: int | None = None
     dq_num_stages: int | None = None
     atomic_dq: int = 0
+    tma: int = 0
 
     FIELDS: ClassVar[tuple[str, ...]] = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps", "num_stages",
-                                         "dq_num_warps", "dq_num_stages", "atomic_dq")
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"dq_num_warps", "dq_num_stages", "atomic_dq"})
+                                         "dq_num_warps", "dq_num_stages", "atomic_dq", "tma")
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"dq_num_warps", "dq_num_stages", "atomic_dq", "tma"})
 
     def __post_init__(self) -> None:
         # the dQ kernel's launch values default to the dK/dV kernel's (configs stored
@@ -184,16 +222,17 @@ class BwdConfig(_ConfigBase):
             object.__setattr__(self, "dq_num_warps", self.num_warps)
         if self.dq_num_stages is None:
             object.__setattr__(self, "dq_num_stages", self.num_stages)
-        if isinstance(self.atomic_dq, bool):
-            object.__setattr__(self, "atomic_dq", int(self.atomic_dq))
+        for flag in ("atomic_dq", "tma"):
+            if isinstance(getattr(self, flag), bool):
+                object.__setattr__(self, flag, int(getattr(self, flag)))
 
     def check_fields(self) -> None:
         for name in self.FIELDS[:4]:
             _check_block(name, getattr(self, name))
         _check_launch(self.num_warps, self.num_stages)
         _check_launch(self.dq_num_warps, self.dq_num_stages, prefix="dq_")
-        if self.atomic_dq not in (0, 1) or not isinstance(self.atomic_dq, int):
-            raise ConfigError(f"atomic_dq: expected 0 or 1, got {self.atomic_dq!r}")
+        _check_flag("atomic_dq", self.atomic_dq)
+        _check_flag("tma", self.tma)
 
     def canonical(self) -> "BwdConfig":
         """With atomic dQ the dQ kernel's fields are unused (but for deterministic mode): they
@@ -211,20 +250,29 @@ class BwdConfig(_ConfigBase):
         # layout-conversion scratch for the fp32 score block, which grows with the warps
         # for fp32 inputs. An upper bound of what Triton 3.6 allocated for sm_90 in every
         # config compiled so far (tests/kernels/sm90_shared_memory.py, 2026-11-30). The
-        # atomic-dQ dK/dV kernel took up to 1 KiB more than the plain one at D=128 (96
-        # configs compiled, 2026-11-30): 1/8 of a score block covers it. Under
+        # atomic-dQ dK/dV kernel needs 24-40 KiB more than the plain one at D=128 bf16
+        # (BLOCK_M1 16/32/64 x BLOCK_N1 64/128, 2-3 stages, 4/8 warps, with and without
+        # TMA, and some D=64 and fp32 ones, compiled 2026-11-30: the estimate covers each,
+        # exactly for BLOCK_M1=64 at D=128, the largest fitting ones). Under
         # deterministic mode an atomic config runs the dQ kernel with its blocks, so that
         # kernel's estimate counts either way.
         def scratch(warps: int) -> int:
             return max(9, warps + 1) if e == 4 else 2
 
-        dkdv = e * d * (2 * self.BLOCK_N1 + 2 * self.num_stages * self.BLOCK_M1) \
-            + 4 * self.BLOCK_M1 * self.BLOCK_N1 * scratch(self.num_warps)
+        tiles = e * d * (2 * self.BLOCK_N1 + 2 * self.num_stages * self.BLOCK_M1)
+        dkdv = tiles + 4 * self.BLOCK_M1 * self.BLOCK_N1 * scratch(self.num_warps)
         if self.atomic_dq:
-            dkdv += e * self.BLOCK_M1 * self.BLOCK_N1 // 8
+            # the fp32 dQ block goes through shared memory on its way to the atomic adds;
+            # below 64 query rows the dS^T K product's operands do too (sized as for at
+            # least 32 rows: 16-row blocks took as much as 32-row ones)
+            m = max(self.BLOCK_M1, 32)
+            dkdv = max(dkdv + e * self.BLOCK_M1 * self.BLOCK_N1 // 8,
+                       tiles + 1024 + 4 * m * d + (8 * m * self.BLOCK_N1 if self.BLOCK_M1 < 64 else 0))
         dq = e * d * (2 * self.BLOCK_M2 + 2 * self.dq_num_stages * self.BLOCK_N2) \
             + 4 * self.BLOCK_M2 * self.BLOCK_N2 * scratch(self.dq_num_warps)
-        return max(dkdv, dq)
+        # TMA loads add their barriers and alignment: at most 1 KiB per kernel over the
+        # pointer kernels (32 D=128 bf16 configs compiled for sm_90, 2026-11-30)
+        return max(dkdv, dq) + 1024 * self.tma
 
     def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "BwdConfig":
         """Raise ConfigError naming the field if this config cannot run; return self."""
@@ -232,6 +280,8 @@ class BwdConfig(_ConfigBase):
         if self.atomic_dq and padded_head_dim(head_dim) > ATOMIC_DQ_MAX_HEAD_DIM:
             raise ConfigError(f"atomic_dq: supported up to head_dim {ATOMIC_DQ_MAX_HEAD_DIM}, got head_dim {head_dim}; "
                               "use atomic_dq=0")
+        if self.tma:
+            _check_tma(head_dim, dtype, device)
         _check_smem("BwdConfig", self.shared_memory(head_dim, dtype), device)
         return self
 
@@ -250,11 +300,13 @@ _SM90_FWD = {
     # causal and not; D=128: within 1% (B=4, H=16). benchmarks/sweep_space.py, H200,
     # triton 3.6, 2026-11-29.
     (_bf, 16): _F(128, 64, 8, 3), (_bf, 32): _F(128, 64, 8, 3), (_bf, 64): _F(128, 64, 8, 3),
-    (_bf, 128): _F(64, 64, 4, 3), (_bf, 256): _F(64, 32, 4, 3),
+    (_bf, 128): _F(64, 64, 4, 3, tma=1), (_bf, 256): _F(64, 32, 4, 3),
     # bf16 D=128 non-causal: 128x128 won every such key of the search, 1.05x / 1.07x the
     # 64x64 default at N=4k / 16k (docs/tuning.md, report of 2026-11-30); causal keeps 64x64
-    # (128x128 is 0.86x it at N=1k causal).
-    (_bf, 128, False): _F(128, 128, 8, 3),
+    # (128x128 is 0.86x it at N=1k causal). Both with TMA loads: causal 1.08x / 1.03x /
+    # 0.99x the pointer loads at N=1k / 4k / 16k, non-causal 0.99x / 1.00x / 1.02x
+    # (benchmarks/fwd_tma.py, H200, 2026-11-30, docs/data/h200-2026-11-30/fwd_tma.json).
+    (_bf, 128, False): _F(128, 128, 8, 3, tma=1),
     (_f32, 16): _F(64, 32, 4, 3), (_f32, 32): _F(64, 32, 4, 3), (_f32, 64): _F(64, 32, 4, 3),
     (_f32, 128): _F(32, 64, 4, 3), (_f32, 256): _F(32, 32, 4, 3),
 }

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from flashtune.kernels.common import (LOG2E, block_offsets, dot_precision, key_range, load_tile, needs_int64,
-                                      on_device, store_tile)
+                                      on_device, store_tile, tma_descriptors, tma_tile)
 from flashtune.kernels.config import FwdConfig, padded_head_dim
 
 # Test-only fault injection for the autotuner's isolation tests.
@@ -21,13 +21,16 @@ FAULT_NONE, FAULT_OOB_WRITE, FAULT_TRAP, FAULT_SPIN, FAULT_WRONG = 0, 1, 2, 3, 4
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, desc_v, off_b, off_hk,
                offs_m, offs_nb, offs_d, lo, hi, N_K, qk_scale,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_nb
-        k = load_tile(k_base + offs_n[:, None] * stride_kn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
+        if TMA:
+            k = tma_tile(desc_k, off_b, off_hk, start_n, BLOCK_N, BLOCK_D)
+        else:
+            k = load_tile(k_base + offs_n[:, None] * stride_kn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if MASK:
             valid = offs_n[None, :] < N_K
@@ -41,14 +44,17 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
         # rescale the running sum and accumulator: the row max moved
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_tile(v_base + offs_n[:, None] * stride_vn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
+        if TMA:
+            v = tma_tile(desc_v, off_b, off_hk, start_n, BLOCK_N, BLOCK_D)
+        else:
+            v = load_tile(v_base + offs_n[:, None] * stride_vn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def _attn_fwd_kernel(Q, K, V, O, LSE, FaultFlag, qk_scale,
+def _attn_fwd_kernel(Q, K, V, O, LSE, FaultFlag, DescK, DescV, qk_scale,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -56,7 +62,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, FaultFlag, qk_scale,
                      H, GROUP, N_Q, N_K,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                     INT64: tl.constexpr, FAULT: tl.constexpr):
+                     INT64: tl.constexpr, TMA: tl.constexpr, FAULT: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         # the last query blocks have the most keys: start them first
@@ -83,12 +89,12 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, FaultFlag, qk_scale,
     # Key blocks [0, full_hi) need no mask; [full_hi, hi) need the causal and/or
     # sequence-end mask.
     full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                                offs_m, offs_nb, offs_d, 0, full_hi, N_K, qk_scale,
-                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                                offs_m, offs_nb, offs_d, full_hi, hi, N_K, qk_scale,
-                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA)
 
     acc = acc / l_i[:, None]
     if FAULT == 4:
@@ -123,15 +129,20 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     o = torch.empty_like(q)
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     fault_flag = torch.zeros(1, device=q.device, dtype=torch.int32) if _fault == FAULT_SPIN else lse2
+    BLOCK_D = padded_head_dim(D)
+    # K and V tiles through TMA descriptors when the config asks and the copy engine can
+    # address the tensors; otherwise (or for the unused arguments) the pointer loads
+    descs = tma_descriptors(config.tma, (k, v), config.BLOCK_N, BLOCK_D)
     grid = (triton.cdiv(N_Q, config.BLOCK_M), H, B)  # CUDA caps grid y and z at 65535
     with on_device(q):
         _attn_fwd_kernel.run(
-            q, k, v, o, lse2, fault_flag, sm_scale * LOG2E,
+            q, k, v, o, lse2, fault_flag, *(descs or (k, v)), sm_scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *o.stride(),
             H, H // k.shape[1], N_Q, N_K,
-            CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=padded_head_dim(D),
+            CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D,
             BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
-            PRECISION=dot_precision(q.dtype, fp32_precision), INT64=needs_int64(q, k, v, o), FAULT=_fault,
+            PRECISION=dot_precision(q.dtype, fp32_precision), INT64=needs_int64(q, k, v, o), TMA=descs is not None,
+            FAULT=_fault,
             num_warps=config.num_warps, num_stages=config.num_stages,
             grid=grid, warmup=compile_only,
         )

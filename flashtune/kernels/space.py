@@ -18,6 +18,7 @@ FWD_SPACE: dict[str, list[int]] = {
     "BLOCK_N": [16, 32, 64, 128],
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3, 4],
+    "tma": [0, 1],
 }
 
 # dK/dV holds keys (BLOCK_N1) and walks queries (BLOCK_M1); dQ holds queries (BLOCK_M2)
@@ -34,6 +35,7 @@ BWD_SPACE: dict[str, list[int]] = {
     "dq_num_warps": [4, 8],
     "dq_num_stages": [1, 2, 3],
     "atomic_dq": [0, 1],
+    "tma": [0, 1],
 }
 
 SPACES = {"fwd": (FwdConfig, FWD_SPACE), "bwd": (BwdConfig, BWD_SPACE)}
@@ -62,9 +64,10 @@ def valid_candidates(pass_: str, head_dim: int, dtype: torch.dtype, device=None)
 
 def default_neighbours(cfg) -> list:
     """Configs one structural step from a default that a sampler with a small budget is
-    unlikely to try early, measured right after it: for the backward, the same blocks
-    with dQ computed the other way (atomic vs dQ kernel), whose better choice depends on
-    the key (docs/tuning.md)."""
+    unlikely to try early, measured right after it: the same blocks with the tiles loaded
+    the other way (TMA vs pointers) and, for the backward, with dQ computed the other way
+    (atomic vs dQ kernel); the better choice of each depends on the key (docs/tuning.md)."""
+    out = [dataclasses.replace(cfg, tma=1 - cfg.tma)]
     if isinstance(cfg, BwdConfig):
-        return [dataclasses.replace(cfg, atomic_dq=1 - cfg.atomic_dq)]
-    return []
+        out.append(dataclasses.replace(cfg, atomic_dq=1 - cfg.atomic_dq))
+    return out

@@ -15,7 +15,7 @@ from flashtune.autotuner import search, study_name
 from flashtune.autotuner.worker import TrialWorker
 from flashtune.kernels import config as config_mod
 from flashtune.kernels.config import ConfigError, FwdConfig, default_config
-from flashtune.kernels.space import candidates
+from flashtune.kernels.space import candidates, default_neighbours
 from flashtune.keys import TuningKey
 from flashtune.provenance import kernel_source_hash
 from flashtune.store import Store
@@ -139,7 +139,7 @@ def test_repeated_or_rejected_proposals_are_never_measured_and_the_search_still_
     k = key("fwd", "float16", seq_len=16, causal=False)
     default = default_config("fwd", 16, torch.float16, "cpu")
     if proposals == "duplicates":
-        repeated = [default, FwdConfig(16, 16, 4, 1)]
+        repeated = [default, *default_neighbours(default)]  # all of them measured by the warm start
     else:
         monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 2 * 16 * (64 + 2 * 3 * 32))
         repeated = [FwdConfig(256, 128, 8, 4)]

@@ -9,6 +9,7 @@ import json
 import pytest
 from exchange_samples import A100, H200, key, result
 
+from flashtune.kernels import BwdConfig, FwdConfig
 from flashtune.provenance import kernel_source_hash
 from flashtune.store import Store
 
@@ -52,7 +53,7 @@ def test_list_json(invoke, db):
     del record["created_at"], record["updated_at"]
     assert record == {
         "gpu": H200.key, "dtype": "bfloat16", "head_dim": 64, "seq_len": 2048, "causal": True, "pass": "fwd",
-        "config": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}, "time_ms": 0.75,
+        "config": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0}, "time_ms": 0.75,
         "tflops": 512.5, "default_time_ms": 1.5, "error": 0.125, "n_trials": 16, "speedup": 2.0,
         "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": "3.6.0",
                        "torch_version": "2.11.0+cu130", "cuda_version": "13.0",
@@ -68,7 +69,7 @@ def test_list_csv(invoke, db):
     row = rows[0]
     assert (row["gpu"], row["pass"], row["causal"], row["time_ms"], row["default_time_ms"], row["speedup"]) == \
         (H200.key, "fwd", "False", "0.375", "", "")
-    assert json.loads(row["config"]) == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}
+    assert json.loads(row["config"]) == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0}
     assert out.output.splitlines()[0].startswith("gpu,dtype,head_dim,seq_len,causal,pass,config,time_ms,")
 
 
@@ -119,7 +120,7 @@ def test_list_of_a_bad_url(invoke):
 
 SHOW_TEXT = """\
 bwd bfloat16 d64 n1024 causal on NVIDIA H200@sm90
-  config        BLOCK_M1=32 BLOCK_N1=64 BLOCK_M2=64 BLOCK_N2=32 num_warps=8 num_stages=2 dq_num_warps=8 dq_num_stages=2 atomic_dq=0
+  config        BLOCK_M1=32 BLOCK_N1=64 BLOCK_M2=64 BLOCK_N2=32 num_warps=8 num_stages=2 dq_num_warps=8 dq_num_stages=2 atomic_dq=0 tma=0
   time          0.5 ms
   TFLOPS        512.5
   default time  1 ms
@@ -188,3 +189,17 @@ def test_show_a_key_whose_search_found_nothing(invoke, db):
                                  "no tuned result: no config passed the correctness check\n\n1 trials:\n")
     assert "compile_error" in out.output and "CompilationError: boom" in out.output
     assert json.loads(invoke("show", "--db", db, *args, "--json").output)["result"] is None
+
+
+@pytest.mark.parametrize("config,label", [
+    (FwdConfig(128, 64, 8, 3), "128x64 w8 s3"),
+    (FwdConfig(64, 64, 4, 3, tma=1), "64x64 w4 s3 tma"),
+    (BwdConfig(32, 64, 64, 32, 4, 2), "32x64/64x32 w4 s2"),
+    (BwdConfig(32, 64, 64, 32, 4, 2, 8, 3), "32x64 w4 s2 / 64x32 w8 s3"),
+    (BwdConfig(64, 128, 128, 64, 8, 3, atomic_dq=1, tma=1), "64x128 w8 s3 atomic-dQ tma"),
+    (BwdConfig(32, 64, 64, 32, 4, 2, tma=1), "32x64/64x32 w4 s2 tma"),
+], ids=str)
+def test_config_label_names_every_launch_choice(config, label):
+    from flashtune.cli.results import config_label
+
+    assert config_label(config) == label

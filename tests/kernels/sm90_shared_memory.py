@@ -28,7 +28,8 @@ def _source(fn, pointers: dict, scalars: dict, constexprs: dict):
             signature[name] = "constexpr"
         elif name in pointers:
             signature[name] = pointers[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]
+            if not pointers[name].startswith("tensordesc"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = scalars.get(name, "i32")
             if name.startswith("stride"):
@@ -50,15 +51,24 @@ def compile_shared(item: dict) -> list[int]:
     if item["pass"] == "fwd":
         cfg = FwdConfig.from_dict(item["config"])
         pointers = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32", "FaultFlag": "*fp32"}
-        kernels = [(forward._attn_fwd_kernel, pointers, {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "FAULT": 0})]
+        # a TMA config's K and V descriptors (4-d, one [BLOCK_N, BLOCK_D] tile of a head)
+        desc = f"tensordesc<{p[1:]}[1,1,{cfg.BLOCK_N},{padded_head_dim(D)}]>" if cfg.tma else p
+        pointers.update(DescK=desc, DescV=desc)
+        kernels = [(forward._attn_fwd_kernel, pointers,
+                    {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "FAULT": 0, "TMA": bool(cfg.tma)})]
     else:
         cfg = BwdConfig.from_dict(item["config"])
         pointers = {"Q": p, "K": p, "V": p, "DO": p, "LSE": "*fp32", "DELTA": "*fp32"}
-        kernels = [(backward._bwd_dkdv_kernel, {**pointers, "DK": p, "DV": p, "DQA": "*fp32"},
-                    {"BLOCK_M": cfg.BLOCK_M1, "BLOCK_N": cfg.BLOCK_N1, "ATOMIC_DQ": bool(cfg.atomic_dq)},
+        desc1 = f"tensordesc<{p[1:]}[1,1,{cfg.BLOCK_M1},{padded_head_dim(D)}]>" if cfg.tma else p
+        desc2 = f"tensordesc<{p[1:]}[1,1,{cfg.BLOCK_N2},{padded_head_dim(D)}]>" if cfg.tma else p
+        kernels = [(backward._bwd_dkdv_kernel, {**pointers, "DK": p, "DV": p, "DQA": "*fp32", "DescQ": desc1,
+                                                "DescDO": desc1},
+                    {"BLOCK_M": cfg.BLOCK_M1, "BLOCK_N": cfg.BLOCK_N1, "ATOMIC_DQ": bool(cfg.atomic_dq),
+                     "TMA": bool(cfg.tma)},
                     (cfg.num_warps, cfg.num_stages)),
                    # the dQ kernel also runs for an atomic config under deterministic mode
-                   (backward._bwd_dq_kernel, {**pointers, "DQ": p}, {"BLOCK_M": cfg.BLOCK_M2, "BLOCK_N": cfg.BLOCK_N2},
+                   (backward._bwd_dq_kernel, {**pointers, "DQ": p, "DescK": desc2, "DescV": desc2},
+                    {"BLOCK_M": cfg.BLOCK_M2, "BLOCK_N": cfg.BLOCK_N2, "TMA": bool(cfg.tma)},
                     (cfg.dq_num_warps, cfg.dq_num_stages))]
     shared = []
     for fn, pointers, blocks, (warps, stages) in (kernels if item["pass"] != "fwd" else

@@ -44,6 +44,12 @@ MORE_CONFIGS = SMALL_CONFIGS + [
     (F(64, 64, 4, 1), B(64, 64, 64, 64, 4, 1)),
     (F(128, 32, 8, 3), B(32, 128, 128, 32, 8, 3)),
 ]
+# tma=1: the walked tiles come through TMA descriptors (16-bit dtypes only)
+TMA_CONFIGS = [
+    (F(32, 16, 4, 1, tma=1), B(16, 32, 32, 16, 4, 1, tma=1)),
+    (F(16, 32, 4, 1, tma=1), B(32, 16, 16, 32, 4, 2, atomic_dq=1, tma=1)),
+    (F(64, 32, 4, 2, tma=1), B(32, 64, 64, 32, 4, 2, dq_num_warps=8, dq_num_stages=1, tma=1)),
+]
 SEQ_LENS = [(1, 1), (17, 17), (69, 69), (33, 69), (69, 33), (1, 17), (17, 1)]
 HEAD_DIMS = [16, 32, 48, 64, 80]
 HEADS = [(2, 2), (4, 2), (4, 1)]  # MHA, GQA, MQA
@@ -107,6 +113,23 @@ def _configs() -> list[Case]:
             for fwd, bwd in MORE_CONFIGS for (n_q, n_k) in ((69, 69), (33, 69), (69, 33)) for causal in (False, True)]
 
 
+def _tma() -> list[Case]:
+    # head dims with and without padding (the copy engine zero-fills columns past D and
+    # rows past N), GQA/MQA, Nq != Nk both ways, and layouts it can address (bnhd, a
+    # NaN-padded row) or cannot (bhdn: head dim not unit-stride; mixed), which fall back
+    # to pointer loads
+    cases, i = [], 0
+    for d, causal in itertools.product((16, 40, 64, 80, 128), (False, True)):
+        fwd, bwd = TMA_CONFIGS[i % len(TMA_CONFIGS)]
+        n_q, n_k = ((69, 33), (33, 69), (1, 17))[i % 3]
+        cases.append(Case("fp16", causal, n_q, n_k, d, heads=HEADS[i % len(HEADS)], batch=1 + i % 2, fwd=fwd, bwd=bwd))
+        i += 1
+    for (layout, causal), (fwd, bwd) in zip(itertools.product(("bnhd", "padded", "bhdn", "mixed"), (False, True)),
+                                            itertools.cycle(TMA_CONFIGS)):
+        cases.append(Case("fp16", causal, 69, 33, 40, heads=(4, 2), fwd=fwd, bwd=bwd, layout=layout))
+    return cases
+
+
 def _defaults() -> list[Case]:
     # fwd_config/bwd_config None: the heuristic table's configs for this device
     return [Case(dtype, causal, 69, 69, d) for dtype in ("fp32-tf32", "fp16") for d in (64, 80)
@@ -136,6 +159,39 @@ def test_strided_layouts(case, kernel_device):
 @pytest.mark.parametrize("case", _scales(), ids=str)
 def test_sm_scale(case, kernel_device):
     run_case(case, kernel_device)
+
+
+@pytest.mark.parametrize("case", _tma(), ids=str)
+def test_tma_loads(case, kernel_device):
+    run_case(case, kernel_device)
+
+
+def test_tma_configs_load_through_descriptors_where_the_tensors_allow(kernel_device, monkeypatch):
+    """A tma=1 config hands descriptors to all three kernels for contiguous inputs, and
+    none (pointer loads) for a head dim that is not unit-stride; tma=0 never does."""
+    from flashtune.kernels import backward, forward
+
+    made = []
+
+    def recording(real):
+        def wrapper(enabled, tensors, rows, block_d):
+            out = real(enabled, tensors, rows, block_d)
+            made.append(out is not None)
+            return out
+        return wrapper
+
+    monkeypatch.setattr(forward, "tma_descriptors", recording(forward.tma_descriptors))
+    monkeypatch.setattr(backward, "tma_descriptors", recording(backward.tma_descriptors))
+    fwd, bwd = TMA_CONFIGS[0]
+    for layout, cfgs, expected in (("bhnd", (fwd, bwd), [True] * 3), ("bhdn", (fwd, bwd), [False] * 3),
+                                   ("bhnd", (dataclasses.replace(fwd, tma=0), dataclasses.replace(bwd, tma=0)),
+                                    [False] * 3)):
+        made.clear()
+        case = Case("fp16", True, 33, 33, 32, heads=(2, 2), fwd=cfgs[0], bwd=cfgs[1], layout=layout)
+        q, k, v, do = case_inputs(case, kernel_device)
+        o = attention(q, k, v, causal=True, fwd_config=case.fwd, bwd_config=case.bwd)
+        torch.autograd.grad(o, (q, k, v), do)
+        assert made == expected, (layout, cfgs)
 
 
 @pytest.mark.parametrize("case", _configs(), ids=str)

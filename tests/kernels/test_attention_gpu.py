@@ -30,7 +30,8 @@ from kernel_checks import (
     tolerance,
 )
 
-from flashtune.kernels import ConfigError, attention, attention_backward, attention_forward, default_config
+from flashtune.kernels import (BwdConfig, ConfigError, FwdConfig, attention, attention_backward, attention_forward,
+                               default_config)
 from flashtune.kernels.common import LN2
 from flashtune.kernels.space import candidates
 
@@ -64,6 +65,13 @@ def _realistic() -> list[Case]:
     cases += [Case("fp16", True, 1000, 1000, 64, heads=(8, 8), batch=2, do_layout="expanded")]
     # sm_scale
     cases += [Case("bf16", causal, 1000, 1000, 128, heads=(8, 8), batch=2, sm_scale=0.5) for causal in (False, True)]
+    # TMA loads in both passes (padded head dim 80, GQA, Nq != Nk, a strided layout the
+    # copy engine can address), with dQ both ways
+    for d, atomic, causal in itertools.product((64, 80, 128), (0, 1), (False, True)):
+        cases.append(Case("fp16" if d == 80 else "bf16", causal, 1000, 1000 + 24 * atomic, d, heads=(8, 2), batch=2,
+                          fwd=FwdConfig(128, 64, 8, 3, tma=1),
+                          bwd=BwdConfig(64, 128, 128, 64, 8, 3, 8, 3, atomic_dq=atomic, tma=1),
+                          layout="bnhd" if d == 64 else "bhnd"))
     return cases
 
 
@@ -154,8 +162,8 @@ def test_every_search_space_config(pass_, head_dim, causal):
 
 def _bwd_kernels(cfg) -> tuple[tuple, tuple | None]:
     """The two kernel launches of a backward config: (dK/dV, dQ or None)."""
-    dkdv = (cfg.BLOCK_M1, cfg.BLOCK_N1, cfg.num_warps, cfg.num_stages, cfg.atomic_dq)
-    return dkdv, None if cfg.atomic_dq else (cfg.BLOCK_M2, cfg.BLOCK_N2, cfg.dq_num_warps, cfg.dq_num_stages)
+    dkdv = (cfg.BLOCK_M1, cfg.BLOCK_N1, cfg.num_warps, cfg.num_stages, cfg.atomic_dq, cfg.tma)
+    return dkdv, None if cfg.atomic_dq else (cfg.BLOCK_M2, cfg.BLOCK_N2, cfg.dq_num_warps, cfg.dq_num_stages, cfg.tma)
 
 
 def kernel_cover(configs, head_dim, dtype):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import re
 
@@ -209,6 +211,7 @@ BAD_FWD = [
     (F(16.0, 16, 4, 1), "BLOCK_M"), (F(16, "16", 4, 1), "BLOCK_N"), (F(True, 16, 4, 1), "BLOCK_M"),
     (F(16, 16, 4.0, 1), "num_warps"), (F(16, 16, True, 1), "num_warps"), (F(16, 16, 4, 1.0), "num_stages"),
     (F(16, 16, 4, True), "num_stages"), (F([16], 16, 4, 1), "BLOCK_M"),
+    (F(16, 16, 4, 1, tma=2), "tma"), (F(16, 16, 4, 1, tma="1"), "tma"), (F(16, 16, 4, 1, tma=1.0), "tma"),
 ]
 BAD_BWD = [
     (B(24, 16, 16, 16, 4, 1), "BLOCK_M1"), (B(16, 512, 16, 16, 4, 1), "BLOCK_N1"),
@@ -218,6 +221,7 @@ BAD_BWD = [
     (B(16, 16, 16, 16, 4, 1, dq_num_warps=3), "dq_num_warps"), (B(16, 16, 16, 16, 4, 1, dq_num_stages=0), "dq_num_stages"),
     (B(16, 16, 16, 16, 4, 1, dq_num_stages=2.0), "dq_num_stages"), (B(16, 16, 16, 16, 4, 1, atomic_dq=2), "atomic_dq"),
     (B(16, 16, 16, 16, 4, 1, atomic_dq="yes"), "atomic_dq"), (B(16, 16, 16, 16, 4, 1, atomic_dq=1.0), "atomic_dq"),
+    (B(16, 16, 16, 16, 4, 1, tma=-1), "tma"), (B(16, 16, 16, 16, 4, 1, tma=None), "tma"),
 ]
 
 
@@ -293,10 +297,43 @@ def test_from_dict_errors(cls, data, words):
         cls.from_dict(data)
 
 
-@pytest.mark.parametrize("cfg", [F(32, 16, 4, 2), B(16, 32, 64, 16, 8, 3), B(16, 32, 64, 16, 8, 3, 4, 1),
-                                 B(64, 128, 128, 64, 8, 3, atomic_dq=1)], ids=_cfg_id)
+@pytest.mark.parametrize("cfg", [F(32, 16, 4, 2), F(64, 64, 4, 3, tma=1), B(16, 32, 64, 16, 8, 3),
+                                 B(16, 32, 64, 16, 8, 3, 4, 1), B(64, 128, 128, 64, 8, 3, atomic_dq=1),
+                                 B(64, 128, 128, 64, 8, 3, atomic_dq=1, tma=1)], ids=_cfg_id)
 def test_from_dict_round_trip(cfg):
     assert type(cfg).from_dict(cfg.to_dict()) == cfg
+
+
+def test_configs_stored_before_the_tma_field_load_pointer_loads():
+    fwd = F.from_dict({"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3})
+    assert fwd == F(64, 32, 4, 3) and fwd.tma == 0 and fwd.to_dict()["tma"] == 0
+    bwd = B.from_dict({"BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32, "num_warps": 8,
+                       "num_stages": 2, "dq_num_warps": 4, "dq_num_stages": 1, "atomic_dq": 1})
+    assert bwd.tma == 0 and bwd == B(32, 64, 64, 32, 8, 2, 4, 1, atomic_dq=1)
+    assert F(64, 32, 4, 3, tma=True).tma == 1 and B(16, 16, 16, 16, 4, 1, tma=True).tma == 1
+
+
+@pytest.mark.parametrize("cfg", [F(16, 16, 4, 1, tma=1), B(16, 16, 16, 16, 4, 1, tma=1)], ids=_cfg_id)
+def test_tma_is_limited_to_what_ran_on_the_gpu(cfg, monkeypatch):
+    """TMA loads: 16-bit dtypes, head dims up to 128, compute capability 9.0 or newer."""
+    for dtype in (torch.float16, torch.bfloat16):
+        assert cfg.validate(128, dtype, "cpu") is cfg and cfg.validate(40, dtype, "cpu") is cfg
+    with raises(ConfigError, "tma:", "head_dim 129", "tma=0"):
+        cfg.validate(129, torch.float16, "cpu")
+    with raises(ConfigError, "tma:", "float32", "tma=0"):
+        cfg.validate(64, torch.float32, "cpu")
+    monkeypatch.setattr(config_mod, "device_capability", lambda device: (8, 0))
+    with raises(ConfigError, "tma:", "compute capability 9.0", "8.0"):
+        cfg.validate(64, torch.float16, "cuda")
+    kw = {"fwd_config" if isinstance(cfg, FwdConfig) else "bwd_config": cfg}
+    with raises(ConfigError, "tma:"):
+        attention(*qkv((1, 2, 17, 64)), **kw)  # float32
+
+
+def test_tma_adds_its_barriers_to_the_shared_memory_estimate():
+    for plain in (F(128, 128, 8, 3), B(64, 128, 128, 64, 8, 3), B(64, 128, 128, 64, 8, 3, atomic_dq=1)):
+        tma = dataclasses.replace(plain, tma=1)
+        assert tma.shared_memory(128, torch.bfloat16) == plain.shared_memory(128, torch.bfloat16) + 1024
 
 
 def test_bwd_config_stored_before_the_dq_fields_launches_both_kernels_alike():
@@ -304,7 +341,7 @@ def test_bwd_config_stored_before_the_dq_fields_launches_both_kernels_alike():
     cfg = B.from_dict(old)
     assert (cfg.dq_num_warps, cfg.dq_num_stages, cfg.atomic_dq) == (8, 2, 0)
     assert cfg == B(32, 64, 64, 32, 8, 2) == B(32, 64, 64, 32, 8, 2, 8, 2, 0)
-    assert cfg.to_dict() == {**old, "dq_num_warps": 8, "dq_num_stages": 2, "atomic_dq": 0}
+    assert cfg.to_dict() == {**old, "dq_num_warps": 8, "dq_num_stages": 2, "atomic_dq": 0, "tma": 0}
 
 
 def test_bwd_canonical_drops_the_unused_dq_fields_of_atomic_configs():
@@ -312,10 +349,13 @@ def test_bwd_canonical_drops_the_unused_dq_fields_of_atomic_configs():
     assert plain.canonical() is plain
     a, b = B(32, 64, 128, 16, 8, 2, 4, 1, atomic_dq=1), B(32, 64, 32, 64, 8, 2, 8, 3, atomic_dq=1)
     assert a != b and a.canonical() == b.canonical() == B(32, 64, 64, 32, 8, 2, 8, 2, atomic_dq=1)
-    # the canonical form's dQ kernel (deterministic mode) needs no more shared memory than the dK/dV kernel
+    # the canonical form fits wherever the config does (its dQ kernel, run under
+    # deterministic mode, needs no more shared memory than its dK/dV kernel)
     for cfg in (a, b):
-        assert cfg.canonical().shared_memory(128, torch.bfloat16) <= B(32, 64, 64, 32, 8, 2).shared_memory(
-            128, torch.bfloat16) + 32 * 64 * 2 // 8
+        assert cfg.canonical().shared_memory(128, torch.bfloat16) <= cfg.shared_memory(128, torch.bfloat16)
+    assert a.canonical().shared_memory(128, torch.bfloat16) == a.shared_memory(128, torch.bfloat16)
+    # the TMA flag is part of the launch: configs differing in it stay apart
+    assert dataclasses.replace(a, tma=1).canonical() == dataclasses.replace(a.canonical(), tma=1) != a.canonical()
 
 
 def test_atomic_dq_is_limited_to_head_dims_it_was_measured_for():

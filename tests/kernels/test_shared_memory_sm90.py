@@ -3,8 +3,9 @@
 Checked without a GPU: triton compiles the kernels for sm_90 in a child process
 (sm90_shared_memory.py) and reports each compiled kernel's shared memory, which is
 compared with the device's 232448-byte limit (what triton checks at launch, raising
-OutOfResources). Covers the sm_90 heuristic defaults at the largest head dims, and
-configs of the default search space whose estimate is close to the real need.
+OutOfResources). Covers the sm_90 heuristic defaults at the largest head dims,
+configs of the default search space whose estimate is close to the real need, and
+configs whose estimate must be an upper bound of the compiled kernels' need.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from flashtune.kernels import BwdConfig
+from flashtune.kernels import BwdConfig, FwdConfig
 from flashtune.kernels import config as config_mod
 
 SM90_SHARED_MEMORY = 232448  # bytes per block, opt-in maximum of the H100/H200
@@ -35,9 +36,17 @@ def _items():
         for (dtype, head_dim, *_), cfg in table.items():
             if head_dim >= 128 and dtype in names:
                 items.append(("sm90 default", pass_, cfg, head_dim, names[dtype]))
+    # TMA forward at the limit: estimated 230400 bytes (accepted), and one stage more (rejected)
+    items += [("search space", "fwd", FwdConfig(128, 128, 8, stages, tma=1), 128, "bfloat16") for stages in (3, 4)]
     # default search space, fp32 head_dim 256: estimated 204800 bytes (accepted)
     items.append(("search space", "bwd", BwdConfig(64, 32, 32, 16, 4, 1), 256, "float32"))
     items.append(("search space", "bwd", BwdConfig(64, 32, 64, 32, 8, 1), 256, "float32"))
+    # the estimate is an upper bound: atomic-dQ kernels of each query-block height, TMA ones
+    for m1, n1 in ((16, 128), (32, 64), (64, 128)):
+        for tma in (0, 1):
+            items.append(("bound", "bwd", BwdConfig(m1, n1, n1, m1, 4, 3, atomic_dq=1, tma=tma), 128, "bfloat16"))
+    items.append(("bound", "bwd", BwdConfig(16, 64, 64, 16, 4, 2, atomic_dq=1), 128, "float32"))
+    items.append(("bound", "fwd", FwdConfig(64, 64, 4, 3, tma=1), 128, "bfloat16"))
     return items
 
 
@@ -54,7 +63,7 @@ def test_accepted_configs_fit_sm90_shared_memory():
         pytest.skip(results[0]["skip"])
     assert len(results) == len(items)
 
-    too_big = []
+    too_big, underestimated = [], []
     for (origin, pass_, cfg, head_dim, dtype), res in zip(items, results):
         estimate = cfg.shared_memory(head_dim, DTYPES[dtype])
         accepted = estimate <= SM90_SHARED_MEMORY
@@ -64,5 +73,9 @@ def test_accepted_configs_fit_sm90_shared_memory():
             too_big.append(f"{origin} {pass_} {dtype} head_dim={head_dim} {cfg.short()}: validate() estimates "
                            f"{estimate} bytes and accepts it, the compiled kernels need {res['shared']} "
                            f"(limit {SM90_SHARED_MEMORY})")
+        if origin == "bound" and max(res["shared"]) > estimate:
+            underestimated.append(f"{pass_} {dtype} head_dim={head_dim} {cfg.short()}: estimate {estimate}, "
+                                  f"compiled {res['shared']}")
     assert not too_big, "configs accepted on sm_90 that cannot launch there:\n" + "\n".join(too_big)
+    assert not underestimated, "shared_memory() below what the compiled kernels need:\n" + "\n".join(underestimated)
 
