@@ -12,14 +12,15 @@ mkdir -p "$out"
 flashtune() { python3 -m flashtune "$@"; }
 case "$stage" in
 search)
-    # budget: 16 measured configs per key (the CLI's quick default), trials killed after 60 s
+    # budget: 32 measured configs per key (the CLI's default; TRIALS=16 was the earlier runs'), trials
+    # killed after 60 s
     flashtune search --head-dim 64,128 --dtype bfloat16 --seq-len 1024,4096,16384 --trial-timeout 60 \
-        --trials "${TRIALS:-16}" --db "$out/tuned.db" --storage "$out/journal.log" --no-progress --json \
+        --trials "${TRIALS:-32}" --db "$out/tuned.db" --storage "$out/journal.log" --no-progress --json \
         > "$out/search.json"
     flashtune list --db "$out/tuned.db"
     ;;
 sweep)
-    # a budget above the forward space's 160 configs: every valid config is measured once
+    # a budget above the forward space's 320 configs: every valid config is measured once
     flashtune search --head-dim 64,128 --dtype bfloat16 --seq-len 4096 --causal --pass fwd --trials 1000 \
         --trial-timeout 60 --db "$out/sweep.db" --storage "$out/sweep-journal.log" --no-progress --json \
         > "$out/sweep.json"

@@ -68,7 +68,7 @@ def tma_descriptors(enabled: bool, tensors, rows: int, block_d: int):
 
 @triton.jit
 def tma_tile(desc, b, h, start, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows [start, start + ROWS) of head (b, h) through a descriptor of tma_descriptor()."""
+    """Rows [start, start + ROWS) of head (b, h) through a descriptor of tma_descriptors()."""
     return desc.load([b.to(tl.int32), h.to(tl.int32), start, 0]).reshape(ROWS, BLOCK_D)
 
 

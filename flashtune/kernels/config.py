@@ -298,25 +298,27 @@ _bf, _fp, _f32 = torch.bfloat16, torch.float16, torch.float32
 _SM90_FWD = {
     # bf16 D=64: within 2% of the best of the 160-config space at N=4096 (B=4, H=32),
     # causal and not; D=128: within 1% (B=4, H=16). benchmarks/sweep_space.py, H200,
-    # triton 3.6, 2026-11-29.
+    # triton 3.6, 2026-11-29. Since revised by the searches of docs/tuning.md.
     (_bf, 16): _F(128, 64, 8, 3), (_bf, 32): _F(128, 64, 8, 3), (_bf, 64): _F(128, 64, 8, 3),
+    # bf16 D=128 causal: 64x64 with TMA loads, the search's winner at N=1k..16k (report of
+    # ae407ed in docs/tuning.md; TMA is 1.08x / 1.03x the pointer loads at N=1k / 4k,
+    # docs/data/h200-2026-11-30/fwd_tma.json).
     (_bf, 128): _F(64, 64, 4, 3, tma=1), (_bf, 256): _F(64, 32, 4, 3),
-    # bf16 D=128 non-causal: 128x128 won every such key of the search, 1.05x / 1.07x the
-    # 64x64 default at N=4k / 16k (docs/tuning.md, report of 2026-11-30); causal keeps 64x64
-    # (128x128 is 0.86x it at N=1k causal). Both with TMA loads: causal 1.08x / 1.03x /
-    # 0.99x the pointer loads at N=1k / 4k / 16k, non-causal 0.99x / 1.00x / 1.02x
-    # (benchmarks/fwd_tma.py, H200, 2026-11-30, docs/data/h200-2026-11-30/fwd_tma.json).
-    (_bf, 128, False): _F(128, 128, 8, 3, tma=1),
+    # bf16 D=128 non-causal: 64x128, 4 warps, one stage, TMA loads: the search's winner at
+    # N=1k..16k, 1.22x / 1.12x / 1.08x the 128x128 w8 s3 TMA default before it (report of
+    # ae407ed, docs/tuning.md).
+    (_bf, 128, False): _F(64, 128, 4, 1, tma=1),
     (_f32, 16): _F(64, 32, 4, 3), (_f32, 32): _F(64, 32, 4, 3), (_f32, 64): _F(64, 32, 4, 3),
     (_f32, 128): _F(32, 64, 4, 3), (_f32, 256): _F(32, 32, 4, 3),
 }
 _SM90_BWD = {
-    # bf16 D=64: the tuned winner of N=1k..16k non-causal (docs/tuning.md), 1.18x the
-    # earlier 32/128/128/32; D=128: atomic dQ, 1.03-1.11x the best separate-dQ config at
-    # N=4k/16k (H200, 2026-11-30, .scratch experiment recorded in docs/tuning.md); its dQ
-    # fields are what the dQ kernel uses under deterministic mode.
+    # bf16 D=64: the search's winner of all six D=64 keys (report of ae407ed in
+    # docs/tuning.md): TMA loads, 1.00-1.03x the same blocks with pointer loads
+    # non-causal, 1.09-1.13x causal. D=128: dQ in its own kernel with 8 warps, 3 stages,
+    # the winner of all six D=128 keys there, 1.01-1.11x the atomic-dQ default before it.
+    # D=16/32 keep pointer loads (TMA with tiles that narrow never ran on the GPU).
     (_bf, 16): _B(64, 64, 128, 64, 4, 3), (_bf, 32): _B(64, 64, 128, 64, 4, 3),
-    (_bf, 64): _B(64, 64, 128, 64, 4, 3), (_bf, 128): _B(64, 128, 128, 64, 8, 3, 8, 3, atomic_dq=1),
+    (_bf, 64): _B(64, 64, 128, 64, 4, 3, tma=1), (_bf, 128): _B(64, 128, 128, 64, 8, 3, 8, 3),
     (_bf, 256): _B(32, 64, 64, 32, 8, 1),
     (_f32, 16): _B(32, 64, 64, 32, 4, 2), (_f32, 32): _B(32, 64, 64, 32, 4, 2),
     (_f32, 64): _B(32, 64, 64, 32, 4, 2), (_f32, 128): _B(32, 64, 64, 32, 4, 1),

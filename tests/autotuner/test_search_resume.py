@@ -27,6 +27,7 @@ from autotuner_helpers import (
 from flashtune.autotuner import search, study_name
 from flashtune.autotuner.trial import flops, trial_shape
 from flashtune.kernels.config import default_config
+from flashtune.kernels.space import default_neighbours
 from flashtune.provenance import kernel_source_hash
 from flashtune.store import Store
 
@@ -67,8 +68,9 @@ def test_an_interrupted_search_resumes_without_measuring_a_config_twice(tmp_path
             search([k], **run)
     assert len(runs.calls) == 3
     assert sum(rows_per_config(db, k).values()) == 3
-    # the default was re-queued although its first trial failed (interrupted)
-    assert cid(runs.calls[0][1]) == cid(default)
+    # the default was re-queued although its first trial failed (interrupted), and measured
+    # right after what the first run had left waiting in the queue (its warm-start neighbour)
+    assert [cid(c[1]) for c in runs.calls[:2]] == [cid(c) for c in (*default_neighbours(default), default)]
 
     # 3. Run again to the end
     with monkeypatch.context() as m:

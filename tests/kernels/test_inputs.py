@@ -413,5 +413,8 @@ def test_default_config_prefers_an_entry_for_the_masking(dtype, monkeypatch):
     assert default_config("fwd", 128, dtype, "cpu", causal=True) == either != full
     assert default_config("fwd", 100, dtype, "cpu", causal=False) == full  # padded to 128
     # one that does not fit the device gives way to the entry for both maskings
-    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: full.shared_memory(128, dtype) - 1)
+    big = FwdConfig(256, 128, 8, 4)
+    monkeypatch.setitem(config_mod.HEURISTICS[(9, 0)][0], (torch.bfloat16, 128, False), big)
+    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: either.shared_memory(128, dtype))
+    assert big.shared_memory(128, dtype) > either.shared_memory(128, dtype)
     assert default_config("fwd", 128, dtype, "cpu", causal=False) == either
