@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 
@@ -47,7 +48,13 @@ def tma_capable(device: torch.device) -> bool:
     newer, or the interpreter (CPU tensors)."""
     if device.type != "cuda":
         return INTERPRETER
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return _cuda_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_major(index: int) -> int:
+    # asked on every launch of a TMA config: once per device is enough
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def tma_descriptors(enabled: bool, tensors, rows: int, block_d: int):

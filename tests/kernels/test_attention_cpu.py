@@ -266,7 +266,7 @@ LARGE_OFFSET_SCRIPT = textwrap.dedent("""
     import torch
     from flashtune.kernels import BwdConfig, FwdConfig, attention, reference_attention
 
-    device, dtype = sys.argv[1], getattr(torch, sys.argv[2])
+    device, dtype, tma = sys.argv[1], getattr(torch, sys.argv[2]), int(sys.argv[3])
     N, D, STRIDE = 80, 16, 1 << 25  # the last rows sit 79 * 2^25 > 2^31 elements from the start
     gen = torch.Generator().manual_seed(0)
 
@@ -279,7 +279,8 @@ LARGE_OFFSET_SCRIPT = textwrap.dedent("""
     q, v = strided(), strided()
     k = torch.randn(1, 1, N, D, generator=gen).to(device, dtype).requires_grad_()
     do = torch.randn(1, 1, N, D, generator=gen).to(device, dtype)
-    o = attention(q, k, v, causal=True, fwd_config=FwdConfig(16, 16, 4, 1), bwd_config=BwdConfig(16, 16, 16, 16, 4, 1))
+    o = attention(q, k, v, causal=True, fwd_config=FwdConfig(16, 16, 4, 1, tma=tma),
+                  bwd_config=BwdConfig(16, 16, 16, 16, 4, 1, tma=tma))
     grads = torch.autograd.grad(o, (q, k, v), do)
     leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
     ref, _ = reference_attention(*leaves, causal=True, dtype=torch.float64)
@@ -292,15 +293,17 @@ LARGE_OFFSET_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_offsets_beyond_int32(kernel_device):
+@pytest.mark.parametrize("tma", [0, 1], ids=["pointers", "tma"])
+def test_offsets_beyond_int32(kernel_device, tma):
     """Element offsets past 2^31 inside one (batch, head): e.g. (B, N, H, D) storage with
     N * H * D >= 2^31, as long contexts with many heads have. The row offset
-    ``offs_m * stride_n`` must be computed in 64 bits."""
+    ``offs_m * stride_n`` must be computed in 64 bits (and TMA descriptors take the
+    strides as they are)."""
     dtype = "float16" if kernel_device.type == "cpu" else "bfloat16"
     env = dict(os.environ)
     if kernel_device.type == "cpu":
         env["TRITON_INTERPRET"] = "1"
-    out = subprocess.run([sys.executable, "-c", LARGE_OFFSET_SCRIPT, kernel_device.type, dtype],
+    out = subprocess.run([sys.executable, "-c", LARGE_OFFSET_SCRIPT, kernel_device.type, dtype, str(tma)],
                          check=False, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0 and "OK" in out.stdout, (
         f"attention with row offsets beyond 2^31 elements failed: exit code {out.returncode}"
