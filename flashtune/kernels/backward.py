@@ -8,6 +8,9 @@ not past the sequence end) run apart from those that do.
 
 With S = sm_scale * Q K^T, P = softmax(S), dP = dO V^T, dS = P * (dP - Delta):
 dV = P^T dO, dK = sm_scale * dS^T Q, dQ = sm_scale * dS K.
+
+The walked tiles (Q and dO in the dK/dV kernel, K and V in the dQ kernel) load through
+pointers or, with ``config.tma``, through TMA descriptors (common.tma_descriptors).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Layout is torch SDPA's: q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D), any strides.
 Query head h reads key/value head h // (Hq // Hkv) (grouped-query attention).
 Causal follows torch SDPA's ``is_causal``: query i sees keys j <= i (the mask is
-aligned to the top-left corner, also when Nq != Nk).
+aligned to the top-left corner, also when Nq != Nk). The K and V tiles load through
+pointers or, with ``config.tma``, through TMA descriptors (common.tma_descriptors).
 """
 
 from __future__ import annotations
