@@ -51,8 +51,8 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout,
     """Tune kernel configs for this GPU and store the winners.
 
     By default: the common LLM shapes (head dims 64 and 128, bfloat16, sequence
-    lengths 512 to 16384, causal and full, forward and backward) with a quick budget
-    of 16 configs per key. Every config is checked against an fp32 reference before
+    lengths 512 to 16384, causal and full, forward and backward) with a budget
+    of 32 configs per key. Every config is checked against an fp32 reference before
     it is timed; the winner, its speed-up over the heuristic default, and every
     trial go to the store. An interrupted search resumes where it stopped.
 
