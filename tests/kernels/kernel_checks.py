@@ -38,8 +38,9 @@ DTYPES = {
 #   projection output); bhdn: head dim not unit-stride; padded: (B, N, H, D + 8)
 #   storage sliced to D, so rows are not dense; expanded (dO only): stride 0 except
 #   along D, as autograd passes for ``o.sum()``-like losses; mixed (a Case's q, k, v
-#   only): q bhnd, k bnhd, v bhdn.
-DENSE_LAYOUTS = ("bhnd", "bnhd", "bhdn", "mixed")
+#   only): q bhnd, k bnhd, v bhdn; shifted: contiguous, starting one element into its
+#   storage (not 16-byte aligned: TMA descriptors cannot address it).
+DENSE_LAYOUTS = ("bhnd", "bnhd", "bhdn", "mixed", "shifted")
 MIXED = {"q": "bhnd", "k": "bnhd", "v": "bhdn"}
 LAYOUTS = DENSE_LAYOUTS + ("padded",)
 
@@ -119,6 +120,9 @@ def make_tensor(shape, *, layout: str, dtype: torch.dtype, device, gen: torch.Ge
         storage = torch.full((B, N, H, D + 8), float("nan"))  # the padding must never be read
         storage[..., :D] = values.transpose(1, 2)
         return storage.to(device=device, dtype=dtype)[..., :D].transpose(1, 2)
+    if layout == "shifted":
+        storage = torch.empty(B * H * N * D + 1, device=device, dtype=dtype)
+        return storage[1:].view(B, H, N, D).copy_(values)
     if layout == "expanded":
         return torch.randn(D, generator=gen).to(device=device, dtype=dtype).expand(B, H, N, D)
     raise ValueError(f"layout: unknown {layout!r}")

@@ -124,9 +124,12 @@ def _tma() -> list[Case]:
         n_q, n_k = ((69, 33), (33, 69), (1, 17))[i % 3]
         cases.append(Case("fp16", causal, n_q, n_k, d, heads=HEADS[i % len(HEADS)], batch=1 + i % 2, fwd=fwd, bwd=bwd))
         i += 1
-    for (layout, causal), (fwd, bwd) in zip(itertools.product(("bnhd", "padded", "bhdn", "mixed"), (False, True)),
-                                            itertools.cycle(TMA_CONFIGS)):
+    for (layout, causal), (fwd, bwd) in zip(itertools.product(("bnhd", "padded", "bhdn", "mixed", "shifted"),
+                                                              (False, True)), itertools.cycle(TMA_CONFIGS)):
         cases.append(Case("fp16", causal, 69, 33, 40, heads=(4, 2), fwd=fwd, bwd=bwd, layout=layout))
+    # dO with stride 0 (autograd's gradient of a sum): the dK/dV kernel loads it through pointers
+    cases += [Case("fp16", causal, 33, 69, 32, heads=(4, 2), fwd=TMA_CONFIGS[1][0], bwd=TMA_CONFIGS[1][1],
+                   do_layout="expanded") for causal in (False, True)]
     return cases
 
 
@@ -184,6 +187,7 @@ def test_tma_configs_load_through_descriptors_where_the_tensors_allow(kernel_dev
     monkeypatch.setattr(backward, "tma_descriptors", recording(backward.tma_descriptors))
     fwd, bwd = TMA_CONFIGS[0]
     for layout, cfgs, expected in (("bhnd", (fwd, bwd), [True] * 3), ("bhdn", (fwd, bwd), [False] * 3),
+                                   ("shifted", (fwd, bwd), [False] * 3),
                                    ("bhnd", (dataclasses.replace(fwd, tma=0), dataclasses.replace(bwd, tma=0)),
                                     [False] * 3)):
         made.clear()

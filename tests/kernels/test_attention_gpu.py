@@ -72,6 +72,9 @@ def _realistic() -> list[Case]:
                           fwd=FwdConfig(128, 64, 8, 3, tma=1),
                           bwd=BwdConfig(64, 128, 128, 64, 8, 3, 8, 3, atomic_dq=atomic, tma=1),
                           layout="bnhd" if d == 64 else "bhnd"))
+    # TMA configs on tensors the copy engine cannot address (pointer loads instead)
+    cases += [Case("bf16", True, 1000, 1000, 128, heads=(8, 2), batch=2, fwd=FwdConfig(64, 128, 4, 1, tma=1),
+                   bwd=BwdConfig(64, 64, 128, 64, 4, 3, tma=1), layout=layout) for layout in ("shifted", "bhdn")]
     return cases
 
 
