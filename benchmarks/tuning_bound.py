@@ -1,0 +1,195 @@
+"""The most per-key tuning can be worth on some keys: each key's fastest config of the
+whole search space against one fixed config, in one run.
+
+Goal (b) of the autotuner's acceptance compares the search's winners with the best single
+config for all keys. This script bounds that ratio from above: no search over the space can
+beat the space's fastest config. For each key (the autotuner's KeyBench: its shape, inputs
+and correctness check):
+
+- forward: every valid config of the space is checked and timed (an exhaustive sweep);
+- backward: its time is preprocess + dK/dV kernel + dQ kernel, two independent launches, so
+  the fastest combination is found without timing all of the space's configs: for each tma
+  value, every dK/dV half (BLOCK_M1, BLOCK_N1, num_warps, num_stages) is timed with the
+  default's dQ half (or, where that combination does not fit the device, another valid
+  one), then every dQ half (BLOCK_M2, BLOCK_N2, dq_num_warps, dq_num_stages) with the best
+  dK/dV half; every atomic-dQ config (no dQ kernel) is timed as well.
+
+The fastest config found, the fixed config (--single, or the report's best single config of
+the pass with --report) and the heuristic default are then re-timed interleaved for
+--rounds rounds; the bound is fixed / fastest per key, and its geometric mean over the keys.
+Each config is checked against the reference before it is timed; one that fails is left out.
+
+    python benchmarks/tuning_bound.py --pass bwd --head-dim 64 128 --seq-len 4096 \\
+        --report report.json --out bound.json
+    python benchmarks/tuning_bound.py --pass fwd --device cpu --seq-len 33 --space '{"BLOCK_M": [16, 32]}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+
+# The interpreter is chosen when triton is imported: before flashtune's kernels are.
+if "--device" in sys.argv[:-1] and sys.argv[sys.argv.index("--device") + 1].startswith("cpu"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+from flashtune.autotuner.trial import KeyBench  # noqa: E402
+from flashtune.kernels import space as space_mod  # noqa: E402
+from flashtune.kernels.config import BwdConfig, ConfigError, FwdConfig, default_config  # noqa: E402
+from flashtune.keys import GpuInfo, TuningKey  # noqa: E402
+from flashtune.provenance import current_provenance  # noqa: E402
+
+DKDV = ("BLOCK_M1", "BLOCK_N1", "num_warps", "num_stages")
+DQ = ("BLOCK_M2", "BLOCK_N2", "dq_num_warps", "dq_num_stages")
+
+
+def geomean(xs):
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+class Measured:
+    """Check and time configs once each (by canonical form); remember the times."""
+
+    def __init__(self, bench: KeyBench, threads: int):
+        self.bench, self.threads, self.times, self.failed = bench, threads, {}, {}
+
+    def __call__(self, configs) -> dict:
+        todo = [c for c in dict.fromkeys(c.canonical() for c in configs)
+                if c not in self.times and c not in self.failed]
+        self.bench.precompile(todo, [0] * len(todo), self.threads)
+        for cfg in todo:
+            outcome = self.bench.run(cfg)
+            if outcome.status == "ok":
+                self.times[cfg] = outcome.time_ms
+            else:
+                self.failed[cfg] = f"{outcome.status}: {outcome.message}"
+        return {c.canonical(): self.times[c.canonical()] for c in configs if c.canonical() in self.times}
+
+
+def fastest(times: dict):
+    return min(times, key=times.get) if times else None
+
+
+def search_space_fwd(valid: list, measure: Measured):
+    return fastest(measure(valid))
+
+
+def search_space_bwd(valid: list, default: BwdConfig, measure: Measured):
+    """The fastest backward config by halves (see the module docstring)."""
+    best = {}
+    for tma in sorted({c.tma for c in valid}):
+        plain = [c for c in valid if c.tma == tma and not c.atomic_dq]
+        if not plain:
+            continue
+        ref_dq = {f: getattr(default, f) for f in DQ}
+        # every dK/dV half with the default's dQ half (or the nearest valid one)
+        halves = {tuple(getattr(c, f) for f in DKDV): c for c in plain}
+        firsts = []
+        for half, some in halves.items():
+            cfg = dataclasses.replace(some, **ref_dq)
+            firsts.append(cfg if cfg in plain else some)
+        lead = fastest(measure(firsts))
+        if lead is None:
+            continue
+        # every dQ half with the fastest dK/dV half
+        seconds = [c for c in plain if all(getattr(c, f) == getattr(lead, f) for f in DKDV)]
+        best[("plain", tma)] = fastest(measure(seconds + [lead]))
+    atomic = [c for c in valid if c.atomic_dq]
+    if atomic:
+        best["atomic"] = fastest(measure(atomic))
+    candidates = [c for c in best.values() if c is not None]
+    return fastest({c: measure.times[c] for c in candidates})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), required=True)
+    ap.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--seq-len", type=int, nargs="+", default=[4096])
+    ap.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    ap.add_argument("--single", help="the fixed config, as a JSON object of its fields")
+    ap.add_argument("--report", help="tuning_report.py's JSON: its best single config of the pass")
+    ap.add_argument("--space", help="JSON object overriding some of the pass's search-space values")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--threads", type=int, default=16, help="parallel compiles")
+    ap.add_argument("--out", help="write the rows as JSON")
+    args = ap.parse_args()
+
+    device = torch.device(args.device)
+    cls = FwdConfig if args.pass_ == "fwd" else BwdConfig
+    single = None
+    if args.single:
+        single = cls.from_dict(json.loads(args.single))
+    elif args.report:
+        with open(args.report) as f:
+            single = cls.from_dict(json.load(f)["summary"][args.pass_]["best_single_config"])
+    if args.space:
+        space = dict(space_mod.SPACES[args.pass_][1])
+        override = json.loads(args.space)
+        unknown = sorted(set(override) - set(space))
+        if unknown:
+            sys.exit(f"tuning_bound: --space: unknown fields {unknown}; expected some of {sorted(space)}")
+        space.update(override)
+        space_mod.SPACES[args.pass_] = (cls, space)
+    gpu = GpuInfo.from_device(device) if device.type == "cuda" else GpuInfo.interpreter()
+    dtype = getattr(torch, args.dtype)
+    maskings = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+
+    rows = []
+    for d in args.head_dim:
+        valid = space_mod.valid_candidates(args.pass_, d, dtype, device)
+        for causal in maskings:
+            for n in args.seq_len:
+                key = TuningKey(gpu.key, args.dtype, d, n, causal, args.pass_)
+                bench = KeyBench(key, device)
+                default = default_config(args.pass_, d, dtype, device, causal=causal)
+                measure = Measured(bench, args.threads)
+                best = (search_space_fwd(valid, measure) if args.pass_ == "fwd"
+                        else search_space_bwd(valid, default, measure))
+                if best is None:
+                    sys.exit(f"tuning_bound: {key.label()}: no config of the space ran correct here")
+                named = {"fastest": best, "default": default}
+                if single is not None:
+                    try:
+                        named["single"] = single.validate(d, dtype, device)
+                    except ConfigError as e:
+                        print(f"{key.label()}: the fixed config cannot run here: {e}", flush=True)
+                checked = measure(list(named.values()))  # the fixed configs are checked too
+                names = [name for name, c in named.items() if c.canonical() in checked]
+                times = bench.retime([named[name] for name in names], args.rounds)
+                med = {name: statistics.median(t) for name, t in zip(names, times)}
+                row = {"key": key.label(), "head_dim": d, "seq_len": n, "causal": causal,
+                       "measured": len(measure.times), "failed": len(measure.failed),
+                       "fastest": best.to_dict(), "times_ms": med,
+                       "single_vs_fastest": med["single"] / med["fastest"] if "single" in med else None,
+                       "default_vs_fastest": med["default"] / med["fastest"] if "default" in med else None}
+                rows.append(row)
+                print(f"{key.label()}: {row['measured']} configs ok, {row['failed']} failed; fastest {best.short()}"
+                      f"; single / fastest {row['single_vs_fastest'] or float('nan'):.3f}, default / fastest "
+                      f"{row['default_vs_fastest'] or float('nan'):.3f}", flush=True)
+                del bench
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    summary = {"pass": args.pass_, "keys": len(rows), "single": single.to_dict() if single else None,
+               "single_vs_fastest": geomean([r["single_vs_fastest"] for r in rows]),
+               "default_vs_fastest": geomean([r["default_vs_fastest"] for r in rows])}
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        prov = current_provenance(device).to_dict() if device.type == "cuda" else {"device": "interpreter"}
+        timer = "cuda-events" if device.type == "cuda" else "interpreter-wall-clock (not GPU performance)"
+        with open(args.out, "w") as f:
+            json.dump({"provenance": prov, "timer": timer, "rows": rows, "summary": summary}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
