@@ -78,10 +78,6 @@ def fastest(times: dict):
     return min(times, key=times.get) if times else None
 
 
-def search_space_fwd(valid: list, measure: Measured):
-    return fastest(measure(valid))
-
-
 def search_space_bwd(valid: list, default: BwdConfig, measure: Measured):
     """The fastest backward config by halves (see the module docstring)."""
     best = {}
@@ -93,7 +89,7 @@ def search_space_bwd(valid: list, default: BwdConfig, measure: Measured):
         # every dK/dV half with the default's dQ half (or the nearest valid one)
         halves = {tuple(getattr(c, f) for f in DKDV): c for c in plain}
         firsts = []
-        for half, some in halves.items():
+        for some in halves.values():
             cfg = dataclasses.replace(some, **ref_dq)
             firsts.append(cfg if cfg in plain else some)
         lead = fastest(measure(firsts))
@@ -154,7 +150,7 @@ def main() -> None:
                 bench = KeyBench(key, device)
                 default = default_config(args.pass_, d, dtype, device, causal=causal)
                 measure = Measured(bench, args.threads)
-                best = (search_space_fwd(valid, measure) if args.pass_ == "fwd"
+                best = (fastest(measure(valid)) if args.pass_ == "fwd"
                         else search_space_bwd(valid, default, measure))
                 if best is None:
                     sys.exit(f"tuning_bound: {key.label()}: no config of the space ran correct here")

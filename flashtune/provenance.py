@@ -28,16 +28,20 @@ def kernel_source_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def is_current(provenance: "Provenance") -> bool:
-    """Whether a row was tuned with this flashtune's kernel sources and this triton
-    (read from the installed metadata: no triton import)."""
+@functools.lru_cache(maxsize=1)
+def _installed_triton_version() -> str:
+    """Read from the installed metadata (no triton import), once: it scans site-packages."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        triton_version = version("triton")
+        return version("triton")
     except PackageNotFoundError:
-        triton_version = ""
-    return provenance.kernel_hash == kernel_source_hash() and provenance.triton_version == triton_version
+        return ""
+
+
+def is_current(provenance: "Provenance") -> bool:
+    """Whether a row was tuned with this flashtune's kernel sources and this triton."""
+    return provenance.kernel_hash == kernel_source_hash() and provenance.triton_version == _installed_triton_version()
 
 
 def _driver_version() -> str:

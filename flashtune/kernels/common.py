@@ -10,6 +10,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 # Triton decides at decoration time whether @triton.jit functions are interpreted.
 INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -62,8 +63,6 @@ def tma_descriptors(enabled: bool, tensors, rows: int, block_d: int):
     (rows past N and columns past D read as zeros), or None (load through pointers) when
     not ``enabled``, on a device without TMA, or when the copy engine cannot address one
     of the tensors: it needs a unit-stride head dim and 16-byte aligned base and strides."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     if not enabled or not tma_capable(tensors[0].device):
         return None
     for t in tensors:

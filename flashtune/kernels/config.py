@@ -118,6 +118,12 @@ class _ConfigBase:
         cfg.check_fields()
         return cfg
 
+    def _flags_as_ints(self, *names: str) -> None:
+        # True/False given for a 0/1 flag field: stored (and compared) as the int
+        for name in names:
+            if isinstance(getattr(self, name), bool):
+                object.__setattr__(self, name, int(getattr(self, name)))
+
     def canonical(self):
         """The same kernel launch with the fields it does not use set to fixed values."""
         return self
@@ -135,11 +141,11 @@ class FwdConfig(_ConfigBase):
     tensor memory accelerator (one copy instruction per tile; up to 8 % faster at D=128
     on the H200, 5-9 % slower at D=64: docs/data/h200-2026-11-30/fwd_tma.json). A TMA
     config whose tensors the copy engine cannot address (head dim not unit-stride, or
-    base or strides not 16-byte aligned) runs with pointer loads. Constraints: BLOCK_M and BLOCK_N powers of two in
-    [16, 256]; num_warps in {1, 2, 4, 8, 16}; num_stages in [1, 8]; tma 0 or 1, 1 only
-    for 16-bit dtypes, head dims up to 128 and compute capability 9.0 or newer; the
-    estimated shared memory (the Q tile plus num_stages buffers of a K and a V tile)
-    within the device's limit.
+    base or strides not 16-byte aligned) runs with pointer loads. Constraints: BLOCK_M
+    and BLOCK_N powers of two in [16, 256]; num_warps in {1, 2, 4, 8, 16}; num_stages in
+    [1, 8]; tma 0 or 1, 1 only for 16-bit dtypes, head dims up to 128 and compute
+    capability 9.0 or newer; the estimated shared memory (the Q tile plus num_stages
+    buffers of a K and a V tile) within the device's limit.
     """
 
     BLOCK_M: int
@@ -152,8 +158,7 @@ class FwdConfig(_ConfigBase):
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({"tma"})
 
     def __post_init__(self) -> None:
-        if isinstance(self.tma, bool):
-            object.__setattr__(self, "tma", int(self.tma))
+        self._flags_as_ints("tma")
 
     def check_fields(self) -> None:
         _check_block("BLOCK_M", self.BLOCK_M)
@@ -222,9 +227,7 @@ class BwdConfig(_ConfigBase):
             object.__setattr__(self, "dq_num_warps", self.num_warps)
         if self.dq_num_stages is None:
             object.__setattr__(self, "dq_num_stages", self.num_stages)
-        for flag in ("atomic_dq", "tma"):
-            if isinstance(getattr(self, flag), bool):
-                object.__setattr__(self, flag, int(getattr(self, flag)))
+        self._flags_as_ints("atomic_dq", "tma")
 
     def check_fields(self) -> None:
         for name in self.FIELDS[:4]:

@@ -46,21 +46,23 @@ def compile_shared(item: dict) -> list[int]:
 
     p = POINTER_TYPES[item["dtype"]]
     D = item["head_dim"]
+
+    def desc(rows: int, tma: int) -> str:
+        # a TMA config's descriptor argument (4-d, one [rows, BLOCK_D] tile of a head); else the pointer
+        return f"tensordesc<{p[1:]}[1,1,{rows},{padded_head_dim(D)}]>" if tma else p
+
     common = {"CAUSAL": item["causal"], "HEAD_DIM": D, "BLOCK_D": padded_head_dim(D),
               "PRECISION": "tf32" if item["dtype"] == "float32" else "ieee", "INT64": False}
     if item["pass"] == "fwd":
         cfg = FwdConfig.from_dict(item["config"])
         pointers = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32", "FaultFlag": "*fp32"}
-        # a TMA config's K and V descriptors (4-d, one [BLOCK_N, BLOCK_D] tile of a head)
-        desc = f"tensordesc<{p[1:]}[1,1,{cfg.BLOCK_N},{padded_head_dim(D)}]>" if cfg.tma else p
-        pointers.update(DescK=desc, DescV=desc)
+        pointers.update(DescK=desc(cfg.BLOCK_N, cfg.tma), DescV=desc(cfg.BLOCK_N, cfg.tma))
         kernels = [(forward._attn_fwd_kernel, pointers,
                     {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "FAULT": 0, "TMA": bool(cfg.tma)})]
     else:
         cfg = BwdConfig.from_dict(item["config"])
         pointers = {"Q": p, "K": p, "V": p, "DO": p, "LSE": "*fp32", "DELTA": "*fp32"}
-        desc1 = f"tensordesc<{p[1:]}[1,1,{cfg.BLOCK_M1},{padded_head_dim(D)}]>" if cfg.tma else p
-        desc2 = f"tensordesc<{p[1:]}[1,1,{cfg.BLOCK_N2},{padded_head_dim(D)}]>" if cfg.tma else p
+        desc1, desc2 = desc(cfg.BLOCK_M1, cfg.tma), desc(cfg.BLOCK_N2, cfg.tma)
         kernels = [(backward._bwd_dkdv_kernel, {**pointers, "DK": p, "DV": p, "DQA": "*fp32", "DescQ": desc1,
                                                 "DescDO": desc1},
                     {"BLOCK_M": cfg.BLOCK_M1, "BLOCK_N": cfg.BLOCK_N1, "ATOMIC_DQ": bool(cfg.atomic_dq),
