@@ -45,11 +45,11 @@ def _bwd_preprocess_kernel(O, DO, DELTA,
 
 @triton.jit
 def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_base, delta_base, dqa_base,
-                    desc_q, desc_do, off_b, off_h,
-                    offs_n, offs_mb, offs_d, lo, hi, N_Q, N_K, qk_scale,
+                    desc_q, desc_do, desc_dqa, off_b, off_h,
+                    offs_n, offs_mb, offs_d, lo, hi, N_Q, N_K, qk_scale, sm_scale,
                     MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
-                    ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr):
+                    ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_mb
         if TMA:
@@ -80,18 +80,24 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
         ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
         dk = tl.dot(ds_t, q, dk, input_precision=PRECISION)
         if ATOMIC_DQ:
-            # this key block's share of dQ (unscaled), added into the fp32 accumulator
-            dq = tl.dot(tl.trans(ds_t), k, input_precision=PRECISION)
-            dq_ptrs = dqa_base + offs_m[:, None] * BLOCK_D + offs_d[None, :]
-            if MASK:
-                tl.atomic_add(dq_ptrs, dq, mask=offs_m[:, None] < N_Q, sem="relaxed")
+            # this key block's share of dQ, added into the fp32 accumulator
+            dq = tl.dot(tl.trans(ds_t), k, input_precision=PRECISION) * sm_scale
+            if TMA_DQ:
+                # one bulk reduce-add of the whole tile from shared memory (rows past
+                # N_Q fall outside the descriptor and are dropped)
+                desc_dqa.atomic_add([off_b.to(tl.int32), off_h.to(tl.int32), start_m, 0],
+                                    dq.reshape(1, 1, BLOCK_M, BLOCK_D))
             else:
-                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+                dq_ptrs = dqa_base + offs_m[:, None] * BLOCK_D + offs_d[None, :]
+                if MASK:
+                    tl.atomic_add(dq_ptrs, dq, mask=offs_m[:, None] < N_Q, sem="relaxed")
+                else:
+                    tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, sm_scale, qk_scale,
+def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQA, sm_scale, qk_scale,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -101,7 +107,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, sm_sca
                      H, GROUP, N_Q, N_K,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
-                     ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr):
+                     ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr):
     off_hk = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
     start_n = tl.program_id(0) * BLOCK_N
@@ -134,17 +140,20 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, sm_sca
         row = (off_b * H + off_h) * N_Q
         dqa_base = DQA + row * BLOCK_D
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
-                                 dqa_base, DescQ, DescDO, off_b, off_h,
-                                 offs_n, offs_mb, offs_d, first * BLOCK_M, diag_end * BLOCK_M, N_Q, N_K, qk_scale,
-                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA)
+                                 dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
+                                 offs_n, offs_mb, offs_d, first * BLOCK_M, diag_end * BLOCK_M, N_Q, N_K,
+                                 qk_scale, sm_scale,
+                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
-                                 dqa_base, DescQ, DescDO, off_b, off_h,
-                                 offs_n, offs_mb, offs_d, diag_end * BLOCK_M, tail * BLOCK_M, N_Q, N_K, qk_scale,
-                                 False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA)
+                                 dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
+                                 offs_n, offs_mb, offs_d, diag_end * BLOCK_M, tail * BLOCK_M, N_Q, N_K,
+                                 qk_scale, sm_scale,
+                                 False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
-                                 dqa_base, DescQ, DescDO, off_b, off_h,
-                                 offs_n, offs_mb, offs_d, tail * BLOCK_M, n_blocks * BLOCK_M, N_Q, N_K, qk_scale,
-                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA)
+                                 dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
+                                 offs_n, offs_mb, offs_d, tail * BLOCK_M, n_blocks * BLOCK_M, N_Q, N_K,
+                                 qk_scale, sm_scale,
+                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ)
 
     dk = dk * sm_scale
     store_tile(DK + off_b * stride_dkb + off_hk * stride_dkh + offs_n[:, None] * stride_dkn
@@ -236,8 +245,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     and dtypes of q, k and v.
 
     With ``config.atomic_dq`` the dK/dV kernel also accumulates dQ (fp32 atomic adds into
-    a zeroed buffer, scaled and cast at the end) and the dQ kernel does not run, unless
-    torch's deterministic algorithms are on.
+    a zeroed buffer, cast at the end; with ``config.tma`` on sm_90+ one TMA bulk reduce-add
+    per tile) and the dQ kernel does not run, unless torch's deterministic algorithms are on.
     """
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
@@ -253,6 +262,11 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     # the walked tiles (dK/dV: Q and dO; dQ: K and V) through TMA descriptors when the
     # config asks and the copy engine can address the tensors, else through pointers
     descs_dkdv = tma_descriptors(config.tma, (q, do), config.BLOCK_M1, BLOCK_D)
+    # atomic dQ with tma: each tile's adds go as one bulk reduce-add through a descriptor
+    # over the accumulator (ours, so always addressable), instead of one atomic per element
+    # (GPU only: the interpreter has no descriptor reduce)
+    desc_dqa = tma_descriptors(atomic_dq and config.tma and q.device.type == "cuda", (dq_acc,), config.BLOCK_M1,
+                               BLOCK_D)
     pre_block = max(16, min(128, 8192 // BLOCK_D))
     int64 = needs_int64(q, k, v, o, do, dq, dk, dv, dq_acc)
     with on_device(q):
@@ -263,14 +277,15 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
                       num_warps=config.num_warps, num_stages=config.num_stages, warmup=compile_only)
         _bwd_dkdv_kernel.run(
-            q, k, v, do, dk, dv, lse2, delta, dq_acc, *(descs_dkdv or (q, do)), sm_scale, sm_scale * LOG2E,
+            q, k, v, do, dk, dv, lse2, delta, dq_acc, *(descs_dkdv or (q, do)), *(desc_dqa or (dq_acc,)),
+            sm_scale, sm_scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
             H, H // H_KV, N_Q, N_K,
             BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1, grid=(triton.cdiv(N_K, config.BLOCK_N1), H_KV, B),
-            ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, **launch)
+            ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, TMA_DQ=desc_dqa is not None, **launch)
         if atomic_dq:
             if not compile_only:
-                dq.copy_(dq_acc[..., :D].mul_(sm_scale))
+                dq.copy_(dq_acc[..., :D])  # the kernel added dQ already scaled
             return dq, dk, dv
         launch.update(num_warps=config.dq_num_warps, num_stages=config.dq_num_stages)
         descs_dq = tma_descriptors(config.tma, (k, v), config.BLOCK_N2, BLOCK_D)

@@ -202,7 +202,8 @@ class BwdConfig(_ConfigBase):
     stages in [1, 8]; atomic_dq 0 or 1; the estimated shared memory of each kernel within
     the device's limit. ``tma=1`` loads the walked tiles (Q and dO in the dK/dV kernel, K
     and V in the dQ kernel) through TMA descriptors, under the forward's conditions (see
-    FwdConfig).
+    FwdConfig); with ``atomic_dq=1`` on a GPU it also sends each tile's dQ share as one
+    TMA bulk reduce-add instead of an atomic add per element.
     """
 
     BLOCK_M1: int
@@ -264,7 +265,14 @@ class BwdConfig(_ConfigBase):
 
         tiles = e * d * (2 * self.BLOCK_N1 + 2 * self.num_stages * self.BLOCK_M1)
         dkdv = tiles + 4 * self.BLOCK_M1 * self.BLOCK_N1 * scratch(self.num_warps)
-        if self.atomic_dq:
+        if self.atomic_dq and self.tma:
+            # dQ's bulk reduce-adds (sm_90+): the fp32 dQ tile is staged in shared memory,
+            # plus conversion scratch that grows with BLOCK_N1, more below 64 query rows
+            # (fitted over 53 bf16/fp16 configs compiled for sm_90 with triton 3.6,
+            # 2026-11-30: BLOCK_M1 16-128 x BLOCK_N1 64/128, 2-3 stages, 4/8 warps, D=64/128)
+            scratch_per_key = 5 * self.BLOCK_M1 // 2 if self.BLOCK_M1 >= 64 else 340
+            dkdv = tiles + 4 * self.BLOCK_M1 * d + self.BLOCK_N1 * scratch_per_key
+        elif self.atomic_dq:
             # the fp32 dQ block goes through shared memory on its way to the atomic adds;
             # below 64 query rows the dS^T K product's operands do too (sized as for at
             # least 32 rows: 16-row blocks took as much as 32-row ones)

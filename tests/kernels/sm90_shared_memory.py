@@ -47,9 +47,9 @@ def compile_shared(item: dict) -> list[int]:
     p = POINTER_TYPES[item["dtype"]]
     D = item["head_dim"]
 
-    def desc(rows: int, tma: int) -> str:
+    def desc(rows: int, tma: int, pointer: str = p) -> str:
         # a TMA config's descriptor argument (4-d, one [rows, BLOCK_D] tile of a head); else the pointer
-        return f"tensordesc<{p[1:]}[1,1,{rows},{padded_head_dim(D)}]>" if tma else p
+        return f"tensordesc<{pointer[1:]}[1,1,{rows},{padded_head_dim(D)}]>" if tma else pointer
 
     common = {"CAUSAL": item["causal"], "HEAD_DIM": D, "BLOCK_D": padded_head_dim(D),
               "PRECISION": "tf32" if item["dtype"] == "float32" else "ieee", "INT64": False}
@@ -63,10 +63,12 @@ def compile_shared(item: dict) -> list[int]:
         cfg = BwdConfig.from_dict(item["config"])
         pointers = {"Q": p, "K": p, "V": p, "DO": p, "LSE": "*fp32", "DELTA": "*fp32"}
         desc1, desc2 = desc(cfg.BLOCK_M1, cfg.tma), desc(cfg.BLOCK_N2, cfg.tma)
+        tma_dq = cfg.atomic_dq and cfg.tma  # dQ's bulk reduce-adds through a descriptor
         kernels = [(backward._bwd_dkdv_kernel, {**pointers, "DK": p, "DV": p, "DQA": "*fp32", "DescQ": desc1,
-                                                "DescDO": desc1},
+                                                "DescDO": desc1,
+                                                "DescDQA": desc(cfg.BLOCK_M1, tma_dq, "*fp32")},
                     {"BLOCK_M": cfg.BLOCK_M1, "BLOCK_N": cfg.BLOCK_N1, "ATOMIC_DQ": bool(cfg.atomic_dq),
-                     "TMA": bool(cfg.tma)},
+                     "TMA": bool(cfg.tma), "TMA_DQ": bool(tma_dq)},
                     (cfg.num_warps, cfg.num_stages)),
                    # the dQ kernel also runs for an atomic config under deterministic mode
                    (backward._bwd_dq_kernel, {**pointers, "DQ": p, "DescK": desc2, "DescV": desc2},

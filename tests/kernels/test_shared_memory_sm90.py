@@ -45,6 +45,9 @@ def _items():
     for m1, n1 in ((16, 128), (32, 64), (64, 128)):
         for tma in (0, 1):
             items.append(("bound", "bwd", BwdConfig(m1, n1, n1, m1, 4, 3, atomic_dq=1, tma=tma), 128, "bfloat16"))
+    # atomic dQ with TMA sends dQ by bulk reduce-adds, staged in shared memory
+    for m1, n1, stages, d in ((64, 64, 3, 128), (128, 64, 3, 64), (128, 128, 2, 64)):
+        items.append(("bound", "bwd", BwdConfig(m1, n1, n1, m1, 8, stages, atomic_dq=1, tma=1), d, "bfloat16"))
     items.append(("bound", "bwd", BwdConfig(16, 64, 64, 16, 4, 2, atomic_dq=1), 128, "float32"))
     items.append(("bound", "fwd", FwdConfig(64, 64, 4, 3, tma=1), 128, "bfloat16"))
     return items
