@@ -152,8 +152,9 @@ class KeyBench:
     def time_ms(self, fn, *, quick: bool = False) -> float:
         return time_ms(fn, self.device, quick=quick)
 
-    def run(self, config, fault: int = FAULT_NONE) -> Outcome:
-        """Check ``config`` against the reference, then time it."""
+    def run(self, config, fault: int = FAULT_NONE, *, quick: bool = False) -> Outcome:
+        """Check ``config`` against the reference, then time it (``quick``: a shorter
+        do_bench, for screening many configs before the finalists are re-timed)."""
         fn = self.launcher(config, fault)
         try:
             result = fn()
@@ -164,7 +165,7 @@ class KeyBench:
         passed, worst, name = self.check(result)
         if not passed:
             return Outcome("incorrect", error=worst, message=f"{name} error is {worst:.3g}x the allowance")
-        return Outcome("ok", time_ms=self.time_ms(fn), error=worst)
+        return Outcome("ok", time_ms=self.time_ms(fn, quick=quick), error=worst)
 
     def retime(self, configs: list, rounds: int) -> list[list[float]]:
         """Time each config once per round, interleaved, so drift hits them all alike."""

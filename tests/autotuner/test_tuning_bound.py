@@ -94,3 +94,17 @@ def test_unknown_space_fields_are_named(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--pass", "fwd", "--device", "cpu", "--space",
                            '{"BLOCK_Q": [16]}'], capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "BLOCK_Q" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_quick_forward_sweep_retimes_its_finalists(tmp_path):
+    out = tmp_path / "bound.json"
+    space = {"BLOCK_M": [16, 32], "BLOCK_N": [16], "num_warps": [4], "num_stages": [1], "tma": [0]}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--pass", "fwd", "--device", "cpu", "--dtype", "float16",
+                           "--head-dim", "16", "--seq-len", "40", "--causal", "no", "--rounds", "1", "--quick",
+                           "--finalists", "2", "--space", json.dumps(space), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["measured"] >= 2 and row["failed"] == 0  # the space, and the default it is compared with
+    assert row["fastest"]["BLOCK_M"] in (16, 32) and set(row["times_ms"]) == {"fastest", "default"}
+    assert row["single_vs_fastest"] is None and row["default_vs_fastest"] > 0
