@@ -12,6 +12,9 @@ class Outcome:
     time_ms: float | None = None
     error: float | None = None  # the worst error as a multiple of its allowance (<= 1 passes)
     message: str = ""
+    # backward configs with a dQ kernel: that kernel's time alone (the rest of time_ms is
+    # the dK/dV half's), so the search can pair the fastest dK/dV half with the fastest dQ half
+    dq_ms: float | None = None
 
 
 # Errors after which the CUDA context cannot be trusted: the worker must exit.

@@ -3,7 +3,9 @@
 For each key: warm-start with the heuristic default and the stored winners of the
 key and its neighbours (same family, other seq lens), then let the sampler propose
 (TPE, multivariate) until the budget is spent; when the valid space fits in the
-budget, every valid config is measured instead. Configs ``validate()`` rejects are
+budget, every valid config is measured instead. A backward key's last trial may go to
+the config pairing the fastest dK/dV half with the fastest dQ half measured so far
+(its two kernels are timed apart: see ``_KeySearch.composed``). Configs ``validate()`` rejects are
 told to the study as pruned without a compile, and a config proposed twice is
 measured once. Every trial's outcome goes to the store as it finishes, and to the
 study's storage (a JournalStorage file by default), so an interrupted search resumes
@@ -30,6 +32,8 @@ from flashtune.kernels.config import ConfigError, default_config
 from flashtune.kernels.space import SPACES, default_neighbours, valid_candidates
 
 STUDY_PREFIX = "flashtune"
+# the fields of a backward config that only its dQ kernel uses
+DQ_HALF = ("BLOCK_M2", "BLOCK_N2", "dq_num_warps", "dq_num_stages")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,12 +175,16 @@ class _KeySearch:
                                          sampler=sampler, direction="minimize", load_if_exists=True)
         # Only valid configs count: they are what the budget pays for.
         self.measured: dict[tuple, tuple[str, float | None, float | None]] = {}
+        # backward configs with a dQ kernel: that kernel's time alone (see composed())
+        self.dq_ms: dict[tuple, float] = {}
         for t in self.study.get_trials(deepcopy=False):
             status = t.user_attrs.get("status")
             if status and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL):
                 cid = _config_id(cls(**t.params))
                 if cid in self.valid_ids:
                     self.measured[cid] = (status, t.user_attrs.get("time_ms"), t.user_attrs.get("error"))
+                    if t.user_attrs.get("dq_ms") is not None:
+                        self.dq_ms[cid] = t.user_attrs["dq_ms"]
         self._adopt_recorded_trials()
 
     def _adopt_recorded_trials(self) -> None:
@@ -247,8 +255,37 @@ class _KeySearch:
             if _config_id(cfg) not in waiting:
                 self.study.enqueue_trial(cfg.to_dict())
 
-    def _propose(self, n: int) -> list:
-        """Up to ``n`` distinct, valid, unmeasured proposals as (trial, config) pairs.
+    def composed(self):
+        """The backward config pairing the fastest dK/dV half measured with the fastest dQ
+        half measured (same tma), if it is valid, unmeasured and predicted to beat every
+        config measured; else None.
+
+        The two kernels are separate launches, so a config's time is its dK/dV half's
+        (time_ms - dq_ms, the preprocess included) plus its dQ half's (dq_ms, timed
+        alone): the pair's time is predicted without running it, from halves the
+        sampler found in different configs."""
+        if self.key.pass_ != "bwd":
+            return None
+        ok = {cid: (self.measured[cid][1], dq) for cid, dq in self.dq_ms.items()
+              if self.measured.get(cid, ("",))[0] == "ok" and not dict(cid).get("atomic_dq")}
+        best_ms = self.best()
+        pick = None
+        for tma in {dict(cid).get("tma", 0) for cid in ok}:
+            same = {cid: t for cid, t in ok.items() if dict(cid).get("tma", 0) == tma}
+            first = min(same, key=lambda cid: same[cid][0] - same[cid][1])
+            second = min(same, key=lambda cid: same[cid][1])
+            predicted = same[first][0] - same[first][1] + same[second][1]
+            if pick is None or predicted < pick[0]:
+                dq_half = {f: dict(second)[f] for f in DQ_HALF}
+                pick = (predicted, self.cls(**{**dict(first), **dq_half}))
+        if pick is None or (best_ms is not None and pick[0] >= best_ms[0]):
+            return None
+        cid = _config_id(pick[1])
+        return pick[1] if cid in self.valid_ids and cid not in self.measured else None
+
+    def _propose(self, n: int, limit: int) -> list:
+        """Up to ``n`` distinct, valid, unmeasured proposals as (trial, config) pairs,
+        while fewer than ``limit`` configs are measured.
 
         Configs ``validate()`` rejects and configs already measured are told to the study
         as pruned (they cost nothing); if the sampler keeps proposing them, an unmeasured
@@ -256,7 +293,7 @@ class _KeySearch:
         import optuna
 
         batch, ids, idle = [], set(), 0
-        while len(batch) < n and self.n_measured() + len(batch) < self.trials:
+        while len(batch) < n and self.n_measured() + len(batch) < limit:
             rest = [c for c in self._unmeasured() if _config_id(c) not in ids]
             if not rest:
                 break
@@ -277,12 +314,26 @@ class _KeySearch:
         return batch
 
     def run(self, on_trial) -> None:
-        import optuna
-
+        """Measure configs until the budget is spent. A backward search keeps its last
+        trial for composed() (if it has a pair to try; else the sampler has it)."""
         self._enqueue(self.warm_start())
         start = time.monotonic()
-        while self.n_measured() < self.trials and (self.timeout is None or time.monotonic() - start < self.timeout):
-            batch = self._propose(self.batch)
+        reserve = 1 if self.key.pass_ == "bwd" and self.trials >= 4 else 0
+        self._loop(on_trial, start, self.trials - reserve)
+        if reserve and not self._out_of_time(start):
+            pair = self.composed()
+            if pair is not None:
+                self._enqueue([pair])
+        self._loop(on_trial, start, self.trials)
+
+    def _out_of_time(self, start: float) -> bool:
+        return self.timeout is not None and time.monotonic() - start >= self.timeout
+
+    def _loop(self, on_trial, start: float, limit: int) -> None:
+        import optuna
+
+        while self.n_measured() < limit and not self._out_of_time(start):
+            batch = self._propose(self.batch, limit)
             if not batch:
                 break
             pending = list(batch)
@@ -292,7 +343,7 @@ class _KeySearch:
                                            [self.faults.get(_config_id(c), 0) for _, c in batch],
                                            timeout=self.trial_timeout * len(batch))
                 while pending:
-                    if self.timeout is not None and time.monotonic() - start >= self.timeout:
+                    if self._out_of_time(start):
                         break
                     trial, cfg = pending.pop(0)
                     self._measure(trial, cfg, on_trial)
@@ -310,7 +361,7 @@ class _KeySearch:
             outcome = self.worker.run(self.key, cfg, self.trial_timeout, self.faults.get(cid, 0))
             self._record(cfg, outcome)
             for name, value in (("status", outcome.status), ("time_ms", outcome.time_ms),
-                                ("error", outcome.error), ("message", outcome.message)):
+                                ("error", outcome.error), ("message", outcome.message), ("dq_ms", outcome.dq_ms)):
                 trial.set_user_attr(name, value)
         except BaseException:
             # no outcome reached the study: the config stays unmeasured there (if the store
@@ -329,6 +380,8 @@ class _KeySearch:
                                 time_ms=outcome.time_ms, error=outcome.error, message=outcome.message,
                                 study=self.study.study_name)
         self.measured[_config_id(cfg)] = (outcome.status, outcome.time_ms, outcome.error)
+        if outcome.status == "ok" and getattr(outcome, "dq_ms", None) is not None:
+            self.dq_ms[_config_id(cfg)] = outcome.dq_ms
 
     def finalize(self, started: float) -> KeyResult:
         """Re-time the best few with the default, interleaved, and store the winner."""

@@ -18,6 +18,7 @@ import torch
 from flashtune.autotuner.outcome import Outcome, classify
 from flashtune.keys import TuningKey
 from flashtune.kernels import attention_backward, attention_forward, reference_with_grads
+from flashtune.kernels.backward import dq_kernel_alone
 from flashtune.kernels.common import INTERPRETER, LOG2E, LN2
 from flashtune.kernels.config import BwdConfig, FwdConfig
 from flashtune.kernels.forward import FAULT_NONE
@@ -154,7 +155,8 @@ class KeyBench:
 
     def run(self, config, fault: int = FAULT_NONE, *, quick: bool = False) -> Outcome:
         """Check ``config`` against the reference, then time it (``quick``: a shorter
-        do_bench, for screening many configs before the finalists are re-timed)."""
+        do_bench, for screening many configs before the finalists are re-timed). A
+        backward config with a dQ kernel also has that kernel timed alone (``dq_ms``)."""
         fn = self.launcher(config, fault)
         try:
             result = fn()
@@ -165,7 +167,14 @@ class KeyBench:
         passed, worst, name = self.check(result)
         if not passed:
             return Outcome("incorrect", error=worst, message=f"{name} error is {worst:.3g}x the allowance")
-        return Outcome("ok", time_ms=self.time_ms(fn, quick=quick), error=worst)
+        time_ms = self.time_ms(fn, quick=quick)
+        dq_ms = None
+        if self.key.pass_ == "bwd":
+            dq_only = dq_kernel_alone(self.do, self.q, self.k, self.v, self.o_in, self.lse2_in, config,
+                                      causal=self.key.causal, sm_scale=self.sm_scale)
+            if dq_only is not None:
+                dq_ms = self.time_ms(dq_only, quick=quick)
+        return Outcome("ok", time_ms=time_ms, error=worst, dq_ms=dq_ms)
 
     def retime(self, configs: list, rounds: int) -> list[list[float]]:
         """Time each config once per round, interleaved, so drift hits them all alike."""

@@ -265,15 +265,11 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     # atomic dQ with tma: each tile's adds go as one bulk reduce-add through a descriptor
     # over the accumulator (ours, so always addressable), instead of one atomic per element
     # (GPU only: the interpreter has no descriptor reduce)
-    desc_dqa = tma_descriptors(atomic_dq and config.tma and q.device.type == "cuda", (dq_acc,), config.BLOCK_M1,
-                               BLOCK_D)
-    pre_block = max(16, min(128, 8192 // BLOCK_D))
+    desc_dqa = (tma_descriptors(config.tma, (dq_acc,), config.BLOCK_M1, BLOCK_D)
+                if atomic_dq and q.device.type == "cuda" else None)
     int64 = needs_int64(q, k, v, o, do, dq, dk, dv, dq_acc)
     with on_device(q):
-        _bwd_preprocess_kernel.run(
-            o, do, delta, *o.stride(), *do.stride(), H, N_Q,
-            HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=pre_block, INT64=int64, grid=(triton.cdiv(N_Q, pre_block), H, B),
-            warmup=compile_only)
+        _preprocess(o, do, delta, int64=int64, compile_only=compile_only)
         launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
                       num_warps=config.num_warps, num_stages=config.num_stages, warmup=compile_only)
         _bwd_dkdv_kernel.run(
@@ -287,12 +283,57 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             if not compile_only:
                 dq.copy_(dq_acc[..., :D])  # the kernel added dQ already scaled
             return dq, dk, dv
-        launch.update(num_warps=config.dq_num_warps, num_stages=config.dq_num_stages)
-        descs_dq = tma_descriptors(config.tma, (k, v), config.BLOCK_N2, BLOCK_D)
-        _bwd_dq_kernel.run(
-            q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), sm_scale, sm_scale * LOG2E,
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-            H, H // H_KV, N_Q, N_K,
-            BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(triton.cdiv(N_Q, config.BLOCK_M2), H, B),
-            TMA=descs_dq is not None, **launch)
+        _launch_dq(q, k, v, do, dq, lse2, delta, config, causal=causal, sm_scale=sm_scale, precision=precision,
+                   int64=int64, compile_only=compile_only)
     return dq, dk, dv
+
+
+def _preprocess(o, do, delta, *, int64: bool, compile_only: bool = False) -> None:
+    """Delta = rowsum(dO * O) into ``delta``, on the current device."""
+    B, H, N_Q, D = o.shape
+    BLOCK_D = padded_head_dim(D)
+    block = max(16, min(128, 8192 // BLOCK_D))
+    _bwd_preprocess_kernel.run(
+        o, do, delta, *o.stride(), *do.stride(), H, N_Q,
+        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, grid=(triton.cdiv(N_Q, block), H, B),
+        warmup=compile_only)
+
+
+def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool, sm_scale: float, precision: str,
+               int64: bool, compile_only: bool = False) -> None:
+    """The dQ kernel (non-atomic configs), on the current device."""
+    B, H, N_Q, D = q.shape
+    BLOCK_D = padded_head_dim(D)
+    descs_dq = tma_descriptors(config.tma, (k, v), config.BLOCK_N2, BLOCK_D)
+    _bwd_dq_kernel.run(
+        q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), sm_scale, sm_scale * LOG2E,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        H, H // k.shape[1], N_Q, k.shape[2],
+        CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
+        BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(triton.cdiv(N_Q, config.BLOCK_M2), H, B),
+        TMA=descs_dq is not None, num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
+        warmup=compile_only)
+
+
+def dq_kernel_alone(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                    lse2: torch.Tensor, config: BwdConfig, *, causal: bool, sm_scale: float,
+                    fp32_precision: str = "tf32"):
+    """A no-argument callable launching only the dQ kernel of a non-atomic ``config`` (its
+    Delta computed once, here) and returning dQ, or None for an atomic-dQ config. The dK/dV and dQ kernels
+    are separate launches whose configs are independent halves of a BwdConfig: timing the
+    dQ kernel apart from the whole backward tells the autotuner what each half costs."""
+    if config.atomic_dq and not torch.are_deterministic_algorithms_enabled():
+        return None
+    precision = dot_precision(q.dtype, fp32_precision)
+    dq = torch.empty_like(q)
+    delta = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    int64 = needs_int64(q, k, v, o, do, dq)
+    with on_device(q):
+        _preprocess(o, do, delta, int64=int64)
+
+    def launch() -> torch.Tensor:
+        with on_device(q):
+            _launch_dq(q, k, v, do, dq, lse2, delta, config, causal=causal, sm_scale=sm_scale, precision=precision,
+                       int64=int64)
+        return dq
+    return launch

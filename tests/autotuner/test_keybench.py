@@ -42,6 +42,23 @@ def test_a_correct_backward_config_passes():
     out = bench.run(BwdConfig(16, 32, 32, 16, 4, 1))
     assert out.status == "ok", out
     assert 0 <= out.error <= 1
+    # its dQ kernel, timed alone, is a part of the whole
+    assert out.dq_ms is not None and 0 < out.dq_ms
+    atomic = bench.run(BwdConfig(16, 32, 32, 16, 4, 1, atomic_dq=1))
+    assert atomic.status == "ok" and atomic.dq_ms is None  # no dQ kernel
+
+
+def test_the_dq_kernel_alone_computes_what_the_whole_backward_does():
+    from flashtune.kernels.backward import attention_backward, dq_kernel_alone
+
+    bench = KeyBench(key("bwd", "float32", seq_len=24, causal=True), CPU)
+    cfg = BwdConfig(16, 32, 32, 16, 4, 1)
+    args = (bench.do, bench.q, bench.k, bench.v, bench.o_in, bench.lse2_in)
+    dq, _, _ = attention_backward(*args, cfg, causal=True, sm_scale=bench.sm_scale)
+    launch = dq_kernel_alone(*args, cfg, causal=True, sm_scale=bench.sm_scale)
+    assert torch.equal(launch(), dq)
+    assert dq_kernel_alone(*args, BwdConfig(16, 32, 32, 16, 4, 1, atomic_dq=1), causal=True,
+                           sm_scale=bench.sm_scale) is None
 
 
 def test_the_wrong_result_fault_fails_with_its_error(fwd_bench):
