@@ -109,6 +109,7 @@ class TrialWorker:
         self._conn = None
         self._key: TuningKey | None = None
         self._busy = False  # a request was sent and its reply not yet read
+        self._answered = False  # whether the current child has replied to anything yet
         self.restarts = 0  # how many children were started (the first one included)
         self.info: dict = {}  # what ``setup`` reported for the current key
 
@@ -122,6 +123,9 @@ class TrialWorker:
         os.environ["TRITON_INTERPRET"] = "1" if self.interpreter else "0"
         try:
             self._proc.start()
+        except BaseException:
+            self._proc = None  # never started: nothing to stop or join later
+            raise
         finally:
             if saved is None:
                 del os.environ["TRITON_INTERPRET"]
@@ -129,6 +133,7 @@ class TrialWorker:
                 os.environ["TRITON_INTERPRET"] = saved
         child.close()
         self._conn = parent
+        self._answered = False  # whether this child has replied to anything yet
 
     def _kill(self) -> None:
         if self._proc is not None:
@@ -162,8 +167,15 @@ class TrialWorker:
             status, reply = self._conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as e:
             code = self._proc.exitcode if self._proc is not None else None
+            first = not self._answered
             self._kill()
-            raise WorkerLost("crashed", f"the worker died (exit code {code})") from e
+            message = f"the worker died (exit code {code})"
+            if first:
+                message += (" before answering its first request; if search() is called from a script, call it "
+                            "under `if __name__ == '__main__':` (the worker process is started by spawn, which "
+                            "imports the script again)")
+            raise WorkerLost("crashed", message) from e
+        self._answered = True
         self._busy = False
         if status == "error":
             raise WorkerError(f"worker failed on {op}: {reply}")

@@ -167,3 +167,29 @@ def test_a_key_whose_setup_fails_or_crashes_fails_alone(tmp_path, monkeypatch):
         states = [t.state for t in study.trials]
         assert optuna.trial.TrialState.RUNNING not in states
         assert optuna.trial.TrialState.FAIL in states
+
+
+def test_a_script_without_a_main_guard_gets_told_why_its_worker_died(tmp_path):
+    """The worker starts by spawn, which imports the calling script again: unguarded, the
+    script's own search() call runs again in the child, which dies. The key fails with a
+    message that says what to do, and nothing else breaks on the way out."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent(f"""
+        from flashtune.autotuner import build_keys, search
+        from flashtune.keys import GpuInfo
+
+        keys = build_keys(GpuInfo.interpreter().key, head_dims=[16], dtypes=["float32"], seq_lens=[16],
+                          causal=[False], passes=["fwd"])
+        (r,) = search(keys, db={str(tmp_path / 't.db')!r}, trials=1, device="cpu", progress=False).results
+        print("RESULT", r.status, "|", r.message)
+    """))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT")]
+    assert "failed: crashed" in line and "if __name__ == '__main__':" in line
+    assert "can only join a started process" not in done.stderr
