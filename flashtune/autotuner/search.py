@@ -1,7 +1,8 @@
 """The search: one Optuna study per tuning key, keeping only configs that are correct.
 
 For each key: warm-start with the heuristic default and the stored winners of the
-key and its neighbours (same family, other seq lens), then let the sampler propose
+key and its neighbours (same family, other seq lens), then a few winners of related
+keys (other masking, other head dims), then let the sampler propose
 (TPE, multivariate) until the budget is spent; when the valid space fits in the
 budget, every valid config is measured instead. A backward key's last trial may go to
 the config pairing the fastest dK/dV half with the fastest dQ half measured so far
@@ -220,14 +221,29 @@ class _KeySearch:
         first += [r.config for r in family]
         if self.default is not None:
             first += default_neighbours(self.default)
-        if len(self.valid) <= self.trials:
-            first += self.valid  # the valid space fits the budget: measure all of it
+        # Winners of related keys (same GPU, dtype and pass; the other masking first, then
+        # other head dims; nearest seq len first): one key's winner is often near the best
+        # of another, and a few trials settle it. At most an eighth of the budget.
+        relatives = [r for r in self.store.list_results(ResultFilter(self.key.gpu, self.key.dtype, None, None, None,
+                                                                     self.key.pass_))
+                     if (r.key.head_dim, r.key.causal) != (self.key.head_dim, self.key.causal)]
+        relatives.sort(key=lambda r: (r.key.head_dim != self.key.head_dim, abs(r.key.seq_len - self.key.seq_len)))
         seen, queue = set(), []
-        for cfg in first:
-            cid = _config_id(cfg)
-            if cid in self.valid_ids and cid not in self.measured and cid not in seen:
-                seen.add(cid)
-                queue.append(cfg)
+
+        def take(configs, cap=None) -> None:
+            taken = 0
+            for cfg in configs:
+                cid = _config_id(cfg)
+                if cid in self.valid_ids and cid not in self.measured and cid not in seen and (
+                        cap is None or taken < cap):
+                    seen.add(cid)
+                    queue.append(cfg)
+                    taken += 1
+
+        take(first)
+        take([r.config for r in relatives], cap=max(1, self.trials // 8))
+        if len(self.valid) <= self.trials:
+            take(self.valid)  # the valid space fits the budget: measure all of it
         return queue
 
     def _unmeasured(self):

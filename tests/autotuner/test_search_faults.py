@@ -193,3 +193,19 @@ def test_a_script_without_a_main_guard_gets_told_why_its_worker_died(tmp_path):
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT")]
     assert "failed: crashed" in line and "if __name__ == '__main__':" in line
     assert "can only join a started process" not in done.stderr
+
+
+def test_winners_of_related_keys_are_tried_early(tmp_path, monkeypatch):
+    """The other masking's winner (same GPU, dtype, pass and head dim) is measured right after
+    the default and its neighbours (which are not in this space)."""
+    configs = tiny_space(monkeypatch, "fwd", {"BLOCK_M": [16, 64], "BLOCK_N": [32], "num_warps": [4],
+                                              "num_stages": [1, 2]})
+    assert cid(DEFAULT) not in {cid(c) for c in configs}
+    db = tmp_path / "t.db"
+    other_masking = FwdConfig(64, 32, 4, 2)
+    _store_winner(db, other_masking, k=key("fwd", "float32", seq_len=64, causal=False))
+    runs = Spy(monkeypatch, "run")
+    (r,) = search([K], db=db, trials=3, device="cpu", trial_timeout=120, rounds=1, progress=False).results
+    assert r.status == "tuned"
+    measured = [cid(cfg) for (_, cfg, *_) in runs.calls]
+    assert measured[0] == cid(other_masking)
