@@ -4,9 +4,11 @@
 #   benchmarks/tuning_acceptance.sh sweep OUT    # exhaustive forward sweeps of two keys, in their own store
 #   benchmarks/tuning_acceptance.sh report OUT   # every ratio of the report, side by side in one process
 #   benchmarks/tuning_acceptance.sh share OUT    # bench --plot of the tuned store, export it, import it elsewhere
+#   benchmarks/tuning_acceptance.sh bound OUT [fwd|bwd] [N...]   # after report: the most per-key tuning can
+#                                                # give over the report's best single config (tuning_bound.py)
 # OUT is a folder; the stores, journals and reports go there.
 set -euo pipefail
-stage=${1:?stage: search, sweep, report or share}
+stage=${1:?stage: search, sweep, report, share or bound}
 out=${2:?output folder}
 mkdir -p "$out"
 flashtune() { python3 -m flashtune "$@"; }
@@ -44,6 +46,15 @@ a, b = ([{k: v for k, v in row.items() if k not in ("created_at", "updated_at")}
         for n in ("tuned", "imported"))
 print("imported table identical to the exported one (timestamps aside):", a == b, f"({len(a)} rows)")
 PY
+    ;;
+bound)
+    # every config of the space per key (the backward by its two kernels' halves), screened with a short
+    # do_bench, the leaders re-timed interleaved with the report's best single config and the default;
+    # about 1.5 min per forward key and 2 min per backward key on an H200
+    pass_=${3:-fwd}
+    if [ $# -gt 3 ]; then seqs=("${@:4}"); else seqs=(1024 4096 16384); fi
+    python3 benchmarks/tuning_bound.py --pass "$pass_" --seq-len "${seqs[@]}" --quick \
+        --report "$out/report.json" --out "$out/bound-$pass_.json"
     ;;
 *)
     echo "unknown stage $stage" >&2

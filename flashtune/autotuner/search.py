@@ -396,7 +396,7 @@ class _KeySearch:
                                 time_ms=outcome.time_ms, error=outcome.error, message=outcome.message,
                                 study=self.study.study_name)
         self.measured[_config_id(cfg)] = (outcome.status, outcome.time_ms, outcome.error)
-        if outcome.status == "ok" and getattr(outcome, "dq_ms", None) is not None:
+        if outcome.status == "ok" and outcome.dq_ms is not None:
             self.dq_ms[_config_id(cfg)] = outcome.dq_ms
 
     def finalize(self, started: float) -> KeyResult:

@@ -133,7 +133,7 @@ class TrialWorker:
                 os.environ["TRITON_INTERPRET"] = saved
         child.close()
         self._conn = parent
-        self._answered = False  # whether this child has replied to anything yet
+        self._answered = False
 
     def _kill(self) -> None:
         if self._proc is not None:
