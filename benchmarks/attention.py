@@ -4,7 +4,8 @@ The grid of ../shared/design/BENCHMARKS.md: head dim D in {64, 128}, H = 2048 / 
 sequence length N in {512, ..., 16384}, batch B = 16384 / N; bf16 by default; causal and
 not; forward and backward. For every shape flashtune (heuristic default configs, or
 the configs of --configs) is first checked against cuDNN, then each backend is timed
-with triton.testing.do_bench(return_mode="median"):
+with triton.testing.do_bench(return_mode="median"), in --rounds interleaved rounds (each
+backend's figure is the median of its rounds):
 
   forward FLOPs  = 4 * B * H * N^2 * D, halved when causal
   backward FLOPs = 2.5 * forward; backward time = o.backward(do, retain_graph=True) alone
@@ -33,6 +34,7 @@ import datetime
 import json
 import math
 import platform
+import statistics
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -89,7 +91,8 @@ class Row:
     causal: bool
     dtype: str
     flops: float
-    ms: dict = field(default_factory=dict)  # backend -> median ms (None: failed)
+    ms: dict = field(default_factory=dict)  # backend -> median ms over the rounds (None: failed)
+    rounds_ms: dict = field(default_factory=dict)  # backend -> each round's do_bench median
     tflops: dict = field(default_factory=dict)
     config: dict | None = None  # flashtune's config for this pass
     config_source: str = "default"
@@ -320,18 +323,38 @@ def bench_shape(args, entries, head_dim, seq_len, causal, dtype_name) -> list[Ro
         return list(rows.values())
     torch.cuda.empty_cache()
 
-    for name, run in runners.items():
-        for pass_, row in rows.items():
-            row.check = check
-            try:
-                ms = time_pass(run, pass_, q, k, v, do, causal, warmup=args.warmup, rep=args.rep)
-            except Exception as e:  # noqa: BLE001 - a backend that cannot run this shape
-                print(f"  {name} {pass_} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                      file=sys.stderr)
-                ms = None
-            row.ms[name] = ms
-            row.tflops[name] = tflops(row.flops, ms)
+    timed = time_rounds(runners, list(rows), args.rounds,
+                        lambda run, pass_: time_pass(run, pass_, q, k, v, do, causal, warmup=args.warmup,
+                                                     rep=args.rep))
+    for (name, pass_), times in timed.items():
+        row = rows[pass_]
+        row.check = check
+        row.rounds_ms[name] = times
+        row.ms[name] = statistics.median(times) if times else None
+        row.tflops[name] = tflops(row.flops, row.ms[name])
     return list(rows.values())
+
+
+def time_rounds(runners: dict, passes: list, rounds: int, time_one) -> dict:
+    """{(backend, pass): [ms of each round]} from ``time_one(run, pass_)``, the backends and
+    passes interleaved round by round, so a slow moment of a shared machine hits one round
+    of each rather than all of one backend. A backend that raises on a pass is reported once
+    and gets an empty list for it."""
+    times = {(name, pass_): [] for name in runners for pass_ in passes}
+    failed = set()
+    for _ in range(rounds):
+        for name, run in runners.items():
+            for pass_ in passes:
+                if (name, pass_) in failed:
+                    continue
+                try:
+                    times[name, pass_].append(time_one(run, pass_))
+                except Exception as e:  # noqa: BLE001 - a backend that cannot run this shape
+                    print(f"  {name} {pass_} failed: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+                    failed.add((name, pass_))
+                    times[name, pass_] = []
+    return times
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -347,7 +370,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", metavar="FILE.json", help="write the environment and every row as JSON")
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warmup (ms)")
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds per shape; each backend's figure is the median of its rounds (default 3)")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds: expected a positive number of rounds, got {args.rounds}")
     if args.seq_lens is None:
         args.seq_lens = list(QUICK_SEQ_LENS if args.quick else GRID_SEQ_LENS)
     for n in args.seq_lens:

@@ -105,3 +105,30 @@ def test_help_runs_as_a_script():
     assert out.returncode == 0, out.stderr
     assert "--quick" in out.stdout and "--configs" in out.stdout and "--out" in out.stdout
 
+
+
+def test_rounds_interleave_the_backends_and_keep_each_ones_median(bench, capsys):
+    calls = []
+    slow = {("cudnn", "fwd", 1): 9.0}  # one slow moment, in round 1
+
+    def time_one(run, pass_):
+        r = sum(1 for c in calls if c[:2] == (run, pass_))
+        calls.append((run, pass_, r))
+        if run == "flash" and pass_ == "bwd":
+            raise RuntimeError("no kernel for this shape")
+        return slow.get((run, pass_, r), {"flashtune": 1.0, "cudnn": 2.0, "flash": 3.0}[run] + 0.01 * r)
+
+    runners = {name: name for name in ("flashtune", "cudnn", "flash")}
+    times = bench.time_rounds(runners, ["fwd", "bwd"], 3, time_one)
+    # round by round, every backend and pass once; the failing one is not tried again
+    assert [c[:2] for c in calls[:6]] == [("flashtune", "fwd"), ("flashtune", "bwd"), ("cudnn", "fwd"),
+                                          ("cudnn", "bwd"), ("flash", "fwd"), ("flash", "bwd")]
+    assert len(calls) == 6 + 5 + 5
+    assert times["cudnn", "fwd"] == [2.0, 9.0, 2.02] and times["flash", "bwd"] == []
+    assert capsys.readouterr().err.count("flash bwd failed") == 1
+    import statistics
+    assert statistics.median(times["cudnn", "fwd"]) == 2.02  # the slow round does not count
+    args = bench.parse_args(["--rounds", "5"])
+    assert args.rounds == 5 and bench.parse_args([]).rounds == 3
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--rounds", "0"])
