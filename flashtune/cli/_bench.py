@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import warnings
 
 import torch
@@ -33,11 +34,14 @@ class Measurement:
     note: str = ""  # where the tuned config came from, or why nothing was measured
 
 
-def measure(keys, impls, device: str, *, db=None, on_result=None) -> list[Measurement]:
+def measure(keys, impls, device: str, *, db=None, on_result=None, rounds: int = 1) -> list[Measurement]:
     """Time every implementation on every key; ``on_result`` sees each measurement.
 
     "tuned" is what ``get_tuned_attention(db)`` serves (exact key, else the nearest tuned
     seq len); a key it would serve with the heuristic default is not measured as tuned.
+    Each key's implementations are timed in ``rounds`` interleaved rounds (a slow moment
+    of a shared GPU hits one round of each, not all of one implementation); each time is
+    the median of its rounds.
     """
     dev = torch.device(device)
     tuned = None
@@ -47,15 +51,47 @@ def measure(keys, impls, device: str, *, db=None, on_result=None) -> list[Measur
         tuned = get_tuned_attention(db, device=dev)
     out = []
     for key in keys:
-        for impl in impls:
-            m = _measure_one(key, impl, dev, tuned)
+        timers = {impl: _prepare(key, impl, dev, tuned) for impl in impls}
+        times: dict[str, list[float]] = {impl: [] for impl in impls}
+        for _ in range(rounds):
+            for impl, timer in timers.items():
+                if isinstance(timer, Measurement):
+                    continue  # nothing to time: not tuned, or the backend cannot run the shape
+                try:
+                    times[impl].append(timer.once())
+                except RuntimeError as e:
+                    timers[impl] = timer.unsupported(e)
+        for impl, timer in timers.items():
+            if isinstance(timer, Measurement):
+                m = timer
+            else:
+                ms = statistics.median(times[impl])
+                m = Measurement(key, impl, ms, timer.flops / ms * 1e-9, timer.note)
             out.append(m)
             if on_result is not None:
                 on_result(m)
     return out
 
 
-def _measure_one(key: TuningKey, impl: str, device: torch.device, tuned) -> Measurement:
+@dataclasses.dataclass
+class _Timer:
+    """One implementation on one key's inputs, ready to be timed."""
+
+    key: TuningKey
+    impl: str
+    once: object  # () -> ms
+    flops: float
+    note: str
+
+    def unsupported(self, e: BaseException) -> Measurement:
+        """The Measurement of an SDPA backend that does not support this shape or dtype."""
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return Measurement(self.key, self.impl, None, None, f"unsupported: {message[:80]}")
+
+
+def _prepare(key: TuningKey, impl: str, device: torch.device, tuned):
+    """A _Timer for ``impl`` on ``key`` (its own inputs, same seed for every impl), or the
+    final Measurement when there is nothing to time."""
     batch, heads = trial_shape(key, device.type != "cuda")
     dtype = getattr(torch, key.dtype)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -85,20 +121,26 @@ def _measure_one(key: TuningKey, impl: str, device: torch.device, tuned) -> Meas
             with sdpa_kernel(backend):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=key.causal)
 
+    def quiet(fn):
+        def call():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # SDPA warns for each reason a backend cannot run
+                return fn()
+        return call
+
+    timer = _Timer(key, impl, None, flops(key, batch, heads), note)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # SDPA warns for each reason a backend cannot run
-            if key.pass_ == "fwd":
-                ms = time_ms(lambda: run(q, k, v), device)
-            else:
-                for t in (q, k, v):
-                    t.requires_grad_(True)
-                o = run(q, k, v)
-                ms = time_ms(lambda: o.backward(do, retain_graph=True), device, grad_to_none=(q, k, v))
+        if key.pass_ == "fwd":
+            timer.once = quiet(lambda: time_ms(lambda: run(q, k, v), device))
+        else:
+            for t in (q, k, v):
+                t.requires_grad_(True)
+            o = quiet(lambda: run(q, k, v))()
+            timer.once = quiet(lambda: time_ms(lambda: o.backward(do, retain_graph=True), device,
+                                               grad_to_none=(q, k, v)))
     except RuntimeError as e:  # an SDPA backend that does not support this shape or dtype
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return Measurement(key, impl, None, None, f"unsupported: {message[:80]}")
-    return Measurement(key, impl, ms, flops(key, batch, heads) / ms * 1e-9, note)
+        return timer.unsupported(e)
+    return timer
 
 
 def geomean(values) -> float | None:

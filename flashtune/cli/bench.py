@@ -31,8 +31,12 @@ DEMO_IMPLS = ("tuned", "default")
 @interpreter_options
 @click.option("--plot", "plot_path", metavar="FILE.png", type=click.Path(dir_okay=False),
               help="Also plot TFLOPS vs sequence length, one line per implementation (needs matplotlib).")
+@click.option("--rounds", type=click.IntRange(min=1), default=None,
+              help="Interleaved rounds per key; each time is the median of its rounds. [default: 3 on a GPU, 1 "
+                   "under the interpreter]")
 @click.option("--json", "as_json", is_flag=True, help="Output JSON.")
-def bench_command(head_dims, dtypes, seq_lens, causal, passes, impls, db, interpreter, device, plot_path, as_json):
+def bench_command(head_dims, dtypes, seq_lens, causal, passes, impls, db, interpreter, device, plot_path, rounds,
+                  as_json):
     """Benchmark tuned configs vs the heuristic default vs torch SDPA.
 
     For each key: flashtune as get_tuned_attention() serves it (the stored config of
@@ -74,6 +78,8 @@ def bench_command(head_dims, dtypes, seq_lens, causal, passes, impls, db, interp
                    f"{' (Triton interpreter, CPU wall clock: not GPU performance)' if is_interpreter else ''}",
                    err=True)
 
+    n_rounds = rounds or (1 if is_interpreter else 3)
+
     def on_result(m):
         if not as_json and sys.stderr.isatty():
             click.echo(f"  {m.key.label()} {m.impl}: {'-' if m.time_ms is None else f'{m.time_ms:.4g} ms'}",
@@ -81,7 +87,7 @@ def bench_command(head_dims, dtypes, seq_lens, causal, passes, impls, db, interp
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", _dispatch_warning())
-        measurements = _bench.measure(keys, impls, dev, db=db, on_result=on_result)
+        measurements = _bench.measure(keys, impls, dev, db=db, on_result=on_result, rounds=n_rounds)
     for warning in caught:  # the dispatcher's: an unreadable store, stale rows
         click.echo(f"note: {warning.message}", err=True)
     if "tuned" in impls and all(m.time_ms is None for m in measurements if m.impl == "tuned"):
@@ -89,6 +95,8 @@ def bench_command(head_dims, dtypes, seq_lens, causal, passes, impls, db, interp
                    f"{' --interpreter' if is_interpreter else ''}` first", err=True)
     rows = _rows(keys, impls, measurements)
     timer = "interpreter-wall-clock" if is_interpreter else "triton.testing.do_bench median"
+    if n_rounds > 1:
+        timer += f", median of {n_rounds} interleaved rounds"
     if plot_path:
         _bench.plot(measurements, plot_path, f"flashtune bench on {gpu.key} ({timer})")
     if as_json:

@@ -220,3 +220,31 @@ def test_search_errors_are_one_line(monkeypatch, tmp_path, error, message):
     out = _invoke("search", *TINY, "--db", tmp_path / "t.db")
     assert out.exit_code == 1
     assert out.stderr.endswith(message) and "Traceback" not in out.output
+
+
+@in_process_interpreter
+def test_bench_rounds_interleave_the_implementations(searched, monkeypatch):
+    """--rounds N: every implementation timed once per round, round after round; each time
+    the median of its rounds."""
+    from flashtune.cli import _bench
+
+    db, _, _ = searched
+    calls, real = [], _bench._prepare
+
+    def prepare(key, impl, device, tuned):
+        timer = real(key, impl, device, tuned)
+        if isinstance(timer, _bench.Measurement):
+            return timer
+        fake = iter([3.0, 1.0, 2.0] if impl == "tuned" else [5.0, 4.0, 6.0])
+        timer.once = lambda: calls.append(impl) or next(fake)
+        return timer
+
+    monkeypatch.setattr(_bench, "_prepare", prepare)
+    out = _invoke("bench", "--interpreter", "--head-dim", "16", "--dtype", "float32", "--seq-len", "16", "--full",
+                  "--pass", "fwd", "--db", db, "--rounds", "3", "--json")
+    assert out.exit_code == 0, out.output
+    assert calls == ["tuned", "default"] * 3
+    report = json.loads(out.stdout)
+    assert [m["time_ms"] for m in report["measurements"]] == [2.0, 5.0]
+    assert report["timer"] == "interpreter-wall-clock, median of 3 interleaved rounds"
+    assert _invoke("bench", "--interpreter", "--rounds", "0").exit_code == 2
