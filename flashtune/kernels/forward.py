@@ -25,14 +25,17 @@ FAULT_NONE, FAULT_OOB_WRITE, FAULT_TRAP, FAULT_SPIN, FAULT_WRONG = 0, 1, 2, 3, 4
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, desc_v, off_b, off_hk,
                offs_m, offs_nb, offs_d, lo, hi, N_K, qk_scale,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
+               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+               SCALE_POSITIVE: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_nb
         if TMA:
             k = tma_tile(desc_k, off_b, off_hk, start_n, BLOCK_N, BLOCK_D)
         else:
             k = load_tile(k_base + offs_n[:, None] * stride_kn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if not SCALE_POSITIVE:
+            qk = qk * qk_scale
         if MASK:
             valid = offs_n[None, :] < N_K
             if CAUSAL:
@@ -40,8 +43,14 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
             qk = tl.where(valid, qk, float("-inf"))
         # The first block visited always holds key 0, which every row may see, so
         # m_new is finite from the first iteration on.
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
+        if SCALE_POSITIVE:
+            # a positive scale commutes with the row max: scale the max, then one
+            # multiply-add per score (scale and subtract) instead of a multiply and a subtract
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            p = tl.math.exp2(qk - m_new[:, None])
         # rescale the running sum and accumulator: the row max moved
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -63,7 +72,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, FaultFlag, DescK, DescV, qk_scale,
                      H, GROUP, N_Q, N_K,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                     INT64: tl.constexpr, TMA: tl.constexpr, FAULT: tl.constexpr):
+                     INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, FAULT: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         # the last query blocks have the most keys: start them first
@@ -92,10 +101,10 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, FaultFlag, DescK, DescV, qk_scale,
     full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                                offs_m, offs_nb, offs_d, 0, full_hi, N_K, qk_scale,
-                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA)
+                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                                offs_m, offs_nb, offs_d, full_hi, hi, N_K, qk_scale,
-                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA)
+                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE)
 
     acc = acc / l_i[:, None]
     if FAULT == 4:
@@ -143,7 +152,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
             CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D,
             BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
             PRECISION=dot_precision(q.dtype, fp32_precision), INT64=needs_int64(q, k, v, o), TMA=descs is not None,
-            FAULT=_fault,
+            SCALE_POSITIVE=sm_scale > 0, FAULT=_fault,
             num_warps=config.num_warps, num_stages=config.num_stages,
             grid=grid, warmup=compile_only,
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from flashtune.store.errors import StoreError
 
 ENV_VAR = "FLASHTUNE_DB"
 BUSY_TIMEOUT_MS = 30_000
+# how long opening a store retries switching it to WAL while another process does the same
+WAL_SWITCH_S = 5.0
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
 _WRITE = "flashtune_write"  # execution option: this transaction writes
 
@@ -126,11 +129,23 @@ def use_wal(engine: sa.Engine) -> None:
     flashtune store: opening some other SQLite file by mistake leaves it as it was."""
     if engine.dialect.name != "sqlite":
         return
+    deadline = time.monotonic() + WAL_SWITCH_S
     raw = engine.raw_connection()
     try:
         cursor = raw.cursor()
-        if cursor.execute("PRAGMA journal_mode").fetchone()[0] not in ("wal", "memory"):
-            cursor.execute("PRAGMA journal_mode = WAL")
+        while cursor.execute("PRAGMA journal_mode").fetchone()[0] not in ("wal", "memory"):
+            try:
+                cursor.execute("PRAGMA journal_mode = WAL")
+            except sqlite3.OperationalError as e:
+                # Another process opening the new store switches it at the same moment:
+                # SQLite refuses one of the two at once ("database is locked") rather than
+                # deadlock. Look again (the other one may have switched it); past the
+                # deadline leave it: the store works without WAL, and the next open switches it.
+                if "locked" not in str(e):
+                    raise
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
         cursor.close()
     finally:
         raw.close()

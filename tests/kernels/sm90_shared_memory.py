@@ -58,7 +58,8 @@ def compile_shared(item: dict) -> list[int]:
         pointers = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32", "FaultFlag": "*fp32"}
         pointers.update(DescK=desc(cfg.BLOCK_N, cfg.tma), DescV=desc(cfg.BLOCK_N, cfg.tma))
         kernels = [(forward._attn_fwd_kernel, pointers,
-                    {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "FAULT": 0, "TMA": bool(cfg.tma)})]
+                    {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "FAULT": 0, "TMA": bool(cfg.tma),
+                     "SCALE_POSITIVE": True})]
     else:
         cfg = BwdConfig.from_dict(item["config"])
         pointers = {"Q": p, "K": p, "V": p, "DO": p, "LSE": "*fp32", "DELTA": "*fp32"}

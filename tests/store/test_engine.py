@@ -76,6 +76,72 @@ def test_sqlite_connections_get_foreign_keys_and_busy_timeout_and_stores_wal(tmp
             assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+class _RacedEngine:
+    """Stands in for a SQLite engine in use_wal(): its switch to WAL fails with ``error``
+    the first ``times`` times, as when another process opening the new store switches it at
+    the same moment."""
+
+    dialect = type("Dialect", (), {"name": "sqlite"})()
+
+    def __init__(self, path, times, error="database is locked"):
+        self.path, self.times, self.error = path, times, error
+
+    def raw_connection(self):
+        raw, engine = sqlite3.connect(self.path, isolation_level=None), self
+
+        class Cursor:
+            def __init__(self):
+                self.real = raw.cursor()
+
+            def execute(self, sql, *args):
+                if sql.replace(" ", "") == "PRAGMAjournal_mode=WAL" and engine.times > 0:
+                    engine.times -= 1
+                    raise sqlite3.OperationalError(engine.error)
+                return self.real.execute(sql, *args)
+
+            def close(self):
+                self.real.close()
+
+        class Connection:
+            def cursor(self):
+                return Cursor()
+
+            def close(self):
+                raw.close()
+
+        return Connection()
+
+
+def _journal_mode(path) -> str:
+    with sqlite3.connect(path) as connection:
+        return connection.execute("PRAGMA journal_mode").fetchone()[0]
+
+
+@pytest.mark.parametrize("times, expected", [(2, "wal"), (10**6, "delete")], ids=["briefly", "for good"])
+def test_a_store_opens_while_another_process_switches_it_to_wal(tmp_path, monkeypatch, times, expected):
+    """Two processes opening a new store at once both switch it to WAL, and SQLite refuses
+    one of them at once. The switch is retried briefly; if it still fails the store stays in
+    its rollback journal (it works either way) and the next open switches it."""
+    path = tmp_path / "t.db"
+    Store(path).close()
+    with sqlite3.connect(path) as connection:
+        connection.execute("PRAGMA journal_mode = DELETE")
+    monkeypatch.setattr(store_engine, "WAL_SWITCH_S", 0.3)
+    store_engine.use_wal(_RacedEngine(path, times))  # no error either way
+    assert _journal_mode(path) == expected
+    with Store(path) as store:
+        store.save_result(result(key()))
+    assert _journal_mode(path) == "wal"
+
+
+def test_other_errors_of_the_wal_switch_are_raised(tmp_path):
+    path = tmp_path / "t.db"
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE t (x)")
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        store_engine.use_wal(_RacedEngine(path, 1, "disk I/O error"))
+
+
 def test_a_foreign_sqlite_file_keeps_its_journal_mode(tmp_path):
     """Pointing flashtune at some other SQLite database by mistake changes nothing in it."""
     path = tmp_path / "other.db"
