@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import statistics
 import sys
@@ -35,11 +34,10 @@ if "--device" in sys.argv[:-1] and sys.argv[sys.argv.index("--device") + 1].star
 
 import torch  # noqa: E402
 
-from flashtune.autotuner.trial import time_ms  # noqa: E402
+from flashtune.autotuner.trial import TOKENS, WIDTH, time_ms  # noqa: E402
+from flashtune.cli._bench import geomean  # noqa: E402
 from flashtune.kernels import backward, forward  # noqa: E402
 from flashtune.kernels.config import BwdConfig, FwdConfig, default_config  # noqa: E402
-
-TOKENS, WIDTH = 16384, 2048
 
 
 def load_baseline(path: str, pass_: str):
@@ -73,11 +71,6 @@ def max_rel_diff(a, b) -> float:
         x, y = x.float(), y.float()
         worst = max(worst, ((x - y).abs().max() / y.abs().max().clamp_min(1e-30)).item())
     return worst
-
-
-def geomean(values) -> float | None:
-    values = [v for v in values if v]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
 def run(args) -> dict:

@@ -14,6 +14,7 @@ import dataclasses
 import math
 import statistics
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -73,20 +74,24 @@ def measure(keys, impls, device: str, *, db=None, on_result=None, rounds: int = 
     return out
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Timer:
     """One implementation on one key's inputs, ready to be timed."""
 
     key: TuningKey
     impl: str
-    once: object  # () -> ms
+    once: Callable[[], float]  # one timing, in ms
     flops: float
     note: str
 
     def unsupported(self, e: BaseException) -> Measurement:
-        """The Measurement of an SDPA backend that does not support this shape or dtype."""
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return Measurement(self.key, self.impl, None, None, f"unsupported: {message[:80]}")
+        return _unsupported(self.key, self.impl, e)
+
+
+def _unsupported(key: TuningKey, impl: str, e: BaseException) -> Measurement:
+    """The Measurement of an SDPA backend that does not support this shape or dtype."""
+    message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return Measurement(key, impl, None, None, f"unsupported: {message[:80]}")
 
 
 def _prepare(key: TuningKey, impl: str, device: torch.device, tuned):
@@ -128,19 +133,17 @@ def _prepare(key: TuningKey, impl: str, device: torch.device, tuned):
                 return fn()
         return call
 
-    timer = _Timer(key, impl, None, flops(key, batch, heads), note)
-    try:
-        if key.pass_ == "fwd":
-            timer.once = quiet(lambda: time_ms(lambda: run(q, k, v), device))
-        else:
-            for t in (q, k, v):
-                t.requires_grad_(True)
+    if key.pass_ == "fwd":
+        once = quiet(lambda: time_ms(lambda: run(q, k, v), device))
+    else:
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        try:
             o = quiet(lambda: run(q, k, v))()
-            timer.once = quiet(lambda: time_ms(lambda: o.backward(do, retain_graph=True), device,
-                                               grad_to_none=(q, k, v)))
-    except RuntimeError as e:  # an SDPA backend that does not support this shape or dtype
-        return timer.unsupported(e)
-    return timer
+        except RuntimeError as e:  # an SDPA backend that does not support this shape or dtype
+            return _unsupported(key, impl, e)
+        once = quiet(lambda: time_ms(lambda: o.backward(do, retain_graph=True), device, grad_to_none=(q, k, v)))
+    return _Timer(key, impl, once, flops(key, batch, heads), note)
 
 
 def geomean(values) -> float | None:

@@ -226,6 +226,8 @@ def test_search_errors_are_one_line(monkeypatch, tmp_path, error, message):
 def test_bench_rounds_interleave_the_implementations(searched, monkeypatch):
     """--rounds N: every implementation timed once per round, round after round; each time
     the median of its rounds."""
+    import dataclasses
+
     from flashtune.cli import _bench
 
     db, _, _ = searched
@@ -236,8 +238,7 @@ def test_bench_rounds_interleave_the_implementations(searched, monkeypatch):
         if isinstance(timer, _bench.Measurement):
             return timer
         fake = iter([3.0, 1.0, 2.0] if impl == "tuned" else [5.0, 4.0, 6.0])
-        timer.once = lambda: calls.append(impl) or next(fake)
-        return timer
+        return dataclasses.replace(timer, once=lambda: calls.append(impl) or next(fake))
 
     monkeypatch.setattr(_bench, "_prepare", prepare)
     out = _invoke("bench", "--interpreter", "--head-dim", "16", "--dtype", "float32", "--seq-len", "16", "--full",
