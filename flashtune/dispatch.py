@@ -265,6 +265,8 @@ class TunedAttention:
     def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                  enable_gqa=False):
         is_causal = bool(is_causal)
+        if torch.compiler.is_compiling():
+            return self._traced_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         plan = self._plan(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if plan.reason is not None:
             if self.strict:
@@ -280,6 +282,28 @@ class TunedAttention:
         # nothing to differentiate: the launcher alone, without autograd's cost per call
         return attention_forward(query, key, value, fwd, causal=is_causal, sm_scale=plan.sm_scale,
                                  fp32_precision=precision)[0]
+
+    def _traced_call(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        """The call as torch.compile traces it: one flashtune operator whose configs are looked up in
+        this store's table inside it, on the real shapes (kernels/ops.py), so dynamic shapes trace once;
+        SDPA, traced as such, for what the kernels cannot run (without the eager path's warning)."""
+        from flashtune.kernels.ops import compiled_attention, table_token
+
+        sdpa = attn_mask is not None or bool(dropout_p)
+        if not sdpa:
+            try:
+                sm_scale = check_inputs(query, key, value, causal=is_causal, sm_scale=scale)
+            except (TypeError, ValueError):
+                sdpa = True
+        if sdpa:
+            extra = {"enable_gqa": True} if enable_gqa else {}
+            return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                  is_causal=is_causal, scale=scale, **extra)
+        if not enable_gqa and key.shape[1] not in (1, query.shape[1]):
+            raise RuntimeError(f"query has {query.shape[1]} heads and key/value {key.shape[1]}: pass "
+                               "enable_gqa=True for grouped-query attention (as torch SDPA requires)")
+        return compiled_attention(query, key, value, causal=is_causal, sm_scale=sm_scale, fwd_config=None,
+                                  bwd_config=None, fp32_precision="", table=table_token(self))[0]
 
     def explain(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                 enable_gqa=False) -> Choice:

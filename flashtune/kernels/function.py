@@ -133,8 +133,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     through o only: lse is returned for inspection and is not differentiable.
     """
     scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, fp32_precision=fp32_precision)
-    fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal)
-    o, lse2 = FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision)
+    if torch.compiler.is_compiling():  # one traceable operator per pass, configs resolved in it (kernels/ops.py)
+        from flashtune.kernels.ops import compiled_attention
+
+        o, lse2 = compiled_attention(q, k, v, causal=causal, sm_scale=scale, fwd_config=fwd_config,
+                                     bwd_config=bwd_config, fp32_precision=fp32_precision)
+    else:
+        fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal)
+        o, lse2 = FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision)
     if return_lse:
         return o, lse2 * LN2
     return o

@@ -1,0 +1,63 @@
+"""The drop-in under torch.compile: one operator per pass, the tuned table consulted inside it.
+
+A graph traced once with dynamic sequence lengths must still run each call with the
+config stored for its own shape; the table lookup happens on the real shapes, in the
+operator (kernels/ops.py), not as a guard of the trace.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+from flashtune import dispatch
+from flashtune.kernels import FwdConfig, ops
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter case; tests/kernels/test_ops.py "
+                                "compiles with Inductor on the GPU")
+
+
+@pytest.fixture(autouse=True)
+def _one_trace():
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        yield
+    torch._dynamo.reset()
+
+
+def qkv(n: int):
+    return (torch.randn(1, 4, n, 16), torch.randn(1, 2, n, 16), torch.randn(1, 2, n, 16))
+
+
+def test_each_shape_gets_its_stored_config_from_one_trace(write, db_path, monkeypatch):
+    short, long = FwdConfig(16, 16, 4, 1), FwdConfig(32, 32, 4, 2)
+    write(32, "fwd", short, causal=True)
+    write(128, "fwd", long, causal=True)
+    seen = []
+    real = ops.attention_forward
+
+    def spy(q, k, v, config, **kwargs):
+        seen.append(config)
+        return real(q, k, v, config, **kwargs)
+
+    monkeypatch.setattr(ops, "attention_forward", spy)
+    attention = dispatch.get_tuned_attention(db_path)
+    compiled = torch.compile(lambda q, k, v: attention(q, k, v, is_causal=True, enable_gqa=True),
+                             fullgraph=True, dynamic=True, backend="aot_eager")
+    for n, stored in ((32, short), (128, long), (33, short)):
+        q, k, v = qkv(n)
+        out = compiled(q, k, v)
+        assert seen[-1] == stored, n
+        torch.testing.assert_close(out, attention(q, k, v, is_causal=True, enable_gqa=True), atol=1e-6, rtol=1e-6)
+
+
+def test_a_mask_traces_sdpa_whole():
+    attention = dispatch.get_tuned_attention()
+    q, k, v = qkv(24)
+    mask = torch.rand(1, 1, 24, 24) > 0.3
+    mask[..., 0] = True
+    compiled = torch.compile(lambda q, k, v: attention(q, k, v, attn_mask=mask, enable_gqa=True),
+                             fullgraph=True, backend="aot_eager")
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(compiled(q, k, v), expected)
