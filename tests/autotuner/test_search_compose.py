@@ -16,7 +16,7 @@ from flashtune.autotuner.outcome import Outcome
 from flashtune.autotuner.worker import TrialWorker
 from flashtune.kernels.config import BwdConfig
 
-FAST = dict(device="cpu", trial_timeout=120, finalists=2, rounds=1, progress=False)
+FAST = dict(device="cpu", trial_timeout=120, finalists=2, rounds=1)
 SPACE = {"BLOCK_M1": [16, 32], "BLOCK_N1": [16, 64], "BLOCK_M2": [16, 64], "BLOCK_N2": [16], "num_warps": [4],
          "num_stages": [1], "dq_num_warps": [4], "dq_num_stages": [1], "atomic_dq": [0], "tma": [0]}
 # ms per dK/dV half (BLOCK_M1, BLOCK_N1) and per dQ half (BLOCK_M2)
