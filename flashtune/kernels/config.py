@@ -189,7 +189,7 @@ class _ConfigBase:
                        if name not in shown and getattr(self, name) != defaults[name])
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, order=True)
 class FwdConfig(_ConfigBase):
     """Forward launch config.
 
@@ -247,7 +247,7 @@ class FwdConfig(_ConfigBase):
         return self
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, order=True)
 class BwdConfig(_ConfigBase):
     """Backward launch config.
 

@@ -85,7 +85,7 @@ def test_an_interrupted_search_resumes_without_measuring_a_config_twice(tmp_path
     assert cid(default) in counts and r.default_time_ms is not None
     study = journal_study(tmp_path / "optuna-journal.log", study_name(k, kernel_source_hash()))
     told = [t for t in study.trials if "status" in t.user_attrs]
-    assert sorted(tuple(sorted(t.params.items())) for t in told) == sorted(counts)
+    assert sorted(cid(FwdConfig(**t.params)) for t in told) == sorted(counts)
     assert study.user_attrs["finalized_trials"] == trials
 
     # 4. ... and once more: nothing to do
