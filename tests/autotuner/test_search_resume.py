@@ -26,7 +26,7 @@ from autotuner_helpers import (
 
 from flashtune.autotuner import search, study_name
 from flashtune.protocol import flops, trial_shape
-from flashtune.kernels.config import default_config
+from flashtune.kernels.config import FwdConfig, default_config
 from flashtune.kernels.space import default_neighbours
 from flashtune.provenance import kernel_source_hash
 from flashtune.store import Store
