@@ -21,23 +21,11 @@ from flashtune.kernels import attention_backward, attention_forward, reference_w
 from flashtune.kernels.backward import dq_kernel_alone
 from flashtune.kernels.common import INTERPRETER, LOG2E, LN2
 from flashtune.kernels.config import BwdConfig, FwdConfig
+from flashtune.tolerance import baseline_dtype, error_ratio, max_error, tolerance, uses_tf32
 
-# FlashAttention's rule: the kernel's error may exceed torch's own attention in the same
-# dtype by this factor, plus a small absolute slack. NaN or Inf always fails.
-ERROR_FACTOR = 2.0
-# float32 runs its dots in tf32, judged against torch's float16 attention (the same 10
-# mantissa bits); Hopper's tf32 truncates where float16 rounds, measured at 2-4x
-# float16's error on the H200, hence a larger factor.
-TF32_ERROR_FACTOR = 4.0
-ABS_SLACK = 1e-4
-LSE_SLACK = 1e-3
 
 def _seed(key: TuningKey) -> int:
     return int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:4], "little")
-
-
-def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.float() - b.float()).abs().max().item()
 
 
 class KeyBench:
@@ -57,15 +45,14 @@ class KeyBench:
         ref = reference_with_grads(self.q, self.k, self.v, self.do, causal=key.causal, dtype=ref_dtype)
         self.o_ref, self.lse_ref = ref[0], ref[1]
         self.grads_ref = ref[2:]
-        # torch's own attention in the key's dtype. For float32, whose dots run in tf32 (a
-        # 10-bit mantissa, like float16), the budget is torch's attention in float16.
-        low_dtype = torch.float16 if self.dtype == torch.float32 else self.dtype
-        factor = TF32_ERROR_FACTOR if self.dtype == torch.float32 else ERROR_FACTOR
-        low = reference_with_grads(self.q, self.k, self.v, self.do, causal=key.causal, dtype=low_dtype)
-        names = ("o", "dq", "dk", "dv")
-        allow = [factor * _max_err(x, r) + ABS_SLACK for x, r in zip((low[0],) + low[2:], (ref[0],) + ref[2:])]
-        self.allowance = dict(zip(names, allow))
-        self.allowance["lse"] = factor * _max_err(low[1], ref[1]) + LSE_SLACK
+        # the allowances (flashtune.tolerance): the baseline is the plain reference computed
+        # in the key's own precision (float16 for float32 with tf32 dots)
+        tf32 = uses_tf32(self.dtype, device)
+        self.tolerance = tolerance(self.dtype, tf32=tf32)
+        low = reference_with_grads(self.q, self.k, self.v, self.do, causal=key.causal,
+                                   dtype=baseline_dtype(self.dtype, tf32=tf32))
+        self.allowance = {name: self.tolerance.allowance(max_error(x, r), lse=name == "lse")
+                          for name, x, r in zip(("o", "lse", "dq", "dk", "dv"), low, ref)}
         # the backward's inputs come from the reference, so it is checked on its own
         self.o_in = self.o_ref.to(self.dtype)
         self.lse2_in = (self.lse_ref * LOG2E).float().contiguous()
@@ -115,8 +102,7 @@ class KeyBench:
             pairs = dict(zip(("dq", "dk", "dv"), zip(result, self.grads_ref)))
         worst, worst_name = 0.0, ""
         for name, (got, ref) in pairs.items():
-            err = _max_err(got, ref)
-            ratio = err / self.allowance[name] if math.isfinite(err) else math.inf
+            ratio = error_ratio(max_error(got, ref), self.allowance[name])
             if not ratio <= worst:  # also catches NaN
                 worst, worst_name = ratio if math.isfinite(ratio) else math.inf, name
         return worst <= 1.0, worst, worst_name
