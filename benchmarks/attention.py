@@ -39,6 +39,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
+from flashtune.keys import mask_name
 from flashtune.protocol import (GRID_HEAD_DIMS, GRID_SEQ_LENS, TOKENS, WIDTH,  # noqa: F401 (used by tests)
                                 attention_flops, geomean, grid_shape)
 
@@ -108,7 +109,7 @@ def summarize(rows: list[Row]) -> dict:
             sel = [r for r in rows if r.pass_ == pass_ and not r.error and (causal is None or r.causal == causal)]
             if not sel:
                 continue
-            key = pass_ if causal is None else f"{pass_}-{'causal' if causal else 'full'}"
+            key = pass_ if causal is None else f"{pass_}-{mask_name(causal)}"
             out[key] = {b: geomean(r.ratios()[b] for r in sel) for b in BASELINES}
             out[key]["rows"] = len(sel)
     return out

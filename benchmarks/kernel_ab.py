@@ -34,6 +34,7 @@ if "--device" in sys.argv[:-1] and sys.argv[sys.argv.index("--device") + 1].star
 
 import torch  # noqa: E402
 
+from flashtune.keys import mask_name  # noqa: E402
 from flashtune.protocol import geomean, grid_shape, time_ms  # noqa: E402
 from flashtune.kernels import backward, forward  # noqa: E402
 from flashtune.kernels.config import BwdConfig, FwdConfig, default_config  # noqa: E402
@@ -106,7 +107,7 @@ def run(args) -> dict:
                        "config": cfg.to_dict(), "max_rel_diff": diff, "ms": med, "rounds_ms": times,
                        "speedup": med["baseline"] / med["current"]}
                 rows.append(row)
-                print(f"{args.pass_} D={d:<4} N={n:<6} {'causal' if causal else 'full':<6} {cfg.short()}: "
+                print(f"{args.pass_} D={d:<4} N={n:<6} {mask_name(causal):<6} {cfg.short()}: "
                       f"baseline {med['baseline']:.4f} ms, current {med['current']:.4f} ms, "
                       f"baseline/current {row['speedup']:.3f}", flush=True)
     summary = {"pass": args.pass_, "rows": len(rows), "speedup_geomean": geomean([r["speedup"] for r in rows])}

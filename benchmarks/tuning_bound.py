@@ -193,7 +193,7 @@ def main() -> None:
                "default_vs_fastest": geomean([r["default_vs_fastest"] for r in rows])}
     print(json.dumps(summary, indent=1))
     if args.out:
-        prov = current_provenance(device).to_dict() if device.type == "cuda" else {"device": "interpreter"}
+        prov = dataclasses.asdict(current_provenance(device)) if device.type == "cuda" else {"device": "interpreter"}
         timer = "cuda-events" if device.type == "cuda" else "interpreter-wall-clock (not GPU performance)"
         with open(args.out, "w") as f:
             json.dump({"provenance": prov, "timer": timer, "rows": rows, "summary": summary}, f, indent=1)

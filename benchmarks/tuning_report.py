@@ -18,6 +18,7 @@ rounds in this process, so every ratio comes from one run. Needs a CUDA GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import statistics
@@ -121,7 +122,7 @@ def main() -> None:
         }
         for x in prow:
             x["best_single"] = x["times"][f"single{best}"] if best is not None else None
-    prov = current_provenance(dev).to_dict()
+    prov = dataclasses.asdict(current_provenance(dev))
     report = {"date": datetime.date.today().isoformat(), "provenance": prov, "rows": rows, "summary": summary}
     print(json.dumps(summary, indent=1))
     if args.out:
