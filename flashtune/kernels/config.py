@@ -7,6 +7,10 @@ config before it costs a compile, and the dispatcher can refuse a bad stored row
 The heuristic tables give the config used when nothing is tuned; they are keyed by
 (dtype, padded head_dim) per architecture, and lookup walks from the device's
 architecture down to the generic table (as PyTorch FlexAttention does).
+
+(Longer than most modules, on purpose: each config class sits next to the measured
+constraints of its kernel and the measured table entries that use it; a config field is
+added in this one file. The tables may move out once the config classes stop changing.)
 """
 
 from __future__ import annotations

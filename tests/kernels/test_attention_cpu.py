@@ -32,7 +32,7 @@ F, B = FwdConfig, BwdConfig
 SMALL_CONFIGS = [
     (F(16, 16, 4, 1), B(16, 16, 16, 16, 4, 1)),
     (F(32, 16, 4, 1), B(16, 32, 32, 16, 4, 1)),
-    (F(16, 32, 4, 1), B(32, 16, 16, 32, 4, 1)),
+    (F(16, 32, 4, 1), B(32, 16, 16, 32, 4, 1)),  # BLOCK_N1 < BLOCK_M1: the kernels need no rule between them
     (F(64, 32, 4, 2), B(32, 64, 64, 32, 4, 2, dq_num_warps=8, dq_num_stages=1)),
     (F(16, 16, 4, 1), B(16, 32, 32, 16, 4, 1, atomic_dq=1)),
     (F(32, 32, 4, 1), B(32, 16, 16, 32, 4, 2, atomic_dq=1)),
