@@ -179,9 +179,13 @@ def test_upsert_gpu_updates_in_place(store):
 def test_record_trial_round_trips_and_filters_by_kernel_hash(store):
     store.upsert_gpu(H200)
     k = key(pass_="bwd")
-    ok = store.record_trial(k, config_for("bwd", 64), Outcome("ok", time_ms=0.8, error=2e-3), provenance=provenance(), study="search-1")
-    failed = store.record_trial(k, config_for("bwd", 128), Outcome("out_of_resources", message="shared memory 300000 > 232448"), provenance=provenance())
-    nan = store.record_trial(k, config_for("bwd", 32), Outcome("incorrect", time_ms=0.5, error=math.nan), provenance=provenance(kernel_hash="fedcba"))
+    ok = store.record_trial(k, config_for("bwd", 64), Outcome("ok", time_ms=0.8, error=2e-3), provenance=provenance(),
+                            study="search-1")
+    failed = store.record_trial(k, config_for("bwd", 128),
+                                Outcome("out_of_resources", message="shared memory 300000 > 232448"),
+                                provenance=provenance())
+    nan = store.record_trial(k, config_for("bwd", 32), Outcome("incorrect", time_ms=0.5, error=math.nan),
+                             provenance=provenance(kernel_hash="fedcba"))
     store.record_trial(key(pass_="fwd"), config_for("fwd"), Outcome("timeout"), provenance=provenance())
     trials = store.trials_for(k)
     assert [t.id for t in trials] == [ok, failed, nan]
