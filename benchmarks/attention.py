@@ -39,11 +39,11 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
-GRID_HEAD_DIMS = (64, 128)
-GRID_SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
+from flashtune.keys import mask_name
+from flashtune.protocol import (GRID_HEAD_DIMS, GRID_SEQ_LENS, TOKENS, WIDTH,  # noqa: F401 (used by tests)
+                                attention_flops, geomean, grid_shape)
+
 QUICK_SEQ_LENS = (1024, 4096)
-TOKENS = 16384  # B * N
-WIDTH = 2048  # H * D
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
 BASELINES = ("cudnn", "flash")
 
@@ -51,34 +51,12 @@ BASELINES = ("cudnn", "flash")
 # ----------------------------------------------------------------------------------
 # Pure pieces (no GPU needed)
 # ----------------------------------------------------------------------------------
-def grid_shape(head_dim: int, seq_len: int) -> tuple[int, int]:
-    """(batch, heads) of the standard grid: 16k tokens, model width 2048."""
-    return TOKENS // seq_len, WIDTH // head_dim
-
-
-def attention_flops(pass_: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool) -> float:
-    """FLOPs counted as in the FlashAttention papers (see the module docstring)."""
-    fwd = 4.0 * batch * heads * seq_len * seq_len * head_dim
-    if causal:
-        fwd /= 2
-    if pass_ == "fwd":
-        return fwd
-    if pass_ == "bwd":
-        return 2.5 * fwd
-    raise ValueError(f"pass_: expected 'fwd' or 'bwd', got {pass_!r}")
-
-
 def tflops(flops: float, ms: float | None) -> float | None:
     return None if ms is None or ms <= 0 else flops / (ms * 1e-3) / 1e12
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
-
-
-def geomean(values) -> float | None:
-    values = [v for v in values if v is not None and v > 0]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
 @dataclass
@@ -131,7 +109,7 @@ def summarize(rows: list[Row]) -> dict:
             sel = [r for r in rows if r.pass_ == pass_ and not r.error and (causal is None or r.causal == causal)]
             if not sel:
                 continue
-            key = pass_ if causal is None else f"{pass_}-{'causal' if causal else 'full'}"
+            key = pass_ if causal is None else f"{pass_}-{mask_name(causal)}"
             out[key] = {b: geomean(r.ratios()[b] for r in sel) for b in BASELINES}
             out[key]["rows"] = len(sel)
     return out

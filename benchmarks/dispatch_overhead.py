@@ -35,6 +35,7 @@ kernels under the Triton interpreter: its timings say nothing about the GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -218,7 +219,7 @@ def run(args) -> dict:
         "us_per_call": us,
         "overhead": overhead,
         **({"diagnose_us_per_call": pieces} if pieces is not None else {}),
-        "environment": current_provenance(device).to_dict(),
+        "environment": dataclasses.asdict(current_provenance(device)),
     }
 
 

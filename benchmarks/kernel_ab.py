@@ -34,8 +34,8 @@ if "--device" in sys.argv[:-1] and sys.argv[sys.argv.index("--device") + 1].star
 
 import torch  # noqa: E402
 
-from flashtune.autotuner.trial import TOKENS, WIDTH, time_ms  # noqa: E402
-from flashtune.cli._bench import geomean  # noqa: E402
+from flashtune.keys import mask_name  # noqa: E402
+from flashtune.protocol import geomean, grid_shape, time_ms  # noqa: E402
 from flashtune.kernels import backward, forward  # noqa: E402
 from flashtune.kernels.config import BwdConfig, FwdConfig, default_config  # noqa: E402
 
@@ -56,12 +56,6 @@ def load_baseline(path: str, pass_: str):
     if not hasattr(module, launcher):
         raise SystemExit(f"kernel_ab: --baseline: {path!r} defines no {launcher}()")
     return getattr(module, launcher)
-
-
-def shape(head_dim: int, seq_len: int, interpreter: bool) -> tuple[int, int]:
-    if interpreter:
-        return 1, 2
-    return max(1, TOKENS // seq_len), max(1, WIDTH // head_dim)
 
 
 def max_rel_diff(a, b) -> float:
@@ -87,7 +81,7 @@ def run(args) -> dict:
         for causal in {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]:
             cfg = (fixed or default_config(args.pass_, d, dtype, device, causal=causal)).validate(d, dtype, device)
             for n in args.seq_lens:
-                b, h = shape(d, n, interpreter)
+                b, h = grid_shape(d, n, interpreter=interpreter)
                 gen = torch.Generator(device=device).manual_seed(0)
                 q, k, v, do = (torch.randn(b, h, n, d, device=device, dtype=dtype, generator=gen) for _ in range(4))
                 scale = d ** -0.5
@@ -113,7 +107,7 @@ def run(args) -> dict:
                        "config": cfg.to_dict(), "max_rel_diff": diff, "ms": med, "rounds_ms": times,
                        "speedup": med["baseline"] / med["current"]}
                 rows.append(row)
-                print(f"{args.pass_} D={d:<4} N={n:<6} {'causal' if causal else 'full':<6} {cfg.short()}: "
+                print(f"{args.pass_} D={d:<4} N={n:<6} {mask_name(causal):<6} {cfg.short()}: "
                       f"baseline {med['baseline']:.4f} ms, current {med['current']:.4f} ms, "
                       f"baseline/current {row['speedup']:.3f}", flush=True)
     summary = {"pass": args.pass_, "rows": len(rows), "speedup_geomean": geomean([r["speedup"] for r in rows])}

@@ -42,14 +42,14 @@ if "--device" in sys.argv[:-1] and sys.argv[sys.argv.index("--device") + 1].star
 import torch  # noqa: E402
 
 from flashtune.autotuner.trial import KeyBench  # noqa: E402
-from flashtune.cli._bench import geomean  # noqa: E402
 from flashtune.kernels import space as space_mod  # noqa: E402
 from flashtune.kernels.config import BwdConfig, ConfigError, FwdConfig, default_config  # noqa: E402
 from flashtune.keys import GpuInfo, TuningKey  # noqa: E402
+from flashtune.protocol import geomean  # noqa: E402
 from flashtune.provenance import current_provenance  # noqa: E402
 
 DKDV = ("BLOCK_M1", "BLOCK_N1", "num_warps", "num_stages")
-DQ = ("BLOCK_M2", "BLOCK_N2", "dq_num_warps", "dq_num_stages")
+DQ = BwdConfig.DQ_FIELDS
 
 
 class Measured:
@@ -193,7 +193,7 @@ def main() -> None:
                "default_vs_fastest": geomean([r["default_vs_fastest"] for r in rows])}
     print(json.dumps(summary, indent=1))
     if args.out:
-        prov = current_provenance(device).to_dict() if device.type == "cuda" else {"device": "interpreter"}
+        prov = dataclasses.asdict(current_provenance(device)) if device.type == "cuda" else {"device": "interpreter"}
         timer = "cuda-events" if device.type == "cuda" else "interpreter-wall-clock (not GPU performance)"
         with open(args.out, "w") as f:
             json.dump({"provenance": prov, "timer": timer, "rows": rows, "summary": summary}, f, indent=1)

@@ -18,9 +18,9 @@ rounds in this process, so every ratio comes from one run. Needs a CUDA GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
-import math
 import statistics
 import sys
 
@@ -29,15 +29,11 @@ import torch
 from flashtune.autotuner.trial import KeyBench
 from flashtune.kernels.config import BwdConfig, ConfigError, FwdConfig, default_config
 from flashtune.keys import GpuInfo
+from flashtune.protocol import geomean
 from flashtune.provenance import current_provenance
 from flashtune.store import ResultFilter, Store
 
 SEED_CONFIGS = {"fwd": FwdConfig(16, 16, 4, 3), "bwd": BwdConfig(16, 32, 32, 16, 4, 3)}
-
-
-def geomean(xs):
-    xs = [x for x in xs if x is not None]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
 def measure(bench: KeyBench, configs: dict, rounds: int) -> dict:
@@ -126,7 +122,7 @@ def main() -> None:
         }
         for x in prow:
             x["best_single"] = x["times"][f"single{best}"] if best is not None else None
-    prov = current_provenance(dev).to_dict()
+    prov = dataclasses.asdict(current_provenance(dev))
     report = {"date": datetime.date.today().isoformat(), "provenance": prov, "rows": rows, "summary": summary}
     print(json.dumps(summary, indent=1))
     if args.out:

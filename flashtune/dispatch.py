@@ -58,8 +58,9 @@ from flashtune.kernels import (
     check_inputs,
     default_config,
 )
+from flashtune.kernels.config import resolve_device
 from flashtune.kernels.common import torch_fp32_precision
-from flashtune.keys import GpuInfo, dtype_name
+from flashtune.keys import GpuInfo, TuningKey, dtype_name
 from flashtune.provenance import is_current, kernel_source_hash
 from flashtune.store import ENV_VAR, Store, default_path, resolve_url
 from flashtune.store.engine import show_url
@@ -138,30 +139,29 @@ def _warn_once(message: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TunedTable:
-    """The stored winners of one GPU, by family (dtype, head_dim, causal, pass) ->
-    (sorted tuned seq lens, their configs). ``loaded_at`` is the ticket taken before
-    the database was read."""
+    """The stored winners of one GPU, by key family (``TuningKey.family``) -> (sorted
+    tuned seq lens, their configs). ``loaded_at`` is the ticket taken before the
+    database was read."""
 
     gpu: str
-    families: dict[tuple[str, int, bool, str], tuple[tuple[int, ...], tuple]]
+    families: dict[tuple, tuple[tuple[int, ...], tuple]]
     loaded_at: int
 
     @classmethod
     def from_results(cls, gpu: str, results, loaded_at: int) -> TunedTable:
         grouped: dict[tuple, list] = {}
         for result in sorted(results, key=lambda r: r.key.seq_len):
-            k = result.key
-            grouped.setdefault((k.dtype, k.head_dim, k.causal, k.pass_), []).append((k.seq_len, result.config))
+            grouped.setdefault(result.key.family, []).append((result.key.seq_len, result.config))
         families = {family: tuple(zip(*rows, strict=True)) for family, rows in grouped.items()}
         return cls(gpu, families, loaded_at)
 
-    def lookup(self, dtype: str, head_dim: int, seq_len: int, causal: bool, pass_: str):
-        """(tuned seq_len, config) nearest ``seq_len`` in the family, or None."""
-        family = self.families.get((dtype, head_dim, causal, pass_))
+    def lookup(self, key: TuningKey):
+        """(tuned seq_len, config) nearest ``key.seq_len`` in the key's family, or None."""
+        family = self.families.get(key.family)
         if family is None:
             return None
         seq_lens, configs = family
-        i = nearest_index(seq_lens, seq_len)
+        i = nearest_index(seq_lens, key.seq_len)
         return seq_lens[i], configs[i]
 
 
@@ -249,7 +249,7 @@ class TunedAttention:
         if db is None:  # the store's default, without creating its directory
             db = os.environ.get(ENV_VAR) or default_path()
         self.url = resolve_url(db)
-        self.device = _resolve_device(device)
+        self.device = resolve_device(device)
         self.strict = strict
         self.reload()
 
@@ -357,7 +357,8 @@ class TunedAttention:
 def _pick(table: TunedTable, pass_: str, dtype: torch.dtype, head_dim: int, seq_len: int, causal: bool,
           device: torch.device):
     """(config, source) of one pass."""
-    found = table.lookup(dtype_name(dtype), head_dim, seq_len, causal, pass_)
+    key = TuningKey(table.gpu, dtype_name(dtype), head_dim, seq_len, causal, pass_)
+    found = table.lookup(key)
     source = "heuristic"
     if found is not None:
         tuned_len, config = found
@@ -366,19 +367,9 @@ def _pick(table: TunedTable, pass_: str, dtype: torch.dtype, head_dim: int, seq_
             return config, "tuned exact" if tuned_len == seq_len else f"tuned nearest (seq_len {tuned_len})"
         except ConfigError as e:
             source = f"heuristic (the tuned {pass_} config of seq_len {tuned_len} does not fit here: {e})"
-            _warn_once(f"flashtune skips a stored config for {table.gpu} {dtype_name(dtype)} d{head_dim} "
-                       f"n{tuned_len} {'causal' if causal else 'full'} {pass_}: {e}; using the heuristic default")
+            _warn_once(f"flashtune skips a stored config for {table.gpu} "
+                       f"{dataclasses.replace(key, seq_len=tuned_len).label()}: {e}; using the heuristic default")
     return default_config(pass_, head_dim, dtype, device, causal=causal), source
-
-
-def _resolve_device(device) -> torch.device:
-    """The given device (a CUDA one with its index), or the current CUDA device, or the CPU."""
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def get_tuned_attention(db=None, *, device=None, strict: bool = False) -> TunedAttention:

@@ -8,11 +8,17 @@ different keys even though they share a compute die.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Mapping
 
-Pass = Literal["fwd", "bwd"]
 PASSES: tuple[str, ...] = ("fwd", "bwd")
 DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
+# how a key's masking is written in labels, names and tables: causal=False, causal=True
+MASKS: tuple[str, str] = ("full", "causal")
+
+
+def mask_name(causal: bool) -> str:
+    """``"causal"`` or ``"full"``."""
+    return MASKS[bool(causal)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,13 +83,30 @@ class TuningKey:
             raise ValueError(f"seq_len: expected a positive integer, got {self.seq_len!r}")
 
     @property
+    def mask(self) -> str:
+        return mask_name(self.causal)
+
+    @property
     def family(self) -> tuple[str, str, int, bool, str]:
-        """Everything but seq_len: nearest-key lookup stays inside one family."""
+        """Everything but seq_len: the search's warm start and the dispatcher's nearest-key
+        lookup both stay inside one family."""
         return (self.gpu, self.dtype, self.head_dim, self.causal, self.pass_)
 
     def label(self) -> str:
-        c = "causal" if self.causal else "full"
-        return f"{self.pass_} {self.dtype} d{self.head_dim} n{self.seq_len} {c}"
+        return f"{self.pass_} {self.dtype} d{self.head_dim} n{self.seq_len} {self.mask}"
+
+    def as_dict(self, *, gpu: bool = True) -> dict[str, Any]:
+        """The key as JSON (``"pass"`` for ``pass_``): in exports, CLI output and reports.
+        ``gpu=False`` leaves the GPU out (an export entry's GPU is its table's)."""
+        out = {"gpu": self.gpu} if gpu else {}
+        return {**out, "dtype": self.dtype, "head_dim": self.head_dim, "seq_len": self.seq_len,
+                "causal": self.causal, "pass": self.pass_}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, gpu: str | None = None) -> "TuningKey":
+        """The key of ``as_dict``'s form (``gpu`` given when the dict has none)."""
+        return cls(data["gpu"] if gpu is None else gpu, data["dtype"], data["head_dim"], data["seq_len"],
+                   data["causal"], data["pass"])
 
 
 def dtype_name(dtype) -> str:

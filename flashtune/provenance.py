@@ -74,9 +74,6 @@ class Provenance:
     capability: str
     sm_count: int
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 def current_provenance(device=None) -> Provenance:
     import torch

@@ -1,28 +1,15 @@
-"""A trial's outcome, and turning a failed launch into one."""
+"""Turning a failed launch into an ``Outcome`` (flashtune.outcome)."""
 
 from __future__ import annotations
 
-import dataclasses
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What one trial measured. ``status`` is one of the store's TRIAL_STATUSES."""
-
-    status: str
-    time_ms: float | None = None
-    error: float | None = None  # the worst error as a multiple of its allowance (<= 1 passes)
-    message: str = ""
-    # backward configs with a dQ kernel: that kernel's time alone (the rest of time_ms is
-    # the dK/dV half's), so the search can pair the fastest dK/dV half with the fastest dQ half
-    dq_ms: float | None = None
-
+from flashtune.outcome import Outcome
 
 # Errors after which the CUDA context cannot be trusted: the worker must exit.
 _FATAL_MARKERS = ("illegal memory access", "illegal instruction", "device-side assert", "unspecified launch failure",
                   "an illegal", "misaligned address", "CUDA error")
 
 
-def classify(exc: BaseException):
+def classify(exc: BaseException) -> Outcome:
     """The Outcome of a launch that raised ``exc``."""
     from triton.runtime.errors import OutOfResources
 

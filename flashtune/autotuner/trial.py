@@ -10,71 +10,22 @@ from __future__ import annotations
 
 import hashlib
 import math
-import statistics
-import time
 
 import torch
 
-from flashtune.autotuner.outcome import Outcome, classify
+from flashtune.autotuner.outcome import classify
 from flashtune.keys import TuningKey
+from flashtune.outcome import Outcome
+from flashtune.protocol import flops, time_ms, trial_shape
 from flashtune.kernels import attention_backward, attention_forward, reference_with_grads
 from flashtune.kernels.backward import dq_kernel_alone
 from flashtune.kernels.common import INTERPRETER, LOG2E, LN2
 from flashtune.kernels.config import BwdConfig, FwdConfig
-from flashtune.kernels.forward import FAULT_NONE
-
-# FlashAttention's rule: the kernel's error may exceed torch's own attention in the same
-# dtype by this factor, plus a small absolute slack. NaN or Inf always fails.
-ERROR_FACTOR = 2.0
-# float32 runs its dots in tf32, judged against torch's float16 attention (the same 10
-# mantissa bits); Hopper's tf32 truncates where float16 rounds, measured at 2-4x
-# float16's error on the H200, hence a larger factor.
-TF32_ERROR_FACTOR = 4.0
-ABS_SLACK = 1e-4
-LSE_SLACK = 1e-3
-
-# The standard benchmark shape: 16k tokens, model width 2048 (BENCHMARKS.md).
-TOKENS, WIDTH = 16384, 2048
-
-
-def trial_shape(key: TuningKey, interpreter: bool) -> tuple[int, int]:
-    """(batch, heads) for a key: the benchmark grid's on a GPU, tiny under the interpreter."""
-    if interpreter:
-        return 1, 2
-    heads = max(1, WIDTH // key.head_dim)
-    return max(1, TOKENS // key.seq_len), heads
-
-
-def flops(key: TuningKey, batch: int, heads: int) -> float:
-    f = 4.0 * batch * heads * key.seq_len * key.seq_len * key.head_dim
-    if key.causal:
-        f /= 2
-    return f * (2.5 if key.pass_ == "bwd" else 1.0)
-
-
-def time_ms(fn, device: torch.device, *, quick: bool = False, grad_to_none=None) -> float:
-    """Median time of ``fn`` in ms: triton's do_bench (CUDA events, L2 flushed between
-    runs) on a GPU; wall clock under the interpreter, which is no performance figure."""
-    if device.type == "cuda":
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100,
-                                             grad_to_none=grad_to_none, return_mode="median"))
-    fn()  # warm-up: the first call allocates
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+from flashtune.tolerance import baseline_dtype, error_ratio, max_error, tolerance, uses_tf32
 
 
 def _seed(key: TuningKey) -> int:
     return int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:4], "little")
-
-
-def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.float() - b.float()).abs().max().item()
 
 
 class KeyBench:
@@ -94,29 +45,36 @@ class KeyBench:
         ref = reference_with_grads(self.q, self.k, self.v, self.do, causal=key.causal, dtype=ref_dtype)
         self.o_ref, self.lse_ref = ref[0], ref[1]
         self.grads_ref = ref[2:]
-        # torch's own attention in the key's dtype. For float32, whose dots run in tf32 (a
-        # 10-bit mantissa, like float16), the budget is torch's attention in float16.
-        low_dtype = torch.float16 if self.dtype == torch.float32 else self.dtype
-        factor = TF32_ERROR_FACTOR if self.dtype == torch.float32 else ERROR_FACTOR
-        low = reference_with_grads(self.q, self.k, self.v, self.do, causal=key.causal, dtype=low_dtype)
-        names = ("o", "dq", "dk", "dv")
-        allow = [factor * _max_err(x, r) + ABS_SLACK for x, r in zip((low[0],) + low[2:], (ref[0],) + ref[2:])]
-        self.allowance = dict(zip(names, allow))
-        self.allowance["lse"] = factor * _max_err(low[1], ref[1]) + LSE_SLACK
+        # the allowances (flashtune.tolerance): the baseline is the plain reference computed
+        # in the key's own precision (float16 for float32 with tf32 dots)
+        tf32 = uses_tf32(self.dtype, device)
+        self.tolerance = tolerance(self.dtype, tf32=tf32)
+        low = reference_with_grads(self.q, self.k, self.v, self.do, causal=key.causal,
+                                   dtype=baseline_dtype(self.dtype, tf32=tf32))
+        self.allowance = {name: self.tolerance.allowance(max_error(x, r), lse=name == "lse")
+                          for name, x, r in zip(("o", "lse", "dq", "dk", "dv"), low, ref)}
         # the backward's inputs come from the reference, so it is checked on its own
         self.o_in = self.o_ref.to(self.dtype)
         self.lse2_in = (self.lse_ref * LOG2E).float().contiguous()
         self.flops = flops(key, self.batch, self.heads)
 
-    def launcher(self, config, fault: int = FAULT_NONE, *, compile_only: bool = False):
-        """A no-argument callable running the key's pass with ``config``."""
+    def launcher(self, config, fault: int = 0, *, compile_only: bool = False):
+        """A no-argument callable running the key's pass with ``config`` (``fault``, tests
+        only: with that fault of flashtune.autotuner.faults injected after the launch)."""
         if self.key.pass_ == "fwd":
             assert isinstance(config, FwdConfig)
-            return lambda: attention_forward(self.q, self.k, self.v, config, causal=self.key.causal,
-                                             sm_scale=self.sm_scale, compile_only=compile_only, _fault=fault)
-        assert isinstance(config, BwdConfig)
-        return lambda: attention_backward(self.do, self.q, self.k, self.v, self.o_in, self.lse2_in, config,
-                                          causal=self.key.causal, sm_scale=self.sm_scale, compile_only=compile_only)
+            launch = lambda: attention_forward(self.q, self.k, self.v, config, causal=self.key.causal,  # noqa: E731
+                                               sm_scale=self.sm_scale, compile_only=compile_only)
+        else:
+            assert isinstance(config, BwdConfig)
+            launch = lambda: attention_backward(self.do, self.q, self.k, self.v, self.o_in,  # noqa: E731
+                                                self.lse2_in, config, causal=self.key.causal,
+                                                sm_scale=self.sm_scale, compile_only=compile_only)
+        if fault and not compile_only:
+            from flashtune.autotuner.faults import inject  # test mode only
+
+            return inject(launch, fault, self.device)
+        return launch
 
     def precompile(self, configs: list, faults: list[int], threads: int) -> None:
         """Compile the kernels of several configs in parallel threads (GPU only).
@@ -144,8 +102,7 @@ class KeyBench:
             pairs = dict(zip(("dq", "dk", "dv"), zip(result, self.grads_ref)))
         worst, worst_name = 0.0, ""
         for name, (got, ref) in pairs.items():
-            err = _max_err(got, ref)
-            ratio = err / self.allowance[name] if math.isfinite(err) else math.inf
+            ratio = error_ratio(max_error(got, ref), self.allowance[name])
             if not ratio <= worst:  # also catches NaN
                 worst, worst_name = ratio if math.isfinite(ratio) else math.inf, name
         return worst <= 1.0, worst, worst_name
@@ -153,7 +110,7 @@ class KeyBench:
     def time_ms(self, fn, *, quick: bool = False) -> float:
         return time_ms(fn, self.device, quick=quick)
 
-    def run(self, config, fault: int = FAULT_NONE, *, quick: bool = False) -> Outcome:
+    def run(self, config, fault: int = 0, *, quick: bool = False) -> Outcome:
         """Check ``config`` against the reference, then time it (``quick``: a shorter
         do_bench, for screening many configs before the finalists are re-timed). A
         backward config with a dQ kernel also has that kernel timed alone (``dq_ms``)."""

@@ -16,7 +16,7 @@ import sys
 import traceback
 from typing import Any
 
-from flashtune.autotuner.outcome import Outcome
+from flashtune.outcome import Outcome
 from flashtune.keys import TuningKey
 
 
@@ -59,7 +59,6 @@ def _child(conn, device: str, interpreter: bool, parent_pid: int | None = None) 
 
     from flashtune.autotuner.outcome import is_fatal
     from flashtune.autotuner.trial import KeyBench
-    from flashtune.store.records import config_class
 
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -76,13 +75,11 @@ def _child(conn, device: str, interpreter: bool, parent_pid: int | None = None) 
                 bench = KeyBench(args["key"], dev)
                 reply: Any = bench.describe()
             elif op == "run":
-                reply = bench.run(config_class(args["pass"])(**args["config"]), args.get("fault", 0))
+                reply = bench.run(args["config"], args.get("fault", 0))
             elif op == "precompile":
-                cls = config_class(args["pass"])
-                reply = bench.precompile([cls(**c) for c in args["configs"]], args["faults"], args["threads"])
+                reply = bench.precompile(args["configs"], args["faults"], args["threads"])
             elif op == "retime":
-                cls = config_class(args["pass"])
-                reply = bench.retime([cls(**c) for c in args["configs"]], args["rounds"])
+                reply = bench.retime(args["configs"], args["rounds"])
             elif op == "exit":
                 return
             else:
@@ -204,7 +201,7 @@ class TrialWorker:
         """One trial; a crash or a timeout comes back as an Outcome, never raises."""
         self._ensure(key)
         try:
-            return self._request("run", {"pass": key.pass_, "config": config.to_dict(), "fault": fault}, timeout)
+            return self._request("run", {"config": config, "fault": fault}, timeout)
         except WorkerLost as e:
             return Outcome(e.status, message=str(e))
 
@@ -213,16 +210,15 @@ class TrialWorker:
         start warm. Best effort: a failure here is met again, and recorded, by the trial."""
         self._ensure(key)
         try:
-            self._request("precompile", {"pass": key.pass_, "configs": [c.to_dict() for c in configs],
-                                         "faults": faults, "threads": max(1, min(16, os.cpu_count() or 1))},
+            threads = max(1, min(16, os.cpu_count() or 1))
+            self._request("precompile", {"configs": list(configs), "faults": faults, "threads": threads},
                           timeout)
         except (WorkerLost, WorkerError):
             pass
 
     def retime(self, key: TuningKey, configs: list, rounds: int, timeout: float) -> list[list[float]]:
         self._ensure(key)
-        return self._request("retime", {"pass": key.pass_, "configs": [c.to_dict() for c in configs],
-                                        "rounds": rounds}, timeout)
+        return self._request("retime", {"configs": list(configs), "rounds": rounds}, timeout)
 
     def close(self) -> None:
         """Stop the child: politely when idle; killed at once when a request is in flight

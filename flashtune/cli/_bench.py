@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 import torch
 
-from flashtune.autotuner.trial import flops, time_ms, trial_shape
+from flashtune.protocol import flops, time_ms, trial_shape
 from flashtune.kernels import attention, default_config
 from flashtune.kernels.common import torch_fp32_precision
-from flashtune.keys import TuningKey
+from flashtune.keys import TuningKey, mask_name
 
 SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
@@ -146,11 +146,6 @@ def _prepare(key: TuningKey, impl: str, device: torch.device, tuned):
     return _Timer(key, impl, once, flops(key, batch, heads), note)
 
 
-def geomean(values) -> float | None:
-    values = [v for v in values if v is not None and v > 0]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
 def plot(measurements, path: str, title: str) -> None:
     """TFLOPS vs seq len, one line per implementation, one panel per key family."""
     import matplotlib
@@ -174,7 +169,7 @@ def plot(measurements, path: str, title: str) -> None:
         ax.set_xscale("log", base=2)
         seq_lens = sorted({m.key.seq_len for m in measurements})
         ax.set_xticks(seq_lens, [f"{n // 1024}k" if n >= 1024 else str(n) for n in seq_lens])
-        ax.set_title(f"{pass_} {dtype} d{head_dim} {'causal' if causal else 'full'}", fontsize=9)
+        ax.set_title(f"{pass_} {dtype} d{head_dim} {mask_name(causal)}", fontsize=9)
         ax.set_xlabel("sequence length")
         ax.set_ylabel("TFLOPS")
         ax.grid(True, alpha=0.3)

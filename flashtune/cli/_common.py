@@ -18,15 +18,8 @@ from typing import Any
 import click
 
 from flashtune.keys import DTYPES, PASSES
-
-# Search and bench defaults: the standard grid of the benchmark protocol (BENCHMARKS.md).
-GRID_HEAD_DIMS = (64, 128)
-GRID_DTYPES = ("bfloat16",)
-GRID_SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
-# The interpreter demo: tiny shapes in a dtype the interpreter computes correctly.
-DEMO_HEAD_DIMS = (16,)
-DEMO_DTYPES = ("float32",)
-DEMO_SEQ_LENS = (16, 32)
+from flashtune.protocol import (DEMO_DTYPES, DEMO_HEAD_DIMS, DEMO_SEQ_LENS, GRID_DTYPES, GRID_HEAD_DIMS,
+                                GRID_SEQ_LENS)
 
 DB_HELP = ("The store: a SQLite file path or a SQLAlchemy URL (sqlite:///PATH, postgresql+psycopg://...). "
            "Default: $FLASHTUNE_DB, else tuned.db in the user data directory.")
@@ -198,7 +191,9 @@ def choose_device(command: str, device: str | None, interpreter: bool) -> tuple[
             f"no CUDA GPU found (torch {torch.__version__} sees none): `flashtune {command}` {_NEEDS_GPU[command]}; "
             f"run `flashtune {command} --interpreter` for a tiny demo under the Triton interpreter on the CPU"
         )
-    return device or "cuda", False
+    from flashtune.kernels.config import resolve_device
+
+    return str(resolve_device(device or "cuda")), False
 
 
 # -- the store ------------------------------------------------------------------------------

@@ -102,7 +102,7 @@ def bench_command(head_dims, dtypes, seq_lens, causal, passes, impls, db, interp
     if as_json:
         echo_json({"gpu": gpu.key, "interpreter": is_interpreter, "timer": timer, "versions": _versions(),
                    "measurements": [_measurement_record(m) for m in measurements],
-                   "ratios": [{**_key_record(key), **r} for key, r in rows],
+                   "ratios": [{**key.as_dict(gpu=False), **r} for key, r in rows],
                    "geomean": _geomeans(rows)})
         return
     tuned = "tuned" in impls
@@ -147,19 +147,14 @@ def _rows(keys, impls, measurements):
 
 
 def _geomeans(rows) -> dict:
-    from flashtune.cli._bench import geomean
+    from flashtune.protocol import geomean
 
     names = sorted({name for _, r in rows for name in r if name.startswith("tuned/")})
     return {name: geomean(r.get(name) for _, r in rows) for name in names}
 
 
-def _key_record(key) -> dict:
-    return {"dtype": key.dtype, "head_dim": key.head_dim, "seq_len": key.seq_len, "causal": key.causal,
-            "pass": key.pass_}
-
-
 def _measurement_record(m) -> dict:
-    return {**_key_record(m.key), "impl": m.impl, "time_ms": m.time_ms, "tflops": m.tflops, "note": m.note}
+    return {**m.key.as_dict(gpu=False), "impl": m.impl, "time_ms": m.time_ms, "tflops": m.tflops, "note": m.note}
 
 
 def _versions() -> dict:

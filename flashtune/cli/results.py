@@ -27,26 +27,8 @@ CSV_COLUMNS = ("gpu", "dtype", "head_dim", "seq_len", "causal", "pass", "config"
 TABLE_COLUMNS = ("gpu", "pass", "dtype", "d", "n", "mask", "config", "ms", "TFLOPS", "vs default", "trials")
 
 
-def config_label(config) -> str:
-    """Compact: fwd ``BLOCK_MxBLOCK_N wW sS``; bwd ``M1xN1/M2xN2 wW sS`` (dK/dV then dQ
-    blocks), ``M1xN1 wW sS / M2xN2 wW sS`` when the dQ kernel has its own warps or
-    stages, ``M1xN1 wW sS atomic-dQ`` when dQ is accumulated in the dK/dV kernel;
-    `` tma`` appended when tiles load through TMA descriptors."""
-    d = config.to_dict()
-    launch = f"w{d['num_warps']} s{d['num_stages']}"
-    tma = " tma" if d.get("tma") else ""
-    if "BLOCK_M" in d:
-        return f"{d['BLOCK_M']}x{d['BLOCK_N']} {launch}{tma}"
-    if d.get("atomic_dq"):
-        return f"{d['BLOCK_M1']}x{d['BLOCK_N1']} {launch} atomic-dQ{tma}"
-    dq_launch = f"w{d['dq_num_warps']} s{d['dq_num_stages']}"
-    if dq_launch == launch:
-        return f"{d['BLOCK_M1']}x{d['BLOCK_N1']}/{d['BLOCK_M2']}x{d['BLOCK_N2']} {launch}{tma}"
-    return f"{d['BLOCK_M1']}x{d['BLOCK_N1']} {launch} / {d['BLOCK_M2']}x{d['BLOCK_N2']} {dq_launch}{tma}"
-
-
 def key_cells(key) -> list[Any]:
-    return [key.gpu, key.pass_, key.dtype, key.head_dim, key.seq_len, "causal" if key.causal else "full"]
+    return [key.gpu, key.pass_, key.dtype, key.head_dim, key.seq_len, key.mask]
 
 
 def result_record(result) -> dict[str, Any]:
@@ -100,7 +82,7 @@ def list_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_c
     elif not results:
         click.echo(f"no tuned results ({where.describe()})", err=True)
     else:
-        rows = [[*key_cells(r.key), config_label(r.config), r.time_ms, r.tflops, ratio(r.speedup), r.n_trials]
+        rows = [[*key_cells(r.key), r.config.label(), r.time_ms, r.tflops, ratio(r.speedup), r.n_trials]
                 for r in results]
         click.echo(format_table(TABLE_COLUMNS, rows))
         note = _stale_note(results)
@@ -144,7 +126,7 @@ def show_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_c
             result = None
             key, trials = _trials_without_result(store, where)
     if as_json:
-        echo_json({"key": _key_record(key), "result": result and result_record(result),
+        echo_json({"key": key.as_dict(), "result": result and result_record(result),
                    "trials": [_trial_record(t) for t in trials]})
     elif as_csv:
         records = [_trial_record(t) for t in trials]
@@ -177,11 +159,6 @@ def _trials_without_result(store, where):
                 return key, trials
     raise click.ClickException(f"no tuned result matches ({where.describe()}): `flashtune list` shows what is "
                                "stored")
-
-
-def _key_record(key) -> dict[str, Any]:
-    return {"gpu": key.gpu, "dtype": key.dtype, "head_dim": key.head_dim, "seq_len": key.seq_len,
-            "causal": key.causal, "pass": key.pass_}
 
 
 def _trial_record(trial) -> dict[str, Any]:
@@ -218,6 +195,6 @@ def _details(key, result, trials) -> str:
         lines.append("no trials recorded for this key (it was imported, or its trials were deleted)")
     else:
         lines.append(f"{len(trials)} trials:")
-        rows = [[t.id, t.status, config_label(t.config), t.time_ms, t.error, t.message[:60]] for t in trials]
+        rows = [[t.id, t.status, t.config.label(), t.time_ms, t.error, t.message[:60]] for t in trials]
         lines.append(format_table(("id", "status", "config", "ms", "error", "message"), rows))
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import click
@@ -18,7 +19,6 @@ from flashtune.cli._common import (
     open_store,
     ratio,
 )
-from flashtune.cli.results import config_label
 
 # On the H200 (docs/tuning.md), 16 trials per key left one forward key 3.4 % behind an
 # exhaustive sweep of its 296 configs; 32 came within 1.2 % on both swept keys.
@@ -85,14 +85,17 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout,
         mode = "the Triton interpreter: a CPU demo" if is_interpreter else dev
         verb = "revalidating" if revalidate else "searching"
         click.echo(f"{verb} {len(keys)} keys on {gpu.key} ({mode}), {trials} trials per key", err=True)
-    console = None
-    if progress:
-        from rich.console import Console
-
-        console = Console(stderr=True)
     try:
-        summary = search(keys, db=db, trials=trials, timeout=timeout, trial_timeout=trial_timeout, storage=storage,
-                         device=dev, progress=progress, seed=seed, force=force, revalidate=revalidate, console=console)
+        with contextlib.ExitStack() as stack:
+            bar = None
+            if progress:
+                from rich.console import Console
+
+                from flashtune.cli._progress import ProgressBar
+
+                bar = stack.enter_context(ProgressBar(Console(stderr=True)))
+            summary = search(keys, db=db, trials=trials, timeout=timeout, trial_timeout=trial_timeout,
+                             storage=storage, device=dev, progress=bar, seed=seed, force=force, revalidate=revalidate)
     except KeyboardInterrupt:
         raise click.ClickException("interrupted: the keys finished so far are stored; run the same command again "
                                    "to resume") from None
@@ -125,8 +128,7 @@ def _report(summary, before, as_json: bool) -> None:
         echo_json({
             "interpreter": summary.interpreter, "storage": summary.storage, "timers": timers,
             "keys": [{
-                "gpu": r.key.gpu, "dtype": r.key.dtype, "head_dim": r.key.head_dim, "seq_len": r.key.seq_len,
-                "causal": r.key.causal, "pass": r.key.pass_, "status": r.status,
+                **r.key.as_dict(), "status": r.status,
                 "config": r.winner.to_dict() if r.winner is not None else None, "time_ms": r.time_ms,
                 "tflops": r.tflops, "default_time_ms": r.default_time_ms, "speedup": r.speedup,
                 "trials": r.n_trials, "rejected": r.rejected, "outcomes": r.outcomes, "wall_s": r.wall_s,
@@ -140,7 +142,7 @@ def _report(summary, before, as_json: bool) -> None:
         headers.append("was ms")
     rows = []
     for r in results:
-        row = [r.key.label(), r.status, config_label(r.winner) if r.winner is not None else None, r.time_ms,
+        row = [r.key.label(), r.status, r.winner.label() if r.winner is not None else None, r.time_ms,
                r.tflops, ratio(r.speedup), r.n_trials, r.rejected]
         if before:
             row.append(before[r.key].time_ms if r.key in before else None)

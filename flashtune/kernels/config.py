@@ -7,6 +7,10 @@ config before it costs a compile, and the dispatcher can refuse a bad stored row
 The heuristic tables give the config used when nothing is tuned; they are keyed by
 (dtype, padded head_dim) per architecture, and lookup walks from the device's
 architecture down to the generic table (as PyTorch FlexAttention does).
+
+(Longer than most modules, on purpose: each config class sits next to the measured
+constraints of its kernel and the measured table entries that use it; a config field is
+added in this one file. The tables may move out once the config classes stop changing.)
 """
 
 from __future__ import annotations
@@ -97,17 +101,59 @@ def _check_smem(name: str, needed: int, device) -> None:
         )
 
 
+class _FieldNames:
+    """A config class's field names (``FIELDS``) or those with a default (``OPTIONAL``),
+    read from the dataclass itself: a field added with a default needs no list updated."""
+
+    def __init__(self, optional: bool):
+        self.optional = optional
+
+    def __get__(self, obj, cls):
+        fields = dataclasses.fields(cls)
+        if self.optional:
+            return frozenset(f.name for f in fields
+                             if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)
+        return tuple(f.name for f in fields)
+
+
+# pass ("fwd", "bwd") -> its config class; filled by each class's definition
+CONFIG_CLASSES: dict[str, type] = {}
+
+
+def config_class(pass_: str) -> type:
+    """``FwdConfig`` for "fwd", ``BwdConfig`` for "bwd"."""
+    try:
+        return CONFIG_CLASSES[pass_]
+    except KeyError:
+        raise ValueError(f"pass_: expected {' or '.join(map(repr, CONFIG_CLASSES))}, got {pass_!r}") from None
+
+
 class _ConfigBase:
-    FIELDS: ClassVar[tuple[str, ...]]
-    # fields that stored data written before they existed may lack (their defaults apply)
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
+    """What every config class carries: its pass, its fields, its search space, its JSON
+    form (read and written here only), its label and its canonical identity."""
+
+    PASS: ClassVar[str]
+    # the fields, in order, and those that stored data written before they existed may
+    # lack (their defaults apply): both read from the dataclass
+    FIELDS = _FieldNames(optional=False)
+    OPTIONAL = _FieldNames(optional=True)
+    # The JSON form is the dict of every field. Version 1: a field added later with a
+    # default may be missing (older data), and reads as its default. A change that is
+    # not such an addition bumps this, and from_dict reads the older versions.
+    JSON_VERSION: ClassVar[int] = 1
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "PASS" in cls.__dict__:
+            CONFIG_CLASSES.setdefault(cls.PASS, cls)
 
     def to_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        """The JSON form, as stored, exported and sent to the trial worker."""
+        return {name: getattr(self, name) for name in self.FIELDS}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]):
-        """Build a config from stored data; unknown or missing fields raise ConfigError."""
+        """Build a config from its JSON form; unknown or missing fields raise ConfigError."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"{cls.__name__}: expected a mapping of fields, got {type(data).__name__}")
         missing = [f for f in cls.FIELDS if f not in data and f not in cls.OPTIONAL]
@@ -118,6 +164,13 @@ class _ConfigBase:
         cfg.check_fields()
         return cfg
 
+    @classmethod
+    def search_space(cls) -> dict[str, list]:
+        """The values the autotuner samples for each field (``kernels.space``)."""
+        from flashtune.kernels.space import SPACES
+
+        return SPACES[cls.PASS][1]
+
     def _flags_as_ints(self, *names: str) -> None:
         # True/False given for a 0/1 flag field: stored (and compared) as the int
         for name in names:
@@ -125,14 +178,22 @@ class _ConfigBase:
                 object.__setattr__(self, name, int(getattr(self, name)))
 
     def canonical(self):
-        """The same kernel launch with the fields it does not use set to fixed values."""
+        """The config's identity: the same kernel launch with the fields it does not use
+        set to fixed values (hashable; two configs that launch alike are equal here)."""
         return self
 
     def short(self) -> str:
         return " ".join(f"{f}={getattr(self, f)}" for f in self.FIELDS)
 
+    def _extra_label(self, shown: tuple[str, ...]) -> str:
+        """`` name=value`` for each field the compact label does not show, where it is not
+        the default (so a field added later shows without a label change)."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return "".join(f" {name}={getattr(self, name)}" for name in self.FIELDS
+                       if name not in shown and getattr(self, name) != defaults[name])
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, order=True)
 class FwdConfig(_ConfigBase):
     """Forward launch config.
 
@@ -154,11 +215,16 @@ class FwdConfig(_ConfigBase):
     num_stages: int
     tma: int = 0
 
-    FIELDS: ClassVar[tuple[str, ...]] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma")
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"tma"})
+    PASS: ClassVar[str] = "fwd"
 
     def __post_init__(self) -> None:
         self._flags_as_ints("tma")
+
+    def label(self) -> str:
+        """Compact: ``BLOCK_MxBLOCK_N wW sS``, `` tma`` when tiles load through TMA."""
+        shown = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma")
+        return (f"{self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{' tma' if self.tma else ''}"
+                + self._extra_label(shown))
 
     def check_fields(self) -> None:
         _check_block("BLOCK_M", self.BLOCK_M)
@@ -185,7 +251,7 @@ class FwdConfig(_ConfigBase):
         return self
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, order=True)
 class BwdConfig(_ConfigBase):
     """Backward launch config.
 
@@ -198,7 +264,9 @@ class BwdConfig(_ConfigBase):
       buffer with atomic adds (5 matmuls in all; the order of the adds, hence dQ's last
       bits, varies from run to run; under ``torch.use_deterministic_algorithms`` the dQ
       kernel runs instead). BLOCK_M2, BLOCK_N2, dq_num_warps and dq_num_stages are unused.
-    Constraints: the four blocks powers of two in [16, 256]; warps in {1, 2, 4, 8, 16};
+    Constraints: the four blocks powers of two in [16, 256] (with no rule between them:
+    the dK/dV kernel finds the query blocks that straddle the causal diagonal by ceiling
+    division, so BLOCK_N1 need not be a multiple of BLOCK_M1); warps in {1, 2, 4, 8, 16};
     stages in [1, 8]; atomic_dq 0 or 1; the estimated shared memory of each kernel within
     the device's limit. ``tma=1`` loads the walked tiles (Q and dO in the dK/dV kernel, K
     and V in the dQ kernel) through TMA descriptors, under the forward's conditions (see
@@ -217,9 +285,9 @@ class BwdConfig(_ConfigBase):
     atomic_dq: int = 0
     tma: int = 0
 
-    FIELDS: ClassVar[tuple[str, ...]] = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps", "num_stages",
-                                         "dq_num_warps", "dq_num_stages", "atomic_dq", "tma")
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"dq_num_warps", "dq_num_stages", "atomic_dq", "tma"})
+    PASS: ClassVar[str] = "bwd"
+    # the fields only the dQ kernel uses (a config's "dQ half")
+    DQ_FIELDS: ClassVar[tuple[str, ...]] = ("BLOCK_M2", "BLOCK_N2", "dq_num_warps", "dq_num_stages")
 
     def __post_init__(self) -> None:
         # the dQ kernel's launch values default to the dK/dV kernel's (configs stored
@@ -230,8 +298,24 @@ class BwdConfig(_ConfigBase):
             object.__setattr__(self, "dq_num_stages", self.num_stages)
         self._flags_as_ints("atomic_dq", "tma")
 
+    def label(self) -> str:
+        """Compact: ``M1xN1/M2xN2 wW sS`` (dK/dV then dQ blocks), ``M1xN1 wW sS / M2xN2 wW sS``
+        when the dQ kernel has its own warps or stages, ``M1xN1 wW sS atomic-dQ`` when dQ is
+        accumulated in the dK/dV kernel; `` tma`` when tiles load through TMA."""
+        launch = f"w{self.num_warps} s{self.num_stages}"
+        dq_launch = f"w{self.dq_num_warps} s{self.dq_num_stages}"
+        tma = " tma" if self.tma else ""
+        if self.atomic_dq:
+            text = f"{self.BLOCK_M1}x{self.BLOCK_N1} {launch} atomic-dQ{tma}"
+        elif dq_launch == launch:
+            text = f"{self.BLOCK_M1}x{self.BLOCK_N1}/{self.BLOCK_M2}x{self.BLOCK_N2} {launch}{tma}"
+        else:
+            text = f"{self.BLOCK_M1}x{self.BLOCK_N1} {launch} / {self.BLOCK_M2}x{self.BLOCK_N2} {dq_launch}{tma}"
+        shown = ("BLOCK_M1", "BLOCK_N1", "num_warps", "num_stages", "atomic_dq", "tma", *self.DQ_FIELDS)
+        return text + self._extra_label(shown)
+
     def check_fields(self) -> None:
-        for name in self.FIELDS[:4]:
+        for name in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2"):
             _check_block(name, getattr(self, name))
         _check_launch(self.num_warps, self.num_stages)
         _check_launch(self.dq_num_warps, self.dq_num_stages, prefix="dq_")
@@ -359,6 +443,28 @@ def device_capability(device) -> tuple[int, int]:
     return (0, 0)
 
 
+def resolve_device(device=None) -> torch.device:
+    """The device flashtune runs on: ``device`` with a CUDA device's index filled in, or
+    (None) the current CUDA device, else the CPU, where kernels run under the Triton
+    interpreter. Raises ValueError for anything but a CUDA device or the CPU, and for a
+    CUDA device when torch sees no GPU."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: {device!r} is not a device: {e}") from e
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected a CUDA device ('cuda', 'cuda:N') or 'cpu' (the interpreter), "
+                         f"got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} asks for CUDA, but no CUDA GPU is available; use device='cpu' for "
+                         "the Triton interpreter")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())  # a worker process must name its device
+    return dev
+
+
 def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None):
     """The heuristic config for a pass ("fwd" or "bwd") on ``device``.
 
@@ -366,8 +472,7 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     returns the first entry that validates on the device; within a table an entry for
     this masking ((dtype, head_dim, causal)) comes before the one for both.
     """
-    if pass_ not in ("fwd", "bwd"):
-        raise ValueError(f"pass_: expected 'fwd' or 'bwd', got {pass_!r}")
+    config_class(pass_)  # a bad pass raises ValueError
     cap = device_capability(device)
     key = (_bf if dtype == _fp else dtype, padded_head_dim(head_dim))
     keys = [key] if causal is None else [(*key, bool(causal)), key]

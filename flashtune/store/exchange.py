@@ -33,6 +33,7 @@ types, finite numbers, known dtypes and passes, configs valid for their pass, no
 tuning key twice), verifies the checksum, refuses entries tuned with other kernel
 sources unless forced, and only then writes, in one transaction (``Store.import_results``).
 Every rejection is an ``ExchangeError`` whose message names the place in the file.
+(One module, about 400 lines: the file format's writer and its validating reader belong together.)
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from flashtune._version import __version__
 from flashtune.keys import DTYPES, PASSES, GpuInfo, TuningKey
 from flashtune.provenance import Provenance, kernel_source_hash
-from flashtune.store.records import ImportSummary, StoredResult, config_class
+from flashtune.store.records import ImportSummary, StoredResult
 
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "MAX_BYTES", "ExchangeError", "ExportFile", "check_kernel_hash", "checksum",
@@ -128,15 +129,20 @@ class _Entry(_Strict):
     @model_validator(mode="after")
     def _config_valid(self):
         # ConfigError is a ValueError: pydantic reports it at this entry
-        config_class(self.pass_).from_dict(self.config)
+        self.parsed_config()
         return self
+
+    def parsed_config(self):
+        from flashtune.kernels.config import config_class
+
+        return config_class(self.pass_).from_dict(self.config)
 
     def result(self, gpu: _Gpu) -> StoredResult:
         info = gpu.info()
-        key = TuningKey(info.key, self.dtype, self.head_dim, self.seq_len, self.causal, self.pass_)
+        key = TuningKey.from_dict(self.model_dump(by_alias=True), gpu=info.key)
         provenance = Provenance(**self.provenance.model_dump(), gpu_name=info.name,
                                 capability=f"{info.capability[0]}.{info.capability[1]}", sm_count=info.sm_count)
-        return StoredResult(key=key, config=config_class(self.pass_).from_dict(self.config), time_ms=self.time_ms,
+        return StoredResult(key=key, config=self.parsed_config(), time_ms=self.time_ms,
                             tflops=self.tflops, default_time_ms=self.default_time_ms, error=self.error,
                             n_trials=self.n_trials, gpu=info, provenance=provenance)
 
@@ -181,10 +187,9 @@ class ExportFile:
 
 def entry_dict(result: StoredResult) -> dict[str, Any]:
     """One result as an export entry (its GPU is its table's)."""
-    key = result.key
     return {
-        "dtype": key.dtype, "head_dim": key.head_dim, "seq_len": key.seq_len, "causal": key.causal,
-        "pass": key.pass_, "config": result.config.to_dict(), "time_ms": result.time_ms, "tflops": result.tflops,
+        **result.key.as_dict(gpu=False), "config": result.config.to_dict(), "time_ms": result.time_ms,
+        "tflops": result.tflops,
         "default_time_ms": result.default_time_ms, "error": result.error, "n_trials": result.n_trials,
         "provenance": {name: getattr(result.provenance, name) for name in VERSION_FIELDS},
     }

@@ -14,8 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from flashtune.keys import DTYPES, PASSES
-
-TRIAL_STATUSES: tuple[str, ...] = ("ok", "incorrect", "compile_error", "out_of_resources", "crashed", "timeout")
+from flashtune.outcome import TRIAL_STATUSES
 
 # The key columns besides the GPU, in index order: seq_len last, so that an index prefix
 # serves the lookups of one key family (gpu, dtype, head_dim, causal, pass).

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Union
 
 from flashtune.keys import DTYPES, PASSES, GpuInfo, TuningKey
+from flashtune.outcome import Outcome
 from flashtune.provenance import Provenance
 from flashtune.store.errors import StoreError
 
@@ -66,14 +67,17 @@ class TrialRecord:
     id: int
     key: TuningKey
     config: Config
-    status: str
-    time_ms: float | None
-    error: float | None
-    message: str
+    outcome: Outcome
     study: str | None
     kernel_hash: str
     triton_version: str
     created_at: datetime
+
+    # the outcome's fields, read through
+    status = property(lambda self: self.outcome.status)
+    time_ms = property(lambda self: self.outcome.time_ms)
+    error = property(lambda self: self.outcome.error)
+    message = property(lambda self: self.outcome.message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +108,12 @@ class ResultFilter:
 
     @classmethod
     def for_key(cls, key: TuningKey) -> ResultFilter:
-        return cls(key.gpu, key.dtype, key.head_dim, key.seq_len, key.causal, key.pass_)
+        return cls(*key.family[:3], key.seq_len, *key.family[3:])
+
+    @classmethod
+    def for_family(cls, key: TuningKey) -> ResultFilter:
+        """The key's family: every tuned seq len of it."""
+        return dataclasses.replace(cls.for_key(key), seq_len=None)
 
     def describe(self) -> str:
         parts = [f"{f.name.rstrip('_')}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
@@ -112,16 +121,9 @@ class ResultFilter:
         return ", ".join(parts) or "everything"
 
 
-def config_class(pass_: str):
-    """``FwdConfig`` or ``BwdConfig`` (imported on first use: it pulls in torch)."""
-    from flashtune.kernels.config import BwdConfig, FwdConfig
-
-    return FwdConfig if pass_ == "fwd" else BwdConfig
-
-
 def check_config(key: TuningKey, config: Any) -> None:
     """Raise ValueError unless ``config`` is a valid config object for the key's pass."""
-    from flashtune.kernels.config import ConfigError
+    from flashtune.kernels.config import ConfigError, config_class
 
     expected = config_class(key.pass_)
     if not isinstance(config, expected):
@@ -134,7 +136,7 @@ def check_config(key: TuningKey, config: Any) -> None:
 
 def load_config(pass_: str, data: Mapping[str, Any], where: str) -> Config:
     """Rebuild a stored config; a row whose config is invalid raises ``StoreError`` naming it."""
-    from flashtune.kernels.config import ConfigError
+    from flashtune.kernels.config import ConfigError, config_class
 
     try:
         return config_class(pass_).from_dict(data)

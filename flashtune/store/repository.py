@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import math
 import os
 from collections.abc import Iterable
 
@@ -12,12 +11,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from flashtune.keys import GpuInfo, TuningKey
+from flashtune.outcome import Outcome
 from flashtune.provenance import Provenance
 from flashtune.store.engine import (create_store_engine, resolve_url, show_url, sqlite_path, transaction, use_wal,
                                     wrap_errors)
 from flashtune.store.errors import StoreError
 from flashtune.store.migrations import database_revision, head_revision, migrate, schema_error
-from flashtune.store.models import KEY_COLUMNS, TRIAL_STATUSES, Gpu, Trial, TunedResult, utcnow
+from flashtune.store.models import KEY_COLUMNS, Gpu, Trial, TunedResult, utcnow
 from flashtune.store.records import (
     ImportSummary,
     ResultFilter,
@@ -25,7 +25,6 @@ from flashtune.store.records import (
     TrialRecord,
     as_utc,
     check_config,
-    check_number,
     load_config,
 )
 
@@ -99,41 +98,23 @@ class Store:
 
     # -- trials ------------------------------------------------------------------------
 
-    def record_trial(
-        self,
-        key: TuningKey,
-        config,
-        status: str,
-        *,
-        provenance: Provenance,
-        time_ms: float | None = None,
-        error: float | None = None,
-        message: str = "",
-        study: str | None = None,
-    ) -> int:
+    def record_trial(self, key: TuningKey, config, outcome: Outcome, *, provenance: Provenance,
+                     study: str | None = None) -> int:
         """Record one trial's outcome and return its id; the key's GPU must be recorded.
 
-        ``status`` is one of ``TRIAL_STATUSES`` (a str enum works too); an ``ok`` trial
-        needs ``time_ms``. A NaN ``error`` (the kernel produced NaN) is stored as infinity.
+        An ``ok`` outcome needs ``time_ms``. A NaN ``error`` (the kernel produced NaN) is
+        stored as infinity.
         """
-        status = str(getattr(status, "value", status))
-        if status not in TRIAL_STATUSES:
-            raise ValueError(f"status: expected one of {', '.join(TRIAL_STATUSES)}, got {status!r}")
+        if not isinstance(outcome, Outcome):
+            raise ValueError(f"outcome: expected an Outcome, got {type(outcome).__name__}")
+        outcome.check()
         check_config(key, config)
-        if time_ms is not None:
-            check_number("time_ms", time_ms, minimum=0.0, inclusive=False)
-        elif status == "ok":
-            raise ValueError("time_ms: an 'ok' trial needs its time")
-        if error is not None:
-            error = math.inf if math.isnan(error) else error
-            if not error >= 0:
-                raise ValueError(f"error: expected a number >= 0, got {error!r}")
         with self._transaction(f"record a trial of {key.label()} on {key.gpu}", write=True) as session:
             values = {
                 **_key_values(key, _known_gpu_id(session, key.gpu)),
-                "config": config.to_dict(), "status": status, "time_ms": time_ms, "error": error,
-                "message": message, "study": study, "kernel_hash": provenance.kernel_hash,
-                "triton_version": provenance.triton_version,
+                "config": config.to_dict(), "status": outcome.status, "time_ms": outcome.time_ms,
+                "error": outcome.stored_error(), "message": outcome.message, "study": study,
+                "kernel_hash": provenance.kernel_hash, "triton_version": provenance.triton_version,
             }
             return session.execute(sa.insert(Trial.__table__).values(values).returning(Trial.id)).scalar_one()
 
@@ -257,8 +238,7 @@ def _known_gpu_id(session: Session, gpu_key: str) -> int:
 
 def _key_values(key: TuningKey, gpu_id: int) -> dict:
     """The key columns of a row, by column name."""
-    return {"gpu_id": gpu_id, "dtype": key.dtype, "head_dim": key.head_dim, "seq_len": key.seq_len,
-            "causal": key.causal, "pass": key.pass_}
+    return {"gpu_id": gpu_id, **key.as_dict(gpu=False)}
 
 
 def _conditions(model: type[TunedResult | Trial], where: ResultFilter) -> list:
@@ -328,6 +308,6 @@ def _stored_result(row: TunedResult, gpu: Gpu) -> StoredResult:
 def _trial_record(row: Trial, key: TuningKey) -> TrialRecord:
     return TrialRecord(
         id=row.id, key=key, config=load_config(row.pass_, row.config, f"trial #{row.id} ({key.label()} on {key.gpu})"),
-        status=row.status, time_ms=row.time_ms, error=row.error, message=row.message, study=row.study,
+        outcome=Outcome(row.status, time_ms=row.time_ms, error=row.error, message=row.message), study=row.study,
         kernel_hash=row.kernel_hash, triton_version=row.triton_version, created_at=as_utc(row.created_at),
     )

@@ -7,7 +7,6 @@ import itertools
 import os
 from pathlib import Path
 
-from flashtune.autotuner.search import _config_id
 from flashtune.autotuner.worker import TrialWorker
 from flashtune.kernels.config import BwdConfig, FwdConfig
 from flashtune.keys import GpuInfo, TuningKey
@@ -15,8 +14,7 @@ from flashtune.store import Store
 
 GPU = GpuInfo.interpreter().key
 
-# Fault codes of flashtune.kernels.forward (the forward launch only).
-FAULT_OOB_WRITE, FAULT_TRAP, FAULT_SPIN, FAULT_WRONG = 1, 2, 3, 4
+from flashtune.autotuner.faults import FAULT_OOB_WRITE, FAULT_SPIN, FAULT_TRAP, FAULT_WRONG  # noqa: F401,E402
 
 
 def key(pass_: str = "fwd", dtype: str = "float32", seq_len: int = 16, causal: bool = True,
@@ -24,8 +22,9 @@ def key(pass_: str = "fwd", dtype: str = "float32", seq_len: int = 16, causal: b
     return TuningKey(GPU, dtype, head_dim, seq_len, causal, pass_)
 
 
-def cid(cfg) -> tuple:
-    return _config_id(cfg)
+def cid(cfg):
+    """A config's identity (what the search and its ``faults`` argument key configs by)."""
+    return cfg.canonical()
 
 
 def tiny_space(monkeypatch, pass_: str, space: dict[str, list[int]]) -> list:

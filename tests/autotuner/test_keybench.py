@@ -1,7 +1,7 @@
 """The correctness rule of a trial (KeyBench), in this process under the interpreter.
 
 The reference is fp64 attention written plainly (flashtune.kernels.reference); the
-allowance is torch's own same-dtype attention error times ERROR_FACTOR plus a slack.
+allowance is flashtune.tolerance's: the plain reference's error in the key's precision times a factor, plus a slack.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from autotuner_helpers import FAULT_TRAP, FAULT_WRONG, key
 
 from flashtune.autotuner import trial
 from flashtune.autotuner.trial import KeyBench
+from flashtune.protocol import trial_shape
 from flashtune.kernels.config import BwdConfig, FwdConfig
 
 CPU = torch.device("cpu")
@@ -78,7 +79,7 @@ def test_the_trap_fault_under_the_interpreter_is_a_failed_launch(fwd_bench):
 
 def test_the_reference_itself_passes_with_zero_error(fwd_bench):
     passed, worst, _ = fwd_bench.check((fwd_bench.o_ref.clone(), fwd_bench.lse_ref / trial.LN2))
-    assert passed and worst == pytest.approx(0, abs=1e-12)
+    assert passed and worst == pytest.approx(0, abs=1e-9)  # errors in float64: the lse round trip through LN2
 
 
 def test_the_rule_is_the_allowance_exactly(fwd_bench):
@@ -90,7 +91,7 @@ def test_the_rule_is_the_allowance_exactly(fwd_bench):
         o[0, 0, 3, 5] += factor * allow
         passed, worst, name = fwd_bench.check((o, lse2))
         assert passed is expected
-        assert worst == pytest.approx(factor, rel=1e-3)  # errors are taken in fp32
+        assert worst == pytest.approx(factor, rel=1e-3)
         assert name == "o"
     lse_bad = lse2.clone()
     lse_bad[0, 1, 2] += 1.02 * fwd_bench.allowance["lse"] / trial.LN2
@@ -129,4 +130,4 @@ def test_inputs_are_fixed_per_key_and_differ_between_keys():
     assert torch.equal(a1.q, a2.q) and torch.equal(a1.allowance["o"] * torch.ones(1), a2.allowance["o"] * torch.ones(1))
     assert not torch.equal(a1.q, b.q)
     assert a1.describe()["timer"] == "interpreter-wall-clock"
-    assert (a1.batch, a1.heads) == trial.trial_shape(a1.key, interpreter=True)
+    assert (a1.batch, a1.heads) == trial_shape(a1.key, interpreter=True)

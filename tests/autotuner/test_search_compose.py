@@ -16,7 +16,7 @@ from flashtune.autotuner.outcome import Outcome
 from flashtune.autotuner.worker import TrialWorker
 from flashtune.kernels.config import BwdConfig
 
-FAST = dict(device="cpu", trial_timeout=120, finalists=2, rounds=1, progress=False)
+FAST = dict(device="cpu", trial_timeout=120, finalists=2, rounds=1)
 SPACE = {"BLOCK_M1": [16, 32], "BLOCK_N1": [16, 64], "BLOCK_M2": [16, 64], "BLOCK_N2": [16], "num_warps": [4],
          "num_stages": [1], "dq_num_warps": [4], "dq_num_stages": [1], "atomic_dq": [0], "tma": [0]}
 # ms per dK/dV half (BLOCK_M1, BLOCK_N1) and per dQ half (BLOCK_M2)
@@ -64,7 +64,12 @@ def test_the_last_trial_is_the_pair_of_the_fastest_halves(tmp_path, monkeypatch,
     monkeypatch.setattr(optuna.samplers, "TPESampler", lambda **kwargs: _Fixed(proposals))
     runs = Spy(monkeypatch, "run")
     k, db = key("bwd", "float32", seq_len=16, causal=True), tmp_path / "t.db"
-    (r,) = search([k], db=db, trials=4, **FAST).results
+    reports = []
+    (r,) = search([k], db=db, trials=4, progress=reports.append, **FAST).results
+    # the progress callback: the key's start, each trial, its end (the library prints nothing)
+    assert [p.n_measured for p in reports] == [0, 1, 2, 3, 4, 4] and reports[-1].done
+    assert reports[-1].completed == 4 and reports[-1].describe() == f"{k.label()}: done"
+    assert reports[-2].best_ms == _ms(_cfg(32, 64, 64)) and "best" in reports[-2].describe()
     measured = [cid(cfg) for (_, cfg, *_) in runs.calls]
     best_pair = _cfg(32, 64, 64)
     assert measured == [cid(c) for c in proposals] + [cid(best_pair)]

@@ -10,8 +10,9 @@ from autotuner_helpers import GPU, cid, journal_study, key, trials_of
 from rich.console import Console
 
 from flashtune.autotuner import build_keys, search, study_name
-from flashtune.autotuner.search import default_storage_path
-from flashtune.autotuner.trial import flops, trial_shape
+from flashtune.autotuner.study import default_storage_path
+from flashtune.cli._progress import ProgressBar
+from flashtune.protocol import flops, trial_shape
 from flashtune.kernels.space import SPACES
 from flashtune.keys import TuningKey
 from flashtune.provenance import kernel_source_hash
@@ -29,8 +30,9 @@ def searched(tmp_path_factory):
     db = root / "store" / "tuned.db"
     db.parent.mkdir()
     out = io.StringIO()
-    summary = search(KEYS, db=db, trials=TRIALS, device="cpu", trial_timeout=120, finalists=2, rounds=2,
-                     console=Console(file=out, force_terminal=False, width=200))
+    with ProgressBar(Console(file=out, force_terminal=False, width=200)) as bar:
+        summary = search(KEYS, db=db, trials=TRIALS, device="cpu", trial_timeout=120, finalists=2, rounds=2,
+                         progress=bar)
     return db, summary, out.getvalue()
 
 
@@ -128,7 +130,7 @@ def test_a_finished_search_is_skipped_when_run_again(searched, monkeypatch, caps
     original = worker_mod.TrialWorker._start
     monkeypatch.setattr(worker_mod.TrialWorker, "_start", lambda self: started.append(1) or original(self))
     before = {k: len(trials_of(db, k)) for k in KEYS}
-    again = search(KEYS, db=db, trials=TRIALS, device="cpu", progress=False)
+    again = search(KEYS, db=db, trials=TRIALS, device="cpu")
     assert [r.status for r in again.results] == ["already_tuned"] * len(KEYS)
     assert not started  # no worker, no trial
     assert {k: len(trials_of(db, k)) for k in KEYS} == before
@@ -136,8 +138,9 @@ def test_a_finished_search_is_skipped_when_run_again(searched, monkeypatch, caps
         assert r.n_trials == TRIALS
         assert cid(r.winner) == cid(f.winner) and r.time_ms == f.time_ms
         assert r.default_time_ms == f.default_time_ms
-    assert capsys.readouterr().out == ""  # progress=False prints nothing
+    assert capsys.readouterr().out == ""  # without a progress callback the library prints nothing
     # a terminal console with the bar on works as well
     out = io.StringIO()
-    search(KEYS[:1], db=db, trials=TRIALS, device="cpu", console=Console(file=out, force_terminal=True, width=80))
+    with ProgressBar(Console(file=out, force_terminal=True, width=80)) as bar:
+        search(KEYS[:1], db=db, trials=TRIALS, device="cpu", progress=bar)
     assert "done" in out.getvalue()

@@ -53,7 +53,7 @@ def test_each_fault_is_recorded_and_never_wins(tmp_path, monkeypatch):
     monkeypatch.setattr(TrialWorker, "close", lambda w: workers.append(w.restarts) or original_close(w))
     db = tmp_path / "t.db"
     summary = search([K], db=db, trials=len(configs), device="cpu", trial_timeout=8, finalists=3, rounds=1,
-                     progress=False, faults=faults)
+                     faults=faults)
     (r,) = summary.results
     assert r.status == "tuned"
     assert r.outcomes == {"incorrect": 1, "crashed": 1, "timeout": 1, "compile_error": 1, "ok": 2}
@@ -96,7 +96,7 @@ def test_a_stored_winner_that_is_now_wrong_is_replaced(tmp_path, monkeypatch):
     db, stale = tmp_path / "t.db", FwdConfig(64, 32, 4, 2)
     _store_winner(db, stale)
     retimed = Spy(monkeypatch, "retime")
-    summary = search([K], db=db, trials=2, device="cpu", trial_timeout=120, rounds=1, progress=False,
+    summary = search([K], db=db, trials=2, device="cpu", trial_timeout=120, rounds=1,
                      faults={cid(stale): FAULT_WRONG})
     (r,) = summary.results
     assert r.status == "tuned" and r.outcomes == {"ok": 1, "incorrect": 1}
@@ -109,7 +109,7 @@ def test_revalidate_checks_the_finalists_again_and_drops_one_that_became_wrong(t
     configs = tiny_space(monkeypatch, "fwd", {"BLOCK_M": [16, 32], "BLOCK_N": [16], "num_warps": [4],
                                               "num_stages": [1]})
     db = tmp_path / "t.db"
-    run = dict(db=db, trials=2, device="cpu", trial_timeout=120, rounds=1, progress=False)
+    run = dict(db=db, trials=2, device="cpu", trial_timeout=120, rounds=1)
     (first,) = search([K], **run).results
     assert first.status == "tuned" and first.n_trials == 2
     winner = first.winner
@@ -128,7 +128,7 @@ def test_a_stored_winner_not_measured_in_this_run_is_not_a_finalist(tmp_path, mo
     db, stale = tmp_path / "t.db", FwdConfig(128, 64, 8, 1)
     _store_winner(db, stale)
     retimed = Spy(monkeypatch, "retime")
-    (r,) = search([K], db=db, trials=1, device="cpu", trial_timeout=120, rounds=1, progress=False).results
+    (r,) = search([K], db=db, trials=1, device="cpu", trial_timeout=120, rounds=1).results
     assert r.status == "tuned" and r.n_trials == 1  # the budget was spent on the default
     assert [[cid(c) for c in cfgs] for (_, cfgs, *_) in retimed.calls] == [[cid(DEFAULT)]]
     assert cid(stored_result(db, K).config) == cid(DEFAULT)
@@ -155,8 +155,7 @@ def test_a_key_whose_setup_fails_or_crashes_fails_alone(tmp_path, monkeypatch):
 
     monkeypatch.setattr(TrialWorker, "setup", setup)
     db = tmp_path / "t.db"
-    summary = search([bad, dead, fine], db=db, trials=2, device="cpu", trial_timeout=120, rounds=1,
-                     progress=False)
+    summary = search([bad, dead, fine], db=db, trials=2, device="cpu", trial_timeout=120, rounds=1)
     rb, rd, rf = summary.results
     assert rb.status == "failed: error" and "AttributeError" in rb.message
     assert rd.status == "failed: crashed" and "died" in rd.message
@@ -184,7 +183,7 @@ def test_a_script_without_a_main_guard_gets_told_why_its_worker_died(tmp_path):
 
         keys = build_keys(GpuInfo.interpreter().key, head_dims=[16], dtypes=["float32"], seq_lens=[16],
                           causal=[False], passes=["fwd"])
-        (r,) = search(keys, db={str(tmp_path / 't.db')!r}, trials=1, device="cpu", progress=False).results
+        (r,) = search(keys, db={str(tmp_path / 't.db')!r}, trials=1, device="cpu").results
         print("RESULT", r.status, "|", r.message)
     """))
     env = dict(os.environ, TRITON_INTERPRET="1")
@@ -205,7 +204,7 @@ def test_winners_of_related_keys_are_tried_early(tmp_path, monkeypatch):
     other_masking = FwdConfig(64, 32, 4, 2)
     _store_winner(db, other_masking, k=key("fwd", "float32", seq_len=64, causal=False))
     runs = Spy(monkeypatch, "run")
-    (r,) = search([K], db=db, trials=3, device="cpu", trial_timeout=120, rounds=1, progress=False).results
+    (r,) = search([K], db=db, trials=3, device="cpu", trial_timeout=120, rounds=1).results
     assert r.status == "tuned"
     measured = [cid(cfg) for (_, cfg, *_) in runs.calls]
     assert measured[0] == cid(other_masking)

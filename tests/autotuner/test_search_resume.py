@@ -25,8 +25,8 @@ from autotuner_helpers import (
 )
 
 from flashtune.autotuner import search, study_name
-from flashtune.autotuner.trial import flops, trial_shape
-from flashtune.kernels.config import default_config
+from flashtune.protocol import flops, trial_shape
+from flashtune.kernels.config import FwdConfig, default_config
 from flashtune.kernels.space import default_neighbours
 from flashtune.provenance import kernel_source_hash
 from flashtune.store import Store
@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_an_interrupted_search_resumes_without_measuring_a_config_twice(tmp_path, monkeypatch):
     k = key("fwd", "float16", seq_len=32, causal=False)
     db, trials = tmp_path / "t.db", 5
-    run = dict(db=db, trials=trials, device="cpu", trial_timeout=120, finalists=2, rounds=1, progress=False)
+    run = dict(db=db, trials=trials, device="cpu", trial_timeout=120, finalists=2, rounds=1)
     default = default_config("fwd", 16, __import__("torch").float16, "cpu")
     sigterm = signal.getsignal(signal.SIGTERM)
 
@@ -85,7 +85,7 @@ def test_an_interrupted_search_resumes_without_measuring_a_config_twice(tmp_path
     assert cid(default) in counts and r.default_time_ms is not None
     study = journal_study(tmp_path / "optuna-journal.log", study_name(k, kernel_source_hash()))
     told = [t for t in study.trials if "status" in t.user_attrs]
-    assert sorted(tuple(sorted(t.params.items())) for t in told) == sorted(counts)
+    assert sorted(cid(FwdConfig(**t.params)) for t in told) == sorted(counts)
     assert study.user_attrs["finalized_trials"] == trials
 
     # 4. ... and once more: nothing to do
@@ -97,7 +97,7 @@ def test_an_interrupted_search_resumes_without_measuring_a_config_twice(tmp_path
 def test_a_key_whose_retiming_crashed_is_finished_by_the_next_run(tmp_path, monkeypatch):
     a, b = key("fwd", "float32", seq_len=16, causal=True), key("fwd", "float32", seq_len=16, causal=False)
     db, trials = tmp_path / "t.db", 3
-    run = dict(db=db, trials=trials, device="cpu", trial_timeout=120, finalists=2, rounds=1, progress=False)
+    run = dict(db=db, trials=trials, device="cpu", trial_timeout=120, finalists=2, rounds=1)
 
     def crash_on_a(worker, n, k, *args):
         if k == a:
@@ -133,7 +133,6 @@ SCRIPT = textwrap.dedent('''
     import sys
 
     from flashtune.autotuner import search
-    from flashtune.autotuner.search import _config_id
     from flashtune.keys import GpuInfo, TuningKey
     from flashtune.kernels import space
     from flashtune.kernels.config import FwdConfig
@@ -144,10 +143,9 @@ SCRIPT = textwrap.dedent('''
         space.SPACES["fwd"] = (FwdConfig, SPACE)
         key = TuningKey(GpuInfo.interpreter().key, "float32", 16, 16, True, "fwd")
         # the default (32, 32, 4, 2) is measured first, then the space in order: the third spins
-        faults = {_config_id(FwdConfig(16, 32, 4, 2)): %d}
+        faults = {FwdConfig(16, 32, 4, 2): %d}
         try:
-            search([key], db=sys.argv[1], trials=4, device="cpu", trial_timeout=300, progress=False,
-                   faults=faults)
+            search([key], db=sys.argv[1], trials=4, device="cpu", trial_timeout=300, faults=faults)
         except KeyboardInterrupt:
             sys.exit(42)
         sys.exit(0)
@@ -215,7 +213,7 @@ def test_a_search_stopped_by_a_signal_during_a_hanging_trial(tmp_path, monkeypat
 
     # resume in this process, without the fault
     tiny_space(monkeypatch, "fwd", {"BLOCK_M": [16, 32], "BLOCK_N": [32], "num_warps": [4], "num_stages": [1, 2]})
-    summary = search([k], db=db, trials=4, device="cpu", trial_timeout=120, finalists=2, rounds=1, progress=False)
+    summary = search([k], db=db, trials=4, device="cpu", trial_timeout=120, finalists=2, rounds=1)
     (r,) = summary.results
     assert r.status == "tuned" and r.n_trials == 4
     counts = rows_per_config(db, k)

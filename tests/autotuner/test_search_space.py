@@ -20,7 +20,7 @@ from flashtune.keys import TuningKey
 from flashtune.provenance import kernel_source_hash
 from flashtune.store import Store
 
-FAST = dict(device="cpu", trial_timeout=120, finalists=2, rounds=1, progress=False)
+FAST = dict(device="cpu", trial_timeout=120, finalists=2, rounds=1)
 
 
 def _valid(cfg, head_dim=16, dtype=torch.float32) -> bool:
@@ -187,14 +187,14 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, monkeypa
     fresh = tmp_path / "fresh" / "t.db"
     keys = kwargs.pop("keys")
     with pytest.raises(ValueError, match=rf"^{name}: "):
-        search(keys, db=fresh, progress=False, **kwargs)
+        search(keys, db=fresh, **kwargs)
     assert not fresh.parent.exists()  # no store, no journal
 
     existing = tmp_path / "existing.db"
     with Store(existing) as store:
         before = store.list_gpus()
     with pytest.raises(ValueError, match=rf"^{name}: "):
-        search(keys, db=existing, progress=False, **kwargs)
+        search(keys, db=existing, **kwargs)
     with Store(existing) as store:
         assert store.list_gpus() == before == [] and store.list_results() == []
     assert not (tmp_path / "optuna-journal.log").exists()
@@ -203,7 +203,7 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, monkeypa
 
 def test_a_directory_as_the_journal_is_refused(tmp_path):
     with pytest.raises(ValueError, match="^storage: .* is a directory"):
-        search([key()], db=tmp_path / "t.db", trials=1, device="cpu", storage=tmp_path, progress=False)
+        search([key()], db=tmp_path / "t.db", trials=1, device="cpu", storage=tmp_path)
     assert not (tmp_path / "t.db").exists()
 
 

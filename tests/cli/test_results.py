@@ -9,6 +9,7 @@ import json
 import pytest
 from exchange_samples import A100, H200, key, result
 
+from flashtune.outcome import Outcome
 from flashtune.kernels import BwdConfig, FwdConfig
 from flashtune.provenance import kernel_source_hash
 from flashtune.store import Store
@@ -136,10 +137,11 @@ def test_show_one_key_with_its_trials(invoke, db):
     k = key(1024, pass_="bwd")
     stored = result(k)
     with Store(db) as store:
-        store.record_trial(k, stored.config, "ok", provenance=stored.provenance, time_ms=0.5, error=0.125,
+        store.record_trial(k, stored.config, Outcome("ok", time_ms=0.5, error=0.125), provenance=stored.provenance,
                            study="s")
-        store.record_trial(k, result(k, block=128).config, "incorrect", provenance=stored.provenance, error=3.5,
-                           message="dq error is 3.5x the allowance", study="s")
+        store.record_trial(k, result(k, block=128).config,
+                           Outcome("incorrect", error=3.5, message="dq error is 3.5x the allowance"),
+                           provenance=stored.provenance, study="s")
     out = invoke("show", "--db", db, "--pass", "bwd", "--gpu", H200.key)
     assert out.exit_code == 0, out.output
     head, _, rest = out.output.partition("  updated ")
@@ -180,8 +182,8 @@ def test_show_of_no_match(invoke, db):
 def test_show_a_key_whose_search_found_nothing(invoke, db):
     k = key(4096, pass_="bwd")
     with Store(db) as store:
-        store.record_trial(k, result(k).config, "compile_error", provenance=result(k).provenance,
-                           message="CompilationError: boom")
+        store.record_trial(k, result(k).config, Outcome("compile_error", message="CompilationError: boom"),
+                           provenance=result(k).provenance)
     args = ["--dtype", "bfloat16", "--head-dim", "64", "--seq-len", "4096", "--causal", "--pass", "bwd"]
     out = invoke("show", "--db", db, *args)
     assert out.exit_code == 0, out.output
@@ -200,6 +202,4 @@ def test_show_a_key_whose_search_found_nothing(invoke, db):
     (BwdConfig(32, 64, 64, 32, 4, 2, tma=1), "32x64/64x32 w4 s2 tma"),
 ], ids=str)
 def test_config_label_names_every_launch_choice(config, label):
-    from flashtune.cli.results import config_label
-
-    assert config_label(config) == label
+    assert config.label() == label

@@ -101,7 +101,7 @@ def test_a_stored_config_too_big_for_this_device_is_skipped_for_the_heuristic(wr
     write(16, "bwd", BWD_A)
     fn = get_tuned_attention(db_path)
     monkeypatch.setattr(kernel_config, "shared_memory_limit", lambda device: 20_000)
-    with pytest.warns(DispatchWarning, match="skips a stored config .* fwd: FwdConfig: needs about 73728 bytes"):
+    with pytest.warns(DispatchWarning, match="skips a stored config .* fwd .*: FwdConfig: needs about 73728 bytes"):
         choice = _choice(fn, 16)
     assert choice.fwd_config == _heuristic("fwd")
     assert choice.fwd_source.startswith("heuristic (the tuned fwd config of seq_len 16 does not fit here: ")

@@ -1,15 +1,15 @@
 """Shared checks of flashtune's attention against independent references.
 
-The tolerance rule is FlashAttention's: the error of our kernel against a float64
-reference may be at most ``factor`` times the error of torch's own attention computed
-in the input dtype (against the same reference), plus a small absolute slack. NaN or
-Inf always fails.
+The rule is flashtune.tolerance's (FlashAttention's), the one the autotuner's gate uses:
+the error of our kernel against a float64 reference may be at most ``factor`` times the
+error of a baseline computed in the input's precision (against the same reference), plus
+a small absolute slack. NaN or Inf always fails.
 
-- "torch's own attention in the input dtype" is SDPA's math backend, with fp16/bf16
-  reductions allowed so it really computes in that dtype (torch otherwise upcasts to
-  fp32 inside), and with TF32 matmuls when our kernel runs fp32 with tf32 dots on a GPU.
-  For the log-sum-exp (which SDPA does not return) it is ``reference_attention`` in
-  float32 under the same matmul precision: our kernels always keep the LSE in fp32.
+- The baseline here is SDPA's math backend (the autotuner's is flashtune's plain
+  reference), with fp16/bf16 reductions allowed so it really computes in that dtype
+  (torch otherwise upcasts to fp32 inside); for fp32 with tf32 dots on a GPU, float16
+  (flashtune.tolerance.baseline_dtype). For the log-sum-exp (which SDPA does not
+  return) it is ``reference_attention`` in float32: our kernels keep the LSE in fp32.
 - The float64 truth is ``flashtune.kernels.reference_attention`` in float64, itself
   checked against torch SDPA (math backend) in float64 on every case.
 """
@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashtune.kernels import BwdConfig, FwdConfig, attention, reference_attention
+from flashtune.tolerance import Tolerance, baseline_dtype, uses_tf32
+from flashtune.tolerance import tolerance as shared_tolerance
 
 # name -> (torch dtype, fp32_precision passed to attention)
 DTYPES = {
@@ -45,29 +47,10 @@ MIXED = {"q": "bhnd", "k": "bnhd", "v": "bhdn"}
 LAYOUTS = DENSE_LAYOUTS + ("padded",)
 
 
-@dataclasses.dataclass(frozen=True)
-class Tolerance:
-    factor: float  # times torch's own error in the input dtype
-    atol: float  # absolute slack for O, dQ, dK, dV
-    lse_atol: float  # absolute slack for the log-sum-exp
-
-
 def tolerance(dtype: str, device: torch.device) -> Tolerance:
-    """The tolerance for one dtype name (a DTYPES key) on a device.
-
-    fp32 with tf32 dots on a GPU: each dot keeps 10 mantissa bits of its inputs, as
-    float16 does, but Hopper's tf32 tensor cores truncate where float16 rounds (measured
-    on the H200: 2-4x torch's float16 error), so the bound is 4x torch's own attention
-    error in float16 plus 1e-3 (LSE 5e-3); the autotuner's trials use the same rule.
-    Under the interpreter tf32 dots are exact fp32 and get fp32's bound.
-    """
-    if dtype == "fp16":
-        return Tolerance(2.0, 1e-3, 1e-4)
-    if dtype == "bf16":
-        return Tolerance(2.0, 1e-2, 1e-4)
-    if dtype == "fp32-tf32" and device.type == "cuda":
-        return Tolerance(4.0, 1e-3, 5e-3)
-    return Tolerance(2.0, 1e-5, 1e-5)
+    """flashtune.tolerance's constants for one dtype name (a DTYPES key) on a device."""
+    torch_dtype, precision = DTYPES[dtype]
+    return shared_tolerance(torch_dtype, tf32=uses_tf32(torch_dtype, device, precision))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,8 +202,9 @@ def _index(flat_index: int, shape) -> tuple[int, ...]:
 
 
 def assert_close_to_reference(name: str, actual: torch.Tensor, truth: torch.Tensor, baseline: torch.Tensor, *,
-                              factor: float, atol: float) -> float:
-    """FlashAttention's rule: max|actual - truth| <= factor * max|baseline - truth| + atol.
+                              tol: Tolerance, lse: bool = False, extra: float = 0.0) -> float:
+    """flashtune.tolerance's rule: max|actual - truth| <= tol.allowance(max|baseline - truth|)
+    (+ ``extra``).
 
     ``truth`` is the float64 reference, ``baseline`` torch's own attention in the input
     dtype. NaN/Inf in ``actual`` fail. On failure the message gives the count of
@@ -237,14 +221,14 @@ def assert_close_to_reference(name: str, actual: torch.Tensor, truth: torch.Tens
                              f"(value {a[first].item()}, expected {t[first].item():.6g})")
     err = (a - t).abs()
     base_err = (baseline.detach().to(torch.float64) - t).abs().max().item()
-    allowed = factor * base_err + atol
+    allowed = tol.allowance(base_err, lse=lse) + extra
     worst = err.max().item()
     if worst > allowed:
         n_bad = int((err > allowed).sum())
         idx = _index(int(err.argmax()), a.shape)
         raise AssertionError(
             f"{name}: max abs error {worst:.3g} > allowed {allowed:.3g} "
-            f"(= {factor:g} x torch's own error {base_err:.3g} + {atol:g}); "
+            f"(= {tol.factor:g} x the baseline's error {base_err:.3g} + {allowed - tol.factor * base_err:.3g}); "
             f"{n_bad} of {a.numel()} elements over; worst at index {idx}: "
             f"got {a[idx].item():.6g}, expected {t[idx].item():.6g}")
     return worst
@@ -276,17 +260,15 @@ def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None
         for name in ("o", "dq", "dk", "dv"):
             torch.testing.assert_close(getattr(truth, name), getattr(sdpa64, name), rtol=1e-7, atol=1e-9,
                                        msg=lambda m, name=name: f"reference_attention vs SDPA float64, {name}: {m}")
-    tf32 = dtype == torch.float32 and precision == "tf32" and q.device.type == "cuda"
-    # tf32 dots: the error budget is torch's attention in float16 (the same 10-bit mantissa)
-    torch_low = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, dtype=torch.float16 if tf32 else dtype)
+    tf32 = uses_tf32(dtype, q.device, precision)
+    torch_low = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, dtype=baseline_dtype(dtype, tf32=tf32))
 
-    errors = {"lse": assert_close_to_reference("lse", ours.lse, truth.lse, torch_low.lse, factor=tol.factor,
-                                               atol=tol.lse_atol)}
+    errors = {"lse": assert_close_to_reference("lse", ours.lse, truth.lse, torch_low.lse, tol=tol, lse=True)}
     s_max = max_visible_score(q, k, sm_scale, causal) if dtype == torch.float32 else 0.0
     for name in ("o", "dq", "dk", "dv"):
         slack = 0.0 if name == "o" else recompute_slack(s_max, getattr(truth, name))
         errors[name] = assert_close_to_reference(name, getattr(ours, name), getattr(truth, name),
-                                                 getattr(torch_low, name), factor=tol.factor, atol=tol.atol + slack)
+                                                 getattr(torch_low, name), tol=tol, extra=slack)
     return errors
 
 

@@ -55,10 +55,10 @@ def compile_shared(item: dict) -> list[int]:
               "PRECISION": "tf32" if item["dtype"] == "float32" else "ieee", "INT64": False}
     if item["pass"] == "fwd":
         cfg = FwdConfig.from_dict(item["config"])
-        pointers = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32", "FaultFlag": "*fp32"}
+        pointers = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32"}
         pointers.update(DescK=desc(cfg.BLOCK_N, cfg.tma), DescV=desc(cfg.BLOCK_N, cfg.tma))
         kernels = [(forward._attn_fwd_kernel, pointers,
-                    {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "FAULT": 0, "TMA": bool(cfg.tma),
+                    {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "TMA": bool(cfg.tma),
                      "SCALE_POSITIVE": True})]
     else:
         cfg = BwdConfig.from_dict(item["config"])

@@ -32,7 +32,7 @@ F, B = FwdConfig, BwdConfig
 SMALL_CONFIGS = [
     (F(16, 16, 4, 1), B(16, 16, 16, 16, 4, 1)),
     (F(32, 16, 4, 1), B(16, 32, 32, 16, 4, 1)),
-    (F(16, 32, 4, 1), B(32, 16, 16, 32, 4, 1)),
+    (F(16, 32, 4, 1), B(32, 16, 16, 32, 4, 1)),  # BLOCK_N1 < BLOCK_M1: the kernels need no rule between them
     (F(64, 32, 4, 2), B(32, 64, 64, 32, 4, 2, dq_num_warps=8, dq_num_stages=1)),
     (F(16, 16, 4, 1), B(16, 32, 32, 16, 4, 1, atomic_dq=1)),
     (F(32, 32, 4, 1), B(32, 16, 16, 32, 4, 2, atomic_dq=1)),
@@ -312,3 +312,26 @@ def test_offsets_beyond_int32(kernel_device, tma):
     assert out.returncode == 0 and "OK" in out.stdout, (
         f"attention with row offsets beyond 2^31 elements failed: exit code {out.returncode}"
         f"{' (SIGSEGV)' if out.returncode == -11 else ''}\nstdout: {out.stdout[-2000:]}\nstderr: {out.stderr[-2000:]}")
+
+
+# -- the rule itself (flashtune.tolerance), as the test suite applies it -------------------
+
+@pytest.mark.parametrize("scale, passes", [(0.98, True), (1.02, False)])
+def test_fp16_rule_rejects_just_outside_and_accepts_just_inside(scale, passes):
+    """A wrong result planted at 0.98 / 1.02 x (2 x torch's fp16 error + slack): the factor
+    is written out here, so raising it in flashtune.tolerance fails this test."""
+    from kernel_checks import assert_close_to_reference, reference_outputs, sdpa_outputs, tolerance
+
+    gen = torch.Generator().manual_seed(7)
+    q, k, v, do = (torch.randn(1, 2, 24, 16, generator=gen).half() for _ in range(4))
+    truth = reference_outputs(q, k, v, do, causal=True, sm_scale=0.25)
+    low = sdpa_outputs(q, k, v, do, causal=True, sm_scale=0.25, dtype=torch.float16)
+    tol = tolerance("fp16", torch.device("cpu"))
+    allowed = 2.0 * (low.o.double() - truth.o).abs().max().item() + tol.atol
+    planted = truth.o.clone()
+    planted[0, 1, 7, 3] += scale * allowed
+    if passes:
+        assert assert_close_to_reference("o", planted, truth.o, low.o, tol=tol) == pytest.approx(scale * allowed)
+    else:
+        with pytest.raises(AssertionError, match="max abs error"):
+            assert_close_to_reference("o", planted, truth.o, low.o, tol=tol)

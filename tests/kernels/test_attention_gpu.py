@@ -230,13 +230,11 @@ def check_configs(pass_, configs, *, head_dim, causal, device, shape=SPACE_SHAPE
     def check(result):
         if pass_ == "fwd":
             o, lse2 = result
-            assert_close_to_reference("o", o, truth.o, torch_low.o, factor=tol.factor, atol=tol.atol)
-            assert_close_to_reference("lse", lse2 * LN2, truth.lse, torch_low.lse, factor=tol.factor,
-                                      atol=tol.lse_atol)
+            assert_close_to_reference("o", o, truth.o, torch_low.o, tol=tol)
+            assert_close_to_reference("lse", lse2 * LN2, truth.lse, torch_low.lse, tol=tol, lse=True)
         else:
             for name, got in zip(("dq", "dk", "dv"), result):
-                assert_close_to_reference(name, got, getattr(truth, name), getattr(torch_low, name),
-                                          factor=tol.factor, atol=tol.atol)
+                assert_close_to_reference(name, got, getattr(truth, name), getattr(torch_low, name), tol=tol)
 
     def synchronize():
         if device.type == "cuda":

@@ -15,6 +15,7 @@ import traceback
 import pytest
 from store_samples import H200, config_for, key, provenance, result
 
+from flashtune.outcome import Outcome
 from flashtune.store import Store, repository, resolve_url
 
 FORK = multiprocessing.get_context("fork")
@@ -34,8 +35,8 @@ def _writer(url: str, worker: int, barrier) -> None:
         with Store(url) as store:  # all open a new database at once: its schema is made once
             store.upsert_gpu(H200)
             for round_ in range(ROUNDS):
-                store.record_trial(key(), config_for("fwd"), "ok", provenance=provenance(),
-                                   time_ms=_time_ms(worker, round_), message=f"worker {worker} round {round_}")
+                store.record_trial(key(), config_for("fwd"), Outcome("ok", time_ms=_time_ms(worker, round_),
+                                   message=f"worker {worker} round {round_}"), provenance=provenance())
                 seq_len = SHARED_SEQ_LENS[round_ % len(SHARED_SEQ_LENS)]
                 store.save_result(result(key(seq_len), _time_ms(worker, round_)))
             store.save_result(result(key(1 << (16 + worker)), 5.0))  # a key of its own
@@ -104,8 +105,8 @@ def _doomed_writer(url: str, reports) -> None:
     store = Store(url)
     store.upsert_gpu(H200)
     for i in range(COMMITTED):
-        reports.send(store.record_trial(key(), config_for("fwd"), "crashed", provenance=provenance(),
-                                        message=f"committed {i}"))
+        reports.send(store.record_trial(key(), config_for("fwd"), Outcome("crashed", message=f"committed {i}"),
+                                        provenance=provenance()))
     write_one = repository._write_result
 
     def write_then_stall(session, *args, written=[0]):  # noqa: B006 - a counter
@@ -140,8 +141,8 @@ def _busy_writer(url: str, reports) -> None:
     with Store(url) as store:
         store.upsert_gpu(H200)
         for i in range(100_000):
-            reports.send(store.record_trial(key(), config_for("fwd"), "timeout", provenance=provenance(),
-                                            message=str(i)))
+            reports.send(store.record_trial(key(), config_for("fwd"), Outcome("timeout", message=str(i)),
+                                            provenance=provenance()))
             store.save_result(result(key(1 << (8 + i % 8)), 10.0 / (i + 1)))
 
 

@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 from store_samples import H200, config_for, key, provenance, result
 
+from flashtune.outcome import Outcome
 from flashtune.store import Store, StoreError, current_revision, head_revision, resolve_url, upgrade
 from flashtune.store import engine as store_engine
 from flashtune.store.engine import create_store_engine, transaction
@@ -183,7 +184,7 @@ def test_driver_errors_become_store_errors_with_the_cause(tmp_path, monkeypatch)
         with Store(path) as store:
             with pytest.raises(StoreError, match=r"record a trial of fwd bfloat16 d64 n1024 causal on "
                                                  r"NVIDIA H200@sm90: database is locked") as caught:
-                store.record_trial(key(), config_for("fwd"), "ok", provenance=provenance(), time_ms=1.0)
+                store.record_trial(key(), config_for("fwd"), Outcome("ok", time_ms=1.0), provenance=provenance())
             assert isinstance(caught.value.__cause__, sa.exc.OperationalError)
     finally:
         holder.close()

@@ -15,6 +15,7 @@ from alembic.migration import MigrationContext
 from golden_data import GOLDEN_DIR, ROWS, golden_path, insert_rows
 from store_samples import H200, config_for, key, provenance, result
 
+from flashtune.outcome import Outcome
 from flashtune.keys import TuningKey
 from flashtune.store import (
     VERSION_TABLE,
@@ -138,7 +139,7 @@ def test_a_golden_database_upgrades_to_head_with_every_row(db_url, revision):
         assert [(t.status, t.message) for t in trials] == [(r["status"], r["message"]) for r in trial_rows]
         # and the upgraded database takes new rows
         assert store.save_result(result(key(8192)))
-        store.record_trial(key(8192), config_for("fwd"), "ok", provenance=provenance(), time_ms=1.0)
+        store.record_trial(key(8192), config_for("fwd"), Outcome("ok", time_ms=1.0), provenance=provenance())
         assert len(store.load_table(H200)) == len(expected) + 1
 
 

@@ -1,0 +1,297 @@
+"""The search of one key: warm start, the sampler's proposals, measurement, and the
+interleaved re-timing that picks and stores the winner."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+from flashtune.autotuner.ledger import Ledger
+from flashtune.autotuner.study import KeyStudy
+from flashtune.kernels.config import ConfigError, default_config
+from flashtune.kernels.space import default_neighbours, valid_candidates
+from flashtune.keys import GpuInfo, TuningKey
+from flashtune.outcome import Outcome
+from flashtune.protocol import trial_shape
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """How hard each key is searched (``search()``'s arguments)."""
+
+    trials: int
+    timeout: float | None
+    trial_timeout: float
+    finalists: int
+    rounds: int
+    seed: int
+    batch: int
+    revalidate: bool = False
+    faults: dict = dataclasses.field(default_factory=dict)  # tests only: canonical config -> fault code
+
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    """What every key's search shares: the store, the study storage, the trial worker."""
+
+    store: object
+    storage: object
+    worker: object
+    gpu: GpuInfo
+    provenance: object
+    device: object
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyResult:
+    """What the search did for one key."""
+
+    key: TuningKey
+    status: str  # "tuned", "no_valid_config", "already_tuned", "failed: crashed|timeout|error"
+    winner: object | None = None
+    time_ms: float | None = None
+    tflops: float | None = None
+    default_time_ms: float | None = None
+    n_trials: int = 0
+    outcomes: dict = dataclasses.field(default_factory=dict)  # trial status -> count
+    wall_s: float = 0.0
+    timer: str = ""
+    shape: tuple[int, int] | None = None  # (batch, heads) the trials used
+    message: str = ""  # why a key failed
+
+    @property
+    def speedup(self) -> float | None:
+        if self.time_ms is None or self.default_time_ms is None:
+            return None
+        return self.default_time_ms / self.time_ms
+
+    @property
+    def rejected(self) -> int:
+        return sum(n for status, n in self.outcomes.items() if status != "ok")
+
+
+class KeySearch:
+    """The search of one key; the study, the store and the worker are shared."""
+
+    def __init__(self, key: TuningKey, bench: Bench, budget: Budget, on_trial=None):
+        import torch
+
+        self.key, self.bench, self.budget = key, bench, budget
+        self.on_trial = on_trial or (lambda search: None)
+        dtype = getattr(torch, key.dtype)
+        self.ledger = Ledger(valid_candidates(key.pass_, key.head_dim, dtype, bench.device))
+        try:
+            self.default = default_config(key.pass_, key.head_dim, dtype, bench.device, causal=key.causal)
+        except ConfigError:  # nothing runs on this device: the key ends as no_valid_config
+            self.default = None
+        self.study = KeyStudy(key, storage=bench.storage, kernel_hash=bench.provenance.kernel_hash,
+                              seed=budget.seed, trials=budget.trials)
+        for cfg, outcome in self.study.finished():
+            if self.ledger.is_valid(cfg):
+                self.ledger.record(cfg, outcome)
+        self._adopt_recorded_trials()
+
+    def _adopt_recorded_trials(self) -> None:
+        """Trials the store has (same key, same kernel) but the study does not: a search
+        stopped between recording a trial and telling the study, or the study storage
+        is new. They count as measured and are told to the study, so nothing is measured
+        twice and the sampler learns from them."""
+        for rec in self.bench.store.trials_for(self.key, kernel_hash=self.bench.provenance.kernel_hash):
+            if self.ledger.adopt(rec.config, rec.outcome):  # oldest first: the first of a config counts
+                self.study.add_recorded(rec.config, rec.outcome)
+
+    # -- what the progress report reads ------------------------------------------------
+
+    def n_measured(self) -> int:
+        return len(self.ledger)
+
+    def best_ms(self) -> float | None:
+        return self.ledger.best_ms()
+
+    def default_ms(self) -> float | None:
+        outcome = self.ledger.get(self.default) if self.default is not None else None
+        return outcome.time_ms if outcome is not None and outcome.ok else None
+
+    def already_done(self) -> bool:
+        """Whether the key's search finished before with at least this budget."""
+        done = self.study.finalized_trials
+        return done is not None and done >= min(self.budget.trials, len(self.ledger.valid))
+
+    # -- proposals ---------------------------------------------------------------------
+
+    def warm_start(self) -> list:
+        """The default and the stored winners of the key's family first (nearest seq len
+        first), the default's structural neighbours, then a few winners of related keys;
+        all of the valid space when it fits the budget."""
+        from flashtune.store import ResultFilter
+
+        store, key = self.bench.store, self.key
+        first = [self.default] if self.default is not None else []
+        family = store.list_results(ResultFilter.for_family(key))
+        family.sort(key=lambda r: abs(r.key.seq_len - key.seq_len))
+        first += [r.config for r in family]
+        if self.default is not None:
+            first += default_neighbours(self.default)
+        # Winners of related keys (same GPU, dtype and pass; the other masking first, then
+        # other head dims; nearest seq len first): one key's winner is often near the best
+        # of another, and a few trials settle it. At most an eighth of the budget.
+        relatives = [r for r in store.list_results(ResultFilter(key.gpu, key.dtype, pass_=key.pass_))
+                     if (r.key.head_dim, r.key.causal) != (key.head_dim, key.causal)]
+        relatives.sort(key=lambda r: (r.key.head_dim != key.head_dim, abs(r.key.seq_len - key.seq_len)))
+        seen, queue = set(), []
+
+        def take(configs, cap=None) -> None:
+            taken = 0
+            for cfg in configs:
+                if self.ledger.wants(cfg) and cfg.canonical() not in seen and (cap is None or taken < cap):
+                    seen.add(cfg.canonical())
+                    queue.append(cfg)
+                    taken += 1
+
+        take(first)
+        take([r.config for r in relatives], cap=max(1, self.budget.trials // 8))
+        if len(self.ledger.valid) <= self.budget.trials:
+            take(self.ledger.valid)  # the valid space fits the budget: measure all of it
+        return queue
+
+    def _propose(self, n: int, limit: int) -> list:
+        """Up to ``n`` distinct, valid, unmeasured proposals as (trial, config) pairs,
+        while fewer than ``limit`` configs are measured.
+
+        Configs ``validate()`` rejects and configs already measured are told to the study
+        as pruned (they cost nothing); if the sampler keeps proposing them, an unmeasured
+        valid config is enqueued to steer it."""
+        batch, ids, idle = [], set(), 0
+        while len(batch) < n and self.n_measured() + len(batch) < limit:
+            rest = [c for c in self.ledger.unmeasured() if c.canonical() not in ids]
+            if not rest:
+                break
+            trial, cfg = self.study.ask()
+            if not self.ledger.wants(cfg) or cfg.canonical() in ids:
+                self.study.skip(trial, "invalid" if not self.ledger.is_valid(cfg) else "duplicate")
+                idle += 1
+                if idle >= 20:
+                    idle = 0
+                    self.study.enqueue([rest[self.n_measured() % len(rest)]], again=True)
+                continue
+            idle = 0
+            batch.append((trial, cfg))
+            ids.add(cfg.canonical())
+        return batch
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Measure configs until the budget is spent. A backward search keeps its last
+        trial for the composed pair (Ledger.composed), if it has one; else the sampler has it."""
+        self.study.enqueue(self.warm_start())
+        start = time.monotonic()
+        trials = self.budget.trials
+        reserve = 1 if self.key.pass_ == "bwd" and trials >= 4 else 0
+        self._loop(start, trials - reserve)
+        if reserve and not self._out_of_time(start):
+            pair = self.ledger.composed()
+            if pair is not None:
+                self.study.enqueue([pair])
+        self._loop(start, trials)
+
+    def _out_of_time(self, start: float) -> bool:
+        return self.budget.timeout is not None and time.monotonic() - start >= self.budget.timeout
+
+    def _fault(self, cfg) -> int:
+        return self.budget.faults.get(cfg.canonical(), 0)
+
+    def _loop(self, start: float, limit: int) -> None:
+        worker, budget = self.bench.worker, self.budget
+        while self.n_measured() < limit and not self._out_of_time(start):
+            batch = self._propose(budget.batch, limit)
+            if not batch:
+                break
+            pending = list(batch)
+            try:
+                if len(batch) > 1:
+                    worker.precompile(self.key, [c for _, c in batch], [self._fault(c) for _, c in batch],
+                                      timeout=budget.trial_timeout * len(batch))
+                while pending:
+                    if self._out_of_time(start):
+                        break
+                    trial, cfg = pending.pop(0)
+                    self._measure(trial, cfg)
+            finally:
+                # interrupted, out of time, or the key's inputs could not be built: these
+                # configs stay unmeasured (a resumed search measures them)
+                for trial, _ in pending:
+                    self.study.tell_unmeasured(trial)
+
+    def _measure(self, trial, cfg) -> None:
+        try:
+            outcome = self._trial(cfg)
+        except BaseException:
+            # no outcome reached the study: the config stays unmeasured there (if the store
+            # got it, a resumed search takes it from the store)
+            self.study.tell_unmeasured(trial)
+            raise
+        self.study.tell(trial, outcome)
+        self.on_trial(self)
+
+    def _trial(self, cfg) -> Outcome:
+        """Check and time ``cfg`` in the worker; the outcome goes to the store and the ledger."""
+        outcome = self.bench.worker.run(self.key, cfg, self.budget.trial_timeout, self._fault(cfg))
+        self.bench.store.record_trial(self.key, cfg, outcome, provenance=self.bench.provenance,
+                                      study=self.study.name)
+        self.ledger.record(cfg, outcome)
+        return outcome
+
+    # -- the winner --------------------------------------------------------------------
+
+    def result(self, status: str, started: float | None = None, **fields) -> KeyResult:
+        return KeyResult(self.key, status, n_trials=self.n_measured(), outcomes=self.ledger.counts(),
+                         wall_s=0.0 if started is None else time.monotonic() - started, **fields)
+
+    def finalize(self, started: float) -> KeyResult:
+        """Re-time the best few with the default, interleaved, and store the winner."""
+        from flashtune.store import ResultFilter, StoredResult
+
+        store, worker, budget, ledger = self.bench.store, self.bench.worker, self.budget, self.ledger
+        common = dict(shape=trial_shape(self.key, worker.interpreter),
+                      timer="interpreter-wall-clock" if worker.interpreter else "cuda-events")
+        finalists = ledger.fastest(budget.finalists)
+        if not finalists:
+            return self.result("no_valid_config", started, **common)
+        # The stored winner must win again, in this run; it is a contender only if it
+        # passed the correctness check here (it is queued early, right after the default).
+        stored = store.list_results(ResultFilter.for_key(self.key))
+        if stored and ledger.measured_ok(stored[0].config):
+            finalists.append(stored[0].config)
+        if self.default is not None and ledger.measured_ok(self.default):
+            finalists.append(self.default)
+        finalists = list({c.canonical(): c for c in finalists}.values())
+        if budget.revalidate:
+            # checked and timed again under the current versions; a config that is now
+            # wrong (or fails to build) drops out
+            for cfg in finalists:
+                self._trial(cfg)
+            finalists = [c for c in finalists if ledger.measured_ok(c)]
+            if not finalists:
+                return self.result("no_valid_config", started, **common)
+        default_ok = self.default is not None and ledger.measured_ok(self.default)
+        times = worker.retime(self.key, finalists, budget.rounds,
+                              timeout=budget.trial_timeout * (1 + budget.rounds) * len(finalists))
+        # after retime: the child has this key's inputs even when no trial ran in this
+        # process (a search resumed after all its trials had finished)
+        info = worker.info_for(self.key)
+        common["timer"] = info.get("timer", common["timer"])
+        medians = [statistics.median(t) for t in times]
+        i = min(range(len(finalists)), key=medians.__getitem__)
+        winner, best_ms = finalists[i], medians[i]
+        ids = [c.canonical() for c in finalists]
+        default_ms = medians[ids.index(self.default.canonical())] if default_ok else None
+        flops = info.get("flops") or 0.0
+        result = StoredResult(key=self.key, config=winner, time_ms=best_ms, tflops=flops / best_ms * 1e-9,
+                              default_time_ms=default_ms, error=float(ledger.get(winner).error or 0.0),
+                              n_trials=self.n_measured(), gpu=self.bench.gpu, provenance=self.bench.provenance)
+        store.save_result(result, replace=True)
+        self.study.finalized_trials = self.n_measured()
+        return self.result("tuned", started, winner=winner, time_ms=best_ms, tflops=result.tflops,
+                           default_time_ms=default_ms, **common)

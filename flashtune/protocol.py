@@ -1,0 +1,77 @@
+"""The measurement protocol (BENCHMARKS.md): the grid of shapes, how a key becomes a
+shape, how FLOPs are counted, the timer and the geometric mean. The autotuner, the CLI
+(``flashtune search``/``bench``) and the scripts under benchmarks/ all measure this way.
+
+Nothing here imports torch or triton at module level (the CLI's ``--help`` stays instant).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+# The standard grid: 16k tokens (batch x seq_len) at model width 2048 (heads x head_dim).
+TOKENS, WIDTH = 16384, 2048
+GRID_HEAD_DIMS = (64, 128)
+GRID_DTYPES = ("bfloat16",)
+GRID_SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
+# The interpreter demo: tiny shapes in a dtype the interpreter computes correctly.
+DEMO_HEAD_DIMS = (16,)
+DEMO_DTYPES = ("float32",)
+DEMO_SEQ_LENS = (16, 32)
+DEMO_SHAPE = (1, 2)  # (batch, heads) under the interpreter
+
+
+def grid_shape(head_dim: int, seq_len: int, *, interpreter: bool = False) -> tuple[int, int]:
+    """(batch, heads) of the standard grid for a head dim and sequence length; tiny under
+    the interpreter."""
+    if interpreter:
+        return DEMO_SHAPE
+    return max(1, TOKENS // seq_len), max(1, WIDTH // head_dim)
+
+
+def trial_shape(key, interpreter: bool) -> tuple[int, int]:
+    """(batch, heads) for a tuning key: the grid's on a GPU, tiny under the interpreter."""
+    return grid_shape(key.head_dim, key.seq_len, interpreter=interpreter)
+
+
+def attention_flops(pass_: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool) -> float:
+    """FLOPs counted as in the FlashAttention papers: 4·B·H·N²·D forward (half of it
+    causal), 2.5 times that backward."""
+    fwd = 4.0 * batch * heads * seq_len * seq_len * head_dim
+    if causal:
+        fwd /= 2
+    if pass_ == "fwd":
+        return fwd
+    if pass_ == "bwd":
+        return 2.5 * fwd
+    raise ValueError(f"pass_: expected 'fwd' or 'bwd', got {pass_!r}")
+
+
+def flops(key, batch: int, heads: int) -> float:
+    """FLOPs of one call of a tuning key's pass at (batch, heads)."""
+    return attention_flops(key.pass_, batch, heads, key.seq_len, key.head_dim, key.causal)
+
+
+def time_ms(fn, device, *, quick: bool = False, grad_to_none=None) -> float:
+    """Median time of ``fn`` in ms: triton's do_bench (CUDA events, L2 flushed between
+    runs) on a GPU; wall clock under the interpreter, which is no performance figure."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100,
+                                             grad_to_none=grad_to_none, return_mode="median"))
+    fn()  # warm-up: the first call allocates
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def geomean(values) -> float | None:
+    """Geometric mean of the positive values (None and others left out); None if none."""
+    values = [v for v in values if v is not None and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
