@@ -52,6 +52,19 @@ def tma_capable(device: torch.device) -> bool:
     return _cuda_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
 
 
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (the interpreter: the H200's 132, so CPU
+    runs take the schedules a GPU would)."""
+    if device.type != "cuda":
+        return 132
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 @functools.lru_cache(maxsize=None)
 def _cuda_major(index: int) -> int:
     # asked on every launch of a TMA config: once per device is enough

@@ -12,6 +12,7 @@ architecture down to the generic table (as PyTorch FlexAttention does).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar, Mapping
 
 import torch
@@ -21,6 +22,12 @@ MAX_BLOCK = 256
 MAX_HEAD_DIM = 256
 NUM_WARPS = (1, 2, 4, 8, 16)
 MAX_STAGES = 8
+# dK/dV programs per key block (BwdConfig.dkdv_split), and what its auto value aims at:
+# key blocks x K/V heads x batch x split >= DKDV_PROGRAMS_PER_SM x SMs, query chunks of at
+# least DKDV_MIN_CHUNK blocks
+MAX_DKDV_SPLIT = 16
+DKDV_PROGRAMS_PER_SM = 4
+DKDV_MIN_CHUNK = 4
 # the atomic-dQ backward's shared-memory need was measured up to this head dim only
 ATOMIC_DQ_MAX_HEAD_DIM = 128
 # TMA tile loads: run on the H200 for 16-bit inputs up to this padded head dim
@@ -204,6 +211,14 @@ class BwdConfig(_ConfigBase):
     and V in the dQ kernel) through TMA descriptors, under the forward's conditions (see
     FwdConfig); with ``atomic_dq=1`` on a GPU it also sends each tile's dQ share as one
     TMA bulk reduce-add instead of an atomic add per element.
+
+    ``dkdv_split``: how many programs share one block of keys' dK/dV (0 to 16; 0, the
+    default, lets ``dkdv_split()`` choose at launch from the shape and the SM count). The
+    programs of a block split the query heads of its group (as far as the split divides
+    the group) and then the query blocks; each writes fp32 partials that one more kernel
+    sums in a fixed order (deterministic) and casts. It fills the GPU when key blocks x
+    K/V heads x batch is small (one K/V head, batch 1), at the cost of the partials'
+    traffic and one launch.
     """
 
     BLOCK_M1: int
@@ -216,10 +231,12 @@ class BwdConfig(_ConfigBase):
     dq_num_stages: int | None = None
     atomic_dq: int = 0
     tma: int = 0
+    dkdv_split: int = 0
 
     FIELDS: ClassVar[tuple[str, ...]] = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps", "num_stages",
-                                         "dq_num_warps", "dq_num_stages", "atomic_dq", "tma")
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"dq_num_warps", "dq_num_stages", "atomic_dq", "tma"})
+                                         "dq_num_warps", "dq_num_stages", "atomic_dq", "tma", "dkdv_split")
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"dq_num_warps", "dq_num_stages", "atomic_dq", "tma",
+                                                    "dkdv_split"})
 
     def __post_init__(self) -> None:
         # the dQ kernel's launch values default to the dK/dV kernel's (configs stored
@@ -237,6 +254,10 @@ class BwdConfig(_ConfigBase):
         _check_launch(self.dq_num_warps, self.dq_num_stages, prefix="dq_")
         _check_flag("atomic_dq", self.atomic_dq)
         _check_flag("tma", self.tma)
+        if (not isinstance(self.dkdv_split, int) or isinstance(self.dkdv_split, bool)
+                or not 0 <= self.dkdv_split <= MAX_DKDV_SPLIT):
+            raise ConfigError(f"dkdv_split: expected an integer in [0, {MAX_DKDV_SPLIT}] (0: chosen at launch), "
+                              f"got {self.dkdv_split!r}")
 
     def canonical(self) -> "BwdConfig":
         """With atomic dQ the dQ kernel's fields are unused (but for deterministic mode): they
@@ -295,6 +316,36 @@ class BwdConfig(_ConfigBase):
             _check_tma(head_dim, dtype, device)
         _check_smem("BwdConfig", self.shared_memory(head_dim, dtype), device)
         return self
+
+
+def dkdv_split(config: BwdConfig, *, batch: int, heads_q: int, heads_kv: int, n_q: int, n_k: int, causal: bool,
+               sm_count: int) -> tuple[int, int]:
+    """(head splits, query splits) of one block of keys' dK/dV work for a launch of ``config``.
+
+    An explicit ``config.dkdv_split`` S splits the group's query heads gcd(S, group) ways and
+    the query blocks the rest (at most one chunk per query block). With 0 (auto): no split
+    once key blocks x K/V heads x batch gives each SM DKDV_PROGRAMS_PER_SM programs;
+    otherwise the smallest divisor of the group, else the whole group times a power of two,
+    that reaches it (query chunks of at least DKDV_MIN_CHUNK blocks, at most MAX_DKDV_SPLIT
+    programs per key block).
+    """
+    group = heads_q // heads_kv
+    q_blocks = -(-n_q // config.BLOCK_M1)
+    split = config.dkdv_split
+    if split == 0:
+        programs = -(-n_k // config.BLOCK_N1) * heads_kv * batch
+        if causal:  # the last key blocks have almost no queries to walk: count half
+            programs = max(1, programs // 2)
+        need = -(-DKDV_PROGRAMS_PER_SM * sm_count // programs)
+        if need <= 1:
+            return 1, 1
+        divisors = [d for d in range(1, min(group, MAX_DKDV_SPLIT) + 1) if group % d == 0]
+        split = next((d for d in divisors if d >= need), divisors[-1])
+        while split < need and 2 * split <= MAX_DKDV_SPLIT and 2 * split // divisors[-1] * DKDV_MIN_CHUNK <= q_blocks:
+            split *= 2
+    split_h = math.gcd(split, group)
+    split_q = max(1, min(split // split_h, q_blocks))
+    return split_h, split_q
 
 
 # ----------------------------------------------------------------------------------
