@@ -21,6 +21,7 @@ import importlib.util
 import itertools
 import json
 import pathlib
+import sys
 import time
 
 import torch
@@ -33,6 +34,7 @@ from flashtune.kernels.forward import attention_forward
 
 _spec = importlib.util.spec_from_file_location("bench_attention", pathlib.Path(__file__).with_name("attention.py"))
 bench = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = bench  # dataclasses look their module up there
 _spec.loader.exec_module(bench)
 
 # name, B, Hq, Hkv, Nq, Nk, D, causal: the fwd+bwd rows of SHAPES.md
