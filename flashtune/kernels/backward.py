@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (LOG2E, block_offsets, dot_precision, key_range, load_tile, needs_int64,
+from flashtune.kernels.common import (LOG2E, block_offsets, cdiv, dot_precision, key_range, load_tile, needs_int64,
                                       on_device, sm_count, store_tile, tma_descriptors, tma_tile)
 from flashtune.kernels.config import BwdConfig, dkdv_split, padded_head_dim
 
@@ -322,7 +322,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         _preprocess(o, do, delta, int64=int64, compile_only=compile_only)
         launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
                       num_warps=config.num_warps, num_stages=config.num_stages, warmup=compile_only)
-        split_h, split_q = dkdv_split(config, batch=B, heads_q=H, heads_kv=H_KV, n_q=N_Q, n_k=N_K, causal=causal,
+        split_h, split_q = dkdv_split(config, batch=B, heads_q=H, heads_kv=H_KV, n_q=N_Q, n_k=N_K,
                                       sm_count=sm_count(q.device))
         split = split_h * split_q
         # a split key block's programs write fp32 partials, summed in a fixed order afterwards
@@ -334,7 +334,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
             H, H // H_KV, N_Q, N_K, split_h, split_q,
             BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1,
-            grid=(triton.cdiv(N_K, config.BLOCK_N1), H_KV * split, B),
+            grid=(cdiv(N_K, config.BLOCK_N1), H_KV * split, B),
             ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, TMA_DQ=desc_dqa is not None, PARTIAL=split > 1, **launch)
         if split > 1:
             _sum_partials(parts, dk, dv, int64=int64, compile_only=compile_only)
@@ -354,7 +354,7 @@ def _preprocess(o, do, delta, *, int64: bool, compile_only: bool = False) -> Non
     block = max(16, min(128, 8192 // BLOCK_D))
     _bwd_preprocess_kernel.run(
         o, do, delta, *o.stride(), *do.stride(), H, N_Q,
-        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, grid=(triton.cdiv(N_Q, block), H, B),
+        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, grid=(cdiv(N_Q, block), H, B),
         warmup=compile_only)
 
 
@@ -365,7 +365,7 @@ def _sum_partials(parts, dk, dv, *, int64: bool, compile_only: bool = False) -> 
     block = max(16, min(128, 8192 // BLOCK_D))
     _bwd_dkdv_sum_kernel.run(
         parts[0], parts[1], dk, dv, *dk.stride(), *dv.stride(), split, N_K,
-        HEAD_DIM=dk.shape[-1], BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, grid=(triton.cdiv(N_K, block), H_KV, B),
+        HEAD_DIM=dk.shape[-1], BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, grid=(cdiv(N_K, block), H_KV, B),
         num_warps=4, num_stages=1, warmup=compile_only)
 
 
@@ -380,7 +380,7 @@ def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         H, H // k.shape[1], N_Q, k.shape[2],
         CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
-        BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(triton.cdiv(N_Q, config.BLOCK_M2), H, B),
+        BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(cdiv(N_Q, config.BLOCK_M2), H, B),
         TMA=descs_dq is not None, num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
         warmup=compile_only)
 

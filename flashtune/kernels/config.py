@@ -318,30 +318,32 @@ class BwdConfig(_ConfigBase):
         return self
 
 
-def dkdv_split(config: BwdConfig, *, batch: int, heads_q: int, heads_kv: int, n_q: int, n_k: int, causal: bool,
+def dkdv_split(config: BwdConfig, *, batch: int, heads_q: int, heads_kv: int, n_q: int, n_k: int,
                sm_count: int) -> tuple[int, int]:
     """(head splits, query splits) of one block of keys' dK/dV work for a launch of ``config``.
 
     An explicit ``config.dkdv_split`` S splits the group's query heads gcd(S, group) ways and
     the query blocks the rest (at most one chunk per query block). With 0 (auto): no split
-    once key blocks x K/V heads x batch gives each SM DKDV_PROGRAMS_PER_SM programs;
-    otherwise the smallest divisor of the group, else the whole group times a power of two,
-    that reaches it (query chunks of at least DKDV_MIN_CHUNK blocks, at most MAX_DKDV_SPLIT
-    programs per key block).
+    once key blocks x K/V heads x batch reaches DKDV_PROGRAMS_PER_SM programs per SM;
+    otherwise the smallest divisor of the group that reaches it (at most MAX_DKDV_SPLIT),
+    and query chunks (powers of two, of at least DKDV_MIN_CHUNK blocks) only while that
+    still leaves the GPU less than half that full. On the H200 (bwd_shapes.py, 2026-12-01,
+    bf16 D=128 causal) head splits paid and query chunks cost: B=2 Hq=8 Hkv=1 N=4k 281 TFLOPS
+    split 8 heads, 261 with 8 heads x 2 chunks, 135 unsplit; B=1 32/8 N=8k: 390 with 4, 373
+    with 2, 352 unsplit, 348 with 4 x 2; B=4 32/8 N=2k: 285 with 2, 276 with 4, 272 unsplit.
     """
     group = heads_q // heads_kv
     q_blocks = -(-n_q // config.BLOCK_M1)
     split = config.dkdv_split
     if split == 0:
         programs = -(-n_k // config.BLOCK_N1) * heads_kv * batch
-        if causal:  # the last key blocks have almost no queries to walk: count half
-            programs = max(1, programs // 2)
-        need = -(-DKDV_PROGRAMS_PER_SM * sm_count // programs)
-        if need <= 1:
+        target = DKDV_PROGRAMS_PER_SM * sm_count
+        if programs >= target:
             return 1, 1
         divisors = [d for d in range(1, min(group, MAX_DKDV_SPLIT) + 1) if group % d == 0]
-        split = next((d for d in divisors if d >= need), divisors[-1])
-        while split < need and 2 * split <= MAX_DKDV_SPLIT and 2 * split // divisors[-1] * DKDV_MIN_CHUNK <= q_blocks:
+        split = next((d for d in divisors if programs * d >= target), divisors[-1])
+        while (2 * programs * split <= target and 2 * split <= MAX_DKDV_SPLIT
+               and 2 * split // divisors[-1] * DKDV_MIN_CHUNK <= q_blocks):
             split *= 2
     split_h = math.gcd(split, group)
     split_q = max(1, min(split // split_h, q_blocks))
@@ -381,7 +383,15 @@ _SM90_BWD = {
     # D=16/32 keep pointer loads (TMA with tiles that narrow never ran on the GPU).
     (_bf, 16): _B(64, 64, 128, 64, 4, 3), (_bf, 32): _B(64, 64, 128, 64, 4, 3),
     (_bf, 64): _B(64, 64, 128, 64, 4, 3, tma=1), (_bf, 128): _B(64, 128, 128, 64, 8, 3, 8, 3),
-    (_bf, 256): _B(32, 64, 64, 32, 8, 1),
+    # bf16 D=64 non-causal: pointer loads. Short sequences are bound by the host, and each TMA
+    # launch builds its descriptors there: B=32 H=12 N=512 (BERT) 255 TFLOPS against 182 with
+    # TMA (benchmarks/bwd_shapes.py, H200, 2026-12-01); TMA gained 0-3 % on the standard grid.
+    (_bf, 64, False): _B(64, 64, 128, 64, 4, 3),
+    # bf16 D=256: dK/dV 64x64 with 8 warps, 2 stages (129 TFLOPS with the old dQ kernel,
+    # against 112 for 32x64 w8 s1) and dQ 64x64 with 4 warps, 2 stages (161 with the old dK/dV
+    # kernel): the best of each kernel's sweep at B=1 Hq=16 Hkv=8 N=4k causal (bwd_shapes.py
+    # --sweep, H200, 2026-12-01).
+    (_bf, 256): _B(64, 64, 64, 64, 8, 2, 4, 2),
     (_f32, 16): _B(32, 64, 64, 32, 4, 2), (_f32, 32): _B(32, 64, 64, 32, 4, 2),
     (_f32, 64): _B(32, 64, 64, 32, 4, 2), (_f32, 128): _B(32, 64, 64, 32, 4, 1),
     (_f32, 256): _B(16, 32, 32, 16, 4, 1),
