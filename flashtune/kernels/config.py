@@ -384,13 +384,14 @@ _SM90_BWD = {
     (_bf, 16): _B(64, 64, 128, 64, 4, 3), (_bf, 32): _B(64, 64, 128, 64, 4, 3),
     (_bf, 64): _B(64, 64, 128, 64, 4, 3, tma=1), (_bf, 128): _B(64, 128, 128, 64, 8, 3, 8, 3),
     # bf16 D=64 non-causal: pointer loads. Short sequences are bound by the host, and each TMA
-    # launch builds its descriptors there: B=32 H=12 N=512 (BERT) 255 TFLOPS against 182 with
-    # TMA (benchmarks/bwd_shapes.py, H200, 2026-12-01); TMA gained 0-3 % on the standard grid.
+    # launch builds its descriptors there: B=32 H=12 N=512 (BERT) 257 TFLOPS against 176 with
+    # TMA, B=32 H=16 N=257 (ViT) 109 against 86 (benchmarks/bwd_shapes.py, H200, 2026-12-01);
+    # TMA gained 0-3 % on the standard grid.
     (_bf, 64, False): _B(64, 64, 128, 64, 4, 3),
     # bf16 D=256: dK/dV 64x64 with 8 warps, 2 stages (129 TFLOPS with the old dQ kernel,
     # against 112 for 32x64 w8 s1) and dQ 64x64 with 4 warps, 2 stages (161 with the old dK/dV
-    # kernel): the best of each kernel's sweep at B=1 Hq=16 Hkv=8 N=4k causal (bwd_shapes.py
-    # --sweep, H200, 2026-12-01).
+    # kernel): the best of each kernel's sweep at B=1 Hq=16 Hkv=8 N=4k causal; together 216
+    # TFLOPS, 0.62x cuDNN (bwd_shapes.py, H200, 2026-12-01; docs/backward-shapes.md).
     (_bf, 256): _B(64, 64, 64, 64, 8, 2, 4, 2),
     (_f32, 16): _B(32, 64, 64, 32, 4, 2), (_f32, 32): _B(32, 64, 64, 32, 4, 2),
     (_f32, 64): _B(32, 64, 64, 32, 4, 2), (_f32, 128): _B(32, 64, 64, 32, 4, 1),
