@@ -218,7 +218,8 @@ class BwdConfig(_ConfigBase):
     the group) and then the query blocks; each writes fp32 partials that one more kernel
     sums in a fixed order (deterministic) and casts. It fills the GPU when key blocks x
     K/V heads x batch is small (one K/V head, batch 1), at the cost of the partials'
-    traffic and one launch.
+    traffic and one launch; on a shape that fills the GPU an explicit value is lowered
+    (see ``dkdv_split()``).
     """
 
     BLOCK_M1: int
@@ -323,7 +324,8 @@ def dkdv_split(config: BwdConfig, *, batch: int, heads_q: int, heads_kv: int, n_
     """(head splits, query splits) of one block of keys' dK/dV work for a launch of ``config``.
 
     An explicit ``config.dkdv_split`` S splits the group's query heads gcd(S, group) ways and
-    the query blocks the rest (at most one chunk per query block). With 0 (auto): no split
+    the query blocks the rest (at most one chunk per query block; S is lowered until key
+    blocks x K/V heads x batch x S is at most twice the auto target). With 0 (auto): no split
     once key blocks x K/V heads x batch reaches DKDV_PROGRAMS_PER_SM programs per SM;
     otherwise the smallest divisor of the group that reaches it (at most MAX_DKDV_SPLIT),
     and query chunks (powers of two, of at least DKDV_MIN_CHUNK blocks) only while that
@@ -334,10 +336,12 @@ def dkdv_split(config: BwdConfig, *, batch: int, heads_q: int, heads_kv: int, n_
     """
     group = heads_q // heads_kv
     q_blocks = -(-n_q // config.BLOCK_M1)
-    split = config.dkdv_split
+    programs = -(-n_k // config.BLOCK_N1) * heads_kv * batch
+    target = DKDV_PROGRAMS_PER_SM * sm_count
+    # an explicit split (tuned where the key's shape left the GPU idle) never takes the grid
+    # past twice the target: the partials cost 2 x split x dK's size in fp32
+    split = max(1, min(config.dkdv_split, 2 * target // programs)) if config.dkdv_split else 0
     if split == 0:
-        programs = -(-n_k // config.BLOCK_N1) * heads_kv * batch
-        target = DKDV_PROGRAMS_PER_SM * sm_count
         if programs >= target:
             return 1, 1
         divisors = [d for d in range(1, min(group, MAX_DKDV_SPLIT) + 1) if group % d == 0]

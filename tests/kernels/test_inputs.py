@@ -338,6 +338,9 @@ def test_configs_stored_before_the_dkdv_split_field_split_at_launch():
     ((2, 8, 2, 4096), 8, (4, 2)),
     ((2, 8, 1, 50), 16, (8, 1)),  # no more chunks than query blocks (one here)
     ((2, 8, 1, 4096), 1, (1, 1)),
+    ((2, 8, 1, 4096), 16, (8, 2)),  # 64 programs x 16 = 1024, within twice the target
+    ((16, 32, 8, 8192), 8, (1, 1)),  # 8192 programs: an explicit split is lowered, here to none
+    ((4, 32, 8, 2048), 8, (2, 1)),  # 512 programs: lowered to 2
 ])
 def test_dkdv_split_choice(shape, split, expected):
     b, hq, hkv, n = shape
