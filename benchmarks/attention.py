@@ -191,7 +191,7 @@ def _sdpa(backend):
 
     def run(q, k, v, causal):
         with sdpa_kernel([backend]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
 
     return run
 

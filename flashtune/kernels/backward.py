@@ -19,9 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (LOG2E, block_offsets, dot_precision, key_range, load_tile, needs_int64,
-                                      on_device, store_tile, tma_descriptors, tma_tile)
-from flashtune.kernels.config import BwdConfig, padded_head_dim
+from flashtune.kernels.common import (LOG2E, block_offsets, cdiv, dot_precision, key_range, load_tile, needs_int64,
+                                      on_device, sm_count, store_tile, tma_descriptors, tma_tile)
+from flashtune.kernels.config import BwdConfig, dkdv_split, padded_head_dim
 
 
 @triton.jit
@@ -104,11 +104,15 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
                      stride_dob, stride_doh, stride_don, stride_dod,
                      stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                      stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                     H, GROUP, N_Q, N_K,
+                     H, GROUP, N_Q, N_K, SPLIT_H, SPLIT_Q,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
-                     ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr):
-    off_hk = tl.program_id(1).to(tl.int64)
+                     ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, PARTIAL: tl.constexpr):
+    # axis 1 runs over (K/V head, split): split s of a key block takes the query heads
+    # [s_h * GROUP / SPLIT_H, ...) of the group and the s_q-th of SPLIT_Q chunks of its
+    # query blocks; with PARTIAL its dK/dV go to fp32 slot s of DK/DV, summed afterwards
+    split = tl.program_id(1) % (SPLIT_H * SPLIT_Q)
+    off_hk = (tl.program_id(1) // (SPLIT_H * SPLIT_Q)).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
     start_n = tl.program_id(0) * BLOCK_N
     offs_n = block_offsets(start_n, BLOCK_N, INT64)
@@ -132,8 +136,19 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
         first = 0
         diag_end = 0
     tail = tl.maximum(diag_end, N_Q // BLOCK_M)
+    if SPLIT_Q > 1:
+        # this split's chunk [lo, hi) of the query blocks [first, n_blocks), each segment clamped to it
+        chunk = tl.cdiv(n_blocks - first, SPLIT_Q)
+        lo = first + (split % SPLIT_Q) * chunk
+        hi = tl.minimum(lo + chunk, n_blocks)
+        first = tl.minimum(tl.maximum(first, lo), hi)
+        diag_end = tl.minimum(tl.maximum(diag_end, lo), hi)
+        tail = tl.minimum(tl.maximum(tail, lo), hi)
+        n_blocks = hi
+    heads = GROUP // SPLIT_H
+    g_lo = (split // SPLIT_Q) * heads
 
-    for g in range(GROUP):
+    for g in range(g_lo, g_lo + heads):
         off_h = off_hk * GROUP + g
         q_base = Q + off_b * stride_qb + off_h * stride_qh + offs_d[None, :] * stride_qd
         do_base = DO + off_b * stride_dob + off_h * stride_doh + offs_d[None, :] * stride_dod
@@ -156,6 +171,41 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
                                  True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ)
 
     dk = dk * sm_scale
+    if PARTIAL:
+        # (split, B, H_KV, N_K, BLOCK_D) fp32 slots, summed by _bwd_dkdv_sum_kernel
+        h_kv = tl.num_programs(1) // (SPLIT_H * SPLIT_Q)
+        slot = ((split * tl.num_programs(2) + off_b) * h_kv + off_hk) * N_K  # int64, as off_b is
+        ptrs = (slot + offs_n[:, None]) * BLOCK_D + offs_d[None, :]
+        tl.store(DK + ptrs, dk, mask=offs_n[:, None] < N_K)
+        tl.store(DV + ptrs, dv, mask=offs_n[:, None] < N_K)
+    else:
+        store_tile(DK + off_b * stride_dkb + off_hk * stride_dkh + offs_n[:, None] * stride_dkn
+                   + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), offs_n, N_K, offs_d, HEAD_DIM,
+                   BLOCK_D)
+        store_tile(DV + off_b * stride_dvb + off_hk * stride_dvh + offs_n[:, None] * stride_dvn
+                   + offs_d[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), offs_n, N_K, offs_d, HEAD_DIM,
+                   BLOCK_D)
+
+
+@triton.jit
+def _bwd_dkdv_sum_kernel(PK, PV, DK, DV,
+                         stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                         stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                         SPLIT, N_K, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
+                         INT64: tl.constexpr):
+    # dK and dV of one block of keys: the sum of the SPLIT fp32 partials, in a fixed order
+    off_hk = tl.program_id(1).to(tl.int64)
+    off_b = tl.program_id(2).to(tl.int64)
+    offs_n = block_offsets(tl.program_id(0) * BLOCK, BLOCK, INT64)
+    offs_d = block_offsets(0, BLOCK_D, INT64)
+    slots = tl.num_programs(2).to(tl.int64) * tl.num_programs(1) * N_K * BLOCK_D  # elements per slot
+    ptrs = ((off_b * tl.num_programs(1) + off_hk) * N_K + offs_n[:, None]) * BLOCK_D + offs_d[None, :]
+    mask = offs_n[:, None] < N_K
+    dk = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+    for s in range(SPLIT):
+        dk += tl.load(PK + s * slots + ptrs, mask=mask, other=0.0)
+        dv += tl.load(PV + s * slots + ptrs, mask=mask, other=0.0)
     store_tile(DK + off_b * stride_dkb + off_hk * stride_dkh + offs_n[:, None] * stride_dkn
                + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D)
     store_tile(DV + off_b * stride_dvb + off_hk * stride_dvh + offs_n[:, None] * stride_dvn
@@ -272,13 +322,22 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         _preprocess(o, do, delta, int64=int64, compile_only=compile_only)
         launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
                       num_warps=config.num_warps, num_stages=config.num_stages, warmup=compile_only)
+        split_h, split_q = dkdv_split(config, batch=B, heads_q=H, heads_kv=H_KV, n_q=N_Q, n_k=N_K,
+                                      sm_count=sm_count(q.device))
+        split = split_h * split_q
+        # a split key block's programs write fp32 partials, summed in a fixed order afterwards
+        parts = (torch.empty((2, split, B, H_KV, N_K, BLOCK_D), device=q.device, dtype=torch.float32)
+                 if split > 1 else (dk, dv))
         _bwd_dkdv_kernel.run(
-            q, k, v, do, dk, dv, lse2, delta, dq_acc, *(descs_dkdv or (q, do)), *(desc_dqa or (dq_acc,)),
-            sm_scale, sm_scale * LOG2E,
+            q, k, v, do, parts[0], parts[1], lse2, delta, dq_acc, *(descs_dkdv or (q, do)),
+            *(desc_dqa or (dq_acc,)), sm_scale, sm_scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-            H, H // H_KV, N_Q, N_K,
-            BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1, grid=(triton.cdiv(N_K, config.BLOCK_N1), H_KV, B),
-            ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, TMA_DQ=desc_dqa is not None, **launch)
+            H, H // H_KV, N_Q, N_K, split_h, split_q,
+            BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1,
+            grid=(cdiv(N_K, config.BLOCK_N1), H_KV * split, B),
+            ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, TMA_DQ=desc_dqa is not None, PARTIAL=split > 1, **launch)
+        if split > 1:
+            _sum_partials(parts, dk, dv, int64=int64, compile_only=compile_only)
         if atomic_dq:
             if not compile_only:
                 dq.copy_(dq_acc[..., :D])  # the kernel added dQ already scaled
@@ -295,8 +354,19 @@ def _preprocess(o, do, delta, *, int64: bool, compile_only: bool = False) -> Non
     block = max(16, min(128, 8192 // BLOCK_D))
     _bwd_preprocess_kernel.run(
         o, do, delta, *o.stride(), *do.stride(), H, N_Q,
-        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, grid=(triton.cdiv(N_Q, block), H, B),
+        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, grid=(cdiv(N_Q, block), H, B),
         warmup=compile_only)
+
+
+def _sum_partials(parts, dk, dv, *, int64: bool, compile_only: bool = False) -> None:
+    """dK, dV = the sum over the split of the fp32 partials ``parts`` (2, split, B, H_KV, N_K,
+    BLOCK_D), cast, on the current device."""
+    _, split, B, H_KV, N_K, BLOCK_D = parts.shape
+    block = max(16, min(128, 8192 // BLOCK_D))
+    _bwd_dkdv_sum_kernel.run(
+        parts[0], parts[1], dk, dv, *dk.stride(), *dv.stride(), split, N_K,
+        HEAD_DIM=dk.shape[-1], BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, grid=(cdiv(N_K, block), H_KV, B),
+        num_warps=4, num_stages=1, warmup=compile_only)
 
 
 def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool, sm_scale: float, precision: str,
@@ -310,7 +380,7 @@ def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         H, H // k.shape[1], N_Q, k.shape[2],
         CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
-        BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(triton.cdiv(N_Q, config.BLOCK_M2), H, B),
+        BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(cdiv(N_Q, config.BLOCK_M2), H, B),
         TMA=descs_dq is not None, num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
         warmup=compile_only)
 

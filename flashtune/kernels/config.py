@@ -16,6 +16,7 @@ added in this one file. The tables may move out once the config classes stop cha
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar, Mapping
 
 import torch
@@ -25,6 +26,12 @@ MAX_BLOCK = 256
 MAX_HEAD_DIM = 256
 NUM_WARPS = (1, 2, 4, 8, 16)
 MAX_STAGES = 8
+# dK/dV programs per key block (BwdConfig.dkdv_split), and what its auto value aims at:
+# key blocks x K/V heads x batch x split >= DKDV_PROGRAMS_PER_SM x SMs, query chunks of at
+# least DKDV_MIN_CHUNK blocks
+MAX_DKDV_SPLIT = 16
+DKDV_PROGRAMS_PER_SM = 4
+DKDV_MIN_CHUNK = 4
 # the atomic-dQ backward's shared-memory need was measured up to this head dim only
 ATOMIC_DQ_MAX_HEAD_DIM = 128
 # TMA tile loads: run on the H200 for 16-bit inputs up to this padded head dim
@@ -272,6 +279,15 @@ class BwdConfig(_ConfigBase):
     and V in the dQ kernel) through TMA descriptors, under the forward's conditions (see
     FwdConfig); with ``atomic_dq=1`` on a GPU it also sends each tile's dQ share as one
     TMA bulk reduce-add instead of an atomic add per element.
+
+    ``dkdv_split``: how many programs share one block of keys' dK/dV (0 to 16; 0, the
+    default, lets ``dkdv_split()`` choose at launch from the shape and the SM count). The
+    programs of a block split the query heads of its group (as far as the split divides
+    the group) and then the query blocks; each writes fp32 partials that one more kernel
+    sums in a fixed order (deterministic) and casts. It fills the GPU when key blocks x
+    K/V heads x batch is small (one K/V head, batch 1), at the cost of the partials'
+    traffic and one launch; on a shape that fills the GPU an explicit value is lowered
+    (see ``dkdv_split()``).
     """
 
     BLOCK_M1: int
@@ -284,6 +300,7 @@ class BwdConfig(_ConfigBase):
     dq_num_stages: int | None = None
     atomic_dq: int = 0
     tma: int = 0
+    dkdv_split: int = 0
 
     PASS: ClassVar[str] = "bwd"
     # the fields only the dQ kernel uses (a config's "dQ half")
@@ -321,6 +338,10 @@ class BwdConfig(_ConfigBase):
         _check_launch(self.dq_num_warps, self.dq_num_stages, prefix="dq_")
         _check_flag("atomic_dq", self.atomic_dq)
         _check_flag("tma", self.tma)
+        if (not isinstance(self.dkdv_split, int) or isinstance(self.dkdv_split, bool)
+                or not 0 <= self.dkdv_split <= MAX_DKDV_SPLIT):
+            raise ConfigError(f"dkdv_split: expected an integer in [0, {MAX_DKDV_SPLIT}] (0: chosen at launch), "
+                              f"got {self.dkdv_split!r}")
 
     def canonical(self) -> "BwdConfig":
         """With atomic dQ the dQ kernel's fields are unused (but for deterministic mode): they
@@ -381,6 +402,41 @@ class BwdConfig(_ConfigBase):
         return self
 
 
+def dkdv_split(config: BwdConfig, *, batch: int, heads_q: int, heads_kv: int, n_q: int, n_k: int,
+               sm_count: int) -> tuple[int, int]:
+    """(head splits, query splits) of one block of keys' dK/dV work for a launch of ``config``.
+
+    An explicit ``config.dkdv_split`` S splits the group's query heads gcd(S, group) ways and
+    the query blocks the rest (at most one chunk per query block; S is lowered until key
+    blocks x K/V heads x batch x S is at most twice the auto target). With 0 (auto): no split
+    once key blocks x K/V heads x batch reaches DKDV_PROGRAMS_PER_SM programs per SM;
+    otherwise the smallest divisor of the group that reaches it (at most MAX_DKDV_SPLIT),
+    and query chunks (powers of two, of at least DKDV_MIN_CHUNK blocks) only while that
+    still leaves the GPU less than half that full. On the H200 (bwd_shapes.py, 2026-12-01,
+    bf16 D=128 causal) head splits paid and query chunks cost: B=2 Hq=8 Hkv=1 N=4k 281 TFLOPS
+    split 8 heads, 261 with 8 heads x 2 chunks, 135 unsplit; B=1 32/8 N=8k: 390 with 4, 373
+    with 2, 352 unsplit, 348 with 4 x 2; B=4 32/8 N=2k: 285 with 2, 276 with 4, 272 unsplit.
+    """
+    group = heads_q // heads_kv
+    q_blocks = -(-n_q // config.BLOCK_M1)
+    programs = -(-n_k // config.BLOCK_N1) * heads_kv * batch
+    target = DKDV_PROGRAMS_PER_SM * sm_count
+    # an explicit split (tuned where the key's shape left the GPU idle) never takes the grid
+    # past twice the target: the partials cost 2 x split x dK's size in fp32
+    split = max(1, min(config.dkdv_split, 2 * target // programs)) if config.dkdv_split else 0
+    if split == 0:
+        if programs >= target:
+            return 1, 1
+        divisors = [d for d in range(1, min(group, MAX_DKDV_SPLIT) + 1) if group % d == 0]
+        split = next((d for d in divisors if programs * d >= target), divisors[-1])
+        while (2 * programs * split <= target and 2 * split <= MAX_DKDV_SPLIT
+               and 2 * split // divisors[-1] * DKDV_MIN_CHUNK <= q_blocks):
+            split *= 2
+    split_h = math.gcd(split, group)
+    split_q = max(1, min(split // split_h, q_blocks))
+    return split_h, split_q
+
+
 # ----------------------------------------------------------------------------------
 # Heuristic defaults: (dtype, padded head_dim) -> config, per architecture; an entry
 # keyed (dtype, padded head_dim, causal) overrides it for that masking.
@@ -414,7 +470,16 @@ _SM90_BWD = {
     # D=16/32 keep pointer loads (TMA with tiles that narrow never ran on the GPU).
     (_bf, 16): _B(64, 64, 128, 64, 4, 3), (_bf, 32): _B(64, 64, 128, 64, 4, 3),
     (_bf, 64): _B(64, 64, 128, 64, 4, 3, tma=1), (_bf, 128): _B(64, 128, 128, 64, 8, 3, 8, 3),
-    (_bf, 256): _B(32, 64, 64, 32, 8, 1),
+    # bf16 D=64 non-causal: pointer loads. Short sequences are bound by the host, and each TMA
+    # launch builds its descriptors there: B=32 H=12 N=512 (BERT) 257 TFLOPS against 176 with
+    # TMA, B=32 H=16 N=257 (ViT) 109 against 86 (benchmarks/bwd_shapes.py, H200, 2026-12-01);
+    # TMA gained 0-3 % on the standard grid.
+    (_bf, 64, False): _B(64, 64, 128, 64, 4, 3),
+    # bf16 D=256: dK/dV 64x64 with 8 warps, 2 stages (129 TFLOPS with the old dQ kernel,
+    # against 112 for 32x64 w8 s1) and dQ 64x64 with 4 warps, 2 stages (161 with the old dK/dV
+    # kernel): the best of each kernel's sweep at B=1 Hq=16 Hkv=8 N=4k causal; together 216
+    # TFLOPS, 0.62x cuDNN (bwd_shapes.py, H200, 2026-12-01; docs/backward-shapes.md).
+    (_bf, 256): _B(64, 64, 64, 64, 8, 2, 4, 2),
     (_f32, 16): _B(32, 64, 64, 32, 4, 2), (_f32, 32): _B(32, 64, 64, 32, 4, 2),
     (_f32, 64): _B(32, 64, 64, 32, 4, 2), (_f32, 128): _B(32, 64, 64, 32, 4, 1),
     (_f32, 256): _B(16, 32, 32, 16, 4, 1),

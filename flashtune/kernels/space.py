@@ -36,6 +36,9 @@ BWD_SPACE: dict[str, list[int]] = {
     "dq_num_stages": [1, 2, 3],
     "atomic_dq": [0, 1],
     "tma": [0, 1],
+    # 0: chosen at launch from the shape (the tuning key cannot tell the batch and heads
+    # apart); explicit values for a sweep at one shape
+    "dkdv_split": [0, 1, 2, 4, 8],
 }
 
 SPACES = {"fwd": (FwdConfig, FWD_SPACE), "bwd": (BwdConfig, BWD_SPACE)}

@@ -65,12 +65,15 @@ def compile_shared(item: dict) -> list[int]:
         pointers = {"Q": p, "K": p, "V": p, "DO": p, "LSE": "*fp32", "DELTA": "*fp32"}
         desc1, desc2 = desc(cfg.BLOCK_M1, cfg.tma), desc(cfg.BLOCK_N2, cfg.tma)
         tma_dq = cfg.atomic_dq and cfg.tma  # dQ's bulk reduce-adds through a descriptor
-        kernels = [(backward._bwd_dkdv_kernel, {**pointers, "DK": p, "DV": p, "DQA": "*fp32", "DescQ": desc1,
-                                                "DescDO": desc1,
-                                                "DescDQA": desc(cfg.BLOCK_M1, tma_dq, "*fp32")},
-                    {"BLOCK_M": cfg.BLOCK_M1, "BLOCK_N": cfg.BLOCK_N1, "ATOMIC_DQ": bool(cfg.atomic_dq),
-                     "TMA": bool(cfg.tma), "TMA_DQ": bool(tma_dq)},
+        dkdv = {**pointers, "DQA": "*fp32", "DescQ": desc1, "DescDO": desc1,
+                "DescDQA": desc(cfg.BLOCK_M1, tma_dq, "*fp32")}
+        dkdv_blocks = {"BLOCK_M": cfg.BLOCK_M1, "BLOCK_N": cfg.BLOCK_N1, "ATOMIC_DQ": bool(cfg.atomic_dq),
+                       "TMA": bool(cfg.tma), "TMA_DQ": bool(tma_dq)}
+        # the dK/dV kernel storing dK/dV, and (dkdv_split) storing fp32 partials
+        kernels = [(backward._bwd_dkdv_kernel, {**dkdv, "DK": p, "DV": p}, {**dkdv_blocks, "PARTIAL": False},
                     (cfg.num_warps, cfg.num_stages)),
+                   (backward._bwd_dkdv_kernel, {**dkdv, "DK": "*fp32", "DV": "*fp32"},
+                    {**dkdv_blocks, "PARTIAL": True}, (cfg.num_warps, cfg.num_stages)),
                    # the dQ kernel also runs for an atomic config under deterministic mode
                    (backward._bwd_dq_kernel, {**pointers, "DQ": p, "DescK": desc2, "DescV": desc2},
                     {"BLOCK_M": cfg.BLOCK_M2, "BLOCK_N": cfg.BLOCK_N2, "TMA": bool(cfg.tma)},

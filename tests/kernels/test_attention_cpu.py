@@ -133,6 +133,20 @@ def _tma() -> list[Case]:
     return cases
 
 
+def _dkdv_splits() -> list[Case]:
+    # dK/dV of a key block spread over programs (BwdConfig.dkdv_split): query heads of the
+    # group (groups 1, 2, 4, 8: MHA, GQA, MQA), then query-block chunks (3 and 16 do not divide
+    # the group; 16 leaves chunks empty), 0 chosen at launch; fp32 partials summed afterwards
+    cases = []
+    for i, (heads, causal) in enumerate(itertools.product(((2, 2), (4, 2), (4, 1), (8, 1)), (False, True))):
+        n_q, n_k = ((69, 69), (33, 69), (69, 33), (100, 37))[i % 4]
+        bwd = B(32, 32, 32, 32, 4, 1, atomic_dq=int(i == 5), dkdv_split=(2, 3, 4, 8, 0, 16, 2, 4)[i])
+        cases.append(Case(("fp32-ieee", "fp16")[i % 2], causal, n_q, n_k, (40, 64, 96, 128, 256, 40, 64, 96)[i],
+                          heads=heads, batch=1 + (i % 3 == 0), fwd=F(32, 32, 4, 1), bwd=bwd,
+                          layout=("bhnd", "bnhd", "mixed", "bhnd")[i % 4]))
+    return cases
+
+
 def _defaults() -> list[Case]:
     # fwd_config/bwd_config None: the heuristic table's configs for this device
     return [Case(dtype, causal, 69, 69, d) for dtype in ("fp32-tf32", "fp16") for d in (64, 80)
@@ -201,6 +215,28 @@ def test_tma_configs_load_through_descriptors_where_the_tensors_allow(kernel_dev
 @pytest.mark.parametrize("case", _configs(), ids=str)
 def test_block_configs(case, kernel_device):
     run_case(case, kernel_device)
+
+
+@pytest.mark.parametrize("case", _dkdv_splits(), ids=lambda c: f"{c}-split{c.bwd.dkdv_split}")
+def test_dkdv_split(case, kernel_device):
+    run_case(case, kernel_device)
+
+
+def test_dkdv_split_is_deterministic_and_matches_the_unsplit_kernel(kernel_device):
+    """The partials are summed in a fixed order: two runs agree bit for bit, and the split
+    gradients equal the unsplit ones to fp32 rounding."""
+    case = Case("fp32-ieee", True, 69, 69, 32, heads=(4, 1), fwd=F(32, 32, 4, 1), bwd=B(32, 32, 32, 32, 4, 1))
+    q, k, v, do = case_inputs(case, kernel_device)
+
+    def grads(split):
+        o = attention(q, k, v, causal=True, fwd_config=case.fwd,
+                      bwd_config=dataclasses.replace(case.bwd, dkdv_split=split))
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    split = grads(4)
+    assert all(torch.equal(a, b) for a, b in zip(split, grads(4)))
+    for a, b in zip(split, grads(1)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("case", _defaults(), ids=str)

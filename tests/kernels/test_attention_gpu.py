@@ -17,6 +17,7 @@ import itertools
 import math
 import os
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -76,6 +77,39 @@ def _realistic() -> list[Case]:
     cases += [Case("bf16", True, 1000, 1000, 128, heads=(8, 2), batch=2, fwd=FwdConfig(64, 128, 4, 1, tma=1),
                    bwd=BwdConfig(64, 64, 128, 64, 4, 3, tma=1), layout=layout) for layout in ("shifted", "bhdn")]
     return cases
+
+
+def _dkdv_splits() -> list[Case]:
+    """dK/dV spread over programs (BwdConfig.dkdv_split) at real sizes: the schedules the
+    auto value picks for grouped heads and small batch (the whole group, a divisor of it,
+    query chunks for MHA), explicit ones that do not divide the group, with atomic dQ, in a
+    strided layout, Nq != Nk both ways, head dims 40 to 256."""
+    d128 = BwdConfig(64, 128, 128, 64, 8, 3, 8, 3)
+    cases = [Case("bf16", causal, 1000, 1000, 128, heads=(8, 1), batch=1, bwd=replace(d128, dkdv_split=split))
+             for split in (0, 8) for causal in (False, True)]
+    cases += [Case("bf16", True, 1024, 1024, 128, heads=(28, 4), batch=1, bwd=d128),  # auto: 7 heads
+              Case("bf16", True, 1000, 1000, 128, heads=(8, 2), batch=2, bwd=d128, layout="bnhd", do_layout="bnhd"),
+              Case("bf16", True, 1000, 1024, 128, heads=(8, 1), batch=1,
+                   bwd=BwdConfig(64, 128, 128, 64, 8, 3, atomic_dq=1, tma=1, dkdv_split=8)),
+              Case("bf16", True, 1000, 1500, 64, heads=(8, 2), batch=1, bwd=BwdConfig(64, 64, 128, 64, 4, 3, tma=1,
+                                                                                   dkdv_split=4)),
+              Case("bf16", False, 1500, 1000, 96, heads=(8, 4), batch=2, bwd=BwdConfig(64, 64, 128, 64, 4, 3,
+                                                                                    dkdv_split=3)),
+              Case("bf16", True, 2000, 2000, 40, heads=(4, 4), batch=1, bwd=BwdConfig(64, 64, 128, 64, 4, 3,
+                                                                                   dkdv_split=4)),
+              Case("bf16", True, 1024, 1024, 256, heads=(16, 8), batch=1),  # the D=256 default, split by 2
+              Case("bf16", False, 1000, 777, 256, heads=(8, 1), batch=1),
+              Case("fp16", True, 1000, 1000, 256, heads=(8, 1), batch=1,
+                   bwd=BwdConfig(64, 64, 64, 64, 8, 2, 4, 2, dkdv_split=16))]
+    return cases
+
+
+@pytest.mark.parametrize("case", _dkdv_splits(), ids=lambda c: f"{c}-split{c.bwd.dkdv_split if c.bwd else 'auto'}")
+def test_dkdv_split(case):
+    q, k, v, do = case_inputs(case, torch.device("cuda"))
+    errors = check_attention(q, k, v, do, dtype_name=case.dtype, causal=case.causal, fwd_config=case.fwd,
+                             bwd_config=case.bwd, cross_check_reference=case.n_q * case.n_k <= CROSS_CHECK_MAX_SCORES)
+    print(case, {name: f"{e:.2e}" for name, e in errors.items()})
 
 
 @pytest.mark.parametrize("case", _realistic(), ids=str)
@@ -165,7 +199,8 @@ def test_every_search_space_config(pass_, head_dim, causal):
 
 def _bwd_kernels(cfg) -> tuple[tuple, tuple | None]:
     """The two kernel launches of a backward config: (dK/dV, dQ or None)."""
-    dkdv = (cfg.BLOCK_M1, cfg.BLOCK_N1, cfg.num_warps, cfg.num_stages, cfg.atomic_dq, cfg.tma)
+    # a split dK/dV (dkdv_split != 1; 0 splits at SPACE_SHAPE) writes fp32 partials: another kernel
+    dkdv = (cfg.BLOCK_M1, cfg.BLOCK_N1, cfg.num_warps, cfg.num_stages, cfg.atomic_dq, cfg.tma, cfg.dkdv_split != 1)
     return dkdv, None if cfg.atomic_dq else (cfg.BLOCK_M2, cfg.BLOCK_N2, cfg.dq_num_warps, cfg.dq_num_stages, cfg.tma)
 
 

@@ -12,6 +12,7 @@ import torch
 
 from flashtune.kernels import BwdConfig, ConfigError, FwdConfig, attention, default_config, function
 from flashtune.kernels import config as config_mod
+from flashtune.kernels.config import dkdv_split
 
 F, B = FwdConfig, BwdConfig
 
@@ -222,6 +223,9 @@ BAD_BWD = [
     (B(16, 16, 16, 16, 4, 1, dq_num_stages=2.0), "dq_num_stages"), (B(16, 16, 16, 16, 4, 1, atomic_dq=2), "atomic_dq"),
     (B(16, 16, 16, 16, 4, 1, atomic_dq="yes"), "atomic_dq"), (B(16, 16, 16, 16, 4, 1, atomic_dq=1.0), "atomic_dq"),
     (B(16, 16, 16, 16, 4, 1, tma=-1), "tma"), (B(16, 16, 16, 16, 4, 1, tma=None), "tma"),
+    (B(16, 16, 16, 16, 4, 1, dkdv_split=-1), "dkdv_split"), (B(16, 16, 16, 16, 4, 1, dkdv_split=17), "dkdv_split"),
+    (B(16, 16, 16, 16, 4, 1, dkdv_split=2.0), "dkdv_split"), (B(16, 16, 16, 16, 4, 1, dkdv_split=True), "dkdv_split"),
+    (B(16, 16, 16, 16, 4, 1, dkdv_split=None), "dkdv_split"),
 ]
 
 
@@ -313,6 +317,37 @@ def test_configs_stored_before_the_tma_field_load_pointer_loads():
     assert F(64, 32, 4, 3, tma=True).tma == 1 and B(16, 16, 16, 16, 4, 1, tma=True).tma == 1
 
 
+def test_configs_stored_before_the_dkdv_split_field_split_at_launch():
+    bwd = B.from_dict({"BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32, "num_warps": 8,
+                       "num_stages": 2, "dq_num_warps": 4, "dq_num_stages": 1, "atomic_dq": 0, "tma": 1})
+    assert bwd.dkdv_split == 0 and bwd == B(32, 64, 64, 32, 8, 2, 4, 1, tma=1)
+    assert B.from_dict(B(32, 64, 64, 32, 8, 2, dkdv_split=4).to_dict()).dkdv_split == 4
+
+
+@pytest.mark.parametrize("shape,split,expected", [
+    # (B, Hq, Hkv, N), with BLOCK_M1=64 BLOCK_N1=128 and 132 SMs (target 528 programs)
+    ((2, 8, 1, 4096), 0, (8, 1)),  # 64 programs: the whole group of 8
+    ((1, 32, 8, 8192), 0, (2, 1)),  # 512 programs: the smallest divisor that reaches 528
+    ((1, 28, 4, 4096), 0, (7, 1)),  # group 7: 2 and 4 do not divide it
+    ((4, 32, 8, 4096), 0, (1, 1)),  # 1024 programs: no split
+    ((1, 8, 1, 1024), 0, (8, 2)),  # 8 programs x 8 heads: still under half full, query chunks of 8 blocks
+    ((1, 4, 4, 8192), 0, (1, 2)),  # MHA, 256 programs: query chunks only
+    ((1, 2, 2, 256), 0, (1, 1)),  # 4 query blocks: too few to chunk
+    ((1, 32, 1, 4096), 0, (16, 1)),  # group 32: at most 16 programs per key block
+    ((2, 8, 1, 4096), 3, (1, 3)),  # explicit: gcd with the group, the rest in query chunks
+    ((2, 8, 2, 4096), 8, (4, 2)),
+    ((2, 8, 1, 50), 16, (8, 1)),  # no more chunks than query blocks (one here)
+    ((2, 8, 1, 4096), 1, (1, 1)),
+    ((2, 8, 1, 4096), 16, (8, 2)),  # 64 programs x 16 = 1024, within twice the target
+    ((16, 32, 8, 8192), 8, (1, 1)),  # 8192 programs: an explicit split is lowered, here to none
+    ((4, 32, 8, 2048), 8, (2, 1)),  # 512 programs: lowered to 2
+])
+def test_dkdv_split_choice(shape, split, expected):
+    b, hq, hkv, n = shape
+    cfg = B(64, 128, 128, 64, 8, 3, dkdv_split=split)
+    assert dkdv_split(cfg, batch=b, heads_q=hq, heads_kv=hkv, n_q=n, n_k=n, sm_count=132) == expected
+
+
 @pytest.mark.parametrize("cfg", [F(16, 16, 4, 1, tma=1), B(16, 16, 16, 16, 4, 1, tma=1)], ids=_cfg_id)
 def test_tma_is_limited_to_what_ran_on_the_gpu(cfg, monkeypatch):
     """TMA loads: 16-bit dtypes, head dims up to 128, compute capability 9.0 or newer."""
@@ -351,7 +386,7 @@ def test_bwd_config_stored_before_the_dq_fields_launches_both_kernels_alike():
     cfg = B.from_dict(old)
     assert (cfg.dq_num_warps, cfg.dq_num_stages, cfg.atomic_dq) == (8, 2, 0)
     assert cfg == B(32, 64, 64, 32, 8, 2) == B(32, 64, 64, 32, 8, 2, 8, 2, 0)
-    assert cfg.to_dict() == {**old, "dq_num_warps": 8, "dq_num_stages": 2, "atomic_dq": 0, "tma": 0}
+    assert cfg.to_dict() == {**old, "dq_num_warps": 8, "dq_num_stages": 2, "atomic_dq": 0, "tma": 0, "dkdv_split": 0}
 
 
 def test_bwd_canonical_drops_the_unused_dq_fields_of_atomic_configs():
