@@ -230,8 +230,7 @@ class _Plan:
         return cls(Choice.sdpa(reason), reason=reason)
 
 
-_MASK = _Plan.sdpa("attn_mask is not supported (but for torch.nn.attention.bias's causal_upper_left and "
-                   "causal_lower_right)")
+_MASK = _Plan.sdpa("attn_mask is not supported")
 _DROPOUT = _Plan.sdpa("dropout_p > 0 is not supported")
 
 

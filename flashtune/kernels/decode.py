@@ -100,15 +100,16 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale,
                       stride_vb, stride_vh, stride_vn, stride_vd,
                       stride_ob, stride_oh, stride_os, stride_on, stride_od,
                       stride_lb, stride_lh, stride_ls,
-                      H_ROWS, PACK, GROUP, N_Q, N_K, CHUNK, causal_off,
+                      H_ROWS, M_BLOCKS, PACK, GROUP, N_Q, N_K, CHUNK, causal_off,
                       CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                       INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr):
-    # program (row block, chunk, batch x row head); a row head is a K/V head when packing
-    # (PACK = GROUP), else a query head (PACK = 1)
-    pid_m = tl.program_id(0)
+    # program (row block x batch x row head, chunk): axis 0 holds up to 2^31 - 1 programs
+    # (CUDA caps axes 1 and 2 at 65535); a row head is a K/V head when packing (PACK =
+    # GROUP), else a query head (PACK = 1)
+    pid_m = tl.program_id(0) % M_BLOCKS
+    pid_z = tl.program_id(0) // M_BLOCKS
     split = tl.program_id(1)
-    pid_z = tl.program_id(2)
     off_b = (pid_z // H_ROWS).to(tl.int64)
     off_hr = (pid_z % H_ROWS).to(tl.int64)
     off_hk = off_hr * PACK // GROUP
@@ -184,7 +185,10 @@ def _combine_kernel(OP, LSEP, O, LSE, SPLITS, H, N_Q, N_ROWS,
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m - m_use)
         w = tl.math.exp2(lse_s - m_use)
-        o_s = tl.load(o_base + s * N_Q * BLOCK_D, mask=row_ok[:, None], other=0.0)
+        if HEAD_DIM == BLOCK_D:
+            o_s = tl.load(o_base + s * N_Q * BLOCK_D, mask=row_ok[:, None], other=0.0)
+        else:  # the partials' padding columns were never written
+            o_s = tl.load(o_base + s * N_Q * BLOCK_D, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
         l_sum = l_sum * alpha + w
         acc = acc * alpha[:, None] + w[:, None] * o_s
         m = m_new
@@ -226,12 +230,13 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
     int64 = needs_int64(q, k, v, o, o_part)
     pack = group if schedule.pack else 1
     h_rows = H_KV if schedule.pack else H
-    grid = (triton.cdiv(N_Q * pack, schedule.block_m), S, B * h_rows)
+    m_blocks = triton.cdiv(N_Q * pack, schedule.block_m)
+    grid = (m_blocks * B * h_rows, S)
     with on_device(q):
         _split_fwd_kernel.run(
             q, k, v, o_part, lse_part, *(descs or (k, v)), sm_scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *o_strides, *l_strides,
-            h_rows, pack, group, N_Q, N_K, schedule.chunk, causal_off,
+            h_rows, m_blocks, pack, group, N_Q, N_K, schedule.chunk, causal_off,
             CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_M=schedule.block_m, BLOCK_N=config.BLOCK_N,
             PRECISION=precision, INT64=int64, TMA=descs is not None, SCALE_POSITIVE=sm_scale > 0,
             num_warps=config.num_warps, num_stages=config.num_stages, grid=grid, warmup=compile_only)
