@@ -175,6 +175,7 @@ def test_auto_schedule_keeps_filled_shapes_on_the_plain_kernel(h200):
     assert few is not None and few.splits > 1 and not few.pack and few.block_m == 128
     mha = plan_schedule(cfg, 64, 32, 32, 1, 4096, cpu)
     assert mha is not None and mha.splits == 1 and mha.block_m == 16 and not mha.pack
+    assert plan_schedule(cfg, 64, 32, 32, 17, 4096, cpu) is None  # past decode size, filling the GPU
     # explicit values are taken as they are
     assert plan_schedule(dataclasses.replace(cfg, num_splits=1, pack_gqa=0), 1, 32, 8, 1, 4096, cpu) is None
     forced = plan_schedule(dataclasses.replace(cfg, num_splits=100), 1, 4, 4, 1, 640, cpu)
