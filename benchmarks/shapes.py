@@ -21,6 +21,11 @@ and, for each forward, flashtune's time when its launches replay from a CUDA gra
     python benchmarks/shapes.py --rows decode-b1-64k decode-b32-4k --configs decode.json
     python benchmarks/shapes.py --device cpu --tiny           # interpreter smoke test
 
+--sweep FILE.json maps row names to lists of forward configs: each is checked against
+SDPA and timed (flashtune alone, do_bench median) before the row, and the fastest correct
+one is the row's forward config (unless --configs gives one); --sweep-out writes those
+winners in --configs' format.
+
 --configs FILE.json maps row names to configs, e.g.
   {"decode-b1-64k": {"fwd": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3,
                              "num_splits": 32, "pack_gqa": 1}}}
@@ -136,6 +141,19 @@ class Result:
         return out
 
 
+def load_sweep(path: str | None) -> dict:
+    if path is None:
+        return {}
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise SystemExit(f"--sweep {path}: expected an object mapping row names to lists of forward configs")
+    unknown = sorted(set(data) - set(BY_NAME))
+    if unknown:
+        raise SystemExit(f"--sweep {path}: unknown rows {unknown}")
+    return data
+
+
 def load_configs(path: str | None) -> dict:
     if path is None:
         return {}
@@ -243,6 +261,68 @@ def _graph_ms(fn, device) -> float | None:
         return None
 
 
+def _precompile(candidates: list[dict], q, k, v, causal: bool) -> None:
+    """Compile the candidates' kernels in parallel (triton's AsyncCompileMode), so the
+    sweep's launches hit the cache; failures recur, reported, at the launch."""
+    import concurrent.futures
+    import contextlib
+
+    from flashtune.kernels import FwdConfig, attention_forward
+
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:  # an older triton: the launches compile one by one
+        return
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(32, os.cpu_count() or 1))) as pool, \
+            AsyncCompileMode(pool, ignore_errors=True):
+        for given in candidates:
+            with contextlib.suppress(Exception):
+                attention_forward(q, k, v, FwdConfig.from_dict(given), causal=causal, sm_scale=q.shape[-1] ** -0.5,
+                                  compile_only=True)
+
+
+def sweep_row(args, shape: Shape, candidates: list[dict], device) -> tuple[dict | None, list[dict]]:
+    """(the fastest correct forward config of ``candidates`` on this row, or None; every
+    candidate's figures). Correct: relative error of O against SDPA's output below 2 %."""
+    import torch
+
+    from flashtune.kernels import FwdConfig, attention
+    from flashtune.kernels.config import ConfigError
+
+    s = shape
+    dtype = getattr(torch, grid_bench.DTYPES[args.dtype]) if device.type == "cuda" else torch.float16
+    gen = torch.Generator(device=device).manual_seed(1)
+    q = torch.randn(s.batch, s.heads_q, s.seq_q, s.head_dim, device=device, dtype=dtype, generator=gen)
+    k, v = (torch.randn(s.batch, s.heads_kv, s.seq_k, s.head_dim, device=device, dtype=dtype, generator=gen)
+            for _ in range(2))
+    with torch.no_grad():
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=s.causal, enable_gqa=True).float()
+    if device.type == "cuda":
+        _precompile(candidates, q, k, v, s.causal)
+    figures, best = [], None
+    for given in candidates:
+        row = {"config": given}
+        try:
+            cfg = FwdConfig.from_dict(given).validate(s.head_dim, dtype, device)
+            with torch.no_grad():
+                got = attention(q, k, v, causal=s.causal, fwd_config=cfg)
+                row["rel_err"] = ((got.float() - want).norm() / want.norm()).item()
+                if not row["rel_err"] < 0.02:
+                    raise AssertionError(f"relative error {row['rel_err']:.3g}")
+                from flashtune.autotuner.trial import time_ms
+
+                row["ms"] = time_ms(lambda cfg=cfg: attention(q, k, v, causal=s.causal, fwd_config=cfg), device,
+                                    quick=True)
+        except (ConfigError, AssertionError, Exception) as e:  # noqa: BLE001 - each failure is a finding
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        figures.append(row)
+        if "ms" in row and (best is None or row["ms"] < best["ms"]):
+            best = row
+        extra = f"{row['ms']:.4f} ms" if "ms" in row else row["error"]
+        print(f"  sweep {s.name}: {' '.join(f'{k}={v}' for k, v in given.items())}: {extra}", flush=True)
+    return (None if best is None else best["config"]), figures
+
+
 def bench_row(args, shape: Shape, entries: dict, copy_bw: float) -> list[Result]:
     import torch
     from torch.nn.attention import SDPBackend
@@ -333,6 +413,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", nargs="+", metavar="NAME", choices=list(BY_NAME), help="only these rows")
     ap.add_argument("--configs", metavar="FILE.json", help="flashtune configs per row (see above)")
+    ap.add_argument("--sweep", metavar="FILE.json", help="forward configs to sweep per row (see above)")
+    ap.add_argument("--sweep-out", metavar="FILE.json", help="write the sweep's winners in --configs' format")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"], help="input dtype on the GPU (default bf16)")
     ap.add_argument("--out", metavar="FILE.json", help="write the environment and every row as JSON")
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warmup (ms)")
@@ -360,6 +442,7 @@ def main(argv=None) -> int:
         print("benchmarks/shapes.py needs a CUDA GPU, or --device cpu for the interpreter", file=sys.stderr)
         return 2
     entries = load_configs(args.configs)
+    sweep = load_sweep(args.sweep)
     shapes = [BY_NAME[n] for n in args.rows] if args.rows else SHAPES
     if args.tiny:
         shapes = [s.tiny() for s in shapes]
@@ -381,8 +464,18 @@ def main(argv=None) -> int:
           f"flashtune configs: {args.configs or 'heuristic defaults'}; graph: CUDA-graph time / time")
     print(HEADER, flush=True)
     results: list[Result] = []
+    swept, winners, swept_configs = {}, {}, set()
     for shape in shapes:
+        if shape.name in sweep:
+            best, swept[shape.name] = sweep_row(args, shape, sweep[shape.name], device)
+            if best is not None:
+                winners[shape.name] = {"fwd": best}
+                if "fwd" not in entries.get(shape.name, {}):
+                    entries.setdefault(shape.name, {})["fwd"] = best
+                    swept_configs.add(shape.name)
         for r in bench_row(args, shape, entries, copy_bw):
+            if r.pass_ == "fwd" and shape.name in swept_configs:
+                r.config_source = "sweep"
             results.append(r)
             print(format_result(r), flush=True)
     summary = summarize(results)
@@ -393,8 +486,12 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"environment": env, "args": vars(args), "copy_bandwidth": copy_bw,
-                       "rows": [dataclasses.asdict(r) for r in results], "summary": summary}, f, indent=1)
+                       "rows": [dataclasses.asdict(r) for r in results], "summary": summary, "sweep": swept},
+                      f, indent=1)
         print(f"# wrote {args.out}")
+    if args.sweep_out:
+        with open(args.sweep_out, "w") as f:
+            json.dump(winners, f, indent=1)
     if aborted:
         print(f"WARNING: {len(aborted)} rows aborted: flashtune's output was wrong or failed", file=sys.stderr)
     return 1 if aborted else 0
