@@ -341,7 +341,10 @@ _SM90_FWD = {
     # bf16 D=128 causal: 64x64 with TMA loads, the search's winner at N=1k..16k (report of
     # ae407ed in docs/tuning.md; TMA is 1.08x / 1.03x the pointer loads at N=1k / 4k,
     # docs/data/h200-2026-11-30/fwd_tma.json).
-    (_bf, 128): _F(64, 64, 4, 3, tma=1), (_bf, 256): _F(64, 32, 4, 3),
+    # D=256: 128x64, 8 warps, 2 stages, 1.26x the 64x32 w4 s3 default before it on
+    # gemma2-d256-train-4k (B=1, 16/8 heads, N=4096, causal; benchmarks/shapes.py --sweep, H200,
+    # 2026-12-01, docs/shapes.md)
+    (_bf, 128): _F(64, 64, 4, 3, tma=1), (_bf, 256): _F(128, 64, 8, 2),
     # bf16 D=128 non-causal: 64x128, 4 warps, one stage, TMA loads: the search's winner at
     # N=1k..16k, 1.22x / 1.12x / 1.08x the 128x128 w8 s3 TMA default before it (report of
     # ae407ed, docs/tuning.md).
@@ -365,8 +368,11 @@ _SM90_BWD = {
 # Decode (at most DECODE_MAX_Q queries per head): the split kernel with auto splits and
 # grouped-query packing; BLOCK_M shrinks at launch to cover the packed rows, so the entry
 # sizes K/V tiles and the pipeline depth for streaming the keys.
+# Sweep of 2026-12-01 on the H200 (benchmarks/shapes.py --sweep, docs/shapes.md): at D=128
+# BLOCK_N 64/128 with 4 warps and 2 stages were within 2 % of the best on the three
+# decode rows; at D=256 BLOCK_N=64, 3 stages.
 for _d in (16, 32, 64, 128):
-    _SM90_FWD[(_bf, _d, "decode")] = _F(64, 128, 4, 3)
+    _SM90_FWD[(_bf, _d, "decode")] = _F(64, 128, 4, 2)
     _SM90_FWD[(_f32, _d, "decode")] = _F(32, 64, 4, 2)
 _SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 3)
 _SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)

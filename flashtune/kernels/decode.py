@@ -30,8 +30,10 @@ from flashtune.kernels.config import DECODE_MAX_Q, MAX_SPLITS, FwdConfig, padded
 from flashtune.kernels.forward import _fwd_inner
 
 # Auto splits aim at this many programs per SM: one program streams its keys with
-# num_stages tiles in flight; two per SM keep the copy engine busier (see docs).
-AUTO_PROGRAMS_PER_SM = 2
+# num_stages tiles in flight; several per SM keep more loads in flight. On the H200
+# (2026-12-01, docs/shapes.md) decode with 8 programs per SM (B=128, Hkv=8) read K/V
+# at the copy bandwidth, with 2 per SM at 0.52-0.68 of it.
+AUTO_PROGRAMS_PER_SM = 4
 # SMs assumed by the auto schedule off the GPU (the interpreter): few, so that the small
 # test shapes keep the plain kernel unless they are decode-sized or tiny
 INTERPRETER_SMS = 4
@@ -55,13 +57,18 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _cdiv(a: int, b: int) -> int:
+    # plain ints: triton.cdiv is a jit function, ~10 us per host call through its wrapper
+    return -(-a // b)
+
+
 def auto_splits(programs: int, n_blocks: int, sms: int) -> int:
     """Chunks per query block so that ``programs`` (query blocks x heads x batch) times the
     chunks give about AUTO_PROGRAMS_PER_SM programs per SM; 1 when they fill the GPU
     already; never more chunks than key blocks."""
     if programs >= sms:
         return 1
-    return max(1, min(MAX_SPLITS, n_blocks, triton.cdiv(AUTO_PROGRAMS_PER_SM * sms, programs)))
+    return max(1, min(MAX_SPLITS, n_blocks, _cdiv(AUTO_PROGRAMS_PER_SM * sms, programs)))
 
 
 def plan_schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_q: int, n_k: int,
@@ -77,20 +84,20 @@ def plan_schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_
     group = heads_q // heads_kv
     pack = group > 1 and (config.pack_gqa == 1 or (config.pack_gqa == -1 and n_q < config.BLOCK_M))
     rows = n_q * group if pack else n_q
-    block_m = min(config.BLOCK_M, max(16, triton.next_power_of_2(rows)))
-    n_blocks = triton.cdiv(n_k, config.BLOCK_N)
+    block_m = min(config.BLOCK_M, max(16, 1 << (rows - 1).bit_length()))
+    n_blocks = _cdiv(n_k, config.BLOCK_N)
     if config.num_splits == 0:
-        programs = triton.cdiv(rows, block_m) * (heads_kv if pack else heads_q) * batch
+        programs = _cdiv(rows, block_m) * (heads_kv if pack else heads_q) * batch
         splits = auto_splits(programs, n_blocks, sm_count(device))
-        chunk_blocks = triton.cdiv(n_blocks, splits)
-        splits = triton.cdiv(n_blocks, chunk_blocks)
+        chunk_blocks = _cdiv(n_blocks, splits)
+        splits = _cdiv(n_blocks, chunk_blocks)
         if not pack and splits == 1 and n_q > DECODE_MAX_Q:
             return None
     else:
         splits = config.num_splits
         if not pack and splits == 1:
             return None
-        chunk_blocks = triton.cdiv(n_blocks, splits)
+        chunk_blocks = _cdiv(n_blocks, splits)
     return Schedule(pack, block_m, splits, chunk_blocks * config.BLOCK_N)
 
 
@@ -164,46 +171,43 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale,
 
 
 @triton.jit
-def _combine_kernel(OP, LSEP, O, LSE, SPLITS, H, N_Q, N_ROWS,
+def _combine_kernel(OP, LSEP, O, LSE, SPLITS, H, N_Q,
                     stride_ob, stride_oh, stride_on, stride_od,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, INT64: tl.constexpr):
-    # rows are (batch, head, query) flattened; the partials are (B, H, SPLITS, N_Q, BLOCK_D)
-    # and (B, H, SPLITS, N_Q) contiguous; the merged log-sum-exp is (B, H, N_Q) contiguous
-    rows = block_offsets(tl.program_id(0) * BLOCK_R, BLOCK_R, INT64)
-    row_ok = rows < N_ROWS
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, INT64: tl.constexpr):
+    # one program per (batch, head, query) row, all its chunks in one [BLOCK_S, BLOCK_D]
+    # tile (BLOCK_S >= SPLITS): no serial walk over the chunks. The partials are
+    # (B, H, SPLITS, N_Q, BLOCK_D) and (B, H, SPLITS, N_Q) contiguous; the merged
+    # log-sum-exp (B, H, N_Q) contiguous, so its offset is the row's index.
+    row = tl.program_id(0)
+    if INT64:
+        row = row.to(tl.int64)
+    bh = row // N_Q
+    q_idx = row % N_Q
+    offs_s = block_offsets(0, BLOCK_S, INT64)
     offs_d = block_offsets(0, BLOCK_D, INT64)
-    bh = rows // N_Q
-    q_idx = rows % N_Q
-    lse_base = LSEP + bh * SPLITS * N_Q + q_idx
-    o_base = OP + (bh * SPLITS * N_Q + q_idx)[:, None] * BLOCK_D + offs_d[None, :]
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    l_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    for s in range(SPLITS):
-        lse_s = tl.load(lse_base + s * N_Q, mask=row_ok, other=float("-inf"))
-        m_new = tl.maximum(m, lse_s)
-        # -inf everywhere so far (empty chunks): subtract 0, so the weights are 0, not NaN
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m - m_use)
-        w = tl.math.exp2(lse_s - m_use)
-        if HEAD_DIM == BLOCK_D:
-            o_s = tl.load(o_base + s * N_Q * BLOCK_D, mask=row_ok[:, None], other=0.0)
-        else:  # the partials' padding columns were never written
-            o_s = tl.load(o_base + s * N_Q * BLOCK_D, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        l_sum = l_sum * alpha + w
-        acc = acc * alpha[:, None] + w[:, None] * o_s
-        m = m_new
+    s_ok = offs_s < SPLITS
+    lse_s = tl.load(LSEP + (bh * SPLITS + offs_s) * N_Q + q_idx, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse_s, 0)
+    # every chunk empty for this row (it sees no key): weights 0, not NaN
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(lse_s - m)
+    l_sum = tl.sum(w, 0)
+    o_ptrs = OP + ((bh * SPLITS + offs_s) * N_Q + q_idx)[:, None] * BLOCK_D + offs_d[None, :]
+    if HEAD_DIM == BLOCK_D:
+        o_s = tl.load(o_ptrs, mask=s_ok[:, None], other=0.0)
+    else:  # the partials' padding columns were never written
+        o_s = tl.load(o_ptrs, mask=s_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    acc = tl.sum(w[:, None] * o_s, 0)
     seen = l_sum > 0.0
-    acc = acc / tl.where(seen, l_sum, 1.0)[:, None]
-    lse = tl.where(seen, m + tl.math.log2(tl.where(seen, l_sum, 1.0)), float("-inf"))
-    tl.store(LSE + rows, lse, mask=row_ok)
+    acc = acc / tl.where(seen, l_sum, 1.0)
+    tl.store(LSE + row, tl.where(seen, m + tl.math.log2(tl.where(seen, l_sum, 1.0)), float("-inf")))
     off_b = bh // H
     off_h = bh % H
-    o_ptrs = O + (off_b * stride_ob + off_h * stride_oh + q_idx * stride_on)[:, None] + offs_d[None, :] * stride_od
+    o_ptrs = O + off_b * stride_ob + off_h * stride_oh + q_idx * stride_on + offs_d * stride_od
     if HEAD_DIM == BLOCK_D:
-        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(o_ptrs, acc.to(O.dtype.element_ty))
     else:
-        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FwdConfig, schedule: Schedule, *,
@@ -231,7 +235,7 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
     int64 = needs_int64(q, k, v, o, o_part)
     pack = group if schedule.pack else 1
     h_rows = H_KV if schedule.pack else H
-    m_blocks = triton.cdiv(N_Q * pack, schedule.block_m)
+    m_blocks = _cdiv(N_Q * pack, schedule.block_m)
     grid = (m_blocks * B * h_rows, S)
     with on_device(q):
         _split_fwd_kernel.run(
@@ -242,10 +246,10 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
             PRECISION=precision, INT64=int64, TMA=descs is not None, SCALE_POSITIVE=sm_scale > 0,
             num_warps=config.num_warps, num_stages=config.num_stages, grid=grid, warmup=compile_only)
         if S > 1:
-            n_rows = B * H * N_Q
-            block_r = max(1, min(64, 4096 // BLOCK_D))
+            block_s = max(2, 1 << (S - 1).bit_length())
             _combine_kernel.run(
-                o_part, lse_part, o, lse2, S, H, N_Q, n_rows, *o.stride(),
-                HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_R=block_r, INT64=int64,
-                num_warps=4, num_stages=1, grid=(triton.cdiv(n_rows, block_r),), warmup=compile_only)
+                o_part, lse_part, o, lse2, S, H, N_Q, *o.stride(),
+                HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_S=block_s, INT64=int64,
+                num_warps=4 if block_s * BLOCK_D <= 8192 else 8, num_stages=1, grid=(B * H * N_Q,),
+                warmup=compile_only)
     return o, lse2

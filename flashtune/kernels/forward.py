@@ -166,7 +166,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     # K and V tiles through TMA descriptors when the config asks and the copy engine can
     # address the tensors; otherwise (or for the unused arguments) the pointer loads
     descs = tma_descriptors(config.tma, (k, v), config.BLOCK_N, BLOCK_D)
-    grid = (triton.cdiv(N_Q, config.BLOCK_M), H, B)  # CUDA caps grid y and z at 65535
+    # CUDA caps grid y and z at 65535; plain int division: triton.cdiv is a jit function,
+    # ~10 us of host time per call through its wrapper
+    grid = (-(-N_Q // config.BLOCK_M), H, B)
     with on_device(q):
         _attn_fwd_kernel.run(
             q, k, v, o, lse2, fault_flag, *(descs or (k, v)), sm_scale * LOG2E,

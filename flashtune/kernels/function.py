@@ -150,7 +150,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, fp32_precision=fp32_precision,
                          causal_align=causal_align)
     fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal)
-    o, lse2 = FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision, causal_align)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        o, lse2 = FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision, causal_align)
+    else:  # nothing to differentiate: the launcher alone, without autograd's cost per call
+        o, lse2 = attention_forward(q, k, v, fwd, causal=causal, sm_scale=scale, fp32_precision=fp32_precision,
+                                    causal_align=causal_align)
     if return_lse:
         return o, lse2 * LN2
     return o
