@@ -54,7 +54,15 @@ def on_device(t: torch.Tensor):
 
 def needs_int64(*tensors: torch.Tensor) -> bool:
     """Whether an element offset inside one of the tensors may pass int32."""
-    return any(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) >= 2**31 - 1 for t in tensors)
+    limit = 2**31 - 1
+    for t in tensors:
+        # every element of a storage under 2^31 elements is within reach (the quick test:
+        # this runs on every launch)
+        if t.untyped_storage().nbytes() < limit * t.element_size():
+            continue
+        if sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) >= limit:
+            return True
+    return False
 
 
 def tma_capable(device: torch.device) -> bool:
