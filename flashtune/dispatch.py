@@ -28,8 +28,8 @@ Triton interpreter, ...) goes to torch SDPA with one warning per reason, or rais
 
 float32 inputs follow torch's fp32 matmul precision as SDPA's own fp32 matmuls do:
 tf32 dots when ``torch.get_float32_matmul_precision()`` is "high" or "medium" (or
-``torch.backends.cuda.matmul.fp32_precision`` is "tf32"), fp32-accurate "tf32x3" dots
-otherwise (torch's default "highest"; kernels.common.torch_fp32_precision).
+``torch.backends.cuda.matmul.fp32_precision`` is "tf32"), fp32-accurate dots otherwise
+(torch's default "highest"; kernels.common.torch_fp32_precision).
 
 The tuned table of a (database, GPU) is read once and cached for the process: calls
 never touch the database, a call is one dict lookup plus the launch. Each

@@ -138,8 +138,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     float32 inputs follow torch's fp32 matmul precision unless ``fp32_precision`` says
     otherwise: ``torch.backends.cuda.matmul.fp32_precision`` "tf32" or
     ``torch.get_float32_matmul_precision()`` "high"/"medium" give "tf32" dots (10-bit
-    mantissa, fastest); otherwise (torch's default, "highest") "tf32x3", fp32-accurate
-    (see common.torch_fp32_precision). ``fp32_precision`` is one of "tf32", "tf32x3", "ieee".
+    mantissa, fastest); otherwise (torch's default, "highest") fp32-accurate "ieee" dots
+    (see common.torch_fp32_precision). ``fp32_precision`` is one of "tf32", "tf32x3"
+    (three tf32 products per dot), "ieee".
 
     Returns o, or (o, lse) with ``return_lse=True``: lse is (batch, heads_q, seq_q) float32,
     the natural-log log-sum-exp of the scaled scores of each query row. Gradients flow

@@ -16,6 +16,7 @@ import torch
 from kernel_checks import Case, case_inputs, run_case
 
 from flashtune.kernels import BwdConfig, FwdConfig, attention, backward, decode, forward
+from flashtune.kernels.common import ACCURATE_FP32
 from flashtune.kernels.config import DECODE_MAX_Q, HEURISTICS, ConfigError, default_config
 from flashtune.kernels.decode import plan_schedule
 
@@ -220,8 +221,8 @@ def launched_precisions(monkeypatch):
 
 
 @pytest.mark.parametrize(("setting", "expected"), [
-    (("highest", None), "tf32x3"), (("high", None), "tf32"), (("medium", None), "tf32"),
-    (("high", "ieee"), "tf32x3"), (("highest", "tf32"), "tf32")])
+    (("highest", None), ACCURATE_FP32), (("high", None), "tf32"), (("medium", None), "tf32"),
+    (("high", "ieee"), ACCURATE_FP32), (("highest", "tf32"), "tf32")])
 @pytest.mark.parametrize("n_q", [1, 17])  # the split kernel and the plain one
 def test_fp32_precision_follows_torch(kernel_device, launched_precisions, setting, expected, n_q):
     matmul_precision, backend = setting
@@ -236,12 +237,12 @@ def test_fp32_precision_follows_torch(kernel_device, launched_precisions, settin
             matmul.fp32_precision = backend
         o = attention(q, k, v)
         torch.autograd.grad(o, (q, k, v), do)
-        o = attention(q, k, v, fp32_precision="ieee")  # the argument wins
+        o = attention(q, k, v, fp32_precision="tf32x3")  # the argument wins
     finally:
         torch.set_float32_matmul_precision(before[0])
         if before[1] is not None:
             matmul.fp32_precision = before[1]
-    assert launched_precisions == [expected] * 3 + ["ieee"], launched_precisions
+    assert launched_precisions == [expected] * 3 + ["tf32x3"], launched_precisions
     # fp16 dots have no choice
     launched_precisions.clear()
     attention(q.half(), k.half(), v.half())
