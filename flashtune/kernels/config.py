@@ -368,13 +368,14 @@ _SM90_BWD = {
 # Decode (at most DECODE_MAX_Q queries per head): the split kernel with auto splits and
 # grouped-query packing; BLOCK_M shrinks at launch to cover the packed rows, so the entry
 # sizes K/V tiles and the pipeline depth for streaming the keys.
-# Sweep of 2026-12-01 on the H200 (benchmarks/shapes.py --sweep, docs/shapes.md): at D=128
+# Sweeps of 2026-12-01 on the H200 (benchmarks/shapes.py --sweep, docs/shapes.md): at D=128
 # BLOCK_N 64/128 with 4 warps and 2 stages were within 2 % of the best on the three
-# decode rows; at D=256 BLOCK_N=64, 3 stages.
+# decode rows; at D=256 BLOCK_N=64, 2 stages was the best of both sweeps (host-bound
+# timings: +-15 % between identical launches).
 for _d in (16, 32, 64, 128):
     _SM90_FWD[(_bf, _d, "decode")] = _F(64, 128, 4, 2)
     _SM90_FWD[(_f32, _d, "decode")] = _F(32, 64, 4, 2)
-_SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 3)
+_SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 2)
 _SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
 _GENERIC_FWD = {(_bf, d): _F(64, 32, 4, 2) for d in (16, 32, 64, 128, 256)}
 _GENERIC_FWD.update({(_bf, d, "decode"): _F(32, 64, 4, 2) for d in (16, 32, 64, 128, 256)})
