@@ -68,7 +68,8 @@ def main(argv=None) -> int:
         rows[precision] = {"err": err, "ratio": {n: err[n] / base[n] for n in err}, "fwd_ms": fwd, "bwd_ms": bwd,
                            "fwd_tflops": flops / fwd / 1e9, "bwd_tflops": 2.5 * flops / bwd / 1e9}
         r = rows[precision]
-        print(f"{precision:<7} fwd {r['fwd_tflops']:6.1f} TFLOPS, bwd {r['bwd_tflops']:6.1f} TFLOPS; error / SDPA fp32: "
+        print(f"{precision:<7} fwd {r['fwd_tflops']:6.1f} TFLOPS, bwd {r['bwd_tflops']:6.1f} TFLOPS; "
+              "error / SDPA fp32: "
               + " ".join(f"{n}={x:.2f}" for n, x in r["ratio"].items()), flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -193,7 +193,8 @@ def format_result(r: Result) -> str:
     graph = _fmt(None if r.graph_ms is None or not r.ms.get("flashtune") else r.graph_ms / r.ms["flashtune"], "6.2f")
     cfg = " ".join(f"{k}={v}" for k, v in (r.config or {}).items())
     sched = f" [{r.schedule}]" if r.schedule else ""
-    return head + (f"{figures} | {_fmt(rat['best'], '7.3f')} {_fmt(rat['cudnn'], '8.3f')} {_fmt(rat['flash'], '7.3f')} | "
+    ratios = f"{_fmt(rat['best'], '7.3f')} {_fmt(rat['cudnn'], '8.3f')} {_fmt(rat['flash'], '7.3f')}"
+    return head + (f"{figures} | {ratios} | "
                    f"{graph}  {r.config_source}: {cfg}{sched}")
 
 
@@ -347,7 +348,8 @@ def bench_row(args, shape: Shape, entries: dict, copy_bw: float) -> list[Result]
     fwd, bwd = resolve_configs(q, fwd, bwd, s.causal)
     plan = plan_schedule(fwd, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, device)
     schedule = None if plan is None else \
-        f"split kernel: {plan.splits} chunks of {plan.chunk} keys, {'packed ' if plan.pack else ''}{plan.block_m}-row tiles"
+        (f"split kernel: {plan.splits} chunks of {plan.chunk} keys, "
+         f"{'packed ' if plan.pack else ''}{plan.block_m}-row tiles")
 
     def flashtune(q, k, v, causal):
         return attention(q, k, v, causal=causal, fwd_config=fwd, bwd_config=bwd)
@@ -449,7 +451,8 @@ def main(argv=None) -> int:
     if device.type == "cuda":
         env = grid_bench.environment()
         print(f"# {env['gpu']} sm_{env['capability'][0]}{env['capability'][1]}, torch {env['torch']}, "
-              f"triton {env['triton']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, driver {env['driver']}, {env['date']}")
+              f"triton {env['triton']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, driver {env['driver']}, "
+              f"{env['date']}")
         import triton
 
         copy_bw = copy_bandwidth(device, lambda fn: triton.testing.do_bench(fn, return_mode="median"), 1 << 30)

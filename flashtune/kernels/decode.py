@@ -129,7 +129,8 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale,
     offs_nb = block_offsets(0, BLOCK_N, INT64)
     offs_d = block_offsets(0, BLOCK_D, INT64)
 
-    q_ptrs = Q + off_b * stride_qb + head[:, None] * stride_qh + q_idx[:, None] * stride_qn + offs_d[None, :] * stride_qd
+    q_ptrs = Q + off_b * stride_qb + head[:, None] * stride_qh + q_idx[:, None] * stride_qn \
+        + offs_d[None, :] * stride_qd
     if HEAD_DIM == BLOCK_D:
         q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     else:
