@@ -16,14 +16,20 @@ How a call picks its configs, for each pass (fwd, bwd) on its own:
   table ("heuristic"). A stored config that does not validate for this call (say its
   shared memory exceeds this device's) is skipped for the heuristic, with a warning.
 
-What the kernels cannot run (an ``attn_mask``, ``dropout_p > 0``, inputs that are not
+An ``attn_mask`` made by ``torch.nn.attention.bias.causal_upper_left(Nq, Nk)`` or
+``causal_lower_right(Nq, Nk)`` runs the kernels' causal mask, aligned top-left or
+bottom-right (queries that see no key, lower-right with Nq > Nk, get 0 as in SDPA).
+
+What the kernels cannot run (any other ``attn_mask``, ``dropout_p > 0``, inputs that are not
 4-D, dtypes other than fp16/bf16/fp32, head dims above 256, a CPU tensor without the
 Triton interpreter, ...) goes to torch SDPA with one warning per reason, or raises
 ``ValueError`` with ``strict=True``. Differing query and key/value head counts need
 ``enable_gqa=True`` as in SDPA (one key/value head broadcasts, as in SDPA).
 
-float32 inputs use tf32 dots unless ``torch.get_float32_matmul_precision()`` is
-``"highest"`` (torch's default), which is what SDPA's own fp32 matmuls follow.
+float32 inputs follow torch's fp32 matmul precision as SDPA's own fp32 matmuls do:
+tf32 dots when ``torch.get_float32_matmul_precision()`` is "high" or "medium" (or
+``torch.backends.cuda.matmul.fp32_precision`` is "tf32"), fp32-accurate dots otherwise
+(torch's default "highest"; kernels.common.torch_fp32_precision).
 
 The tuned table of a (database, GPU) is read once and cached for the process: calls
 never touch the database, a call is one dict lookup plus the launch. Each
@@ -216,6 +222,8 @@ class _Plan:
     choice: Choice
     sm_scale: float | None = None
     reason: str | None = None
+    causal: bool = False
+    causal_align: str = "top_left"
 
     @classmethod
     def sdpa(cls, reason: str) -> _Plan:
@@ -278,10 +286,11 @@ class TunedAttention:
         fwd, bwd = plan.choice.fwd_config, plan.choice.bwd_config
         precision = torch_fp32_precision(query.dtype)
         if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
-            return FlashAttentionFunction.apply(query, key, value, is_causal, plan.sm_scale, fwd, bwd, precision)[0]
+            return FlashAttentionFunction.apply(query, key, value, plan.causal, plan.sm_scale, fwd, bwd, precision,
+                                                plan.causal_align)[0]
         # nothing to differentiate: the launcher alone, without autograd's cost per call
-        return attention_forward(query, key, value, fwd, causal=is_causal, sm_scale=plan.sm_scale,
-                                 fp32_precision=precision)[0]
+        return attention_forward(query, key, value, fwd, causal=plan.causal, sm_scale=plan.sm_scale,
+                                 fp32_precision=precision, causal_align=plan.causal_align)[0]
 
     def _traced_call(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         """The call as torch.compile traces it: one flashtune operator whose configs are looked up in
@@ -289,7 +298,10 @@ class TunedAttention:
         SDPA, traced as such, for what the kernels cannot run (without the eager path's warning)."""
         from flashtune.kernels.ops import compiled_attention, table_token
 
-        sdpa = attn_mask is not None or bool(dropout_p)
+        align = "top_left"
+        if attn_mask is not None:
+            align = _causal_bias_align(attn_mask, query, key, is_causal)
+        sdpa = align is None or bool(dropout_p)
         if not sdpa:
             try:
                 sm_scale = check_inputs(query, key, value, causal=is_causal, sm_scale=scale)
@@ -302,8 +314,9 @@ class TunedAttention:
         if not enable_gqa and key.shape[1] not in (1, query.shape[1]):
             raise RuntimeError(f"query has {query.shape[1]} heads and key/value {key.shape[1]}: pass "
                                "enable_gqa=True for grouped-query attention (as torch SDPA requires)")
-        return compiled_attention(query, key, value, causal=is_causal, sm_scale=sm_scale, fwd_config=None,
-                                  bwd_config=None, fp32_precision="", table=table_token(self))[0]
+        return compiled_attention(query, key, value, causal=is_causal or attn_mask is not None, sm_scale=sm_scale,
+                                  fwd_config=None, bwd_config=None, fp32_precision="", causal_align=align,
+                                  table=table_token(self))[0]
 
     def explain(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                 enable_gqa=False) -> Choice:
@@ -312,28 +325,33 @@ class TunedAttention:
 
     def _plan(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> _Plan:
         """The plan of this call: remembered by signature, made on first sight."""
+        align = "top_left"
         if attn_mask is not None:
-            return _MASK
+            align = _causal_bias_align(attn_mask, query, key, is_causal)
+            if align is None:
+                return _MASK
+            is_causal = True
         if dropout_p:
             return _DROPOUT
         snapshot, signature = self._snapshot, None
         if isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor):
             signature = (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
-                         query.device, key.device, value.device, is_causal, scale, enable_gqa)
+                         query.device, key.device, value.device, is_causal, align, scale, enable_gqa)
             try:
                 plan = snapshot.plans.get(signature)
             except TypeError:  # an unhashable scale, which check_inputs refuses below
                 plan = signature = None
             if plan is not None:
                 return plan
-        plan = self._new_plan(snapshot, query, key, value, is_causal, scale, enable_gqa)
+        plan = self._new_plan(snapshot, query, key, value, is_causal, scale, enable_gqa, align)
         if signature is not None:
             if len(snapshot.plans) >= _MAX_PLANS:
                 snapshot.plans.clear()
             snapshot.plans[signature] = plan
         return plan
 
-    def _new_plan(self, snapshot: _Snapshot, query, key, value, is_causal, scale, enable_gqa) -> _Plan:
+    def _new_plan(self, snapshot: _Snapshot, query, key, value, is_causal, scale, enable_gqa,
+                  align: str = "top_left") -> _Plan:
         """Check the inputs and pick both passes' configs.
 
         Raises RuntimeError, as SDPA does, for differing head counts without enable_gqa.
@@ -350,12 +368,13 @@ class TunedAttention:
         table = snapshot.tables.get(device)
         if table is None:
             table = snapshot.tables[device] = _shared_table(self.url, device, snapshot.since)
-        fwd, bwd = (_pick(table, pass_, dtype, head_dim, seq_len, is_causal, device) for pass_ in ("fwd", "bwd"))
-        return _Plan(Choice(*fwd, *bwd), sm_scale=sm_scale)
+        fwd, bwd = (_pick(table, pass_, dtype, head_dim, seq_len, is_causal, device, query.shape[2])
+                    for pass_ in ("fwd", "bwd"))
+        return _Plan(Choice(*fwd, *bwd), sm_scale=sm_scale, causal=is_causal, causal_align=align)
 
 
 def _pick(table: TunedTable, pass_: str, dtype: torch.dtype, head_dim: int, seq_len: int, causal: bool,
-          device: torch.device):
+          device: torch.device, seq_q: int | None = None):
     """(config, source) of one pass."""
     key = TuningKey(table.gpu, dtype_name(dtype), head_dim, seq_len, causal, pass_)
     found = table.lookup(key)
@@ -369,7 +388,23 @@ def _pick(table: TunedTable, pass_: str, dtype: torch.dtype, head_dim: int, seq_
             source = f"heuristic (the tuned {pass_} config of seq_len {tuned_len} does not fit here: {e})"
             _warn_once(f"flashtune skips a stored config for {table.gpu} "
                        f"{dataclasses.replace(key, seq_len=tuned_len).label()}: {e}; using the heuristic default")
-    return default_config(pass_, head_dim, dtype, device, causal=causal), source
+    return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=seq_q), source
+
+
+def _causal_bias_align(attn_mask, query, key, is_causal: bool) -> str | None:
+    """"top_left" or "bottom_right" for a torch.nn.attention.bias causal_upper_left /
+    causal_lower_right mask that matches the call's lengths; None for any other mask
+    (SDPA runs it, and tells what is wrong with it)."""
+    try:
+        from torch.nn.attention.bias import CausalBias, CausalVariant
+    except ImportError:  # torch without the causal biases
+        return None
+    if is_causal or not isinstance(attn_mask, CausalBias) or not isinstance(query, torch.Tensor) \
+            or not isinstance(key, torch.Tensor) or query.dim() != 4 or key.dim() != 4:
+        return None
+    if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (query.shape[2], key.shape[2]):
+        return None
+    return {CausalVariant.UPPER_LEFT: "top_left", CausalVariant.LOWER_RIGHT: "bottom_right"}.get(attn_mask.variant)
 
 
 def get_tuned_attention(db=None, *, device=None, strict: bool = False) -> TunedAttention:

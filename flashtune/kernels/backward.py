@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (LOG2E, block_offsets, cdiv, dot_precision, key_range, load_tile, needs_int64,
-                                      on_device, sm_count, store_tile, tma_descriptors, tma_tile)
+from flashtune.kernels.common import (LOG2E, block_offsets, causal_offset, cdiv, dot_precision, key_range, load_tile,
+                                      needs_int64, on_device, sm_count, store_tile, tma_descriptors, tma_tile)
 from flashtune.kernels.config import BwdConfig, dkdv_split, padded_head_dim
 
 
@@ -46,7 +46,7 @@ def _bwd_preprocess_kernel(O, DO, DELTA,
 @triton.jit
 def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_base, delta_base, dqa_base,
                     desc_q, desc_do, desc_dqa, off_b, off_h,
-                    offs_n, offs_mb, offs_d, lo, hi, N_Q, N_K, qk_scale, sm_scale,
+                    offs_n, offs_mb, offs_d, lo, hi, N_Q, N_K, qk_scale, sm_scale, causal_off,
                     MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
                     ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr):
@@ -65,7 +65,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
         if MASK:
             valid = (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K)
             if CAUSAL:
-                valid = valid & (offs_n[:, None] <= offs_m[None, :])
+                valid = valid & (offs_n[:, None] <= offs_m[None, :] + causal_off)
             p_t = tl.where(valid, p_t, 0.0)
         if TMA:
             do = tma_tile(desc_do, off_b, off_h, start_m, BLOCK_M, BLOCK_D)
@@ -104,7 +104,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
                      stride_dob, stride_doh, stride_don, stride_dod,
                      stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                      stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                     H, GROUP, N_Q, N_K, SPLIT_H, SPLIT_Q,
+                     H, GROUP, N_Q, N_K, causal_off, SPLIT_H, SPLIT_Q,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
                      ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, PARTIAL: tl.constexpr):
@@ -128,10 +128,11 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
 
     # Query blocks (aligned to BLOCK_M): [first, diag_end) straddle the causal diagonal,
     # [diag_end, tail) need no mask, [tail, n_blocks) cross the end of the sequence.
+    # (query i sees keys j <= i + causal_off; clamped at 0 before dividing)
     n_blocks = tl.cdiv(N_Q, BLOCK_M)
     if CAUSAL:
-        first = start_n // BLOCK_M
-        diag_end = tl.minimum(tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M), n_blocks)
+        first = tl.maximum(start_n - causal_off, 0) // BLOCK_M
+        diag_end = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - causal_off, 0), BLOCK_M), n_blocks)
     else:
         first = 0
         diag_end = 0
@@ -157,17 +158,17 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
                                  dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
                                  offs_n, offs_mb, offs_d, first * BLOCK_M, diag_end * BLOCK_M, N_Q, N_K,
-                                 qk_scale, sm_scale,
+                                 qk_scale, sm_scale, causal_off,
                                  True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
                                  dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
                                  offs_n, offs_mb, offs_d, diag_end * BLOCK_M, tail * BLOCK_M, N_Q, N_K,
-                                 qk_scale, sm_scale,
+                                 qk_scale, sm_scale, causal_off,
                                  False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
                                  dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
                                  offs_n, offs_mb, offs_d, tail * BLOCK_M, n_blocks * BLOCK_M, N_Q, N_K,
-                                 qk_scale, sm_scale,
+                                 qk_scale, sm_scale, causal_off,
                                  True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ)
 
     dk = dk * sm_scale
@@ -244,7 +245,7 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale
                    stride_vb, stride_vh, stride_vn, stride_vd,
                    stride_dob, stride_doh, stride_don, stride_dod,
                    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
-                   H, GROUP, N_Q, N_K,
+                   H, GROUP, N_Q, N_K, causal_off,
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
                    TMA: tl.constexpr):
@@ -271,12 +272,12 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale
 
     k_base = K + off_b * stride_kb + off_hk * stride_kh + offs_d[None, :] * stride_kd
     v_base = V + off_b * stride_vb + off_hk * stride_vh + offs_d[None, :] * stride_vd
-    full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N)
+    full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N, causal_off)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
-                       offs_m, offs_nb, offs_d, 0, full_hi, N_K, qk_scale,
+                       offs_m + causal_off, offs_nb, offs_d, 0, full_hi, N_K, qk_scale,
                        False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
-                       offs_m, offs_nb, offs_d, full_hi, hi, N_K, qk_scale,
+                       offs_m + causal_off, offs_nb, offs_d, full_hi, hi, N_K, qk_scale,
                        True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA)
     dq = dq * sm_scale
     store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqn
@@ -285,7 +286,7 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale
 
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                        lse2: torch.Tensor, config: BwdConfig, *, causal: bool, sm_scale: float,
-                       fp32_precision: str = "tf32", compile_only: bool = False
+                       fp32_precision: str = "tf32", compile_only: bool = False, causal_align: str = "top_left"
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the backward kernels with an explicit config on already-checked inputs.
 
@@ -300,6 +301,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     """
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
+    off = causal_offset(causal_align, N_Q, N_K) if causal else 0
     BLOCK_D = padded_head_dim(D)
     precision = dot_precision(q.dtype, fp32_precision)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -332,7 +334,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             q, k, v, do, parts[0], parts[1], lse2, delta, dq_acc, *(descs_dkdv or (q, do)),
             *(desc_dqa or (dq_acc,)), sm_scale, sm_scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-            H, H // H_KV, N_Q, N_K, split_h, split_q,
+            H, H // H_KV, N_Q, N_K, off, split_h, split_q,
             BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1,
             grid=(cdiv(N_K, config.BLOCK_N1), H_KV * split, B),
             ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, TMA_DQ=desc_dqa is not None, PARTIAL=split > 1, **launch)
@@ -343,7 +345,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                 dq.copy_(dq_acc[..., :D])  # the kernel added dQ already scaled
             return dq, dk, dv
         _launch_dq(q, k, v, do, dq, lse2, delta, config, causal=causal, sm_scale=sm_scale, precision=precision,
-                   int64=int64, compile_only=compile_only)
+                   int64=int64, compile_only=compile_only, causal_off=off)
     return dq, dk, dv
 
 
@@ -370,7 +372,7 @@ def _sum_partials(parts, dk, dv, *, int64: bool, compile_only: bool = False) -> 
 
 
 def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool, sm_scale: float, precision: str,
-               int64: bool, compile_only: bool = False) -> None:
+               int64: bool, compile_only: bool = False, causal_off: int = 0) -> None:
     """The dQ kernel (non-atomic configs), on the current device."""
     B, H, N_Q, D = q.shape
     BLOCK_D = padded_head_dim(D)
@@ -378,7 +380,7 @@ def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool,
     _bwd_dq_kernel.run(
         q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), sm_scale, sm_scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        H, H // k.shape[1], N_Q, k.shape[2],
+        H, H // k.shape[1], N_Q, k.shape[2], causal_off,
         CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
         BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(cdiv(N_Q, config.BLOCK_M2), H, B),
         TMA=descs_dq is not None, num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,

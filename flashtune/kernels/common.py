@@ -18,13 +18,28 @@ INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
-PRECISIONS = ("tf32", "ieee")
+PRECISIONS = ("tf32", "tf32x3", "ieee")
+# The fp32-accurate dots of torch's "highest": "ieee" (true fp32 products). "tf32x3"
+# (three tf32 tensor-core products per dot, the inputs split into a high and a low tf32
+# part) is accepted too; which of the two is faster on the H200, and whether tf32x3 stays
+# within 2x an fp32 attention's error, is not measured yet: benchmarks/fp32_precision.py
+# measures both (docs/shapes.md).
+ACCURATE_FP32 = "ieee"
 
 
 def torch_fp32_precision(dtype: torch.dtype) -> str:
-    """The fp32_precision that follows torch's matmul setting, as SDPA's fp32 matmuls do:
-    "tf32" unless ``torch.get_float32_matmul_precision()`` is "highest" (torch's default)."""
-    return "tf32" if dtype is torch.float32 and torch.get_float32_matmul_precision() != "highest" else "ieee"
+    """The fp32_precision that follows torch's fp32 matmul setting, as torch's own fp32
+    matmuls do: ``torch.backends.cuda.matmul.fp32_precision`` when it says "tf32" or
+    "ieee", else ``torch.get_float32_matmul_precision()``: "high" or "medium" give
+    "tf32", "highest" (torch's default) ACCURATE_FP32. Other dtypes ignore it."""
+    if dtype is not torch.float32:
+        return "tf32"
+    setting = getattr(torch.backends.cuda.matmul, "fp32_precision", "none")
+    if setting == "tf32":
+        return "tf32"
+    if setting == "ieee":
+        return ACCURATE_FP32
+    return "tf32" if torch.get_float32_matmul_precision() != "highest" else ACCURATE_FP32
 
 
 def dot_precision(dtype: torch.dtype, fp32_precision: str) -> str:
@@ -111,15 +126,30 @@ def block_offsets(start, BLOCK: tl.constexpr, INT64: tl.constexpr):
     return offs
 
 
+CAUSAL_ALIGNS = ("top_left", "bottom_right")
+
+
+def causal_offset(causal_align: str, n_q: int, n_k: int) -> int:
+    """The causal mask's diagonal offset: query i sees keys j <= i + offset. 0 aligns the
+    mask top-left (torch SDPA's ``is_causal``); n_k - n_q aligns it bottom-right
+    (FlashAttention's convention, torch's ``causal_lower_right``: the queries are the last
+    n_q positions). Bottom-right with n_q > n_k leaves the first n_q - n_k queries no key:
+    their output is 0 and their log-sum-exp -inf."""
+    if causal_align not in CAUSAL_ALIGNS:
+        raise ValueError(f"causal_align: expected one of {CAUSAL_ALIGNS}, got {causal_align!r}")
+    return n_k - n_q if causal_align == "bottom_right" else 0
+
+
 @triton.jit
-def key_range(start_m, N_K, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def key_range(start_m, N_K, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, causal_off):
     """(full_hi, hi) for a block of queries from start_m walking the keys: keys [0, full_hi)
     need no mask, [full_hi, hi) need the causal and/or sequence-end mask (full_hi is a
-    multiple of BLOCK_N; causal is aligned top-left, query i sees keys j <= i)."""
+    multiple of BLOCK_N; causal: query i sees keys j <= i + causal_off, see causal_offset)."""
     n_full = N_K // BLOCK_N
     if CAUSAL:
-        n_full = tl.minimum(n_full, (start_m + 1) // BLOCK_N)
-        hi = tl.minimum(start_m + BLOCK_M, N_K)
+        # clamped at 0 before dividing: integer division truncates toward zero
+        n_full = tl.minimum(n_full, tl.maximum(start_m + causal_off + 1, 0) // BLOCK_N)
+        hi = tl.maximum(tl.minimum(start_m + BLOCK_M + causal_off, N_K), 0)
     else:
         hi = N_K
     return n_full * BLOCK_N, hi

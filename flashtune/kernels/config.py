@@ -36,6 +36,10 @@ DKDV_MIN_CHUNK = 4
 ATOMIC_DQ_MAX_HEAD_DIM = 128
 # TMA tile loads: run on the H200 for 16-bit inputs up to this padded head dim
 TMA_MAX_HEAD_DIM = 128
+# split-KV forward: at most this many chunks of the keys per query block
+MAX_SPLITS = 128
+# calls with at most this many queries per head take the decode entries of the heuristic tables
+DECODE_MAX_Q = 16
 
 # Shared memory per block (opt-in maximum) by compute capability, used when torch
 # cannot tell (older torch, or the interpreter).
@@ -214,6 +218,20 @@ class FwdConfig(_ConfigBase):
     [1, 8]; tma 0 or 1, 1 only for 16-bit dtypes, head dims up to 128 and compute
     capability 9.0 or newer; the estimated shared memory (the Q tile plus num_stages
     buffers of a K and a V tile) within the device's limit.
+
+    The schedule (kernels/decode.py), for shapes whose query blocks do not fill the GPU:
+    - ``num_splits``: the keys of each query block are cut into this many chunks, each
+      walked by its own program writing a partial output and log-sum-exp, merged exactly
+      by a combine kernel (FlashDecoding). 1: never split; 0 (the default, "auto"): chosen
+      at launch from the shape and the SM count (1 when the query blocks fill the GPU).
+      At most 128.
+    - ``pack_gqa``: 1 packs the query heads sharing a K/V head as rows of one tile, so
+      each K/V tile is read once per group (a decode step reads K/V once); 0 never packs;
+      -1 (the default, "auto") packs when there are grouped heads and one head's queries
+      do not fill a BLOCK_M tile.
+    With either in effect the split kernel runs; its row block is BLOCK_M, shrunk to the
+    power of two (at least 16) that covers the packed rows. Configs stored before these
+    fields existed load with the auto defaults, which run their shapes as before.
     """
 
     BLOCK_M: int
@@ -221,11 +239,13 @@ class FwdConfig(_ConfigBase):
     num_warps: int
     num_stages: int
     tma: int = 0
+    num_splits: int = 0
+    pack_gqa: int = -1
 
     PASS: ClassVar[str] = "fwd"
 
     def __post_init__(self) -> None:
-        self._flags_as_ints("tma")
+        self._flags_as_ints("tma", "pack_gqa")
 
     def label(self) -> str:
         """Compact: ``BLOCK_MxBLOCK_N wW sS``, `` tma`` when tiles load through TMA."""
@@ -238,6 +258,12 @@ class FwdConfig(_ConfigBase):
         _check_block("BLOCK_N", self.BLOCK_N)
         _check_launch(self.num_warps, self.num_stages)
         _check_flag("tma", self.tma)
+        if not isinstance(self.num_splits, int) or isinstance(self.num_splits, bool) \
+                or not 0 <= self.num_splits <= MAX_SPLITS:
+            raise ConfigError(f"num_splits: expected an integer in [0, {MAX_SPLITS}] (0: auto), "
+                              f"got {self.num_splits!r}")
+        if not isinstance(self.pack_gqa, int) or isinstance(self.pack_gqa, bool) or self.pack_gqa not in (-1, 0, 1):
+            raise ConfigError(f"pack_gqa: expected -1 (auto), 0 or 1, got {self.pack_gqa!r}")
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         d, e = padded_head_dim(head_dim), _element_size(dtype)
@@ -454,7 +480,10 @@ _SM90_FWD = {
     # bf16 D=128 causal: 64x64 with TMA loads, the search's winner at N=1k..16k (report of
     # ae407ed in docs/tuning.md; TMA is 1.08x / 1.03x the pointer loads at N=1k / 4k,
     # docs/data/h200-2026-11-30/fwd_tma.json).
-    (_bf, 128): _F(64, 64, 4, 3, tma=1), (_bf, 256): _F(64, 32, 4, 3),
+    # D=256: 128x64, 8 warps, 2 stages, 1.26x the 64x32 w4 s3 default before it on
+    # gemma2-d256-train-4k (B=1, 16/8 heads, N=4096, causal; benchmarks/shapes.py --sweep, H200,
+    # 2026-12-01, docs/shapes.md)
+    (_bf, 128): _F(64, 64, 4, 3, tma=1), (_bf, 256): _F(128, 64, 8, 2),
     # bf16 D=128 non-causal: 64x128, 4 warps, one stage, TMA loads: the search's winner at
     # N=1k..16k, 1.22x / 1.12x / 1.08x the 128x128 w8 s3 TMA default before it (report of
     # ae407ed, docs/tuning.md).
@@ -484,7 +513,21 @@ _SM90_BWD = {
     (_f32, 64): _B(32, 64, 64, 32, 4, 2), (_f32, 128): _B(32, 64, 64, 32, 4, 1),
     (_f32, 256): _B(16, 32, 32, 16, 4, 1),
 }
+# Decode (at most DECODE_MAX_Q queries per head): the split kernel with auto splits and
+# grouped-query packing; BLOCK_M shrinks at launch to cover the packed rows, so the entry
+# sizes K/V tiles and the pipeline depth for streaming the keys.
+# Sweeps of 2026-12-01 on the H200 (benchmarks/shapes.py --sweep, docs/shapes.md): at D=128
+# BLOCK_N 64/128 with 4 warps and 2 stages were within 2 % of the best on the three
+# decode rows; at D=256 BLOCK_N=64, 2 stages was the best of both sweeps (host-bound
+# timings: +-15 % between identical launches).
+for _d in (16, 32, 64, 128):
+    _SM90_FWD[(_bf, _d, "decode")] = _F(64, 128, 4, 2)
+    _SM90_FWD[(_f32, _d, "decode")] = _F(32, 64, 4, 2)
+_SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 2)
+_SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
 _GENERIC_FWD = {(_bf, d): _F(64, 32, 4, 2) for d in (16, 32, 64, 128, 256)}
+_GENERIC_FWD.update({(_bf, d, "decode"): _F(32, 64, 4, 2) for d in (16, 32, 64, 128, 256)})
+_GENERIC_FWD.update({(_f32, d, "decode"): _F(32, 32, 4, 2) for d in (16, 32, 64, 128, 256)})
 _GENERIC_FWD.update({(_f32, d): _F(32, 32, 4, 2) for d in (16, 32, 64, 128, 256)})
 _GENERIC_BWD = {(_bf, d): _B(32, 32, 32, 32, 4, 2) for d in (16, 32, 64, 128, 256)}
 _GENERIC_BWD.update({(_f32, d): _B(16, 32, 32, 16, 4, 1) for d in (16, 32, 64, 128, 256)})
@@ -530,17 +573,22 @@ def resolve_device(device=None) -> torch.device:
     return dev
 
 
-def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None):
+def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None,
+                   seq_q: int | None = None):
     """The heuristic config for a pass ("fwd" or "bwd") on ``device``.
 
     Walks the tables from the device's architecture down to the generic one and
     returns the first entry that validates on the device; within a table an entry for
-    this masking ((dtype, head_dim, causal)) comes before the one for both.
+    decode ((dtype, head_dim, "decode"), forward calls with ``seq_q`` at most
+    DECODE_MAX_Q) comes first, then one for this masking ((dtype, head_dim, causal)),
+    then the one for both.
     """
     config_class(pass_)  # a bad pass raises ValueError
     cap = device_capability(device)
     key = (_bf if dtype == _fp else dtype, padded_head_dim(head_dim))
     keys = [key] if causal is None else [(*key, bool(causal)), key]
+    if pass_ == "fwd" and seq_q is not None and seq_q <= DECODE_MAX_Q:
+        keys.insert(0, (*key, "decode"))
     candidates = [tables[0 if pass_ == "fwd" else 1].get(k)
                   for c, tables in sorted(HEURISTICS.items(), reverse=True) if c <= cap for k in keys]
     candidates.append(_SMALLEST_FWD if pass_ == "fwd" else _SMALLEST_BWD)

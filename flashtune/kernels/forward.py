@@ -2,9 +2,12 @@
 
 Layout is torch SDPA's: q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D), any strides.
 Query head h reads key/value head h // (Hq // Hkv) (grouped-query attention).
-Causal follows torch SDPA's ``is_causal``: query i sees keys j <= i (the mask is
-aligned to the top-left corner, also when Nq != Nk). The K and V tiles load through
-pointers or, with ``config.tma``, through TMA descriptors (common.tma_descriptors).
+Causal follows torch SDPA's ``is_causal`` by default: query i sees keys j <= i (the mask
+is aligned to the top-left corner, also when Nq != Nk); ``causal_align="bottom_right"``
+aligns it to the bottom-right corner (common.causal_offset). The K and V tiles load
+through pointers or, with ``config.tma``, through TMA descriptors (common.tma_descriptors).
+Shapes whose query blocks do not fill the GPU (decode) run the split kernel of
+kernels/decode.py instead (FwdConfig's num_splits and pack_gqa).
 """
 
 from __future__ import annotations
@@ -13,14 +16,14 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (LOG2E, block_offsets, dot_precision, key_range, load_tile, needs_int64,
-                                      on_device, store_tile, tma_descriptors, tma_tile)
+from flashtune.kernels.common import (LOG2E, block_offsets, causal_offset, dot_precision, key_range, load_tile,
+                                      needs_int64, on_device, store_tile, tma_descriptors, tma_tile)
 from flashtune.kernels.config import FwdConfig, padded_head_dim
 
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, desc_v, off_b, off_hk,
-               offs_m, offs_nb, offs_d, lo, hi, N_K, qk_scale,
+               last_key, offs_nb, offs_d, lo, hi, N_K, qk_scale,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
                SCALE_POSITIVE: tl.constexpr):
@@ -36,20 +39,26 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
         if MASK:
             valid = offs_n[None, :] < N_K
             if CAUSAL:
-                valid = valid & (offs_n[None, :] <= offs_m[:, None])
+                valid = valid & (offs_n[None, :] <= last_key[:, None])
             qk = tl.where(valid, qk, float("-inf"))
-        # The first block visited always holds key 0, which every row may see, so
-        # m_new is finite from the first iteration on.
+        if SCALE_POSITIVE:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_use = m_new
+        if MASK and CAUSAL:
+            # a row that sees no key of the blocks so far (bottom-right with Nq > Nk, or a
+            # chunk of the split kernel) keeps m = -inf: subtract 0 instead, so p = 0, not NaN.
+            # Unmasked blocks and the top-left mask's first block give every row a key.
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         if SCALE_POSITIVE:
             # a positive scale commutes with the row max: scale the max, then one
             # multiply-add per score (scale and subtract) instead of a multiply and a subtract
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+            p = tl.math.exp2(qk * qk_scale - m_use[:, None])
         else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            p = tl.math.exp2(qk - m_new[:, None])
+            p = tl.math.exp2(qk - m_use[:, None])
         # rescale the running sum and accumulator: the row max moved
-        alpha = tl.math.exp2(m_i - m_new)
+        alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         if TMA:
             v = tma_tile(desc_v, off_b, off_hk, start_n, BLOCK_N, BLOCK_D)
@@ -66,7 +75,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
                      stride_ob, stride_oh, stride_on, stride_od,
-                     H, GROUP, N_Q, N_K,
+                     H, GROUP, N_Q, N_K, causal_off,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                      INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr):
@@ -95,15 +104,19 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale,
 
     # Key blocks [0, full_hi) need no mask; [full_hi, hi) need the causal and/or
     # sequence-end mask.
-    full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N)
+    full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N, causal_off)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
-                               offs_m, offs_nb, offs_d, 0, full_hi, N_K, qk_scale,
+                               offs_m + causal_off, offs_nb, offs_d, 0, full_hi, N_K, qk_scale,
                                False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
-                               offs_m, offs_nb, offs_d, full_hi, hi, N_K, qk_scale,
+                               offs_m + causal_off, offs_nb, offs_d, full_hi, hi, N_K, qk_scale,
                                True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE)
 
-    acc = acc / l_i[:, None]
+    if CAUSAL:
+        # rows that saw no key (bottom-right, Nq > Nk): output 0, log-sum-exp -inf
+        acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    else:
+        acc = acc / l_i[:, None]
     o_ptrs = O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     store_tile(o_ptrs, acc.to(O.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D)
     # log-sum-exp in base 2 units of the scaled scores: lse2 = log2(sum_j 2^(s_j))
@@ -113,8 +126,12 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale,
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FwdConfig, *,
                       causal: bool, sm_scale: float, fp32_precision: str = "tf32",
-                      compile_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                      compile_only: bool = False, causal_align: str = "top_left") -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel with an explicit config on already-checked inputs.
+
+    ``causal_align``: "top_left" (SDPA's is_causal) or "bottom_right" (common.causal_offset).
+    The split kernel of kernels/decode.py runs instead when the config's schedule asks
+    for it on this shape (decode.plan_schedule).
 
     ``compile_only`` compiles (or, inside triton's AsyncCompileMode, queues the compile
     of) the kernel without launching it; the outputs are then left uninitialised.
@@ -124,18 +141,25 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     """
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
+    off = causal_offset(causal_align, N_Q, N_K) if causal else 0
+    schedule = plan_schedule(config, B, H, k.shape[1], N_Q, N_K, q.device)
+    if schedule is not None:
+        return split_forward(q, k, v, config, schedule, causal=causal, causal_off=off, sm_scale=sm_scale,
+                             precision=dot_precision(q.dtype, fp32_precision), compile_only=compile_only)
     o = torch.empty_like(q)
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     BLOCK_D = padded_head_dim(D)
     # K and V tiles through TMA descriptors when the config asks and the copy engine can
     # address the tensors; otherwise (or for the unused arguments) the pointer loads
     descs = tma_descriptors(config.tma, (k, v), config.BLOCK_N, BLOCK_D)
-    grid = (triton.cdiv(N_Q, config.BLOCK_M), H, B)  # CUDA caps grid y and z at 65535
+    # CUDA caps grid y and z at 65535; plain int division: triton.cdiv is a jit function,
+    # ~10 us of host time per call through its wrapper
+    grid = (-(-N_Q // config.BLOCK_M), H, B)
     with on_device(q):
         _attn_fwd_kernel.run(
             q, k, v, o, lse2, *(descs or (k, v)), sm_scale * LOG2E,
             *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-            H, H // k.shape[1], N_Q, N_K,
+            H, H // k.shape[1], N_Q, N_K, off,
             CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D,
             BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
             PRECISION=dot_precision(q.dtype, fp32_precision), INT64=needs_int64(q, k, v, o), TMA=descs is not None,
@@ -144,3 +168,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
             grid=grid, warmup=compile_only,
         )
     return o, lse2
+
+
+# The split kernel walks the keys with _fwd_inner above: imported once this module is whole.
+from flashtune.kernels.decode import plan_schedule, split_forward  # noqa: E402

@@ -9,14 +9,14 @@ import numbers
 import torch
 
 from flashtune.kernels.backward import attention_backward
-from flashtune.kernels.common import INTERPRETER, LN2, PRECISIONS
-from flashtune.kernels.config import MAX_HEAD_DIM, BwdConfig, FwdConfig, default_config
+from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, torch_fp32_precision
+from flashtune.kernels.config import DECODE_MAX_Q, MAX_HEAD_DIM, BwdConfig, FwdConfig, default_config
 from flashtune.kernels.forward import attention_forward
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32") -> float:
+def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32", causal_align="top_left") -> float:
     """Raise TypeError/ValueError naming the argument for anything the kernels cannot run.
 
     Returns the softmax scale to use.
@@ -58,6 +58,8 @@ def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32")
         raise TypeError(f"causal: expected a bool, got {kind.__module__}.{kind.__qualname__} {causal!r}")
     if fp32_precision not in PRECISIONS:
         raise ValueError(f"fp32_precision: expected one of {PRECISIONS}, got {fp32_precision!r}")
+    if causal_align not in CAUSAL_ALIGNS:
+        raise ValueError(f"causal_align: expected one of {CAUSAL_ALIGNS}, got {causal_align!r}")
     if sm_scale is None:
         return 1.0 / math.sqrt(D)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale):
@@ -71,18 +73,20 @@ def _validated(config, head_dim: int, dtype: torch.dtype, device: torch.device):
 
 
 @functools.lru_cache(maxsize=1024)
-def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool):
-    return default_config(pass_, head_dim, dtype, device, causal=causal)
+def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool, decode: bool):
+    return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=1 if decode else None)
 
 
 def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = False) -> tuple[FwdConfig, BwdConfig]:
-    """The configs to launch with: the given ones, validated, or the heuristic defaults."""
+    """The configs to launch with: the given ones, validated, or the heuristic defaults
+    (the forward's decode entry for at most DECODE_MAX_Q queries)."""
     D, dtype, device = q.shape[-1], q.dtype, q.device
+    decode = q.shape[2] <= DECODE_MAX_Q
     resolved = []
     for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
                                   ("bwd_config", bwd_config, BwdConfig, "bwd")):
         if cfg is None:
-            resolved.append(_default(pass_, D, dtype, device, bool(causal)))
+            resolved.append(_default(pass_, D, dtype, device, bool(causal), decode and pass_ == "fwd"))
         elif not isinstance(cfg, cls):
             raise TypeError(f"{name}: expected a {cls.__name__} or None, got {type(cfg).__name__}")
         else:
@@ -95,11 +99,11 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
 
 class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision):
+    def forward(ctx, q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, causal_align="top_left"):
         o, lse2 = attention_forward(q, k, v, fwd_config, causal=causal, sm_scale=sm_scale,
-                                    fp32_precision=fp32_precision)
+                                    fp32_precision=fp32_precision, causal_align=causal_align)
         ctx.save_for_backward(q, k, v, o, lse2)
-        ctx.causal, ctx.sm_scale = causal, sm_scale
+        ctx.causal, ctx.sm_scale, ctx.causal_align = causal, sm_scale, causal_align
         ctx.bwd_config, ctx.fp32_precision = bwd_config, fp32_precision
         ctx.mark_non_differentiable(lse2)
         ctx.set_materialize_grads(False)  # lse2 has no gradient: no zero tensor per backward
@@ -108,39 +112,58 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _dlse2):
         if do is None:  # o took no part in the loss
-            return (None,) * 8
+            return (None,) * 9
         q, k, v, o, lse2 = ctx.saved_tensors
         dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.bwd_config, causal=ctx.causal,
-                                        sm_scale=ctx.sm_scale, fp32_precision=ctx.fp32_precision)
-        return dq, dk, dv, None, None, None, None, None
+                                        sm_scale=ctx.sm_scale, fp32_precision=ctx.fp32_precision,
+                                        causal_align=ctx.causal_align)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               sm_scale: float | None = None, fwd_config: FwdConfig | None = None,
               bwd_config: BwdConfig | None = None, return_lse: bool = False,
-              fp32_precision: str = "tf32"):
+              fp32_precision: str | None = None, causal_align: str = "top_left"):
     """FlashAttention, differentiable, in torch SDPA's layout.
 
     q is (batch, heads_q, seq_q, head_dim); k and v are (batch, heads_kv, seq_k, head_dim)
     with heads_q a multiple of heads_kv (grouped-query attention). Any strides work,
     and outputs come back in q's layout. ``causal`` follows SDPA's ``is_causal``: query i
-    sees keys j <= i, aligned top-left when seq_q != seq_k. ``sm_scale`` defaults to
-    1/sqrt(head_dim). ``fwd_config``/``bwd_config`` default to the heuristic table for
-    this GPU. float32 inputs use tf32 tensor-core dots unless ``fp32_precision="ieee"``.
+    sees keys j <= i, aligned top-left when seq_q != seq_k; with
+    ``causal_align="bottom_right"`` query i sees keys j <= i + seq_k - seq_q (FlashAttention's
+    convention, torch's ``causal_lower_right``; queries that see no key, when seq_q > seq_k,
+    get 0). ``sm_scale`` defaults to 1/sqrt(head_dim). ``fwd_config``/``bwd_config``
+    default to the heuristic table for this GPU.
+
+    float32 inputs follow torch's fp32 matmul precision unless ``fp32_precision`` says
+    otherwise: ``torch.backends.cuda.matmul.fp32_precision`` "tf32" or
+    ``torch.get_float32_matmul_precision()`` "high"/"medium" give "tf32" dots (10-bit
+    mantissa, fastest); otherwise (torch's default, "highest") fp32-accurate "ieee" dots
+    (see common.torch_fp32_precision). ``fp32_precision`` is one of "tf32", "tf32x3"
+    (three tf32 products per dot), "ieee".
 
     Returns o, or (o, lse) with ``return_lse=True``: lse is (batch, heads_q, seq_q) float32,
     the natural-log log-sum-exp of the scaled scores of each query row. Gradients flow
     through o only: lse is returned for inspection and is not differentiable.
     """
-    scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, fp32_precision=fp32_precision)
-    if torch.compiler.is_compiling():  # one traceable operator per pass, configs resolved in it (kernels/ops.py)
+    compiling = torch.compiler.is_compiling()
+    if fp32_precision is None and not compiling:  # compiled: the operator reads torch's setting when it runs
+        fp32_precision = torch_fp32_precision(q.dtype) if isinstance(q, torch.Tensor) else "tf32"
+    scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, fp32_precision=fp32_precision or "tf32",
+                         causal_align=causal_align)
+    if compiling:  # one traceable operator per pass, configs resolved in it on the real shapes (kernels/ops.py)
         from flashtune.kernels.ops import compiled_attention
 
         o, lse2 = compiled_attention(q, k, v, causal=causal, sm_scale=scale, fwd_config=fwd_config,
-                                     bwd_config=bwd_config, fp32_precision=fp32_precision)
+                                     bwd_config=bwd_config, fp32_precision=fp32_precision or "",
+                                     causal_align=causal_align)
     else:
         fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal)
-        o, lse2 = FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            o, lse2 = FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision, causal_align)
+        else:  # nothing to differentiate: the launcher alone, without autograd's cost per call
+            o, lse2 = attention_forward(q, k, v, fwd, causal=causal, sm_scale=scale, fp32_precision=fp32_precision,
+                                        causal_align=causal_align)
     if return_lse:
         return o, lse2 * LN2
     return o

@@ -1,7 +1,7 @@
 """flashtune's attention as PyTorch operators, for torch.compile.
 
 ``torch.ops.flashtune.attention(q, k, v, causal, sm_scale, fwd_config, bwd_config,
-fp32_precision, table)`` returns ``(o, lse2)`` and is differentiable: its backward is
+fp32_precision, causal_align, table)`` returns ``(o, lse2)`` and is differentiable: its backward is
 ``torch.ops.flashtune.attention_backward``. Both have fake (meta) implementations, so
 torch.compile traces a call as one node per pass with no graph break, dynamic shapes
 included, and Inductor schedules around it.
@@ -73,16 +73,16 @@ def table_token(attention) -> str:
 
 @torch.library.custom_op("flashtune::attention", mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float,
-                 fwd_config: str, bwd_config: str, fp32_precision: str, table: str
+                 fwd_config: str, bwd_config: str, fp32_precision: str, causal_align: str, table: str
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward: (o, lse2), lse2 the base-2 log-sum-exp the backward takes."""
     fwd, _ = _configs(q, k, v, causal, sm_scale, fwd_config, bwd_config, table)
     return attention_forward(q, k, v, fwd, causal=causal, sm_scale=sm_scale,
-                             fp32_precision=fp32_precision or torch_fp32_precision(q.dtype))
+                             fp32_precision=fp32_precision or torch_fp32_precision(q.dtype), causal_align=causal_align)
 
 
 @attention_op.register_fake
-def _attention_fake(q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, table):
+def _attention_fake(q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, causal_align, table):
     # the launcher's outputs: o like q (its strides too), lse2 (B, Hq, Nq) contiguous fp32
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
@@ -90,40 +90,43 @@ def _attention_fake(q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_prec
 @torch.library.custom_op("flashtune::attention_backward", mutates_args=())
 def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                           lse2: torch.Tensor, causal: bool, sm_scale: float, fwd_config: str, bwd_config: str,
-                          fp32_precision: str, table: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          fp32_precision: str, causal_align: str, table: str
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward: (dq, dk, dv) in the layouts of q, k and v."""
     _, bwd = _configs(q, k, v, causal, sm_scale, fwd_config, bwd_config, table)
     return attention_backward(do, q, k, v, o, lse2, bwd, causal=causal, sm_scale=sm_scale,
-                              fp32_precision=fp32_precision or torch_fp32_precision(q.dtype))
+                              fp32_precision=fp32_precision or torch_fp32_precision(q.dtype),
+                              causal_align=causal_align)
 
 
 @attention_backward_op.register_fake
-def _attention_backward_fake(do, q, k, v, o, lse2, causal, sm_scale, fwd_config, bwd_config, fp32_precision, table):
+def _attention_backward_fake(do, q, k, v, o, lse2, causal, sm_scale, fwd_config, bwd_config, fp32_precision,
+                             causal_align, table):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, table = inputs
+    q, k, v, *arguments = inputs
     o, lse2 = output
     ctx.save_for_backward(q, k, v, o, lse2)
-    ctx.arguments = (causal, sm_scale, fwd_config, bwd_config, fp32_precision, table)
+    ctx.arguments = tuple(arguments)  # causal ... table: the backward operator's arguments after lse2
     ctx.mark_non_differentiable(lse2)
 
 
 def _backward(ctx, do, _dlse2):
     q, k, v, o, lse2 = ctx.saved_tensors
     dq, dk, dv = attention_backward_op(do, q, k, v, o, lse2, *ctx.arguments)
-    return dq, dk, dv, None, None, None, None, None, None
+    return (dq, dk, dv) + (None,) * len(ctx.arguments)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def compiled_attention(q, k, v, *, causal: bool, sm_scale: float, fwd_config, bwd_config, fp32_precision: str,
-                       table: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+                       causal_align: str = "top_left", table: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     """The operator call for checked inputs and configs (None: chosen, and validated, at run time)."""
     for name, config, cls in (("fwd_config", fwd_config, FwdConfig), ("bwd_config", bwd_config, BwdConfig)):
         if config is not None and not isinstance(config, cls):
             raise TypeError(f"{name}: expected a {cls.__name__} or None, got {type(config).__name__}")
     return attention_op(q, k, v, causal, sm_scale, config_json(fwd_config), config_json(bwd_config),
-                        fp32_precision, table)
+                        fp32_precision, causal_align, table)

@@ -9,11 +9,14 @@ import torch
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                        sm_scale: float | None = None, dtype: torch.dtype = torch.float32):
+                        sm_scale: float | None = None, dtype: torch.dtype = torch.float32,
+                        causal_align: str = "top_left"):
     """Return (o, lse) computed as written in the paper, in ``dtype``.
 
     Follows torch SDPA's conventions: grouped-query heads (query head h uses key head
-    h // (Hq // Hkv)), causal mask aligned top-left (query i sees keys j <= i).
+    h // (Hq // Hkv)), causal mask aligned top-left (query i sees keys j <= i), or with
+    ``causal_align="bottom_right"`` query i sees keys j <= i + Nk - Nq (a query that sees
+    no key gets o = 0 and lse = -inf; its gradients are not defined here).
     lse is the natural-log log-sum-exp of the scaled scores, (B, Hq, Nq).
     """
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
@@ -25,10 +28,13 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if causal:
         n_q, n_k = q.shape[2], k.shape[2]
-        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril()
+        diagonal = n_k - n_q if causal_align == "bottom_right" else 0
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(diagonal)
         s = s.masked_fill(~keep, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None])
+    if causal and not keep.any(dim=-1).all():
+        p = p.masked_fill(~keep, 0.0)  # rows without a key: exp(-inf - -inf) is NaN
     return torch.matmul(p, v), lse
 
 

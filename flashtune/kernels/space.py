@@ -19,6 +19,10 @@ FWD_SPACE: dict[str, list[int]] = {
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3, 4],
     "tma": [0, 1],
+    # the schedule (kernels/decode.py): 0 / -1 are "auto" (chosen at launch from the shape);
+    # the tuning key cannot tell decode shapes apart yet, so few explicit values
+    "num_splits": [0, 1, 4, 16],
+    "pack_gqa": [-1, 0, 1],
 }
 
 # dK/dV holds keys (BLOCK_N1) and walks queries (BLOCK_M1); dQ holds queries (BLOCK_M2)

@@ -54,7 +54,8 @@ def test_list_json(invoke, db):
     del record["created_at"], record["updated_at"]
     assert record == {
         "gpu": H200.key, "dtype": "bfloat16", "head_dim": 64, "seq_len": 2048, "causal": True, "pass": "fwd",
-        "config": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0}, "time_ms": 0.75,
+        "config": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0, "num_splits": 0,
+                   "pack_gqa": -1}, "time_ms": 0.75,
         "tflops": 512.5, "default_time_ms": 1.5, "error": 0.125, "n_trials": 16, "speedup": 2.0,
         "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": "3.6.0",
                        "torch_version": "2.11.0+cu130", "cuda_version": "13.0",
@@ -70,7 +71,8 @@ def test_list_csv(invoke, db):
     row = rows[0]
     assert (row["gpu"], row["pass"], row["causal"], row["time_ms"], row["default_time_ms"], row["speedup"]) == \
         (H200.key, "fwd", "False", "0.375", "", "")
-    assert json.loads(row["config"]) == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0}
+    assert json.loads(row["config"]) == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0,
+                                         "num_splits": 0, "pack_gqa": -1}
     assert out.output.splitlines()[0].startswith("gpu,dtype,head_dim,seq_len,causal,pass,config,time_ms,")
 
 

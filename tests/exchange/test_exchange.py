@@ -72,7 +72,8 @@ def test_the_file_layout(tmp_path):
     entry = document["tables"][0]["entries"][0]
     assert entry == {
         "dtype": "bfloat16", "head_dim": 64, "seq_len": 1024, "causal": True, "pass": "fwd",
-        "config": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0},
+        "config": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0, "num_splits": 0,
+                   "pack_gqa": -1},
         "time_ms": 0.25, "tflops": 512.5, "default_time_ms": 0.5, "error": 0.125, "n_trials": 16,
         "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": "3.6.0",
                        "torch_version": "2.11.0+cu130", "cuda_version": "13.0",

@@ -23,6 +23,7 @@ import zlib
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from flashtune.kernels import BwdConfig, FwdConfig, attention, reference_attention
 from flashtune.tolerance import Tolerance, baseline_dtype, uses_tf32
@@ -69,12 +70,18 @@ class Case:
     layout: str = "bhnd"
     do_layout: str = "bhnd"
     sm_scale: float | None = None
+    causal_align: str = "top_left"
 
     def __str__(self) -> str:
         hq, hkv = self.heads
-        parts = [self.dtype, "causal" if self.causal else "full", f"q{self.n_q}k{self.n_k}", f"d{self.head_dim}",
+        causal = "causal" if self.causal else "full"
+        if self.causal and self.causal_align == "bottom_right":
+            causal = "causalbr"
+        parts = [self.dtype, causal, f"q{self.n_q}k{self.n_k}", f"d{self.head_dim}",
                  f"b{self.batch}h{hq}" if hq == hkv else f"b{self.batch}h{hq}kv{hkv}"]
         parts.append("fwd" + ("default" if self.fwd is None else f"{self.fwd.BLOCK_M}x{self.fwd.BLOCK_N}"))
+        if self.fwd is not None and (self.fwd.num_splits, self.fwd.pack_gqa) != (0, -1):
+            parts.append(f"split{self.fwd.num_splits}pack{self.fwd.pack_gqa}")
         if self.bwd is None:
             parts.append("bwddefault")
         else:
@@ -140,9 +147,10 @@ class Outputs:
     dv: torch.Tensor
 
 
-def flashtune_outputs(q, k, v, do, *, causal, sm_scale, fwd_config, bwd_config, fp32_precision) -> Outputs:
+def flashtune_outputs(q, k, v, do, *, causal, sm_scale, fwd_config, bwd_config, fp32_precision,
+                      causal_align="top_left") -> Outputs:
     o, lse = attention(q, k, v, causal=causal, sm_scale=sm_scale, fwd_config=fwd_config, bwd_config=bwd_config,
-                       return_lse=True, fp32_precision=fp32_precision)
+                       return_lse=True, fp32_precision=fp32_precision, causal_align=causal_align)
     # autograd.grad returns the backward's tensors as they are (no .grad accumulation),
     # so their strides are the kernel's.
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
@@ -153,10 +161,11 @@ def _leaves(q, k, v, dtype):
     return tuple(x.detach().to(dtype).requires_grad_() for x in (q, k, v))
 
 
-def reference_outputs(q, k, v, do, *, causal, sm_scale, dtype=torch.float64) -> Outputs:
+def reference_outputs(q, k, v, do, *, causal, sm_scale, dtype=torch.float64, causal_align="top_left") -> Outputs:
     """``reference_attention`` in ``dtype`` (float64: the truth), grads through autograd."""
     qr, kr, vr = _leaves(q, k, v, dtype)
-    o, lse = reference_attention(qr, kr, vr, causal=causal, sm_scale=sm_scale, dtype=dtype)
+    o, lse = reference_attention(qr, kr, vr, causal=causal, sm_scale=sm_scale, dtype=dtype,
+                                 causal_align=causal_align)
     dq, dk, dv = torch.autograd.grad(o, (qr, kr, vr), do.to(dtype))
     return Outputs(o.detach(), lse.detach(), dq, dk, dv)
 
@@ -180,17 +189,21 @@ def torch_precision(dtype: torch.dtype, tf32: bool):
         setattr(matmul, setting, matmul_prev)
 
 
-def sdpa_outputs(q, k, v, do, *, causal, sm_scale, dtype, tf32=False) -> Outputs:
-    """torch SDPA (math backend) in ``dtype``; lse from ``reference_attention`` in fp32."""
+def sdpa_outputs(q, k, v, do, *, causal, sm_scale, dtype, tf32=False, causal_align="top_left") -> Outputs:
+    """torch SDPA (math backend) in ``dtype``; lse from ``reference_attention`` in fp32.
+    Bottom-right causal through torch's ``causal_lower_right`` mask."""
     qs, ks, vs = _leaves(q, k, v, dtype)
+    mask = None
+    if causal and causal_align == "bottom_right":
+        mask, causal = causal_lower_right(q.shape[2], k.shape[2]), False
     with torch_precision(dtype, tf32):
-        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=sm_scale,
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=sm_scale, attn_mask=mask,
                                            enable_gqa=q.shape[1] != k.shape[1])
         dq, dk, dv = torch.autograd.grad(o, (qs, ks, vs), do.to(dtype))
         lse = None
         if dtype != torch.float64:
-            lse = reference_attention(q.detach(), k.detach(), v.detach(), causal=causal, sm_scale=sm_scale,
-                                      dtype=torch.float32)[1]
+            lse = reference_attention(q.detach(), k.detach(), v.detach(), causal=causal or mask is not None,
+                                      sm_scale=sm_scale, dtype=torch.float32, causal_align=causal_align)[1]
     return Outputs(o.detach(), lse, dq, dk, dv)
 
 
@@ -235,7 +248,8 @@ def assert_close_to_reference(name: str, actual: torch.Tensor, truth: torch.Tens
 
 
 def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None, fwd_config=None,
-                    bwd_config=None, check_strides: bool = True, cross_check_reference: bool = True) -> dict:
+                    bwd_config=None, check_strides: bool = True, cross_check_reference: bool = True,
+                    causal_align: str = "top_left") -> dict:
     """Run flashtune forward+backward and check O, LSE, dQ, dK, dV and output layouts.
 
     Returns the max errors by name (for reporting).
@@ -243,7 +257,7 @@ def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None
     dtype, precision = DTYPES[dtype_name]
     tol = tolerance(dtype_name, q.device)
     ours = flashtune_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, fwd_config=fwd_config,
-                             bwd_config=bwd_config, fp32_precision=precision)
+                             bwd_config=bwd_config, fp32_precision=precision, causal_align=causal_align)
 
     B, Hq, Nq, _ = q.shape
     assert ours.o.dtype == q.dtype and ours.o.shape == q.shape
@@ -254,17 +268,19 @@ def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None
         for name, out, inp in (("o", ours.o, q), ("dq", ours.dq, q), ("dk", ours.dk, k), ("dv", ours.dv, v)):
             assert out.stride() == inp.stride(), f"{name}: strides {out.stride()}, expected the input's {inp.stride()}"
 
-    truth = reference_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale)
+    align = dict(causal_align=causal_align)
+    truth = reference_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, **align)
     if cross_check_reference:
-        sdpa64 = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, dtype=torch.float64)
+        sdpa64 = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, dtype=torch.float64, **align)
         for name in ("o", "dq", "dk", "dv"):
             torch.testing.assert_close(getattr(truth, name), getattr(sdpa64, name), rtol=1e-7, atol=1e-9,
                                        msg=lambda m, name=name: f"reference_attention vs SDPA float64, {name}: {m}")
     tf32 = uses_tf32(dtype, q.device, precision)
-    torch_low = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, dtype=baseline_dtype(dtype, tf32=tf32))
+    torch_low = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, dtype=baseline_dtype(dtype, tf32=tf32),
+                             **align)
 
     errors = {"lse": assert_close_to_reference("lse", ours.lse, truth.lse, torch_low.lse, tol=tol, lse=True)}
-    s_max = max_visible_score(q, k, sm_scale, causal) if dtype == torch.float32 else 0.0
+    s_max = max_visible_score(q, k, sm_scale, causal, causal_align) if dtype == torch.float32 else 0.0
     for name in ("o", "dq", "dk", "dv"):
         slack = 0.0 if name == "o" else recompute_slack(s_max, getattr(truth, name))
         errors[name] = assert_close_to_reference(name, getattr(ours, name), getattr(truth, name),
@@ -272,7 +288,7 @@ def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None
     return errors
 
 
-def max_visible_score(q, k, sm_scale, causal) -> float:
+def max_visible_score(q, k, sm_scale, causal, causal_align="top_left") -> float:
     """max |S| over the scores a query sees, exact on small (CPU) shapes; 0 on large ones,
     where the Cauchy-Schwarz bound would be loose and the scores are small anyway."""
     if q.shape[2] * k.shape[2] * q.shape[0] * q.shape[1] > 1 << 22:
@@ -281,7 +297,8 @@ def max_visible_score(q, k, sm_scale, causal) -> float:
     kk = k.detach().double().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     s = (q.detach().double() @ kk.transpose(-1, -2)).abs() * abs(scale)
     if causal:
-        s = s * torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=s.device).tril()
+        diagonal = k.shape[2] - q.shape[2] if causal_align == "bottom_right" else 0
+        s = s * torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=s.device).tril(diagonal)
     return s.max().item()
 
 
@@ -296,4 +313,5 @@ def recompute_slack(s_max: float, grad_truth) -> float:
 def run_case(case: Case, device) -> dict:
     q, k, v, do = case_inputs(case, device)
     return check_attention(q, k, v, do, dtype_name=case.dtype, causal=case.causal, sm_scale=case.sm_scale,
-                           fwd_config=case.fwd, bwd_config=case.bwd, check_strides=case.layout in DENSE_LAYOUTS)
+                           fwd_config=case.fwd, bwd_config=case.bwd, check_strides=case.layout in DENSE_LAYOUTS,
+                           causal_align=case.causal_align)

@@ -34,6 +34,7 @@ from kernel_checks import (
 from flashtune.kernels import (BwdConfig, ConfigError, FwdConfig, attention, attention_backward, attention_forward,
                                default_config)
 from flashtune.kernels.common import LN2
+from flashtune.kernels.decode import plan_schedule
 from flashtune.kernels.space import candidates
 
 pytestmark = pytest.mark.gpu
@@ -192,9 +193,28 @@ def test_every_search_space_config(pass_, head_dim, causal):
     assert configs, f"candidates({pass_!r}) is empty"
     if pass_ == "bwd":
         configs = kernel_cover(configs, head_dim, SPACE_DTYPE)
+    else:
+        configs = fwd_kernel_cover(configs)
     summary, failures = check_configs(pass_, configs, head_dim=head_dim, causal=causal, device=torch.device("cuda"))
     print(summary)
     assert not failures, summary + "\n" + "\n".join(failures)
+
+
+def fwd_kernel_cover(configs):
+    """The forward space's schedule fields (num_splits, pack_gqa) multiply it without new
+    kernels: keep, in order, each config whose launch on SPACE_SHAPE (its kernel, row
+    block and whether it splits) is not yet kept; the default schedule (0, -1) and the
+    forced plain kernel (1, 0) of every block config are among them."""
+    B, H, N = SPACE_SHAPE
+    seen, out = set(), []
+    for cfg in configs:
+        plan = plan_schedule(cfg, B, H, H, N, N, torch.device("cuda"))
+        launch = (cfg.BLOCK_M, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages, cfg.tma,
+                  None if plan is None else (plan.block_m, plan.splits > 1))
+        if launch not in seen:
+            seen.add(launch)
+            out.append(cfg)
+    return out
 
 
 def _bwd_kernels(cfg) -> tuple[tuple, tuple | None]:

@@ -189,9 +189,9 @@ def test_a_numpy_bool_causal_is_named_in_the_error():
         attention(*qkv(), causal=np.bool_(True))
 
 
-@pytest.mark.parametrize("precision", ["fp32", "TF32", "highest", None, ""], ids=repr)
+@pytest.mark.parametrize("precision", ["fp32", "TF32", "highest", "tf32x2", ""], ids=repr)
 def test_bad_fp32_precision(precision):
-    with raises(ValueError, "fp32_precision:", "'tf32'", "'ieee'"):
+    with raises(ValueError, "fp32_precision:", "'tf32'", "'tf32x3'", "'ieee'"):
         attention(*qkv(), fp32_precision=precision)
 
 

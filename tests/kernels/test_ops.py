@@ -49,12 +49,13 @@ def test_operators_pass_opcheck(causal):
     """Schema, fake tensors, autograd registration and dynamic-shape tracing of both operators."""
     q, k, v = qkv(requires_grad=True)
     config = ops.config_json(FwdConfig(16, 16, 4, 1))
-    args = (q, k, v, causal, 0.25, config, "", "ieee", "")
+    args = (q, k, v, causal, 0.25, config, "", "ieee", "top_left", "")
     torch.library.opcheck(torch.ops.flashtune.attention.default, args)
     o, lse2 = torch.ops.flashtune.attention(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
     do = torch.randn_like(o)
     torch.library.opcheck(torch.ops.flashtune.attention_backward.default,
-                          (do, q.detach(), k.detach(), v.detach(), o, lse2, causal, 0.25, config, "", "ieee", ""))
+                          (do, q.detach(), k.detach(), v.detach(), o, lse2, causal, 0.25, config, "", "ieee",
+                           "top_left", ""))
 
 
 def test_the_operator_runs_the_config_it_is_given(monkeypatch):
@@ -67,8 +68,9 @@ def test_the_operator_runs_the_config_it_is_given(monkeypatch):
 
     monkeypatch.setattr(ops, "attention_forward", spy)
     q, k, v = qkv()
-    torch.ops.flashtune.attention(q, k, v, False, 0.25, ops.config_json(FwdConfig(32, 16, 4, 2)), "", "ieee", "")
-    torch.ops.flashtune.attention(q, k, v, False, 0.25, "", "", "ieee", "")
+    torch.ops.flashtune.attention(q, k, v, False, 0.25, ops.config_json(FwdConfig(32, 16, 4, 2)), "", "ieee",
+                                  "top_left", "")
+    torch.ops.flashtune.attention(q, k, v, False, 0.25, "", "", "ieee", "top_left", "")
     assert seen[0] == FwdConfig(32, 16, 4, 2)
     assert seen[1] == flashtune.kernels.default_config("fwd", 16, DTYPE, q.device, causal=False)
 

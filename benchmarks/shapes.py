@@ -1,0 +1,504 @@
+"""flashtune vs torch SDPA on the shapes models run (../shared/design/SHAPES.md), in one run.
+
+Every row of SHAPES.md's realistic grid: training (forward and backward), prefill,
+cross-attention and decode shapes, grouped-query heads included. For each row flashtune
+(heuristic defaults, or the per-row configs of --configs) is first checked against an
+fp32 reference and SDPA, then flashtune and SDPA's cuDNN, FlashAttention-2 and
+memory-efficient backends (``enable_gqa=True``; one that refuses a shape says so) are
+timed with triton.testing.do_bench medians over --rounds interleaved rounds (the
+helpers of benchmarks/attention.py). Figures:
+
+  forward FLOPs  = 4 * B * Hq * Nq * Nk * D, halved when causal with Nq = Nk
+  backward FLOPs = 2.5 * forward; backward time = o.backward(do, retain_graph=True) alone
+  decode rows: K/V bytes read (2 * B * Hkv * Nk * D * element size) per second, as a
+               fraction of the copy bandwidth measured in the same run (read + write
+               bytes of a 1 GiB device copy per second)
+
+and, for each forward, flashtune's time when its launches replay from a CUDA graph
+(``graph_ms``: the GPU's time without the host's; far below ``ms`` means host-bound).
+
+    python benchmarks/shapes.py --out shapes.json
+    python benchmarks/shapes.py --rows decode-b1-64k decode-b32-4k --configs decode.json
+    python benchmarks/shapes.py --device cpu --tiny           # interpreter smoke test
+
+--sweep FILE.json maps row names to lists of forward configs: each is checked against
+SDPA and timed (flashtune alone, do_bench median) before the row, and the fastest correct
+one is the row's forward config (unless --configs gives one); --sweep-out writes those
+winners in --configs' format.
+
+--configs FILE.json maps row names to configs, e.g.
+  {"decode-b1-64k": {"fwd": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3,
+                             "num_splits": 32, "pack_gqa": 1}}}
+(a row or pass without an entry uses the heuristic default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import statistics
+import sys
+
+# The interpreter is chosen when triton is imported: before flashtune's kernels are.
+if "--device" in sys.argv[:-1] and sys.argv[sys.argv.index("--device") + 1].startswith("cpu"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import attention as grid_bench  # noqa: E402  (benchmarks/attention.py: timing and check helpers)
+
+BACKENDS = ("cudnn", "flash", "efficient")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    name: str
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    causal: bool
+    passes: tuple[str, ...]
+
+    @property
+    def decode(self) -> bool:
+        return self.name.startswith("decode")
+
+    def flops(self, pass_: str) -> float:
+        f = 4.0 * self.batch * self.heads_q * self.seq_q * self.seq_k * self.head_dim
+        if self.causal and self.seq_q == self.seq_k:
+            f /= 2
+        return f * (2.5 if pass_ == "bwd" else 1.0)
+
+    def kv_bytes(self, element_size: int) -> int:
+        return 2 * self.batch * self.heads_kv * self.seq_k * self.head_dim * element_size
+
+    def tiny(self) -> Shape:
+        """The same kind of shape at interpreter size: the grouping, head dim and
+        masking kept, short sequences (decode keeps one query)."""
+        hq = min(self.heads_q, 4)
+        hkv = max(1, hq * self.heads_kv // self.heads_q)
+        n_q = 1 if self.decode else min(self.seq_q, 17)
+        n_k = min(self.seq_k, 40) if self.seq_k != self.seq_q else n_q
+        return dataclasses.replace(self, batch=1, heads_q=hq, heads_kv=hkv, seq_q=n_q, seq_k=n_k)
+
+
+FB, F = ("fwd", "bwd"), ("fwd",)
+# ../shared/design/SHAPES.md, in its order
+SHAPES = [
+    Shape("llama3-8b-train-8k", 1, 32, 8, 8192, 8192, 128, True, FB),
+    Shape("llama3-70b-tp8-train-4k", 2, 8, 1, 4096, 4096, 128, True, FB),
+    Shape("mistral-7b-train-2k", 4, 32, 8, 2048, 2048, 128, True, FB),
+    Shape("qwen-28h-train-4k", 1, 28, 4, 4096, 4096, 128, True, FB),
+    Shape("gpt2-train-512", 32, 12, 12, 512, 512, 64, True, FB),
+    Shape("gemma2-d256-train-4k", 1, 16, 8, 4096, 4096, 256, True, FB),
+    Shape("bert-base-512", 32, 12, 12, 512, 512, 64, False, FB),
+    Shape("vit-l16-257", 32, 16, 16, 257, 257, 64, False, FB),
+    Shape("whisper-enc-1500", 4, 20, 20, 1500, 1500, 64, False, F),
+    Shape("sd15-cross-4096x77", 2, 8, 8, 4096, 77, 40, False, F),
+    Shape("llama3-8b-prefill-2k", 1, 32, 8, 2048, 2048, 128, True, F),
+    Shape("chunked-prefill-1k-of-16k", 1, 32, 8, 1024, 16384, 128, False, F),
+    Shape("decode-b1-64k", 1, 32, 8, 1, 65536, 128, False, F),
+    Shape("decode-b32-4k", 32, 32, 8, 1, 4096, 128, False, F),
+    Shape("decode-b128-2k-70b", 128, 64, 8, 1, 2048, 128, False, F),
+    Shape("decode-mqa-d256-b16-8k", 16, 8, 1, 1, 8192, 256, False, F),
+]
+BY_NAME = {s.name: s for s in SHAPES}
+
+
+@dataclasses.dataclass
+class Result:
+    name: str
+    pass_: str
+    shape: dict
+    flops: float
+    ms: dict = dataclasses.field(default_factory=dict)  # backend -> median ms over the rounds (None: failed)
+    rounds_ms: dict = dataclasses.field(default_factory=dict)
+    tflops: dict = dataclasses.field(default_factory=dict)
+    copy_fraction: dict = dataclasses.field(default_factory=dict)  # decode rows: K/V read rate / copy bandwidth
+    graph_ms: float | None = None  # flashtune forward replayed from a CUDA graph
+    config: dict | None = None
+    config_source: str = "default"
+    schedule: str | None = None  # the split kernel's schedule, when it runs
+    check: dict = dataclasses.field(default_factory=dict)
+    error: str | None = None
+
+    def best_sdpa(self) -> tuple[str | None, float | None]:
+        timed = [(self.tflops[b], b) for b in BACKENDS if self.tflops.get(b)]
+        if not timed:
+            return None, None
+        t, b = max(timed)
+        return b, t
+
+    def ratios(self) -> dict:
+        ft = self.tflops.get("flashtune")
+        out = {b: grid_bench.ratio(ft, self.tflops.get(b)) for b in BACKENDS}
+        out["best"] = grid_bench.ratio(ft, self.best_sdpa()[1])
+        return out
+
+
+def load_sweep(path: str | None) -> dict:
+    if path is None:
+        return {}
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise SystemExit(f"--sweep {path}: expected an object mapping row names to lists of forward configs")
+    unknown = sorted(set(data) - set(BY_NAME))
+    if unknown:
+        raise SystemExit(f"--sweep {path}: unknown rows {unknown}")
+    return data
+
+
+def load_configs(path: str | None) -> dict:
+    if path is None:
+        return {}
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise SystemExit(f"--configs {path}: expected an object mapping row names to {{'fwd': ..., 'bwd': ...}}")
+    for name, entry in data.items():
+        if name not in BY_NAME:
+            raise SystemExit(f"--configs {path}: unknown row {name!r}; rows: {', '.join(BY_NAME)}")
+        if not isinstance(entry, dict) or set(entry) - {"fwd", "bwd"}:
+            raise SystemExit(f"--configs {path}: row {name!r}: expected {{'fwd': {{...}}, 'bwd': {{...}}}}")
+    return data
+
+
+def _fmt(x, spec: str) -> str:
+    return format("n/a", ">" + spec.split(".")[0]) if x is None else format(x, spec)
+
+
+HEADER = (f"{'row':<26} {'pass':<4} | {'flashtune':>9} {'cuDNN':>7} {'FA2':>7} {'effic':>7} | "
+          f"{'ft/best':>7} {'ft/cuDNN':>8} {'ft/FA2':>7} | {'graph':>6}  config")
+
+
+def format_result(r: Result) -> str:
+    head = f"{r.name:<26} {r.pass_:<4} | "
+    if r.error:
+        return head + f"ABORTED: {r.error}"
+    rat = r.ratios()
+    if r.copy_fraction:  # decode: fractions of the copy bandwidth
+        c = r.copy_fraction
+        figures = (f"{_fmt(c.get('flashtune'), '9.2f')} {_fmt(c.get('cudnn'), '7.2f')} {_fmt(c.get('flash'), '7.2f')} "
+                   f"{_fmt(c.get('efficient'), '7.2f')}")
+    else:
+        t = r.tflops
+        figures = (f"{_fmt(t.get('flashtune'), '9.1f')} {_fmt(t.get('cudnn'), '7.1f')} {_fmt(t.get('flash'), '7.1f')} "
+                   f"{_fmt(t.get('efficient'), '7.1f')}")
+    graph = _fmt(None if r.graph_ms is None or not r.ms.get("flashtune") else r.graph_ms / r.ms["flashtune"], "6.2f")
+    cfg = " ".join(f"{k}={v}" for k, v in (r.config or {}).items())
+    sched = f" [{r.schedule}]" if r.schedule else ""
+    ratios = f"{_fmt(rat['best'], '7.3f')} {_fmt(rat['cudnn'], '8.3f')} {_fmt(rat['flash'], '7.3f')}"
+    return head + (f"{figures} | {ratios} | "
+                   f"{graph}  {r.config_source}: {cfg}{sched}")
+
+
+def summarize(results: list[Result]) -> dict:
+    """Geometric means of flashtune / best SDPA and / FA2, per pass, decode rows apart."""
+    out = {}
+    for pass_ in ("fwd", "bwd"):
+        for group, sel in (("non-decode", lambda r: not BY_NAME[r.name].decode), ("decode", lambda r: BY_NAME[
+                r.name].decode), ("all", lambda r: True)):
+            rows = [r for r in results if r.pass_ == pass_ and not r.error and sel(r)]
+            if rows:
+                out[f"{pass_} {group}"] = {"best": grid_bench.geomean(r.ratios()["best"] for r in rows),
+                                           "flash": grid_bench.geomean(r.ratios()["flash"] for r in rows),
+                                           "cudnn": grid_bench.geomean(r.ratios()["cudnn"] for r in rows),
+                                           "rows": len(rows)}
+    return out
+
+
+# ----------------------------------------------------------------------------------
+# Measuring
+# ----------------------------------------------------------------------------------
+def copy_bandwidth(device, time_one, nbytes: int) -> float:
+    """Bytes per second of a device copy (read + write), ``time_one(fn)`` in ms."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = time_one(lambda: dst.copy_(src))
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def _sdpa(backend):
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    def run(q, k, v, causal):
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+
+    return run
+
+
+def _graph_ms(fn, device) -> float | None:
+    """do_bench median of ``fn`` replayed from a CUDA graph (no host work per launch)."""
+    import torch
+    import triton
+
+    if device.type != "cuda":
+        return None
+    try:
+        with torch.no_grad():
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+        return float(triton.testing.do_bench(graph.replay, return_mode="median"))
+    except Exception as e:  # noqa: BLE001 - a figure we can do without
+        print(f"  CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+              file=sys.stderr)
+        return None
+
+
+def _precompile(candidates: list[dict], q, k, v, causal: bool) -> None:
+    """Compile the candidates' kernels in parallel (triton's AsyncCompileMode), so the
+    sweep's launches hit the cache; failures recur, reported, at the launch."""
+    import concurrent.futures
+    import contextlib
+
+    from flashtune.kernels import FwdConfig, attention_forward
+
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:  # an older triton: the launches compile one by one
+        return
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(32, os.cpu_count() or 1))) as pool, \
+            AsyncCompileMode(pool, ignore_errors=True):
+        for given in candidates:
+            with contextlib.suppress(Exception):
+                attention_forward(q, k, v, FwdConfig.from_dict(given), causal=causal, sm_scale=q.shape[-1] ** -0.5,
+                                  compile_only=True)
+
+
+def sweep_row(args, shape: Shape, candidates: list[dict], device) -> tuple[dict | None, list[dict]]:
+    """(the fastest correct forward config of ``candidates`` on this row, or None; every
+    candidate's figures). Correct: relative error of O against SDPA's output below 2 %."""
+    import torch
+
+    from flashtune.kernels import FwdConfig, attention
+    from flashtune.kernels.config import ConfigError
+
+    s = shape
+    dtype = getattr(torch, grid_bench.DTYPES[args.dtype]) if device.type == "cuda" else torch.float16
+    gen = torch.Generator(device=device).manual_seed(1)
+    q = torch.randn(s.batch, s.heads_q, s.seq_q, s.head_dim, device=device, dtype=dtype, generator=gen)
+    k, v = (torch.randn(s.batch, s.heads_kv, s.seq_k, s.head_dim, device=device, dtype=dtype, generator=gen)
+            for _ in range(2))
+    with torch.no_grad():
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=s.causal, enable_gqa=True).float()
+    if device.type == "cuda":
+        _precompile(candidates, q, k, v, s.causal)
+    figures, best = [], None
+    for given in candidates:
+        row = {"config": given}
+        try:
+            cfg = FwdConfig.from_dict(given).validate(s.head_dim, dtype, device)
+            with torch.no_grad():
+                got = attention(q, k, v, causal=s.causal, fwd_config=cfg)
+                row["rel_err"] = ((got.float() - want).norm() / want.norm()).item()
+                if not row["rel_err"] < 0.02:
+                    raise AssertionError(f"relative error {row['rel_err']:.3g}")
+                from flashtune.autotuner.trial import time_ms
+
+                row["ms"] = time_ms(lambda cfg=cfg: attention(q, k, v, causal=s.causal, fwd_config=cfg), device,
+                                    quick=True)
+        except (ConfigError, AssertionError, Exception) as e:  # noqa: BLE001 - each failure is a finding
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        figures.append(row)
+        if "ms" in row and (best is None or row["ms"] < best["ms"]):
+            best = row
+        extra = f"{row['ms']:.4f} ms" if "ms" in row else row["error"]
+        print(f"  sweep {s.name}: {' '.join(f'{k}={v}' for k, v in given.items())}: {extra}", flush=True)
+    return (None if best is None else best["config"]), figures
+
+
+def bench_row(args, shape: Shape, entries: dict, copy_bw: float) -> list[Result]:
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    from flashtune.kernels import BwdConfig, FwdConfig, attention
+    from flashtune.kernels.decode import plan_schedule
+    from flashtune.kernels.function import resolve_configs
+
+    device = torch.device(args.device)
+    dtype = getattr(torch, grid_bench.DTYPES[args.dtype]) if device.type == "cuda" else torch.float16
+    gen = torch.Generator(device=device).manual_seed(0)
+    s = shape
+
+    def rand(h, n):
+        return torch.randn(s.batch, h, n, s.head_dim, device=device, dtype=dtype, generator=gen)
+
+    q, k, v, do = rand(s.heads_q, s.seq_q), rand(s.heads_kv, s.seq_k), rand(s.heads_kv, s.seq_k), rand(s.heads_q,
+                                                                                                            s.seq_q)
+    given = entries.get(s.name, {})
+    fwd = FwdConfig.from_dict(given["fwd"]) if "fwd" in given else None
+    bwd = BwdConfig.from_dict(given["bwd"]) if "bwd" in given else None
+    fwd, bwd = resolve_configs(q, fwd, bwd, s.causal)
+    plan = plan_schedule(fwd, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, device)
+    schedule = None if plan is None else \
+        (f"split kernel: {plan.splits} chunks of {plan.chunk} keys, "
+         f"{'packed ' if plan.pack else ''}{plan.block_m}-row tiles")
+
+    def flashtune(q, k, v, causal):
+        return attention(q, k, v, causal=causal, fwd_config=fwd, bwd_config=bwd)
+
+    runners = {"flashtune": flashtune}
+    if device.type == "cuda":
+        runners.update(cudnn=_sdpa(SDPBackend.CUDNN_ATTENTION), flash=_sdpa(SDPBackend.FLASH_ATTENTION),
+                       efficient=_sdpa(SDPBackend.EFFICIENT_ATTENTION))
+    else:  # the interpreter: SDPA's math backend stands in for the GPU ones
+        runners.update(cudnn=_sdpa(SDPBackend.MATH))
+
+    results = {p: Result(s.name, p, dataclasses.asdict(s), s.flops(p),
+                         config=(fwd if p == "fwd" else bwd).to_dict(),
+                         config_source="file" if p in given else "default",
+                         schedule=schedule if p == "fwd" else None) for p in s.passes}
+    # correctness first: against the fp32 reference on one (batch, head) and the whole
+    # tensors against the first SDPA backend that runs the shape
+    check, errors = None, []
+    for name in [b for b in runners if b != "flashtune"]:
+        try:
+            check = grid_bench.check_against_cudnn(flashtune, runners[name], q, k, v, do, s.causal)
+            check["against"] = name
+            break
+        except AssertionError as e:
+            errors.append(f"flashtune disagrees with {name}: {e}")
+            break
+        except Exception as e:  # noqa: BLE001 - that backend cannot run the shape: try the next
+            errors.append(f"{name}: {type(e).__name__}")
+    if check is None:
+        for r in results.values():
+            r.error = "; ".join(errors) or "no backend to check against"
+        return list(results.values())
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+    def time_one(run, pass_):
+        if device.type != "cuda":
+            from flashtune.autotuner.trial import time_ms
+
+            if pass_ == "fwd":
+                with torch.no_grad():
+                    return time_ms(lambda: run(q, k, v, s.causal), device)
+            leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+            o = run(*leaves, s.causal)
+            return time_ms(lambda: o.backward(do, retain_graph=True), device)
+        return grid_bench.time_pass(run, pass_, q, k, v, do, s.causal, warmup=args.warmup, rep=args.rep)
+
+    timed = grid_bench.time_rounds(runners, list(s.passes), args.rounds, time_one)
+    for (name, pass_), times in timed.items():
+        r = results[pass_]
+        r.check = check
+        r.rounds_ms[name] = times
+        r.ms[name] = statistics.median(times) if times else None
+        r.tflops[name] = grid_bench.tflops(r.flops, r.ms[name])
+        if s.decode and r.ms[name]:
+            r.copy_fraction[name] = s.kv_bytes(q.element_size()) / (r.ms[name] * 1e-3) / copy_bw
+    if "fwd" in results:
+        results["fwd"].graph_ms = _graph_ms(lambda: flashtune(q, k, v, s.causal), device)
+    return list(results.values())
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", nargs="+", metavar="NAME", choices=list(BY_NAME), help="only these rows")
+    ap.add_argument("--configs", metavar="FILE.json", help="flashtune configs per row (see above)")
+    ap.add_argument("--sweep", metavar="FILE.json", help="forward configs to sweep per row (see above)")
+    ap.add_argument("--sweep-out", metavar="FILE.json", help="write the sweep's winners in --configs' format")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"], help="input dtype on the GPU (default bf16)")
+    ap.add_argument("--out", metavar="FILE.json", help="write the environment and every row as JSON")
+    ap.add_argument("--warmup", type=int, default=25, help="do_bench warmup (ms)")
+    ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="interleaved rounds per row (default 3 on a GPU, 1 under the interpreter)")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for the interpreter (fp16; implies --tiny)")
+    ap.add_argument("--tiny", action="store_true", help="interpreter-sized versions of the rows")
+    args = ap.parse_args(argv)
+    cpu = args.device.startswith("cpu")
+    args.tiny = args.tiny or cpu
+    if args.rounds is None:
+        args.rounds = 1 if cpu else 3
+    if args.rounds < 1:
+        ap.error(f"--rounds: expected a positive number of rounds, got {args.rounds}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("benchmarks/shapes.py needs a CUDA GPU, or --device cpu for the interpreter", file=sys.stderr)
+        return 2
+    entries = load_configs(args.configs)
+    sweep = load_sweep(args.sweep)
+    shapes = [BY_NAME[n] for n in args.rows] if args.rows else SHAPES
+    if args.tiny:
+        shapes = [s.tiny() for s in shapes]
+    if device.type == "cuda":
+        env = grid_bench.environment()
+        print(f"# {env['gpu']} sm_{env['capability'][0]}{env['capability'][1]}, torch {env['torch']}, "
+              f"triton {env['triton']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, driver {env['driver']}, "
+              f"{env['date']}")
+        import triton
+
+        copy_bw = copy_bandwidth(device, lambda fn: triton.testing.do_bench(fn, return_mode="median"), 1 << 30)
+    else:
+        env = {"device": "cpu", "timer": "interpreter-wall-clock"}
+        from flashtune.autotuner.trial import time_ms
+
+        copy_bw = copy_bandwidth(device, lambda fn: time_ms(fn, device), 1 << 22)
+    print(f"# dtype {args.dtype if device.type == 'cuda' else 'float16'}; copy bandwidth {copy_bw / 1e12:.2f} TB/s "
+          f"(read + write); TFLOPS (decode rows: K/V read rate / copy bandwidth) from "
+          f"{'do_bench medians' if device.type == 'cuda' else 'the interpreter wall clock: not GPU performance'}; "
+          f"flashtune configs: {args.configs or 'heuristic defaults'}; graph: CUDA-graph time / time")
+    print(HEADER, flush=True)
+    results: list[Result] = []
+    swept, winners, swept_configs = {}, {}, set()
+    for shape in shapes:
+        if shape.name in sweep:
+            best, swept[shape.name] = sweep_row(args, shape, sweep[shape.name], device)
+            if best is not None:
+                winners[shape.name] = {"fwd": best}
+                if "fwd" not in entries.get(shape.name, {}):
+                    entries.setdefault(shape.name, {})["fwd"] = best
+                    swept_configs.add(shape.name)
+        for r in bench_row(args, shape, entries, copy_bw):
+            if r.pass_ == "fwd" and shape.name in swept_configs:
+                r.config_source = "sweep"
+            results.append(r)
+            print(format_result(r), flush=True)
+    summary = summarize(results)
+    for key, sm in summary.items():
+        print(f"geomean flashtune / best SDPA, {key}: {_fmt(sm['best'], '.3f')}  (/ FA2 {_fmt(sm['flash'], '.3f')}, "
+              f"/ cuDNN {_fmt(sm['cudnn'], '.3f')}; {sm['rows']} rows)")
+    aborted = [r for r in results if r.error]
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"environment": env, "args": vars(args), "copy_bandwidth": copy_bw,
+                       "rows": [dataclasses.asdict(r) for r in results], "summary": summary, "sweep": swept},
+                      f, indent=1)
+        print(f"# wrote {args.out}")
+    if args.sweep_out:
+        with open(args.sweep_out, "w") as f:
+            json.dump(winners, f, indent=1)
+    if aborted:
+        print(f"WARNING: {len(aborted)} rows aborted: flashtune's output was wrong or failed", file=sys.stderr)
+    return 1 if aborted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

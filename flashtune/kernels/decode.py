@@ -1,0 +1,256 @@
+"""Split-KV forward (FlashDecoding) with grouped-query packing, and its exact combine.
+
+The plain forward runs one program per (query block, query head, batch): a decode step
+(one query per sequence) then has B * Hq programs that each walk all of K/V alone, and
+the Hq / Hkv query heads of a group read the same K/V once each. Here:
+
+- ``pack_gqa``: the rows of a tile are (query, head of the group) pairs, row r holding
+  query r // GROUP of head hk * GROUP + r % GROUP, so one program reads each K/V tile of
+  its K/V head once for the whole group;
+- ``num_splits``: the keys are cut into chunks of whole key blocks, one program per
+  chunk, each writing its normalised partial output and base-2 log-sum-exp (fp32); the
+  combine kernel merges them exactly: lse = log2(sum_s 2^lse_s), O = sum_s 2^(lse_s - lse) O_s.
+  A chunk a row sees no key of (an empty chunk, or causal) has lse_s = -inf and weight 0.
+
+With one split the kernel writes O and the log-sum-exp directly. The log-sum-exp handed
+to the backward is the merged one, in the plain forward's layout (B, Hq, Nq).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from flashtune.kernels.common import LOG2E, block_offsets, key_range, needs_int64, on_device, tma_descriptors
+from flashtune.kernels.config import DECODE_MAX_Q, MAX_SPLITS, FwdConfig, padded_head_dim
+from flashtune.kernels.forward import _fwd_inner
+
+# Auto splits aim at this many programs per SM: one program streams its keys with
+# num_stages tiles in flight; several per SM keep more loads in flight. On the H200
+# (2026-12-01, docs/shapes.md) decode with 8 programs per SM (B=128, Hkv=8) read K/V
+# at the copy bandwidth, with 2 per SM at 0.52-0.68 of it.
+AUTO_PROGRAMS_PER_SM = 4
+# SMs assumed by the auto schedule off the GPU (the interpreter): few, so that the small
+# test shapes keep the plain kernel unless they are decode-sized or tiny
+INTERPRETER_SMS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How the split kernel runs a call: ``pack`` (query heads of a group as rows of one
+    tile), ``block_m`` rows per tile, ``splits`` chunks of ``chunk`` keys each."""
+
+    pack: bool
+    block_m: int
+    splits: int
+    chunk: int
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _cdiv(a: int, b: int) -> int:
+    # plain ints: triton.cdiv is a jit function, ~10 us per host call through its wrapper
+    return -(-a // b)
+
+
+def auto_splits(programs: int, n_blocks: int, sms: int) -> int:
+    """Chunks per query block so that ``programs`` (query blocks x heads x batch) times the
+    chunks give about AUTO_PROGRAMS_PER_SM programs per SM; 1 when they fill the GPU
+    already; never more chunks than key blocks."""
+    if programs >= sms:
+        return 1
+    return max(1, min(MAX_SPLITS, n_blocks, _cdiv(AUTO_PROGRAMS_PER_SM * sms, programs)))
+
+
+def plan_schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_q: int, n_k: int,
+                  device: torch.device) -> Schedule | None:
+    """The split kernel's schedule for this call, or None when the plain forward runs.
+
+    Auto packing (pack_gqa=-1): grouped heads whose queries do not fill a BLOCK_M tile.
+    Auto splits (num_splits=0): auto_splits() over the key blocks, chunks of whole key
+    blocks with none empty; the split kernel also runs with one split for decode-sized
+    queries (at most DECODE_MAX_Q per head), its row block shrunk to fit them. Explicit
+    values are taken as they are, also when they leave chunks empty.
+    """
+    group = heads_q // heads_kv
+    pack = group > 1 and (config.pack_gqa == 1 or (config.pack_gqa == -1 and n_q < config.BLOCK_M))
+    rows = n_q * group if pack else n_q
+    block_m = min(config.BLOCK_M, max(16, 1 << (rows - 1).bit_length()))
+    n_blocks = _cdiv(n_k, config.BLOCK_N)
+    if config.num_splits == 0:
+        programs = _cdiv(rows, block_m) * (heads_kv if pack else heads_q) * batch
+        splits = auto_splits(programs, n_blocks, sm_count(device))
+        chunk_blocks = _cdiv(n_blocks, splits)
+        splits = _cdiv(n_blocks, chunk_blocks)
+        if not pack and splits == 1 and n_q > DECODE_MAX_Q:
+            return None
+    else:
+        splits = config.num_splits
+        if not pack and splits == 1:
+            return None
+        chunk_blocks = _cdiv(n_blocks, splits)
+    return Schedule(pack, block_m, splits, chunk_blocks * config.BLOCK_N)
+
+
+@triton.jit
+def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale,
+                      stride_qb, stride_qh, stride_qn, stride_qd,
+                      stride_kb, stride_kh, stride_kn, stride_kd,
+                      stride_vb, stride_vh, stride_vn, stride_vd,
+                      stride_ob, stride_oh, stride_os, stride_on, stride_od,
+                      stride_lb, stride_lh, stride_ls,
+                      H_ROWS, M_BLOCKS, PACK, GROUP, N_Q, N_K, CHUNK, causal_off,
+                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                      INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr):
+    # program (row block x batch x row head, chunk): axis 0 holds up to 2^31 - 1 programs
+    # (CUDA caps axes 1 and 2 at 65535); a row head is a K/V head when packing (PACK =
+    # GROUP), else a query head (PACK = 1)
+    pid_m = tl.program_id(0) % M_BLOCKS
+    pid_z = tl.program_id(0) // M_BLOCKS
+    split = tl.program_id(1)
+    off_b = (pid_z // H_ROWS).to(tl.int64)
+    off_hr = (pid_z % H_ROWS).to(tl.int64)
+    off_hk = off_hr * PACK // GROUP
+
+    rows = block_offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
+    row_ok = rows < N_Q * PACK
+    q_idx = rows // PACK
+    head = off_hr * PACK + rows % PACK
+    offs_nb = block_offsets(0, BLOCK_N, INT64)
+    offs_d = block_offsets(0, BLOCK_D, INT64)
+
+    q_ptrs = Q + off_b * stride_qb + head[:, None] * stride_qh + q_idx[:, None] * stride_qn \
+        + offs_d[None, :] * stride_qd
+    if HEAD_DIM == BLOCK_D:
+        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    k_base = K + off_b * stride_kb + off_hk * stride_kh + offs_d[None, :] * stride_kd
+    v_base = V + off_b * stride_vb + off_hk * stride_vh + offs_d[None, :] * stride_vd
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # the keys of the whole row block: [0, full_hi) unmasked for every row, up to hi masked
+    # (key_range from the first row's query; the last row's query bounds hi)
+    q_first = (pid_m * BLOCK_M) // PACK
+    q_last = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, N_Q * PACK - 1) // PACK
+    full_hi, _ = key_range(q_first, N_K, CAUSAL, 1, BLOCK_N, causal_off)
+    _, hi = key_range(q_last, N_K, CAUSAL, 1, BLOCK_N, causal_off)
+    lo_s = split * CHUNK
+    hi_s = lo_s + CHUNK
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
+                               q_idx + causal_off, offs_nb, offs_d, lo_s, tl.minimum(hi_s, full_hi), N_K, qk_scale,
+                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
+                               q_idx + causal_off, offs_nb, offs_d, tl.maximum(lo_s, full_hi),
+                               tl.minimum(hi_s, hi), N_K, qk_scale,
+                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE)
+
+    # a row that saw no key here: output 0 and log-sum-exp -inf (weight 0 in the combine)
+    seen = l_i > 0.0
+    acc = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    o_ptrs = O + off_b * stride_ob + head[:, None] * stride_oh + split * stride_os + q_idx[:, None] * stride_on \
+        + offs_d[None, :] * stride_od
+    if HEAD_DIM == BLOCK_D:
+        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    tl.store(LSE + off_b * stride_lb + head * stride_lh + split * stride_ls + q_idx, lse, mask=row_ok)
+
+
+@triton.jit
+def _combine_kernel(OP, LSEP, O, LSE, SPLITS, H, N_Q,
+                    stride_ob, stride_oh, stride_on, stride_od,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, INT64: tl.constexpr):
+    # one program per (batch, head, query) row, all its chunks in one [BLOCK_S, BLOCK_D]
+    # tile (BLOCK_S >= SPLITS): no serial walk over the chunks. The partials are
+    # (B, H, SPLITS, N_Q, BLOCK_D) and (B, H, SPLITS, N_Q) contiguous; the merged
+    # log-sum-exp (B, H, N_Q) contiguous, so its offset is the row's index.
+    row = tl.program_id(0)
+    if INT64:
+        row = row.to(tl.int64)
+    bh = row // N_Q
+    q_idx = row % N_Q
+    offs_s = block_offsets(0, BLOCK_S, INT64)
+    offs_d = block_offsets(0, BLOCK_D, INT64)
+    s_ok = offs_s < SPLITS
+    lse_s = tl.load(LSEP + (bh * SPLITS + offs_s) * N_Q + q_idx, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse_s, 0)
+    # every chunk empty for this row (it sees no key): weights 0, not NaN
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(lse_s - m)
+    l_sum = tl.sum(w, 0)
+    o_ptrs = OP + ((bh * SPLITS + offs_s) * N_Q + q_idx)[:, None] * BLOCK_D + offs_d[None, :]
+    if HEAD_DIM == BLOCK_D:
+        o_s = tl.load(o_ptrs, mask=s_ok[:, None], other=0.0)
+    else:  # the partials' padding columns were never written
+        o_s = tl.load(o_ptrs, mask=s_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    acc = tl.sum(w[:, None] * o_s, 0)
+    seen = l_sum > 0.0
+    acc = acc / tl.where(seen, l_sum, 1.0)
+    tl.store(LSE + row, tl.where(seen, m + tl.math.log2(tl.where(seen, l_sum, 1.0)), float("-inf")))
+    off_b = bh // H
+    off_h = bh % H
+    o_ptrs = O + off_b * stride_ob + off_h * stride_oh + q_idx * stride_on + offs_d * stride_od
+    if HEAD_DIM == BLOCK_D:
+        tl.store(o_ptrs, acc.to(O.dtype.element_ty))
+    else:
+        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FwdConfig, schedule: Schedule, *,
+                  causal: bool, causal_off: int, sm_scale: float, precision: str,
+                  compile_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward through the split kernel (and the combine kernel when it splits):
+    ``(o, lse2)`` as attention_forward returns them."""
+    B, H, N_Q, D = q.shape
+    H_KV, N_K = k.shape[1], k.shape[2]
+    group = H // H_KV
+    BLOCK_D = padded_head_dim(D)
+    o = torch.empty_like(q)
+    lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    S = schedule.splits
+    if S == 1:
+        o_part, lse_part = o, lse2
+        o_strides = (o.stride(0), o.stride(1), 0, o.stride(2), o.stride(3))
+        l_strides = (H * N_Q, N_Q, 0)
+    else:
+        o_part = torch.empty((B, H, S, N_Q, BLOCK_D), device=q.device, dtype=torch.float32)
+        lse_part = torch.empty((B, H, S, N_Q), device=q.device, dtype=torch.float32)
+        o_strides = (o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3), 1)
+        l_strides = lse_part.stride()[:3]
+    descs = tma_descriptors(config.tma, (k, v), config.BLOCK_N, BLOCK_D)
+    int64 = needs_int64(q, k, v, o, o_part)
+    pack = group if schedule.pack else 1
+    h_rows = H_KV if schedule.pack else H
+    m_blocks = _cdiv(N_Q * pack, schedule.block_m)
+    grid = (m_blocks * B * h_rows, S)
+    with on_device(q):
+        _split_fwd_kernel.run(
+            q, k, v, o_part, lse_part, *(descs or (k, v)), sm_scale * LOG2E,
+            *q.stride(), *k.stride(), *v.stride(), *o_strides, *l_strides,
+            h_rows, m_blocks, pack, group, N_Q, N_K, schedule.chunk, causal_off,
+            CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_M=schedule.block_m, BLOCK_N=config.BLOCK_N,
+            PRECISION=precision, INT64=int64, TMA=descs is not None, SCALE_POSITIVE=sm_scale > 0,
+            num_warps=config.num_warps, num_stages=config.num_stages, grid=grid, warmup=compile_only)
+        if S > 1:
+            block_s = max(2, 1 << (S - 1).bit_length())
+            _combine_kernel.run(
+                o_part, lse_part, o, lse2, S, H, N_Q, *o.stride(),
+                HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_S=block_s, INT64=int64,
+                num_warps=4 if block_s * BLOCK_D <= 8192 else 8, num_stages=1, grid=(B * H * N_Q,),
+                warmup=compile_only)
+    return o, lse2

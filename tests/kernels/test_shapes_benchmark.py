@@ -1,0 +1,77 @@
+"""benchmarks/shapes.py: its pure pieces, and a run under the interpreter on tiny rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "shapes.py"
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    spec = importlib.util.spec_from_file_location("bench_shapes", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_shapes"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rows_flops_and_bytes(shapes):
+    assert len(shapes.SHAPES) == 16 and len(shapes.BY_NAME) == 16
+    llama = shapes.BY_NAME["llama3-8b-train-8k"]
+    assert llama.flops("fwd") == 4 * 32 * 8192 * 8192 * 128 / 2 and llama.flops("bwd") == 2.5 * llama.flops("fwd")
+    cross = shapes.BY_NAME["sd15-cross-4096x77"]
+    assert cross.flops("fwd") == 4 * 2 * 8 * 4096 * 77 * 40 and cross.passes == ("fwd",)
+    decode = shapes.BY_NAME["decode-b1-64k"]
+    assert decode.decode and not llama.decode
+    assert decode.kv_bytes(2) == 268435456  # SHAPES.md: 268 MB of K/V
+    tiny = decode.tiny()
+    assert (tiny.seq_q, tiny.heads_q // tiny.heads_kv, tiny.head_dim) == (1, 4, 128)
+    assert shapes.BY_NAME["decode-mqa-d256-b16-8k"].tiny().heads_kv == 1
+
+
+def test_configs_file(shapes, tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"decode-b1-64k": {"fwd": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4,
+                                                          "num_stages": 2, "num_splits": 4}}}))
+    assert shapes.load_configs(str(path))["decode-b1-64k"]["fwd"]["num_splits"] == 4
+    path.write_text(json.dumps({"decode-b2": {"fwd": {}}}))
+    with pytest.raises(SystemExit, match="unknown row"):
+        shapes.load_configs(str(path))
+
+
+def test_table_and_summary(shapes):
+    r = shapes.Result("gpt2-train-512", "fwd", {}, 1.0, config={"BLOCK_M": 64})
+    r.tflops = {"flashtune": 100.0, "cudnn": 200.0, "flash": 50.0, "efficient": None}
+    assert r.best_sdpa() == ("cudnn", 200.0) and r.ratios()["best"] == 0.5 and r.ratios()["flash"] == 2.0
+    line = shapes.format_result(r)
+    assert "0.500" in line and "2.000" in line
+    assert len(shapes.HEADER.split("|")) == len(line.split("|"))
+    d = shapes.Result("decode-b1-64k", "fwd", {}, 1.0)
+    d.tflops = {"flashtune": 1.0, "flash": 2.0}
+    d.copy_fraction = {"flashtune": 0.4, "flash": 0.8}
+    assert "0.40" in shapes.format_result(d)
+    summary = shapes.summarize([r, d])
+    assert summary["fwd non-decode"]["best"] == 0.5 and summary["fwd decode"]["best"] == 0.5
+    assert summary["fwd all"]["rows"] == 2
+
+
+def test_runs_under_the_interpreter(tmp_path):
+    out = tmp_path / "shapes.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--rows", "vit-l16-257",
+                           "decode-b32-4k", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    rows = {(r["name"], r["pass_"]): r for r in result["rows"]}
+    assert set(rows) == {("vit-l16-257", "fwd"), ("vit-l16-257", "bwd"), ("decode-b32-4k", "fwd")}
+    assert all(r["error"] is None and r["ms"]["flashtune"] > 0 for r in rows.values())
+    decode = rows["decode-b32-4k", "fwd"]
+    assert decode["copy_fraction"]["flashtune"] > 0 and "split kernel" in decode["schedule"]
+    assert decode["config"]["num_splits"] == 0 and result["copy_bandwidth"] > 0
+    assert "interpreter wall clock" in done.stdout and "geomean" in done.stdout
