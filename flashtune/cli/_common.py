@@ -214,15 +214,29 @@ def missing_store(db: str | None) -> Path | None:
     return None if path.exists() else path
 
 
+# How long a command waits for a lock on the store before it says what holds it.
+LOCK_TIMEOUT_S = 10.0
+
+
 def open_store(db: str | None, *, create: bool = False):
-    """The store at ``db``; without ``create``, a missing SQLite file is an error that says what to do."""
+    """The store at ``db``; without ``create``, a missing SQLite file is an error that says what to do
+    (and a file this process cannot write is read read-only)."""
     from flashtune.store import Store, resolve_url
 
     path = None if create else missing_store(db)
     if path is not None:
         raise click.ClickException(f"no flashtune store at {path}: tune with `flashtune search`, import a file with "
                                    "`flashtune import FILE`, or point --db at another store")
-    return Store(resolve_url(db), create=create)
+    return Store(resolve_url(db), create=create, lock_timeout_s=None if create else LOCK_TIMEOUT_S)
+
+
+def read_results(store, where) -> list:
+    """The results that match ``where``; a damaged row is skipped with a warning naming it."""
+    damaged: list[str] = []
+    results = store.list_results(where, damaged=damaged)
+    for problem in damaged:
+        click.echo(f"warning: skipped {problem}", err=True)
+    return results
 
 
 # -- output ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from flashtune.cli._common import (
     filter_options,
     missing_store,
     open_store,
+    read_results,
     result_filter,
 )
 
@@ -37,7 +38,7 @@ def export_command(output, gpu, dtype, head_dim, seq_len, causal, pass_, db):
 
     where = result_filter(gpu, dtype, head_dim, seq_len, causal, pass_)
     with open_store(db) as store:
-        results = store.list_results(where)
+        results = read_results(store, where)
     if not results:
         raise click.ClickException(f"nothing to export: no tuned result matches ({where.describe()}); "
                                    "`flashtune list` shows what is stored")

@@ -16,6 +16,7 @@ from flashtune.cli._common import (
     fmt,
     format_table,
     open_store,
+    read_results,
     output_options,
     ratio,
     result_filter,
@@ -91,7 +92,7 @@ def list_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_c
     check_one_format(as_json, as_csv)
     where = result_filter(gpu, dtype, head_dim, seq_len, causal, pass_)
     with open_store(db) as store:
-        results = store.list_results(where)
+        results = read_results(store, where)
     if as_json:
         echo_json([result_record(r) for r in results])
     elif as_csv:
@@ -132,7 +133,7 @@ def show_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_c
     check_one_format(as_json, as_csv)
     where = result_filter(gpu, dtype, head_dim, seq_len, causal, pass_)
     with open_store(db) as store:
-        results = store.list_results(where)
+        results = read_results(store, where)
         if len(results) > 1:
             raise click.ClickException(
                 f"{len(results)} results match ({where.describe()}): narrow them to one key with "

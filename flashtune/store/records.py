@@ -138,8 +138,10 @@ def load_config(pass_: str, data: Mapping[str, Any], where: str) -> Config:
 
     try:
         return config_class(pass_).from_dict(data)
-    except ConfigError as e:
-        raise StoreError(f"{where} has an invalid config {data!r}: {e}; delete it or tune that key again") from e
+    except (ConfigError, TypeError, ValueError, AttributeError) as e:
+        shown = repr(data) if len(repr(data)) <= 80 else repr(data)[:77] + "..."
+        raise StoreError(f"{where} has an invalid config {shown}: {e}; delete it with `flashtune delete` or tune "
+                         "that key again") from e
 
 
 def check_number(name: str, value: Any, *, minimum: float, inclusive: bool = True) -> None:
