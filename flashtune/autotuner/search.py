@@ -459,7 +459,7 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
            trial_timeout: float = 120.0, storage: str | os.PathLike | None = None, device: str | None = None,
            progress: bool = True, finalists: int = 3, rounds: int = 5, seed: int = 0, force: bool = False,
            faults: dict | None = None, console=None, batch: int | None = None,
-           revalidate: bool = False) -> SearchSummary:
+           revalidate: bool = False, reporter=None) -> SearchSummary:
     """Tune every key: ``trials`` measured configs and/or ``timeout`` seconds per key.
 
     ``db`` is the store (URL, path or None for the default); ``storage`` Optuna's (a
@@ -528,7 +528,8 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     store = Store(db)
     results: list[KeyResult] = []
     worker = TrialWorker(str(dev), interpreter=interpreter)
-    bar = _Progress(len(keys) * trials, enabled=progress, console=console)
+    # reporter: what the CLI shows instead of the bar (start_key, on_trial, finish_key, advance_key)
+    bar = reporter or _Progress(len(keys) * trials, enabled=progress, console=console)
     try:
         store.upsert_gpu(gpu)
         optuna_storage, storage_label = open_storage(storage, store.url)

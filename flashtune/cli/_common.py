@@ -61,12 +61,26 @@ def user_errors() -> Iterator[None]:
         raise click.ClickException(one_line(e)) from e
 
 
+# Ctrl-C: the shell's convention (128 + SIGINT), so scripts can tell it from a failure.
+INTERRUPTED_EXIT = 130
+
+
+def interrupted(message: str = "interrupted") -> click.exceptions.Exit:
+    """Say why on stderr; the exception to raise ends the command with exit code 130."""
+    click.echo(message, err=True)
+    return click.exceptions.Exit(INTERRUPTED_EXIT)
+
+
 class Command(click.Command):
-    """A command whose user mistakes end in a one-line error (exit 1), never a traceback."""
+    """A command whose user mistakes end in a one-line error (exit 1), never a traceback;
+    Ctrl-C ends it with exit code 130."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        with user_errors():
-            return super().invoke(ctx)
+        try:
+            with user_errors():
+                return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise interrupted() from None
 
 
 class Group(click.Group):
@@ -163,8 +177,11 @@ def grid(head_dims, dtypes, seq_lens, causal, passes, *, interpreter: bool) -> d
     }
 
 
+CSV_HELP = "Output CSV (booleans as true/false as in the JSON, empty cells for none, configs as JSON)."
+
+
 def output_options(f):
-    f = click.option("--csv", "as_csv", is_flag=True, help="Output CSV.")(f)
+    f = click.option("--csv", "as_csv", is_flag=True, help=CSV_HELP)(f)
     return click.option("--json", "as_json", is_flag=True, help="Output JSON.")(f)
 
 
@@ -256,6 +273,18 @@ def ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def tflops(value: float | None) -> float | str | None:
+    """A TFLOPS cell: one decimal (456.7); "<0.1" for the interpreter's tiny figures."""
+    if value is None:
+        return None
+    return "<0.1" if 0 < value < 0.05 else round(value, 1)
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """"1 key", "2 keys" (``words`` where the plural is not ``word + "s"``)."""
+    return f"{count} {word if count == 1 else words or word + 's'}"
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Plain aligned columns: numbers right, text left (stable for tests and pipes)."""
     cells = [[fmt(c) for c in row] for row in rows]
@@ -272,9 +301,9 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _is_number(value: Any) -> bool:
-    """A number, or a ratio such as "1.25x"."""
-    if isinstance(value, str) and value.endswith("x"):
-        value = value[:-1]
+    """A number, a ratio such as "1.25x", or a bound such as "<0.1"."""
+    if isinstance(value, str) and (value.endswith("x") or value.startswith("<")):
+        value = value.strip("x<")
         return value.replace(".", "", 1).isdigit()
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -288,7 +317,8 @@ def echo_csv(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(headers)
     for row in rows:
-        writer.writerow(["" if v is None else json.dumps(v) if isinstance(v, (dict, list)) else v for v in row])
+        writer.writerow(["" if v is None else json.dumps(v) if isinstance(v, (dict, list, bool)) else v
+                         for v in row])
     click.echo(buffer.getvalue(), nl=False)
 
 
