@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from flashtune.keys import GpuInfo, TuningKey
-from flashtune.kernels.config import ConfigError, default_config
+from flashtune.kernels.config import MAX_HEAD_DIM, ConfigError, default_config
 from flashtune.kernels.space import SPACES, default_neighbours, valid_candidates
 
 STUDY_PREFIX = "flashtune"
@@ -522,6 +522,8 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     for key in keys:
         if key.gpu != gpu.key:
             raise ValueError(f"keys: {key.label()} is for GPU {key.gpu!r}, this device is {gpu.key!r}")
+        if key.head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"keys: {key.label()}: the kernels run head dims up to {MAX_HEAD_DIM}")
     _journal_path(storage)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     provenance = current_provenance(None if interpreter else dev)
