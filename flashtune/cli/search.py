@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import warnings
 
 import click
 
@@ -100,9 +102,10 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout,
 
         console = Console(stderr=True)
     try:
-        summary = search(keys, db=db, trials=trials, timeout=timeout, trial_timeout=trial_timeout, storage=storage,
-                         device=dev, progress=progress, seed=seed, force=force, revalidate=revalidate, console=console,
-                         reporter=reporter)
+        with _warnings_as_lines():
+            summary = search(keys, db=db, trials=trials, timeout=timeout, trial_timeout=trial_timeout,
+                             storage=storage, device=dev, progress=progress, seed=seed, force=force, revalidate=revalidate,
+                             console=console, reporter=reporter)
     except KeyboardInterrupt:
         raise interrupted("interrupted: the keys finished so far are stored; run the same command again to "
                           "resume") from None
@@ -113,6 +116,25 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout,
         raise click.ClickException(f"{len(failed)} of {plural(len(summary.results), 'key')} {were} not tuned "
                                    f"({', '.join(sorted({r.status for r in failed}))}): `flashtune show` with a "
                                    "key's options lists its trials and their errors")
+
+
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """The search's own warnings (a repaired journal) as "warning: ..." lines on stderr."""
+    from flashtune.autotuner.storage_checks import JournalRepaired
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", JournalRepaired)
+        shown = warnings.showwarning
+
+        def show(message, category, *args, **kwargs):
+            if issubclass(category, JournalRepaired):
+                click.echo(f"warning: {message}", err=True)
+            else:
+                shown(message, category, *args, **kwargs)
+
+        warnings.showwarning = show
+        yield
 
 
 def _stored_keys(db, gpu_key, head_dims, dtypes, seq_lens, causal, passes):
