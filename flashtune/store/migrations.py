@@ -100,10 +100,11 @@ def unversioned_check(connection: sa.Connection, url: sa.URL) -> None:
     tables = sorted(filter(is_store_table_name, sa.inspect(connection).get_table_names()))
     if not tables:
         return
-    rows = sum(connection.execute(sa.select(sa.func.count()).select_from(sa.table(name))).scalar_one()
-               for name in tables if name in ("flashtune_tuned_results", "flashtune_trials"))
+    rows = (connection.execute(sa.select(sa.func.count()).select_from(sa.table("flashtune_tuned_results")))
+            .scalar_one() if "flashtune_tuned_results" in tables else 0)
     raise StoreError(
-        f"the database at {show_url(url)} has flashtune's tables ({', '.join(tables)}; {rows} results and trials) "
+        f"the database at {show_url(url)} has flashtune's tables ({', '.join(tables)}; {rows} tuned "
+        f"result{'' if rows == 1 else 's'}) "
         f"but no {VERSION_TABLE} table with a revision in it, so their schema is unknown: restore the database "
         f"from a backup; if this flashtune wrote it (schema {head_revision()}), record that revision with the SQL "
         f"`INSERT INTO {VERSION_TABLE} (version_num) VALUES ('{head_revision()}')` and check with "
