@@ -125,19 +125,30 @@ def cannot_write(url: sa.URL) -> bool:
     return not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
 
 
-def _read_only_url(url: sa.URL) -> sa.URL:
-    """The URI form of a SQLite URL that opens the file without writing anything.
+# SQLite's URI parameters: given in a store URL (sqlite:///PATH?mode=ro), they reach
+# SQLite only through a file: URI opened with uri=true.
+_URI_PARAMS = ("mode", "immutable", "cache", "nolock", "psow", "vfs", "modeof")
 
-    ``immutable=1`` where the directory cannot be written and there is no WAL file: the
-    WAL index (``-shm``) cannot be made there, so SQLite could not open it otherwise."""
+
+def asks_read_only(url: sa.URL) -> bool:
+    """Whether a SQLite URL asks for a read-only store (``?mode=ro`` or ``?immutable=1``)."""
+    return url.query.get("mode") == "ro" or url.query.get("immutable") == "1"
+
+
+def _sqlite_uri_url(url: sa.URL, read_only: bool) -> sa.URL:
+    """The file: URI form of a SQLite URL, with its URI parameters; read-only adds
+    ``mode=ro``, and ``immutable=1`` where the directory cannot be written and there is
+    no WAL file (the WAL index, ``-shm``, cannot be made there, so SQLite could not open
+    the file otherwise)."""
     from urllib.parse import quote
 
     path = sqlite_path(url)
-    query = {"mode": "ro", "uri": "true"}
-    wal = Path(f"{path}-wal")
-    if not os.access(path.parent, os.W_OK) and not wal.exists():
-        query["immutable"] = "1"
-    return sa.URL.create("sqlite", database=f"file:{quote(str(path))}", query=query)
+    query = {name: value for name, value in url.query.items() if name in _URI_PARAMS}
+    if read_only:
+        query["mode"] = "ro"
+        if not os.access(path.parent, os.W_OK) and not Path(f"{path}-wal").exists():
+            query["immutable"] = "1"
+    return sa.URL.create("sqlite", database=f"file:{quote(str(path))}", query={**query, "uri": "true"})
 
 
 def create_store_engine(url: sa.URL, *, lock_timeout_s: float | None = None, read_only: bool = False) -> sa.Engine:
@@ -147,7 +158,8 @@ def create_store_engine(url: sa.URL, *, lock_timeout_s: float | None = None, rea
     PostgreSQL's lock_timeout; PostgreSQL also gets a statement_timeout of a few times
     that and a connect timeout), default ``BUSY_TIMEOUT_MS`` on SQLite and none on
     PostgreSQL. ``read_only``: a SQLite file opened without writing (see the module)."""
-    target = _read_only_url(url) if read_only and sqlite_path(url) is not None else url
+    uri_params = any(name in url.query for name in _URI_PARAMS) and "uri" not in url.query
+    target = _sqlite_uri_url(url, read_only) if sqlite_path(url) is not None and (read_only or uri_params) else url
     connect_args = {}
     if lock_timeout_s is not None and url.get_backend_name() == "postgresql" and "connect_timeout" not in url.query:
         connect_args["connect_timeout"] = max(1, math.ceil(lock_timeout_s))

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 
 from flashtune.keys import GpuInfo, TuningKey
 from flashtune.provenance import Provenance
-from flashtune.store.engine import (ENV_VAR, cannot_write, create_store_engine, ensure_directory, resolve_url, show_url,
-                                    sqlite_path, transaction, use_wal, wrap_errors)
+from flashtune.store.engine import (ENV_VAR, asks_read_only, cannot_write, create_store_engine, ensure_directory,
+                                    resolve_url, show_url, sqlite_path, transaction, use_wal, wrap_errors)
 from flashtune.store.errors import StoreError
 from flashtune.store.migrations import database_revision, head_revision, migrate, schema_error, unversioned_check
 from flashtune.store.models import KEY_COLUMNS, TRIAL_STATUSES, Gpu, Trial, TunedResult, utcnow
@@ -60,7 +60,7 @@ class Store:
             raise StoreError(f"no flashtune store at {path}")
         if create and url is None and not os.environ.get(ENV_VAR):
             ensure_directory(self.url)  # the default location's; a path given by hand must exist (typos)
-        self.read_only = not create and cannot_write(self.url)
+        self.read_only = asks_read_only(self.url) or (not create and cannot_write(self.url))
         self._engine = create_store_engine(self.url, lock_timeout_s=lock_timeout_s, read_only=self.read_only)
         try:
             self._check_schema(create)

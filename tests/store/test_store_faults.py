@@ -188,3 +188,17 @@ def test_a_damaged_row_is_skipped_and_named_and_the_rest_served(db_url):
     assert [line.split(",")[3] for line in listed.stdout.splitlines()] == ["seq_len", "16"]
     assert listed.stderr.startswith(f"warning: skipped tuned result #{row} (fwd float32 d16 n32 full on {HERE.key})")
     assert "`flashtune delete`" in listed.stderr
+
+
+def test_a_url_that_asks_for_read_only_gets_it(tmp_path):
+    from flashtune.store import ResultFilter, StoreError
+
+    db = tmp_path / "tuned.db"
+    _fill(db)
+    for query in ("mode=ro", "immutable=1"):
+        url = f"sqlite:///{db}?{query}"
+        with Store(url, create=False) as store:  # 3a7812e: the parameter was ignored, the delete went through
+            assert len(store.list_results()) == 2
+            with pytest.raises(StoreError, match="readonly database"):
+                store.delete_results(ResultFilter())
+        assert _served(url)[::2] == ([], "tuned exact")
