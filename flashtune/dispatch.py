@@ -73,6 +73,9 @@ from flashtune.store.engine import show_url
 
 __all__ = ["Choice", "DispatchWarning", "TunedAttention", "TunedTable", "get_tuned_attention", "nearest_index"]
 
+# How long loading the table waits for a lock (SQLite's busy timeout, PostgreSQL's
+# lock_timeout) before it warns and serves the heuristic configs.
+LOAD_LOCK_TIMEOUT_S = 1.0
 _MAX_PLANS = 4096  # remembered call signatures per callable; forgotten all at once when full
 
 
@@ -173,13 +176,17 @@ class TunedTable:
 
 def _read_results(url, gpu: str) -> list:
     """The GPU's stored results; on any failure to read, one warning and none."""
-    where = show_url(url)
+    where, damaged = show_url(url), []
     try:
-        with Store(url, create=False) as store:  # create=False: never makes a database
-            results = list(store.load_table(gpu).values())
+        # create=False: never makes a database (and reads one it cannot write read-only);
+        # a short lock timeout: a migration holding the tables must not stall the model
+        with Store(url, create=False, lock_timeout_s=LOAD_LOCK_TIMEOUT_S) as store:
+            results = list(store.load_table(gpu, damaged=damaged).values())
     except Exception as e:  # noqa: BLE001 - whatever the database does, the model runs
         _warn_once(f"flashtune cannot read tuned configs from {where}: {e}; using the heuristic default configs")
         return []
+    for problem in damaged:  # the rest of the table is served
+        _warn_once(f"flashtune skips a damaged row in {where}: {problem}")
     if not results:
         _warn_once(f"flashtune has no tuned configs for {gpu} in {where}; using the heuristic default configs "
                    f"(run `flashtune search --db {where}` on this GPU to tune it)")

@@ -78,7 +78,7 @@ class KeySearch:
         import torch
 
         self.key, self.bench, self.budget = key, bench, budget
-        self.on_trial = on_trial or (lambda search: None)
+        self.on_trial = on_trial or (lambda search, config, outcome: None)
         dtype = getattr(torch, key.dtype)
         self.ledger = Ledger(valid_candidates(key.pass_, key.head_dim, dtype, bench.device))
         try:
@@ -233,7 +233,7 @@ class KeySearch:
             self.study.tell_unmeasured(trial)
             raise
         self.study.tell(trial, outcome)
-        self.on_trial(self)
+        self.on_trial(self, cfg, outcome)
 
     def _trial(self, cfg) -> Outcome:
         """Check and time ``cfg`` in the worker; the outcome goes to the store and the ledger."""

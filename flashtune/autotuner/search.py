@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Sequence
 from flashtune.autotuner.key_search import Bench, Budget, KeyResult, KeySearch
 from flashtune.autotuner.study import journal_path, open_storage, study_name
 from flashtune.keys import GpuInfo, TuningKey
+from flashtune.kernels.config import MAX_HEAD_DIM
 
 __all__ = ["KeyResult", "Progress", "SearchSummary", "build_keys", "search", "study_name"]
 
@@ -46,7 +47,8 @@ class SearchSummary:
 @dataclasses.dataclass(frozen=True)
 class Progress:
     """What the search reports to its ``progress`` callback: at the start of each key,
-    after each trial, and when a key ends (``done``)."""
+    after each trial (``trial``: the config just measured and its outcome), and when a key
+    ends (``done``, with its ``result``)."""
 
     key: TuningKey
     keys_done: int  # keys finished before this one
@@ -56,6 +58,8 @@ class Progress:
     best_ms: float | None = None
     default_ms: float | None = None
     done: bool = False
+    trial: tuple | None = None  # (config, Outcome) of the trial this report follows
+    result: KeyResult | None = None  # the key's result, when done
 
     @property
     def completed(self) -> int:
@@ -154,6 +158,8 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     for key in keys:
         if key.gpu != gpu.key:
             raise ValueError(f"keys: {key.label()} is for GPU {key.gpu!r}, this device is {gpu.key!r}")
+        if key.head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"keys: {key.label()}: the kernels run head dims up to {MAX_HEAD_DIM}")
     journal_path(storage)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     report = progress or (lambda p: None)
@@ -170,18 +176,19 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
         bench = Bench(store=store, storage=optuna_storage, worker=worker, gpu=gpu, provenance=provenance, device=dev)
         with _sigterm_as_interrupt():
             for done, key in enumerate(keys):
-                def status(ks: KeySearch, finished: bool = False) -> Progress:
+                def status(ks: KeySearch, result: KeyResult | None = None, trial=None) -> Progress:
                     return Progress(key, done, len(keys), trials, ks.n_measured(), ks.best_ms(), ks.default_ms(),
-                                    finished)
+                                    result is not None, trial, result)
 
                 started = time.monotonic()
-                ks = KeySearch(key, bench, budget, on_trial=lambda ks: report(status(ks)))
+                ks = KeySearch(key, bench, budget,
+                               on_trial=lambda ks, cfg, outcome: report(status(ks, trial=(cfg, outcome))))
                 if not (force or revalidate) and ks.already_done():
                     stored = store.list_results(ResultFilter.for_key(key))
                     won = dict(winner=stored[0].config, time_ms=stored[0].time_ms, tflops=stored[0].tflops,
                                default_time_ms=stored[0].default_time_ms) if stored else {}
                     results.append(ks.result("already_tuned", **won))
-                    report(status(ks, True))
+                    report(status(ks, results[-1]))
                     continue
                 report(status(ks))
                 try:
@@ -192,7 +199,7 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
                     # this key fails, its finished trials stay, the other keys go on
                     failure = e.status if isinstance(e, WorkerLost) else "error"
                     results.append(ks.result(f"failed: {failure}", started, message=str(e)[:2000]))
-                report(status(ks, True))
+                report(status(ks, results[-1]))
     finally:
         worker.close()
         store.close()

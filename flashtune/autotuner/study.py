@@ -45,17 +45,18 @@ def journal_path(storage) -> Path | None:
 
 
 def open_storage(storage, store_url):
-    """An Optuna storage: a JournalStorage file (default, or a path) or an RDB URL."""
-    import optuna
+    """An Optuna storage: a JournalStorage file (default, or a path; checked writable, and
+    cut back to its last whole line if a write was cut short) or an RDB URL (connected now);
+    one that cannot be opened raises ValueError naming it, with any password hidden."""
+    from flashtune.autotuner.storage_checks import open_journal, open_rdb_storage, shown_storage
 
     path = journal_path(storage)
     if path is None and not storage:
         path = default_storage_path(store_url)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        backend = optuna.storages.journal.JournalFileBackend(str(path))
-        return optuna.storages.JournalStorage(backend), str(path)
-    return optuna.storages.RDBStorage(storage), storage
+        return open_journal(path), str(path)
+    return open_rdb_storage(storage), shown_storage(storage)
 
 
 class KeyStudy:

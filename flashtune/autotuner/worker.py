@@ -194,6 +194,8 @@ class TrialWorker:
         return self.info
 
     def _ensure(self, key: TuningKey) -> None:
+        if self._proc is not None and not self._proc.is_alive():
+            self._kill()  # died while idle (the OOM killer): a fresh child needs the key's inputs
         if self._key != key or self._proc is None:
             self.setup(key)
 

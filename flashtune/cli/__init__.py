@@ -1,4 +1,4 @@
-"""The ``flashtune`` command: search, list, show, export, import, bench, db, info.
+"""The ``flashtune`` command: search, list, show, export, import, bench, delete, db, info.
 
 One click group in the style of sqlite-utils: every command has help, tables by
 default and ``--json``/``--csv`` on request, user mistakes end in a one-line error with
@@ -16,6 +16,7 @@ from flashtune.cli.bench import bench_command
 from flashtune.cli.db import db_group
 from flashtune.cli.exchange import export_command, import_command
 from flashtune.cli.info import info_command
+from flashtune.cli.remove import delete_command, reset_command
 from flashtune.cli.results import list_command, show_command
 from flashtune.cli.search import search_command
 
@@ -39,8 +40,9 @@ def cli():
 
 
 for command in (search_command, list_command, show_command, export_command, import_command, bench_command,
-                db_group, info_command):
+                delete_command, db_group, info_command):
     cli.add_command(command)
+db_group.add_command(reset_command)
 
 
 def main(argv: list[str] | None = None) -> None:

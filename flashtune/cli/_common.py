@@ -54,12 +54,26 @@ def user_errors() -> Iterator[None]:
         raise click.ClickException(one_line(e)) from e
 
 
+# Ctrl-C: the shell's convention (128 + SIGINT), so scripts can tell it from a failure.
+INTERRUPTED_EXIT = 130
+
+
+def interrupted(message: str = "interrupted") -> click.exceptions.Exit:
+    """Say why on stderr; the exception to raise ends the command with exit code 130."""
+    click.echo(message, err=True)
+    return click.exceptions.Exit(INTERRUPTED_EXIT)
+
+
 class Command(click.Command):
-    """A command whose user mistakes end in a one-line error (exit 1), never a traceback."""
+    """A command whose user mistakes end in a one-line error (exit 1), never a traceback;
+    Ctrl-C ends it with exit code 130."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        with user_errors():
-            return super().invoke(ctx)
+        try:
+            with user_errors():
+                return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise interrupted() from None
 
 
 class Group(click.Group):
@@ -156,8 +170,11 @@ def grid(head_dims, dtypes, seq_lens, causal, passes, *, interpreter: bool) -> d
     }
 
 
+CSV_HELP = "Output CSV (booleans as true/false as in the JSON, empty cells for none, configs as JSON)."
+
+
 def output_options(f):
-    f = click.option("--csv", "as_csv", is_flag=True, help="Output CSV.")(f)
+    f = click.option("--csv", "as_csv", is_flag=True, help=CSV_HELP)(f)
     return click.option("--json", "as_json", is_flag=True, help="Output JSON.")(f)
 
 
@@ -209,15 +226,29 @@ def missing_store(db: str | None) -> Path | None:
     return None if path.exists() else path
 
 
+# How long a command waits for a lock on the store before it says what holds it.
+LOCK_TIMEOUT_S = 10.0
+
+
 def open_store(db: str | None, *, create: bool = False):
-    """The store at ``db``; without ``create``, a missing SQLite file is an error that says what to do."""
+    """The store at ``db``; without ``create``, a missing SQLite file is an error that says what to do
+    (and a file this process cannot write is read read-only)."""
     from flashtune.store import Store, resolve_url
 
     path = None if create else missing_store(db)
     if path is not None:
         raise click.ClickException(f"no flashtune store at {path}: tune with `flashtune search`, import a file with "
                                    "`flashtune import FILE`, or point --db at another store")
-    return Store(resolve_url(db), create=create)
+    return Store(resolve_url(db), create=create, lock_timeout_s=None if create else LOCK_TIMEOUT_S)
+
+
+def read_results(store, where) -> list:
+    """The results that match ``where``; a damaged row is skipped with a warning naming it."""
+    damaged: list[str] = []
+    results = store.list_results(where, damaged=damaged)
+    for problem in damaged:
+        click.echo(f"warning: skipped {problem}", err=True)
+    return results
 
 
 # -- output ---------------------------------------------------------------------------------
@@ -237,6 +268,18 @@ def ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def tflops(value: float | None) -> float | str | None:
+    """A TFLOPS cell: one decimal (456.7); "<0.1" for the interpreter's tiny figures."""
+    if value is None:
+        return None
+    return "<0.1" if 0 < value < 0.05 else round(value, 1)
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """"1 key", "2 keys" (``words`` where the plural is not ``word + "s"``)."""
+    return f"{count} {word if count == 1 else words or word + 's'}"
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Plain aligned columns: numbers right, text left (stable for tests and pipes)."""
     cells = [[fmt(c) for c in row] for row in rows]
@@ -253,9 +296,9 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _is_number(value: Any) -> bool:
-    """A number, or a ratio such as "1.25x"."""
-    if isinstance(value, str) and value.endswith("x"):
-        value = value[:-1]
+    """A number, a ratio such as "1.25x", or a bound such as "<0.1"."""
+    if isinstance(value, str) and (value.endswith("x") or value.startswith("<")):
+        value = value.strip("x<")
         return value.replace(".", "", 1).isdigit()
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -269,7 +312,8 @@ def echo_csv(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(headers)
     for row in rows:
-        writer.writerow(["" if v is None else json.dumps(v) if isinstance(v, (dict, list)) else v for v in row])
+        writer.writerow(["" if v is None else json.dumps(v) if isinstance(v, (dict, list, bool)) else v
+                         for v in row])
     click.echo(buffer.getvalue(), nl=False)
 
 

@@ -16,6 +16,7 @@ from flashtune.cli._common import (
     grid,
     interpreter_options,
     key_grid_options,
+    plural,
     ratio,
 )
 
@@ -74,7 +75,7 @@ def bench_command(head_dims, dtypes, seq_lens, causal, passes, impls, db, interp
     keys = build_keys(gpu.key, head_dims=values["head_dims"], dtypes=values["dtypes"], seq_lens=values["seq_lens"],
                       causal=values["causal"], passes=values["passes"])
     if not as_json:
-        click.echo(f"benchmarking {len(keys)} keys x {len(impls)} implementations on {gpu.key}"
+        click.echo(f"benchmarking {plural(len(keys), 'key')} x {len(impls)} implementations on {gpu.key}"
                    f"{' (Triton interpreter, CPU wall clock: not GPU performance)' if is_interpreter else ''}",
                    err=True)
 

@@ -1,4 +1,4 @@
-"""``flashtune db upgrade`` and ``flashtune db current``: the store's schema."""
+"""``flashtune db upgrade`` and ``flashtune db current``: the store's schema (``db reset``: cli/remove.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from flashtune.cli._common import Group, db_option
 
 @click.group("db", cls=Group)
 def db_group():
-    """Show or upgrade the store's schema."""
+    """Show or upgrade the store's schema, or empty the store."""
 
 
 def _where(db) -> str:

@@ -11,6 +11,8 @@ from flashtune.cli._common import (
     filter_options,
     missing_store,
     open_store,
+    plural,
+    read_results,
     result_filter,
 )
 
@@ -20,9 +22,10 @@ ON_CONFLICT = {"keep-faster": "keep_faster", "replace": "replace", "skip": "skip
 @click.command("export", cls=Command)
 @click.option("-o", "--output", required=True, metavar="FILE", type=click.Path(dir_okay=False, allow_dash=True),
               help="The file to write (- for standard output).")
+@click.option("--force", is_flag=True, help="Overwrite FILE if it exists.")
 @filter_options
 @db_option
-def export_command(output, gpu, dtype, head_dim, seq_len, causal, pass_, db):
+def export_command(output, force, gpu, dtype, head_dim, seq_len, causal, pass_, db):
     """Export tuned results to a JSON file that `flashtune import` reads.
 
     The file holds each GPU's table with its provenance (GPU, driver, CUDA, torch,
@@ -35,19 +38,23 @@ def export_command(output, gpu, dtype, head_dim, seq_len, causal, pass_, db):
     """
     from flashtune.store.exchange import dump_export, write_export
 
+    from pathlib import Path
+
+    if output != "-" and Path(output).exists() and not force:
+        raise click.ClickException(f"{output} exists: pass --force to overwrite it, or export to another file")
     where = result_filter(gpu, dtype, head_dim, seq_len, causal, pass_)
     with open_store(db) as store:
-        results = store.list_results(where)
+        results = read_results(store, where)
     if not results:
         raise click.ClickException(f"nothing to export: no tuned result matches ({where.describe()}); "
                                    "`flashtune list` shows what is stored")
     gpus = ", ".join(dict.fromkeys(r.key.gpu for r in results))
     if output == "-":
         click.echo(dump_export(results), nl=False)  # bytes: written as they are
-        click.echo(f"exported {len(results)} results ({gpus})", err=True)
+        click.echo(f"exported {plural(len(results), 'result')} ({gpus})", err=True)
         return
     write_export(output, results)
-    click.echo(f"exported {len(results)} results ({gpus}) to {output}")
+    click.echo(f"exported {plural(len(results), 'result')} ({gpus}) to {output}")
 
 
 @click.command("import", cls=Command)
@@ -102,7 +109,7 @@ def import_command(file, db, on_conflict, dry_run, force, as_json):
                    "added": summary.inserted, "replaced": summary.replaced, "kept": summary.kept,
                    "exported_by": export.flashtune_version, "exported_at": export.exported_at})
         return
-    click.echo(f"{file}: {len(export.results)} entries for {len(export.gpus)} GPU(s) "
+    click.echo(f"{file}: {plural(len(export.results), 'entry', 'entries')} for {plural(len(export.gpus), 'GPU')} "
                f"({', '.join(export.gpus) or 'none'}), exported by flashtune {export.flashtune_version} "
                f"at {export.exported_at}")
     if dry_run:
@@ -112,7 +119,7 @@ def import_command(file, db, on_conflict, dry_run, force, as_json):
         click.echo(f"imported: {summary.inserted} added, {summary.replaced} replaced, {summary.kept} kept")
     if summary.kept:
         why = "it was at least as fast" if on_conflict == "keep-faster" else "--on-conflict skip"
-        click.echo(f"{summary.kept} keys {'would keep' if dry_run else 'kept'} the store's result ({why})")
+        click.echo(f"{plural(summary.kept, 'key')} {'would keep' if dry_run else 'kept'} the store's result ({why})")
     if other_triton:
-        click.echo(f"note: {other_triton} entries were tuned with another triton than this one ({triton}); "
+        click.echo(f"note: {plural(other_triton, 'entry', 'entries')} {'was' if other_triton == 1 else 'were'} tuned with another triton than this one ({triton}); "
                    "`flashtune search --revalidate` re-times them here", err=True)

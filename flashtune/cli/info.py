@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from flashtune.cli._common import Command, db_option, echo_json
+from flashtune.cli._common import LOCK_TIMEOUT_S, Command, db_option, echo_json
 
 
 @click.command("info", cls=Command)
@@ -79,9 +79,10 @@ def _store_state(db, gpu_key: str) -> dict:
     try:
         state["revision"] = current_revision(url)
         if state["revision"] == head_revision():
-            with Store(url, create=False) as store:
-                state["tuned_results"] = len(store.load_table(gpu_key))
-                state["total_results"] = len(store.list_results())
+            with Store(url, create=False, lock_timeout_s=LOCK_TIMEOUT_S) as store:
+                damaged: list[str] = []
+                state["tuned_results"] = len(store.load_table(gpu_key, damaged=damaged))
+                state["total_results"] = len(store.list_results(damaged=damaged))
     except StoreError as e:
         state["problem"] = str(e).splitlines()[0]
     return state

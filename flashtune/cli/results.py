@@ -16,9 +16,12 @@ from flashtune.cli._common import (
     fmt,
     format_table,
     open_store,
+    read_results,
     output_options,
+    plural,
     ratio,
     result_filter,
+    tflops,
 )
 
 CSV_COLUMNS = ("gpu", "dtype", "head_dim", "seq_len", "causal", "pass", "config", "time_ms", "tflops",
@@ -49,7 +52,7 @@ def _stale_note(results) -> str | None:
     stale = sum(not is_current(r.provenance) for r in results)
     if not stale:
         return None
-    return (f"note: {stale} of {len(results)} results were tuned with other kernel sources or another triton; "
+    return (f"note: {stale} of {plural(len(results), 'result')} were tuned with other kernel sources or another triton; "
             "`flashtune search --revalidate` re-times them")
 
 
@@ -73,7 +76,7 @@ def list_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_c
     check_one_format(as_json, as_csv)
     where = result_filter(gpu, dtype, head_dim, seq_len, causal, pass_)
     with open_store(db) as store:
-        results = store.list_results(where)
+        results = read_results(store, where)
     if as_json:
         echo_json([result_record(r) for r in results])
     elif as_csv:
@@ -82,7 +85,7 @@ def list_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_c
     elif not results:
         click.echo(f"no tuned results ({where.describe()})", err=True)
     else:
-        rows = [[*key_cells(r.key), r.config.label(), r.time_ms, r.tflops, ratio(r.speedup), r.n_trials]
+        rows = [[*key_cells(r.key), r.config.label(), r.time_ms, tflops(r.tflops), ratio(r.speedup), r.n_trials]
                 for r in results]
         click.echo(format_table(TABLE_COLUMNS, rows))
         note = _stale_note(results)
@@ -114,7 +117,7 @@ def show_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_c
     check_one_format(as_json, as_csv)
     where = result_filter(gpu, dtype, head_dim, seq_len, causal, pass_)
     with open_store(db) as store:
-        results = store.list_results(where)
+        results = read_results(store, where)
         if len(results) > 1:
             raise click.ClickException(
                 f"{len(results)} results match ({where.describe()}): narrow them to one key with "
@@ -177,7 +180,7 @@ def _details(key, result, trials) -> str:
         pairs = [
             ("config", result.config.short()),
             ("time", f"{fmt(result.time_ms)} ms"),
-            ("TFLOPS", fmt(result.tflops)),
+            ("TFLOPS", fmt(tflops(result.tflops))),
             ("default time", "-" if result.default_time_ms is None else f"{fmt(result.default_time_ms)} ms"),
             ("speed-up", ratio(result.speedup)),
             ("error", f"{fmt(result.error)} (worst error / allowance; <= 1 passes)"),
@@ -194,7 +197,7 @@ def _details(key, result, trials) -> str:
     if not trials:
         lines.append("no trials recorded for this key (it was imported, or its trials were deleted)")
     else:
-        lines.append(f"{len(trials)} trials:")
+        lines.append(f"{plural(len(trials), 'trial')}:")
         rows = [[t.id, t.status, t.config.label(), t.time_ms, t.error, t.message[:60]] for t in trials]
         lines.append(format_table(("id", "status", "config", "ms", "error", "message"), rows))
     return "\n".join(lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 
 import click
 
@@ -15,9 +16,12 @@ from flashtune.cli._common import (
     format_table,
     grid,
     interpreter_options,
+    interrupted,
     key_grid_options,
     open_store,
+    plural,
     ratio,
+    tflops,
 )
 
 # On the H200 (docs/tuning.md), 16 trials per key left one forward key 3.4 % behind an
@@ -43,8 +47,8 @@ TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall cl
 @click.option("--force", is_flag=True, help="Search keys again even if their search already finished.")
 @interpreter_options
 @click.option("--seed", type=int, default=0, show_default=True, help="The sampler's seed.")
-@click.option("--progress/--no-progress", default=None, help="Show a progress bar. [default: when stderr is a "
-              "terminal]")
+@click.option("--progress/--no-progress", default=None, help="Show progress on stderr: a bar on a terminal, else "
+              "one line per trial and per key with an ETA (for logs). [default: on, off with --json]")
 @click.option("--json", "as_json", is_flag=True, help="Output the summary as JSON.")
 def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout, trial_timeout, db, storage,
                    revalidate, force, interpreter, device, seed, progress, as_json):
@@ -80,31 +84,61 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout,
         click.echo("warning: bfloat16 gives wrong results under the Triton interpreter; its configs will fail the "
                    "correctness check (use --dtype float32 or float16)", err=True)
     if progress is None:
-        progress = sys.stderr.isatty() and not as_json
+        progress = not as_json
+    reporter = None
+    if progress and not sys.stderr.isatty():  # a bar would show only its last frame
+        from flashtune.cli.progress import TrialLog
+
+        reporter, progress = TrialLog(), False
     if not as_json:
         mode = "the Triton interpreter: a CPU demo" if is_interpreter else dev
         verb = "revalidating" if revalidate else "searching"
-        click.echo(f"{verb} {len(keys)} keys on {gpu.key} ({mode}), {trials} trials per key", err=True)
+        click.echo(f"{verb} {plural(len(keys), 'key')} on {gpu.key} ({mode}), {plural(trials, 'trial')} per key",
+                   err=True)
     try:
         with contextlib.ExitStack() as stack:
-            bar = None
-            if progress:
+            stack.enter_context(_warnings_as_lines())
+            report = None
+            if not progress:
+                report = reporter  # lines where stderr is no terminal (or None: nothing)
+            else:
                 from rich.console import Console
 
                 from flashtune.cli._progress import ProgressBar
 
-                bar = stack.enter_context(ProgressBar(Console(stderr=True)))
+                report = stack.enter_context(ProgressBar(Console(stderr=True)))
             summary = search(keys, db=db, trials=trials, timeout=timeout, trial_timeout=trial_timeout,
-                             storage=storage, device=dev, progress=bar, seed=seed, force=force, revalidate=revalidate)
+                             storage=storage, device=dev, progress=report, seed=seed, force=force,
+                             revalidate=revalidate)
     except KeyboardInterrupt:
-        raise click.ClickException("interrupted: the keys finished so far are stored; run the same command again "
-                                   "to resume") from None
+        raise interrupted("interrupted: the keys finished so far are stored; run the same command again to "
+                          "resume") from None
     _report(summary, before, as_json)
     failed = [r for r in summary.results if r.status not in ("tuned", "already_tuned")]
     if failed:
-        raise click.ClickException(f"{len(failed)} of {len(summary.results)} keys were not tuned "
+        were = "was" if len(failed) == 1 else "were"
+        raise click.ClickException(f"{len(failed)} of {plural(len(summary.results), 'key')} {were} not tuned "
                                    f"({', '.join(sorted({r.status for r in failed}))}): `flashtune show` with a "
                                    "key's options lists its trials and their errors")
+
+
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """The search's own warnings (a repaired journal) as "warning: ..." lines on stderr."""
+    from flashtune.autotuner.storage_checks import JournalRepaired
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", JournalRepaired)
+        shown = warnings.showwarning
+
+        def show(message, category, *args, **kwargs):
+            if issubclass(category, JournalRepaired):
+                click.echo(f"warning: {message}", err=True)
+            else:
+                shown(message, category, *args, **kwargs)
+
+        warnings.showwarning = show
+        yield
 
 
 def _stored_keys(db, gpu_key, head_dims, dtypes, seq_lens, causal, passes):
@@ -143,13 +177,13 @@ def _report(summary, before, as_json: bool) -> None:
     rows = []
     for r in results:
         row = [r.key.label(), r.status, r.winner.label() if r.winner is not None else None, r.time_ms,
-               r.tflops, ratio(r.speedup), r.n_trials, r.rejected]
+               tflops(r.tflops), ratio(r.speedup), r.n_trials, r.rejected]
         if before:
             row.append(before[r.key].time_ms if r.key in before else None)
         rows.append(row)
     click.echo(format_table(headers, rows))
     tuned = [r for r in results if r.status == "tuned"]
-    click.echo(f"{len(tuned)} of {len(results)} keys tuned on {results[0].key.gpu if results else '-'}; "
+    click.echo(f"{len(tuned)} of {plural(len(results), 'key')} tuned on {results[0].key.gpu if results else '-'}; "
                f"Optuna storage: {summary.storage}")
     for timer in timers:
         click.echo(f"timings: {timer}" + (f" ({TIMER_NOTES[timer]})" if timer in TIMER_NOTES else ""))

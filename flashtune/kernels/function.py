@@ -39,6 +39,9 @@ def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32",
     if q.device.type == "cpu" and not INTERPRETER:
         raise ValueError("q: CPU tensors need the Triton interpreter; set TRITON_INTERPRET=1 before importing "
                          "flashtune, or move the tensors to a CUDA device")
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        raise TypeError("q: bfloat16 is not computed correctly by the Triton interpreter; use float16 or float32 on "
+                        "the CPU, or a CUDA device for bfloat16")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"q: expected a CUDA tensor, got device {q.device}")
     B, Hq, _, D = q.shape

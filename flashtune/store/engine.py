@@ -4,7 +4,14 @@
   else ``<user data dir>/flashtune/tuned.db``).
 - ``create_store_engine``: an engine; on SQLite every connection gets a busy timeout
   and foreign keys, and flashtune emits BEGIN itself (IMMEDIATE for writes), so two
-  writers queue on the lock instead of failing half-way.
+  writers queue on the lock instead of failing half-way. ``lock_timeout_s`` bounds how
+  long a reader that must not stall (the dispatcher at model start-up) waits for a lock,
+  on both engines; ``read_only`` opens a SQLite file that cannot be written (a store
+  baked into a container image) with ``mode=ro`` (and ``immutable=1`` where its
+  directory cannot be written either, so no WAL index can be made).
+- ``ensure_directory``: the missing directories of a SQLite file, made where a store is
+  created at the default location or by ``flashtune db upgrade`` (never by what only
+  reads a store; a path given to a search must exist, so a typo makes no directories).
 - ``use_wal``: WAL mode for a SQLite file once it is known to be a flashtune store.
 - ``transaction``: one session, one transaction; commits, rolls back and closes, and
   turns driver errors into ``StoreError`` with the cause chained.
@@ -13,6 +20,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import os
 import sqlite3
 import time
@@ -40,6 +49,8 @@ _HINTS = {
     "unable to open database file": "cannot open the file: check that its directory exists and is writable",
     "readonly database": "the database is read-only: check the file's and its directory's permissions",
     "database is locked": "another process held the database lock for longer than the busy timeout",
+    "lock timeout": "another connection holds a lock on the store's tables (a migration or a long transaction)",
+    "statement timeout": "the database did not answer in time",
 }
 
 
@@ -53,19 +64,15 @@ def default_path() -> Path:
 def resolve_url(url: str | os.PathLike | sa.URL | None = None) -> sa.URL:
     """The store's URL from a SQLAlchemy URL, a file path (SQLite), or None (the default).
 
-    None means ``FLASHTUNE_DB`` (a path or a URL) if set, else ``default_path()``, whose
-    missing parent directories are created. ``postgresql://`` means psycopg 3
+    None means ``FLASHTUNE_DB`` (a path or a URL) if set, else ``default_path()`` (its
+    directory is made by ``ensure_directory`` when a store is created, never here, so
+    reading commands leave the disk as it was). ``postgresql://`` means psycopg 3
     (``postgresql+psycopg://``), the driver of flashtune's ``postgres`` extra.
     """
     if url is None:
         url = os.environ.get(ENV_VAR)
     if not url:
         url = default_path()
-        try:
-            url.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"cannot create the store's directory {url.parent}: {e}; set {ENV_VAR} to a "
-                             "writable path or a database URL") from e
     if isinstance(url, sa.URL):
         parsed = url
     elif isinstance(url, os.PathLike) or "://" not in url:
@@ -98,28 +105,99 @@ def sqlite_path(url: sa.URL) -> Path | None:
     return Path(url.database)
 
 
-def create_store_engine(url: sa.URL) -> sa.Engine:
-    """An engine for the store; SQLite connections are configured as the module says."""
+def ensure_directory(url: sa.URL) -> None:
+    """Make the missing directories of a SQLite store's file (a store is about to be created)."""
+    path = sqlite_path(url)
+    if path is None or path.parent.is_dir():
+        return
     try:
-        engine = sa.create_engine(url)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"cannot create the store's directory {path.parent}: {e.strerror or e}; set {ENV_VAR} "
+                         "(or --db) to a writable path or a database URL") from e
+
+
+def cannot_write(url: sa.URL) -> bool:
+    """Whether a SQLite store's file exists but this process cannot write it or its directory."""
+    path = sqlite_path(url)
+    if path is None or not path.is_file():
+        return False
+    return not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+
+
+# SQLite's URI parameters: given in a store URL (sqlite:///PATH?mode=ro), they reach
+# SQLite only through a file: URI opened with uri=true.
+_URI_PARAMS = ("mode", "immutable", "cache", "nolock", "psow", "vfs", "modeof")
+
+
+def asks_read_only(url: sa.URL) -> bool:
+    """Whether a SQLite URL asks for a read-only store (``?mode=ro`` or ``?immutable=1``)."""
+    return url.query.get("mode") == "ro" or url.query.get("immutable") == "1"
+
+
+def _sqlite_uri_url(url: sa.URL, read_only: bool) -> sa.URL:
+    """The file: URI form of a SQLite URL, with its URI parameters; read-only adds
+    ``mode=ro``, and ``immutable=1`` where the directory cannot be written and there is
+    no WAL file (the WAL index, ``-shm``, cannot be made there, so SQLite could not open
+    the file otherwise)."""
+    from urllib.parse import quote
+
+    path = sqlite_path(url)
+    query = {name: value for name, value in url.query.items() if name in _URI_PARAMS}
+    if read_only:
+        query["mode"] = "ro"
+        if not os.access(path.parent, os.W_OK) and not Path(f"{path}-wal").exists():
+            query["immutable"] = "1"
+    return sa.URL.create("sqlite", database=f"file:{quote(str(path))}", query={**query, "uri": "true"})
+
+
+def create_store_engine(url: sa.URL, *, lock_timeout_s: float | None = None, read_only: bool = False) -> sa.Engine:
+    """An engine for the store; SQLite connections are configured as the module says.
+
+    ``lock_timeout_s``: the longest a statement waits for a lock (SQLite's busy timeout,
+    PostgreSQL's lock_timeout; PostgreSQL also gets a statement_timeout of a few times
+    that and a connect timeout), default ``BUSY_TIMEOUT_MS`` on SQLite and none on
+    PostgreSQL. ``read_only``: a SQLite file opened without writing (see the module)."""
+    uri_params = any(name in url.query for name in _URI_PARAMS) and "uri" not in url.query
+    target = _sqlite_uri_url(url, read_only) if sqlite_path(url) is not None and (read_only or uri_params) else url
+    connect_args = {}
+    if lock_timeout_s is not None and url.get_backend_name() == "postgresql" and "connect_timeout" not in url.query:
+        connect_args["connect_timeout"] = max(1, math.ceil(lock_timeout_s))
+    try:
+        engine = sa.create_engine(target, connect_args=connect_args)
     except (ImportError, sa.exc.ArgumentError) as e:
         raise StoreError(f"cannot use {show_url(url)}: {e}") from e
     if url.get_backend_name() == "sqlite":
-        sa.event.listen(engine, "connect", _configure_sqlite_connection)
+        busy_ms = None if lock_timeout_s is None else max(1, int(lock_timeout_s * 1000))
+        sa.event.listen(engine, "connect", functools.partial(_configure_sqlite_connection, busy_ms=busy_ms))
         sa.event.listen(engine, "begin", _begin_sqlite_transaction)
+    elif lock_timeout_s is not None:
+        sa.event.listen(engine, "connect", functools.partial(_configure_postgresql_timeouts,
+                                                             lock_ms=max(1, int(lock_timeout_s * 1000))))
     return engine
 
 
-def _configure_sqlite_connection(dbapi_connection, _record) -> None:
+def _configure_sqlite_connection(dbapi_connection, _record, busy_ms: int | None = None) -> None:
     # The driver would open transactions lazily and only before DML; we emit BEGIN
     # ourselves (see _begin_sqlite_transaction), so DDL is transactional too.
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
-        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS if busy_ms is None else busy_ms}")
         cursor.execute("PRAGMA foreign_keys = ON")
     finally:
         cursor.close()
+
+
+def _configure_postgresql_timeouts(dbapi_connection, _record, lock_ms: int) -> None:
+    # A migration's ACCESS EXCLUSIVE lock would block a read for as long as it runs.
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"SET lock_timeout = {lock_ms}")
+        cursor.execute(f"SET statement_timeout = {4 * lock_ms}")
+    finally:
+        cursor.close()
+    dbapi_connection.commit()  # session settings outlive the transaction they were set in
 
 
 def use_wal(engine: sa.Engine) -> None:

@@ -42,6 +42,8 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
+import stat
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timezone
@@ -79,7 +81,7 @@ class _Strict(BaseModel):
 
 
 # Text shows up in tables and messages: no control characters (a newline would break a line).
-_PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+_PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f]*$"  # zero-width and bidi characters: StoredResult.check
 _Version = Annotated[str, Field(max_length=64, pattern=_PRINTABLE)]
 _Count = Annotated[int, Field(ge=0, le=2**62)]
 _Size = Annotated[int, Field(ge=1, le=2**31 - 1)]
@@ -269,7 +271,11 @@ def read_export(path: str | os.PathLike, *, max_bytes: int = MAX_BYTES) -> Expor
     """Read and validate an export file; the size is checked before anything is parsed."""
     path = Path(path)
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block the read forever, /dev/zero never end
+            raise ExchangeError(f"{path} is not a regular file (a pipe, a device or a socket): save the export to a "
+                                "file and import that")
+        size = info.st_size
         if size > max_bytes:
             raise ExchangeError(_too_big(size, max_bytes))
         with path.open("rb") as f:
@@ -357,7 +363,9 @@ def _check_header(document: Any) -> None:
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ExchangeError(f"not a flashtune export file (expected \"format\": \"{FORMAT}\")")
     version = document.get("format_version")
-    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+    if isinstance(version, (bool, float)):  # pydantic's Literal takes true and 1.0 for 1
+        raise ExchangeError(f"format_version: expected the integer {FORMAT_VERSION}, got {json.dumps(version)}")
+    if isinstance(version, int) and version > FORMAT_VERSION:
         raise ExchangeError(f"the file has format version {version}, this flashtune reads version "
                             f"{FORMAT_VERSION}: it was written by a newer flashtune; upgrade flashtune")
 
@@ -367,7 +375,7 @@ def _describe(error: ValidationError) -> str:
     first = problems[0]
     where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" if str(part).isidentifier()
                     else f"[{str(part)!r}]" for part in first["loc"]).lstrip(".")
-    message = first["msg"].removeprefix("Value error, ")
+    message = _shorten_numbers(first["msg"].removeprefix("Value error, "))
     more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
     value = first.get("input")
     shown = "" if isinstance(value, (dict, list)) else f", got {_short(value)}"
@@ -375,8 +383,14 @@ def _describe(error: ValidationError) -> str:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    from flashtune.store.records import short_value
+
+    return short_value(value)
+
+
+def _shorten_numbers(text: str) -> str:
+    """A message quoting a 4001-digit number quotes its first digits and its length."""
+    return re.sub(r"\d{40,}", lambda m: f"{m[0][:12]}... ({len(m[0])} digits)", text)
 
 
 def _results(document: _Document) -> list[StoredResult]:
@@ -397,7 +411,7 @@ def _results(document: _Document) -> list[StoredResult]:
             try:
                 result.check()  # what the store will require, so a bad file fails before the transaction
             except ValueError as error:
-                raise ExchangeError(f"{where}: {error}") from None
+                raise ExchangeError(_shorten_numbers(f"{where}: {error}")) from None
             results.append(result)
     return results
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from flashtune.store.engine import (create_store_engine, resolve_url, show_url, sqlite_path, transaction, use_wal,
-                                    wrap_errors)
+from flashtune.store.engine import (cannot_write, create_store_engine, ensure_directory, resolve_url, show_url,
+                                    sqlite_path, transaction, use_wal, wrap_errors)
 from flashtune.store.errors import SchemaBehindError, SchemaNewerError, StoreError
 
 VERSION_TABLE = "flashtune_alembic_version"
@@ -94,6 +94,23 @@ def schema_error(revision: str, url: sa.URL) -> StoreError:
     )
 
 
+def unversioned_check(connection: sa.Connection, url: sa.URL) -> None:
+    """Raise ``StoreError`` where flashtune's tables exist but no revision is recorded
+    (the version table was emptied or dropped): such a database is no new store."""
+    tables = sorted(filter(is_store_table_name, sa.inspect(connection).get_table_names()))
+    if not tables:
+        return
+    rows = (connection.execute(sa.select(sa.func.count()).select_from(sa.table("flashtune_tuned_results")))
+            .scalar_one() if "flashtune_tuned_results" in tables else 0)
+    raise StoreError(
+        f"the database at {show_url(url)} has flashtune's tables ({', '.join(tables)}; {rows} tuned "
+        f"result{'' if rows == 1 else 's'}) "
+        f"but no {VERSION_TABLE} table with a revision in it, so their schema is unknown: restore the database "
+        f"from a backup; if this flashtune wrote it (schema {head_revision()}), record that revision with the SQL "
+        f"`INSERT INTO {VERSION_TABLE} (version_num) VALUES ('{head_revision()}')` and check with "
+        "`flashtune db current`")
+
+
 def migrate(engine: sa.Engine, url: sa.URL, revision: str = "head") -> str:
     """Upgrade the database behind ``engine`` to ``revision`` in one transaction; return the new revision.
 
@@ -111,10 +128,8 @@ def migrate(engine: sa.Engine, url: sa.URL, revision: str = "head") -> str:
         found = database_revision(connection)
         if found is not None and found not in known_revisions():
             raise schema_error(found, url)
-        unversioned = found is None and sorted(filter(is_store_table_name, sa.inspect(connection).get_table_names()))
-        if unversioned:
-            raise StoreError(f"the database at {show_url(url)} has flashtune's tables ({', '.join(unversioned)}) but "
-                             f"no {VERSION_TABLE} table, so their schema is unknown; restore it from a backup")
+        if found is None:
+            unversioned_check(connection, url)
         try:
             command.upgrade(alembic_config(url, connection), revision)
         except CommandError as e:
@@ -128,6 +143,7 @@ def upgrade(url: str | os.PathLike | None = None, revision: str = "head") -> str
     This is what ``flashtune db upgrade --db URL`` runs. A new database gets every table.
     """
     resolved = resolve_url(url)
+    ensure_directory(resolved)
     engine = create_store_engine(resolved)
     try:
         revision = migrate(engine, resolved, revision)
@@ -139,14 +155,19 @@ def upgrade(url: str | os.PathLike | None = None, revision: str = "head") -> str
 
 
 def current_revision(url: str | os.PathLike | None = None) -> str | None:
-    """The schema revision of the store at ``url``; None where there is no store (yet)."""
+    """The schema revision of the store at ``url``; None where there is no store (yet).
+
+    A database with flashtune's tables but no recorded revision raises ``StoreError``."""
     resolved = resolve_url(url)
     path = sqlite_path(resolved)
     if path is not None and not path.exists():
         return None
-    engine = create_store_engine(resolved)
+    engine = create_store_engine(resolved, read_only=cannot_write(resolved))
     try:
         with transaction(engine, f"read the schema revision of {show_url(resolved)}") as session:
-            return database_revision(session.connection())
+            revision = database_revision(session.connection())
+            if revision is None:
+                unversioned_check(session.connection(), resolved)
+            return revision
     finally:
         engine.dispose()

@@ -47,17 +47,27 @@ class StoredResult:
         return None if self.default_time_ms is None else self.default_time_ms / self.time_ms
 
     def check(self) -> None:
-        """Raise ValueError naming the field if this result cannot be stored."""
+        """Raise ValueError naming the field if this result cannot be stored, or could be
+        stored but not shown or served: every number within what the kernels run and the
+        store holds (so a speed-up stays finite), every name printable text."""
         if self.gpu.key != self.key.gpu:
             raise ValueError(f"gpu: {self.gpu.key!r} is not the key's GPU {self.key.gpu!r}")
+        check_key(self.key)
         check_config(self.key, self.config)
-        check_number("time_ms", self.time_ms, minimum=0.0, inclusive=False)
-        check_number("tflops", self.tflops, minimum=0.0)
+        check_runs(self.key, self.config)
+        check_number("time_ms", self.time_ms, minimum=MIN_TIME_MS, maximum=MAX_TIME_MS)
+        check_number("tflops", self.tflops, minimum=0.0, maximum=MAX_TFLOPS)
         if self.default_time_ms is not None:
-            check_number("default_time_ms", self.default_time_ms, minimum=0.0, inclusive=False)
-        check_number("error", self.error, minimum=0.0)
-        if not isinstance(self.n_trials, int) or isinstance(self.n_trials, bool) or self.n_trials < 0:
-            raise ValueError(f"n_trials: expected a non-negative integer, got {self.n_trials!r}")
+            check_number("default_time_ms", self.default_time_ms, minimum=MIN_TIME_MS, maximum=MAX_TIME_MS)
+        check_number("error", self.error, minimum=0.0, maximum=MAX_ERROR)
+        check_count("n_trials", self.n_trials)
+        check_count("gpu.sm_count", self.gpu.sm_count)
+        check_count("gpu.total_memory", self.gpu.total_memory, maximum=MAX_BIGINT)
+        check_text("gpu.name", self.gpu.name)
+        for field in dataclasses.fields(self.provenance):
+            value = getattr(self.provenance, field.name)
+            if isinstance(value, str):
+                check_text(f"provenance.{field.name}", value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,15 +150,83 @@ def load_config(pass_: str, data: Mapping[str, Any], where: str) -> Config:
 
     try:
         return config_class(pass_).from_dict(data)
-    except ConfigError as e:
-        raise StoreError(f"{where} has an invalid config {data!r}: {e}; delete it or tune that key again") from e
+    except (ConfigError, TypeError, ValueError, AttributeError) as e:
+        shown = repr(data) if len(repr(data)) <= 80 else repr(data)[:77] + "..."
+        raise StoreError(f"{where} has an invalid config {shown}: {e}; delete it with `flashtune delete` or tune "
+                         "that key again") from e
 
 
-def check_number(name: str, value: Any, *, minimum: float, inclusive: bool = True) -> None:
+def check_number(name: str, value: Any, *, minimum: float, inclusive: bool = True,
+                 maximum: float | None = None) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < minimum or (not inclusive and value == minimum):
-        bound = f">= {minimum}" if inclusive else f"> {minimum}"
-        raise ValueError(f"{name}: expected a finite number {bound}, got {value!r}")
+    if not ok or value < minimum or (not inclusive and value == minimum) or (maximum is not None and value > maximum):
+        bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+        if maximum is not None:
+            bound += f" and <= {maximum:g}"
+        raise ValueError(f"{name}: expected a finite number {bound}, got {short_value(value)}")
+
+
+# What a stored result may hold. Times: no launch takes under a nanosecond or over
+# hours (and default/time must stay a finite speed-up); no GPU reaches 100 PFLOPS;
+# counts fit PostgreSQL's INTEGER, memory its BIGINT.
+MIN_TIME_MS, MAX_TIME_MS = 1e-6, 1e7
+MAX_TFLOPS = 1e5
+MAX_ERROR = 1e6
+MAX_INT = 2**31 - 1
+MAX_BIGINT = 2**63 - 1
+MAX_SEQ_LEN = MAX_INT
+
+
+def check_count(name: str, value: Any, *, maximum: int = MAX_INT) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= maximum:
+        raise ValueError(f"{name}: expected an integer from 0 to {maximum}, got {short_value(value)}")
+
+
+def check_key(key: TuningKey) -> None:
+    """A key the kernels can run (head_dim within their limit) and the store can hold."""
+    from flashtune.kernels.config import MAX_HEAD_DIM
+
+    if not key.head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim: the kernels run head dims up to {MAX_HEAD_DIM}, got {short_value(key.head_dim)}")
+    if not key.seq_len <= MAX_SEQ_LEN:
+        raise ValueError(f"seq_len: expected at most {MAX_SEQ_LEN}, got {short_value(key.seq_len)}")
+    check_text("gpu", key.gpu)
+
+
+def check_runs(key: TuningKey, config: Any) -> None:
+    """The config runs for its key on some device (the device-independent rules of
+    ``validate()``: tma only for 16-bit dtypes, atomic dQ head dims, ...)."""
+    import torch
+
+    from flashtune.kernels.config import ConfigError
+
+    try:
+        config.validate(key.head_dim, getattr(torch, key.dtype), "cpu")
+    except ConfigError as e:
+        raise ValueError(f"config: {e}") from e
+
+
+def check_text(name: str, value: Any) -> None:
+    """Printable text: no control characters (C0, C1) and no invisible format characters
+    (zero-width, bidirectional overrides), which would let one name pass for another."""
+    import unicodedata
+
+    if not isinstance(value, str):
+        raise ValueError(f"{name}: expected text, got {short_value(value)}")
+    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")), None)
+    if bad is not None:
+        raise ValueError(f"{name}: expected printable text, got the character U+{ord(bad):04X} in "
+                         f"{short_value(value)}")
+
+
+def short_value(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, a long one shortened (a 4001-digit number is not echoed in full)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{text[:12]}... ({len(text.lstrip('-'))} digits)"
+    return text[:limit - 3] + "..."
 
 
 def as_utc(moment: datetime) -> datetime:

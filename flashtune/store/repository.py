@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import contextlib
+import json
 import os
 from collections.abc import Iterable
 
@@ -13,10 +15,10 @@ from sqlalchemy.orm import Session
 from flashtune.keys import GpuInfo, TuningKey
 from flashtune.outcome import Outcome
 from flashtune.provenance import Provenance
-from flashtune.store.engine import (create_store_engine, resolve_url, show_url, sqlite_path, transaction, use_wal,
-                                    wrap_errors)
+from flashtune.store.engine import (ENV_VAR, asks_read_only, cannot_write, create_store_engine, ensure_directory,
+                                    resolve_url, show_url, sqlite_path, transaction, use_wal, wrap_errors)
 from flashtune.store.errors import StoreError
-from flashtune.store.migrations import database_revision, head_revision, migrate, schema_error
+from flashtune.store.migrations import database_revision, head_revision, migrate, schema_error, unversioned_check
 from flashtune.store.models import KEY_COLUMNS, Gpu, Trial, TunedResult, utcnow
 from flashtune.store.records import (
     ImportSummary,
@@ -42,14 +44,23 @@ class Store:
     ``flashtune db upgrade``; one written by a newer flashtune raises ``SchemaNewerError``.
     Every method is one transaction and raises ``StoreError`` when the database fails;
     bad arguments raise ``ValueError`` before anything is written.
+
+    ``create=False`` opens only an existing store, read-only where this process cannot
+    write its SQLite file or directory (``read_only``). ``lock_timeout_s`` bounds each
+    wait for a lock (see ``create_store_engine``); a lock timeout's error names what
+    holds the lock where it can be found.
     """
 
-    def __init__(self, url: str | os.PathLike | sa.URL | None = None, *, create: bool = True) -> None:
+    def __init__(self, url: str | os.PathLike | sa.URL | None = None, *, create: bool = True,
+                 lock_timeout_s: float | None = None) -> None:
         self.url = resolve_url(url)
         path = sqlite_path(self.url)
         if not create and path is not None and not path.exists():
             raise StoreError(f"no flashtune store at {path}")
-        self._engine = create_store_engine(self.url)
+        if create and url is None and not os.environ.get(ENV_VAR):
+            ensure_directory(self.url)  # the default location's; a path given by hand must exist (typos)
+        self.read_only = asks_read_only(self.url) or (not create and cannot_write(self.url))
+        self._engine = create_store_engine(self.url, lock_timeout_s=lock_timeout_s, read_only=self.read_only)
         try:
             self._check_schema(create)
         except BaseException:
@@ -71,19 +82,32 @@ class Store:
 
     def _check_schema(self, create: bool) -> None:
         where = show_url(self.url)
-        with transaction(self._engine, f"open the store at {where}") as session:
+        with self._transaction(f"open the store at {where}") as session:
             revision = database_revision(session.connection())
+            if revision is None:
+                unversioned_check(session.connection(), self.url)
         if revision is not None and revision != head_revision():
             raise schema_error(revision, self.url)
         if revision is None:
             if not create:
                 raise StoreError(f"the database at {where} holds no flashtune store")
             migrate(self._engine, self.url)  # under a lock: finds the work done if another process did it
-        with wrap_errors(f"open the store at {where}"):
-            use_wal(self._engine)
+        if not self.read_only:
+            with wrap_errors(f"open the store at {where}"):
+                use_wal(self._engine)
 
+    @contextlib.contextmanager
     def _transaction(self, action: str, *, write: bool = False):
-        return transaction(self._engine, action, write=write)
+        from flashtune.store.locks import is_lock_error, lock_holders
+
+        try:
+            with transaction(self._engine, action, write=write) as session:
+                yield session
+        except StoreError as e:
+            holders = lock_holders(self.url) if is_lock_error(e.__cause__) else ""
+            if not holders:
+                raise
+            raise StoreError(f"{e}; the lock is {holders}") from e.__cause__
 
     # -- GPUs --------------------------------------------------------------------------
 
@@ -178,25 +202,49 @@ class Store:
             pass
         return ImportSummary(**outcomes)
 
-    def load_table(self, gpu: str | GpuInfo) -> dict[TuningKey, StoredResult]:
-        """Every tuned result of one GPU (a ``GpuInfo`` or its key), by tuning key."""
+    def load_table(self, gpu: str | GpuInfo, *, damaged: list[str] | None = None) -> dict[TuningKey, StoredResult]:
+        """Every tuned result of one GPU (a ``GpuInfo`` or its key), by tuning key
+        (``damaged`` as in ``list_results``)."""
         gpu_key = gpu.key if isinstance(gpu, GpuInfo) else gpu
-        return {result.key: result for result in self.list_results(ResultFilter(gpu=gpu_key))}
+        return {result.key: result for result in self.list_results(ResultFilter(gpu=gpu_key), damaged=damaged)}
 
-    def list_results(self, where: ResultFilter | None = None) -> list[StoredResult]:
+    def list_results(self, where: ResultFilter | None = None, *,
+                     damaged: list[str] | None = None) -> list[StoredResult]:
         """The tuned results that match ``where`` (all by default), in key order.
 
-        A row whose config does not validate raises ``StoreError`` naming the row.
+        A damaged row (its config is not JSON or does not validate) raises ``StoreError``
+        naming the row; given a ``damaged`` list, the row is skipped instead and that
+        message appended to it, so one bad row does not hide the others.
         """
         where = where or ResultFilter()
+        # The config is read as text and parsed here: the driver's JSON decoding would
+        # fail the whole query on one damaged row, naming none.
         query = (
-            sa.select(TunedResult, Gpu)
+            sa.select(TunedResult, Gpu, sa.cast(TunedResult.config, sa.Text))
+            .options(sa.orm.defer(TunedResult.config))
             .join(Gpu, TunedResult.gpu_id == Gpu.id)
             .where(*_conditions(TunedResult, where))
             .order_by(Gpu.key, *(TunedResult.__table__.c[name] for name in KEY_COLUMNS))
         )
+        results = []
         with self._transaction(f"list results ({where.describe()})") as session:
-            return [_stored_result(row, gpu) for row, gpu in session.execute(query)]
+            for row, gpu, config_text in session.execute(query):
+                try:
+                    results.append(_stored_result(row, gpu, config_text))
+                except StoreError as e:
+                    if damaged is None:
+                        raise
+                    damaged.append(str(e))
+        return results
+
+    def clear(self) -> int:
+        """Delete every tuned result, trial and GPU (the schema stays); return how many
+        results there were."""
+        with self._transaction("clear the store", write=True) as session:
+            session.execute(sa.delete(Trial))
+            count = session.execute(sa.delete(TunedResult)).rowcount
+            session.execute(sa.delete(Gpu))
+            return count
 
     def delete_results(self, where: ResultFilter) -> int:
         """Delete the tuned results that match ``where`` and return how many; an empty
@@ -290,15 +338,25 @@ def _gpu_info(gpu: Gpu) -> GpuInfo:
     return GpuInfo(gpu.name, (gpu.capability_major, gpu.capability_minor), gpu.sm_count, gpu.total_memory)
 
 
-def _stored_result(row: TunedResult, gpu: Gpu) -> StoredResult:
-    key = TuningKey(gpu.key, row.dtype, row.head_dim, row.seq_len, row.causal, row.pass_)
+def _stored_result(row: TunedResult, gpu: Gpu, config_text: str) -> StoredResult:
+    where = f"tuned result #{row.id}"
+    try:
+        key = TuningKey(gpu.key, row.dtype, row.head_dim, row.seq_len, row.causal, row.pass_)
+    except ValueError as e:
+        raise StoreError(f"{where} on {gpu.key} has an invalid key: {e}; delete it with `flashtune delete`") from e
+    where = f"{where} ({key.label()} on {gpu.key})"
+    try:
+        config = json.loads(config_text)
+    except (TypeError, ValueError) as e:
+        raise StoreError(f"{where} has a damaged config ({e}: {_short_text(config_text)}); delete it with "
+                         "`flashtune delete` or tune that key again") from e
     provenance = Provenance(
         **{name: getattr(row, name) for name in PROVENANCE_COLUMNS},
         gpu_name=gpu.name, capability=f"{gpu.capability_major}.{gpu.capability_minor}", sm_count=gpu.sm_count,
     )
     return StoredResult(
         key=key,
-        config=load_config(row.pass_, row.config, f"tuned result #{row.id} ({key.label()} on {gpu.key})"),
+        config=load_config(row.pass_, config, where),
         time_ms=row.time_ms, tflops=row.tflops, default_time_ms=row.default_time_ms, error=row.error,
         n_trials=row.n_trials, gpu=_gpu_info(gpu), provenance=provenance,
         created_at=as_utc(row.created_at), updated_at=as_utc(row.updated_at),
@@ -311,3 +369,8 @@ def _trial_record(row: Trial, key: TuningKey) -> TrialRecord:
         outcome=Outcome(row.status, time_ms=row.time_ms, error=row.error, message=row.message), study=row.study,
         kernel_hash=row.kernel_hash, triton_version=row.triton_version, created_at=as_utc(row.created_at),
     )
+
+
+def _short_text(text) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= 80 else shown[:77] + "..."

@@ -38,7 +38,7 @@ def test_export_then_import_into_a_fresh_store_reproduces_the_table(invoke, db, 
     assert imported.exit_code == 0, imported.output
     export = parse_export(out_file.read_bytes())
     assert imported.output == (
-        f"{out_file}: 6 entries for 2 GPU(s) ({GPUS}), exported by flashtune 0.1.0 at {export.exported_at}\n"
+        f"{out_file}: 6 entries for 2 GPUs ({GPUS}), exported by flashtune 0.1.0 at {export.exported_at}\n"
         "imported: 6 added, 0 replaced, 0 kept\n"
     )
     assert _listing(invoke, fresh) == _listing(invoke, db)
@@ -50,7 +50,7 @@ def test_export_then_import_into_a_fresh_store_reproduces_the_table(invoke, db, 
 def test_export_with_filters_and_to_stdout(invoke, db):
     out = invoke("export", "--db", db, "-o", "-", "--gpu", A100.key, "--pass", "bwd")
     assert out.exit_code == 0
-    assert out.stderr == f"exported 1 results ({A100.key})\n"
+    assert out.stderr == f"exported 1 result ({A100.key})\n"
     [only] = parse_export(out.stdout_bytes).results
     assert (only.key.gpu, only.key.pass_, only.key.seq_len) == (A100.key, "bwd", 512)
 
@@ -78,7 +78,7 @@ def incoming(tmp_path):
 
 
 @pytest.mark.parametrize("policy, report", [
-    ([], "imported: 1 added, 1 replaced, 1 kept\n1 keys kept the store's result (it was at least as fast)\n"),
+    ([], "imported: 1 added, 1 replaced, 1 kept\n1 key kept the store's result (it was at least as fast)\n"),
     (["--on-conflict", "replace"], "imported: 1 added, 2 replaced, 0 kept\n"),
     (["--on-conflict", "skip"], ("imported: 1 added, 0 replaced, 2 kept\n"
                                  "2 keys kept the store's result (--on-conflict skip)\n")),
@@ -100,7 +100,7 @@ def test_import_dry_run_writes_nothing(invoke, db, incoming, tmp_path):
     out = invoke("import", incoming, "--db", db, "--dry-run")
     assert out.exit_code == 0
     assert out.output.split("\n", 1)[1] == ("dry run: 1 to add, 1 to replace, 1 to keep; nothing was written\n"
-                                            "1 keys would keep the store's result (it was at least as fast)\n")
+                                            "1 key would keep the store's result (it was at least as fast)\n")
     with Store(db) as store:
         assert snapshot(store) == before
     fresh = tmp_path / "fresh.db"
@@ -140,7 +140,7 @@ def test_import_notes_another_triton(invoke, tmp_path):
     path.write_bytes(dump_export([result(key(1024), triton="3.5.0")]))
     out = invoke("import", path, "--db", tmp_path / "x.db")
     assert out.exit_code == 0
-    assert "note: 1 entries were tuned with another triton than this one" in out.stderr
+    assert "note: 1 entry was tuned with another triton than this one" in out.stderr
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -30,7 +30,7 @@ def test_search_then_bench_on_the_gpu(tmp_path):
     out = _invoke("search", *KEY, "--trials", "3", "--db", db, "--storage", tmp_path / "journal.log")
     assert out.exit_code == 0, out.output
     assert out.stdout.splitlines()[2].split()[:6] == ["fwd", "bfloat16", "d64", "n1024", "causal", "tuned"]
-    assert f"1 of 1 keys tuned on {gpu}" in out.stdout
+    assert f"1 of 1 key tuned on {gpu}" in out.stdout
     assert "interpreter" not in out.stdout
 
     plot = tmp_path / "bench.png"

@@ -27,7 +27,8 @@ COMMANDS = list(_walk(cli))
 
 def test_the_group_has_every_command_of_the_issue():
     assert [" ".join(path) for path, _ in COMMANDS] == [
-        "bench", "db", "db current", "db upgrade", "export", "import", "info", "list", "search", "show"]
+        "bench", "db", "db current", "db reset", "db upgrade", "delete", "export", "import", "info", "list", "search",
+        "show"]
 
 
 @pytest.mark.parametrize("path", [p for p, _ in COMMANDS], ids=" ".join)

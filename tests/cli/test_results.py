@@ -70,7 +70,7 @@ def test_list_csv(invoke, db):
     assert len(rows) == 1
     row = rows[0]
     assert (row["gpu"], row["pass"], row["causal"], row["time_ms"], row["default_time_ms"], row["speedup"]) == \
-        (H200.key, "fwd", "False", "0.375", "", "")
+        (H200.key, "fwd", "false", "0.375", "", "")
     assert json.loads(row["config"]) == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0,
                                          "num_splits": 0, "pack_gqa": -1}
     assert out.output.splitlines()[0].startswith("gpu,dtype,head_dim,seq_len,causal,pass,config,time_ms,")
@@ -190,7 +190,7 @@ def test_show_a_key_whose_search_found_nothing(invoke, db):
     out = invoke("show", "--db", db, *args)
     assert out.exit_code == 0, out.output
     assert out.output.startswith(f"bwd bfloat16 d64 n4096 causal on {H200.key}\n"
-                                 "no tuned result: no config passed the correctness check\n\n1 trials:\n")
+                                 "no tuned result: no config passed the correctness check\n\n1 trial:\n")
     assert "compile_error" in out.output and "CompilationError: boom" in out.output
     assert json.loads(invoke("show", "--db", db, *args, "--json").output)["result"] is None
 

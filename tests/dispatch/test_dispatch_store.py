@@ -32,7 +32,8 @@ def test_calls_never_read_the_database_and_reload_sees_new_rows(write, db_path, 
 
     reads = []
     real_load_table = Store.load_table
-    monkeypatch.setattr(Store, "load_table", lambda self, gpu: (reads.append(gpu), real_load_table(self, gpu))[1])
+    monkeypatch.setattr(Store, "load_table",
+                        lambda self, gpu, **kw: (reads.append(gpu), real_load_table(self, gpu, **kw))[1])
     q, k, v = qkv(17)
     fn(q, k, v)
     assert fn.explain(*qkv(64)).fwd_source == "tuned nearest (seq_len 16)"  # still the table read at creation

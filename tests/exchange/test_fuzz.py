@@ -9,9 +9,12 @@ Two generators over a valid export of ``table()``:
   checksum, so the schema itself must reject them.
 
 The store already holds ``table()`` and the import runs with ``on_conflict="skip"``, so a
-file that is accepted may add keys (the store is then restored) but never alter one.
-Every rejection must be an ``ExchangeError`` with a one-line message, and the store
-must be byte-for-byte the same in content as before.
+file that is accepted may add keys but never alter one: every stored key keeps its
+result, every added key holds exactly the file's entry, and everything stored still
+renders as JSON (finite speed-ups: what `flashtune list --json` prints); the store is
+then restored. Every rejection must be an ``ExchangeError`` with a one-line message
+(raised before the store is touched), and the store stays as it was. Each generator
+must reach both outcomes, so neither branch is checked vacuously.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import copy
 import json
 
-from exchange_samples import snapshot, table
+from exchange_samples import snapshot, table, without_timestamps
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +31,7 @@ from flashtune.store.exchange import (
     ExchangeError,
     checksum,
     dump_export,
+    entry_dict,
     import_export,
     parse_export,
 )
@@ -54,17 +58,25 @@ def _mutate(data: bytes, mutations) -> bytes:
 
 
 def _try_import(store: Store, data: bytes, original) -> bool:
-    """Import ``data``; on rejection check the store is unchanged. Return whether it was accepted."""
+    """Import ``data``; on rejection check the store is unchanged, on acceptance check what
+    it holds. Return whether it was accepted."""
     try:
         export = parse_export(data)
-        import_export(store, export, on_conflict="skip", force=True)
+        summary = import_export(store, export, on_conflict="skip", force=True)
     except ExchangeError as e:
         message = str(e)
         assert message and "\n" not in message, repr(message)
         assert snapshot(store) == original
         return False
-    # accepted: a mutation the format allows (or one that added keys); put the store back
-    if snapshot(store) != original:
+    # accepted: a mutation the format allows (or one that added keys)
+    before = {r.key: r for r in without_timestamps(original[0])}
+    held = {r.key: r for r in without_timestamps(store.list_results())}
+    incoming = {r.key: r for r in export.results}
+    assert {k: held[k] for k in before} == before  # "skip": no stored key altered
+    assert {k: r for k, r in held.items() if k not in before} == {k: r for k, r in incoming.items() if k not in before}
+    assert summary.inserted == len(set(incoming) - set(before)) and summary.kept == len(set(incoming) & set(before))
+    json.dumps([dict(entry_dict(r), speedup=r.speedup) for r in held.values()], allow_nan=False)
+    if snapshot(store) != original:  # put the store back
         store.delete_results(ResultFilter())
         store.import_results(table())
         assert snapshot(store) == original
@@ -86,19 +98,19 @@ mutation_lists = st.lists(
 
 def test_byte_mutations_never_change_the_store(tmp_path):
     store, original = _store(tmp_path)
-    accepted = []
+    accepted, rejected = [], []
 
     @FUZZ
     @given(mutations=mutation_lists)
     def check(mutations):
         data = _mutate(VALID, mutations)
-        if _try_import(store, data, original):
-            accepted.append(data)
+        (accepted if _try_import(store, data, original) else rejected).append(data)
 
     try:
         check()
     finally:
         store.close()
+    assert accepted and rejected
     # whatever was accepted holds the same results as the valid file (only formatting changed)
     for data in accepted:
         assert set(parse_export(data).results) == set(table())
@@ -163,13 +175,15 @@ def structural_mutations(draw):
 
 def test_structural_mutations_past_the_checksum_never_change_the_store(tmp_path):
     store, original = _store(tmp_path)
+    outcomes = []
 
     @settings(FUZZ, max_examples=1500)
     @given(data=structural_mutations())
     def check(data):
-        _try_import(store, data, original)
+        outcomes.append(_try_import(store, data, original))
 
     try:
         check()
     finally:
         store.close()
+    assert True in outcomes and False in outcomes  # some files were accepted, and were inspected

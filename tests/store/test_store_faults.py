@@ -1,0 +1,204 @@
+"""Fault injection on the store (issue 17): a read-only directory, a lock held by another
+process (SQLite) or connection (PostgreSQL), a damaged row. The dispatcher answers
+within 2 s with its warning (or, read-only, without one), and the CLI names the cause."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+import sqlalchemy as sa
+from store_samples import key, result
+
+from flashtune.keys import GpuInfo
+from flashtune.store import Store
+
+HERE = GpuInfo.from_device(None)  # the dispatcher's GPU here: the interpreter's without CUDA
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dispatcher(monkeypatch):
+    import torch  # noqa: F401  (TRITON_INTERPRET is set by tests/conftest.py)
+
+    from flashtune import dispatch
+
+    monkeypatch.setattr(dispatch, "_TABLES", {})
+    monkeypatch.setattr(dispatch, "_WARNED", set())
+
+
+def _served(url) -> tuple[list[str], float, str]:
+    """(the dispatcher's warnings, seconds to answer, the forward source of a call)."""
+    import torch
+
+    from flashtune import get_tuned_attention
+    from flashtune.dispatch import DispatchWarning
+
+    q = torch.randn(1, 1, 16, 16)
+    started = time.monotonic()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        fn = get_tuned_attention(url, device="cpu")
+        source = fn.explain(q, q, q).fwd_source
+    return [str(w.message) for w in record if issubclass(w.category, DispatchWarning)], \
+        time.monotonic() - started, source
+
+
+def _fill(url) -> None:
+    """Two results of this machine's GPU (16 fwd, 32 fwd; float32 d16 full), tuned by this flashtune."""
+    from flashtune.provenance import current_provenance
+
+    with Store(url) as store:
+        for n in (16, 32):
+            tuned = result(key(n, gpu=HERE, dtype="float32", head_dim=16, causal=False), gpu=HERE)
+            store.save_result(dataclasses.replace(tuned, provenance=dataclasses.replace(
+                current_provenance(), gpu_name=HERE.name, sm_count=HERE.sm_count, capability="0.0")))
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from flashtune.cli import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args], prog_name="flashtune")
+
+
+# -- a read-only directory (a store baked into a container image) ---------------------------
+
+@contextlib.contextmanager
+def _read_only_directory(path):
+    """No file can be created in ``path`` (root ignores permissions: the immutable flag)."""
+    if os.geteuid() == 0:
+        if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+            pytest.skip("running as root where chattr +i is not available")
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+    else:
+        path.chmod(0o555)
+        try:
+            yield
+        finally:
+            path.chmod(0o755)
+
+
+def test_a_wal_store_in_a_read_only_directory_is_read(tmp_path):
+    folder = tmp_path / "image"
+    folder.mkdir()
+    db = folder / "tuned.db"
+    _fill(db)
+    assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    before = sorted(p.name for p in folder.iterdir())
+    with _read_only_directory(folder):
+        messages, seconds, source = _served(db)
+        listed = _cli("list", "--db", db, "--csv")
+        info = _cli("info", "--db", db, "--json")
+    # on 3a7812e: "cannot read tuned configs ... unable to open database file", heuristic configs
+    assert (messages, source) == ([], "tuned exact") and seconds < 2
+    assert listed.exit_code == 0, listed.output
+    assert [line.split(",")[3] for line in listed.stdout.splitlines()] == ["seq_len", "16", "32"]
+    assert info.exit_code == 0 and '"tuned_results": 2' in info.stdout, info.output
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+# -- a lock held by another process ---------------------------------------------------------
+
+_HOLD_SQLITE = """
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1], isolation_level=None)
+c.execute("PRAGMA locking_mode = EXCLUSIVE")  # in WAL mode, the one way to keep readers out
+c.execute("BEGIN EXCLUSIVE")
+c.execute("DELETE FROM flashtune_trials")
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def _lock_held(db_url):
+    if db_url.startswith("sqlite"):
+        path = sa.make_url(db_url).database
+        holder = subprocess.Popen([sys.executable, "-c", _HOLD_SQLITE, path], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "locked"
+            yield f"pid {holder.pid}"
+        finally:
+            holder.stdin.close()
+            holder.wait(timeout=30)
+        return
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.connect() as connection:
+            pid = connection.execute(sa.text("SELECT pg_backend_pid()")).scalar()
+            connection.execute(sa.text("LOCK TABLE flashtune_tuned_results IN ACCESS EXCLUSIVE MODE"))
+            yield f"PostgreSQL session pid {pid} (AccessExclusiveLock"
+            connection.rollback()
+    finally:
+        engine.dispose()
+
+
+def test_a_lock_held_elsewhere_costs_the_dispatcher_at_most_a_second(db_url, monkeypatch):
+    from flashtune.cli import _common
+
+    _fill(db_url)
+    monkeypatch.setattr(_common, "LOCK_TIMEOUT_S", 0.5, raising=False)
+    with _lock_held(db_url) as holder:
+        messages, seconds, source = _served(db_url)
+        listed = _cli("list", "--db", db_url)
+    # on 3a7812e: 30 s on SQLite, no answer at all on PostgreSQL
+    assert seconds < 2 and source == "heuristic"
+    [message] = messages
+    assert message.startswith(f"flashtune cannot read tuned configs from {sa.make_url(db_url).render_as_string()}")
+    assert ("database is locked" if db_url.startswith("sqlite") else "lock timeout") in message
+    assert holder in message and message.endswith("; using the heuristic default configs")
+    assert listed.exit_code == 1 and listed.stdout == ""
+    cause = "database is locked" if db_url.startswith("sqlite") else "canceling statement due to lock timeout"
+    assert listed.stderr.startswith("Error: ") and cause in listed.stderr
+    assert f"the lock is held by {holder}" in listed.stderr
+    assert _served(db_url)[2] in ("heuristic", "tuned exact")  # nothing cached from the failed read
+
+
+# -- a damaged row --------------------------------------------------------------------------
+
+def test_a_damaged_row_is_skipped_and_named_and_the_rest_served(db_url):
+    _fill(db_url)
+    engine = sa.create_engine(db_url)
+    damaged = '{"BLOCK_M": 16, "BLOCK_N" 16}' if db_url.startswith("sqlite") else '{"BLOCK_M": "sixteen"}'
+    with engine.begin() as connection:  # PostgreSQL's JSON type refuses text that is not JSON
+        row = connection.execute(sa.text("SELECT id FROM flashtune_tuned_results WHERE seq_len = 32")).scalar()
+        connection.execute(sa.text("UPDATE flashtune_tuned_results SET config = :c WHERE id = :i"),
+                           {"c": damaged, "i": row})
+    engine.dispose()
+    messages, seconds, source = _served(db_url)
+    # on 3a7812e: the whole table dropped ("Expecting ':' delimiter"), heuristic configs
+    assert source == "tuned exact" and seconds < 2
+    [message] = messages
+    assert message.startswith(f"flashtune skips a damaged row in {sa.make_url(db_url).render_as_string()}: "
+                              f"tuned result #{row} (fwd float32 d16 n32 full on {HERE.key}) has ")
+    listed = _cli("list", "--db", db_url, "--csv")
+    assert listed.exit_code == 0, listed.output
+    assert [line.split(",")[3] for line in listed.stdout.splitlines()] == ["seq_len", "16"]
+    assert listed.stderr.startswith(f"warning: skipped tuned result #{row} (fwd float32 d16 n32 full on {HERE.key})")
+    assert "`flashtune delete`" in listed.stderr
+
+
+def test_a_url_that_asks_for_read_only_gets_it(tmp_path):
+    from flashtune.store import ResultFilter, StoreError
+
+    db = tmp_path / "tuned.db"
+    _fill(db)
+    for query in ("mode=ro", "immutable=1"):
+        url = f"sqlite:///{db}?{query}"
+        with Store(url, create=False) as store:  # 3a7812e: the parameter was ignored, the delete went through
+            assert len(store.list_results()) == 2
+            with pytest.raises(StoreError, match="readonly database"):
+                store.delete_results(ResultFilter())
+        assert _served(url)[::2] == ([], "tuned exact")
