@@ -49,64 +49,24 @@ if "--device" in sys.argv[:-1] and sys.argv[sys.argv.index("--device") + 1].star
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import attention as grid_bench  # noqa: E402  (benchmarks/attention.py: timing and check helpers)
 
+from flashtune.shapes import REALISTIC_GRID, Shape  # noqa: E402
+
 BACKENDS = ("cudnn", "flash", "efficient")
 
 
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    name: str
-    batch: int
-    heads_q: int
-    heads_kv: int
-    seq_q: int
-    seq_k: int
-    head_dim: int
-    causal: bool
-    passes: tuple[str, ...]
-
-    @property
-    def decode(self) -> bool:
-        return self.name.startswith("decode")
-
-    def flops(self, pass_: str) -> float:
-        f = 4.0 * self.batch * self.heads_q * self.seq_q * self.seq_k * self.head_dim
-        if self.causal and self.seq_q == self.seq_k:
-            f /= 2
-        return f * (2.5 if pass_ == "bwd" else 1.0)
-
-    def kv_bytes(self, element_size: int) -> int:
-        return 2 * self.batch * self.heads_kv * self.seq_k * self.head_dim * element_size
-
-    def tiny(self) -> Shape:
-        """The same kind of shape at interpreter size: the grouping, head dim and
-        masking kept, short sequences (decode keeps one query)."""
-        hq = min(self.heads_q, 4)
-        hkv = max(1, hq * self.heads_kv // self.heads_q)
-        n_q = 1 if self.decode else min(self.seq_q, 17)
-        n_k = min(self.seq_k, 40) if self.seq_k != self.seq_q else n_q
-        return dataclasses.replace(self, batch=1, heads_q=hq, heads_kv=hkv, seq_q=n_q, seq_k=n_k)
+SHAPES = list(REALISTIC_GRID)  # ../shared/design/SHAPES.md, in its order (flashtune.shapes)
 
 
-FB, F = ("fwd", "bwd"), ("fwd",)
-# ../shared/design/SHAPES.md, in its order
-SHAPES = [
-    Shape("llama3-8b-train-8k", 1, 32, 8, 8192, 8192, 128, True, FB),
-    Shape("llama3-70b-tp8-train-4k", 2, 8, 1, 4096, 4096, 128, True, FB),
-    Shape("mistral-7b-train-2k", 4, 32, 8, 2048, 2048, 128, True, FB),
-    Shape("qwen-28h-train-4k", 1, 28, 4, 4096, 4096, 128, True, FB),
-    Shape("gpt2-train-512", 32, 12, 12, 512, 512, 64, True, FB),
-    Shape("gemma2-d256-train-4k", 1, 16, 8, 4096, 4096, 256, True, FB),
-    Shape("bert-base-512", 32, 12, 12, 512, 512, 64, False, FB),
-    Shape("vit-l16-257", 32, 16, 16, 257, 257, 64, False, FB),
-    Shape("whisper-enc-1500", 4, 20, 20, 1500, 1500, 64, False, F),
-    Shape("sd15-cross-4096x77", 2, 8, 8, 4096, 77, 40, False, F),
-    Shape("llama3-8b-prefill-2k", 1, 32, 8, 2048, 2048, 128, True, F),
-    Shape("chunked-prefill-1k-of-16k", 1, 32, 8, 1024, 16384, 128, False, F),
-    Shape("decode-b1-64k", 1, 32, 8, 1, 65536, 128, False, F),
-    Shape("decode-b32-4k", 32, 32, 8, 1, 4096, 128, False, F),
-    Shape("decode-b128-2k-70b", 128, 64, 8, 1, 2048, 128, False, F),
-    Shape("decode-mqa-d256-b16-8k", 16, 8, 1, 1, 8192, 256, False, F),
-]
+def tiny(shape: Shape) -> Shape:
+    """The same kind of shape at interpreter size: the grouping, head dim and masking
+    kept, short sequences (decode keeps one query)."""
+    hq = min(shape.heads_q, 4)
+    hkv = max(1, hq * shape.heads_kv // shape.heads_q)
+    n_q = 1 if shape.decode else min(shape.seq_q, 17)
+    n_k = min(shape.seq_k, 40) if shape.seq_k != shape.seq_q else n_q
+    return dataclasses.replace(shape, batch=1, heads_q=hq, heads_kv=hkv, seq_q=n_q, seq_k=n_k)
+
+
 BY_NAME = {s.name: s for s in SHAPES}
 
 
@@ -405,7 +365,7 @@ def bench_row(args, shape: Shape, entries: dict, copy_bw: float) -> list[Result]
         r.ms[name] = statistics.median(times) if times else None
         r.tflops[name] = grid_bench.tflops(r.flops, r.ms[name])
         if s.decode and r.ms[name]:
-            r.copy_fraction[name] = s.kv_bytes(q.element_size()) / (r.ms[name] * 1e-3) / copy_bw
+            r.copy_fraction[name] = s.kv_bytes() / (r.ms[name] * 1e-3) / copy_bw
     if "fwd" in results:
         results["fwd"].graph_ms = _graph_ms(lambda: flashtune(q, k, v, s.causal), device)
     return list(results.values())
@@ -447,7 +407,7 @@ def main(argv=None) -> int:
     sweep = load_sweep(args.sweep)
     shapes = [BY_NAME[n] for n in args.rows] if args.rows else SHAPES
     if args.tiny:
-        shapes = [s.tiny() for s in shapes]
+        shapes = [tiny(s) for s in shapes]
     if device.type == "cuda":
         env = grid_bench.environment()
         print(f"# {env['gpu']} sm_{env['capability'][0]}{env['capability'][1]}, torch {env['torch']}, "

@@ -38,6 +38,9 @@ committed before they were called. A missing, locked or corrupt database gives o
 warning and the heuristic defaults; it never breaks the model. Rows tuned under
 another kernel source or Triton version are served, with one warning naming
 ``flashtune search --revalidate``.
+
+(Over 400 lines on purpose: the drop-in, its table, its per-signature plans and its traced
+form under torch.compile are one concept; the kernels, the store and the key live apart.)
 """
 
 from __future__ import annotations

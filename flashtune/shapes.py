@@ -69,6 +69,11 @@ class Shape:
             raise ShapeError(f"name: expected printable text of at most 100 characters, got {_short(self.name)}")
 
     @property
+    def decode(self) -> bool:
+        """One query per sequence and head: a decode step, bound by reading K and V."""
+        return self.seq_q == 1
+
+    @property
     def group(self) -> int:
         """Query heads per key/value head (1: multi-head, heads_q: multi-query)."""
         return self.heads_q // self.heads_kv
@@ -252,3 +257,26 @@ def model_shapes(name: str, *, tp: int = 1, batch_sizes: Iterable[int] | None = 
         if values is not None and (not values or not all(isinstance(v, int) and v >= 1 for v in values)):
             raise ShapeError(f"{label}: expected positive integers, got {_short(values)}")
     return model.shapes(tp=tp, batch_sizes=batch_sizes, seq_lens=seq_lens, dtype=dtype)
+
+
+# ../shared/design/SHAPES.md, in its order: the shapes models run, measured by benchmarks/shapes.py
+_FB, _F = ("fwd", "bwd"), ("fwd",)
+REALISTIC_GRID: tuple[Shape, ...] = tuple(Shape(b, hq, hkv, nq, nk, d, causal, "bfloat16", passes, name) for
+                                          name, b, hq, hkv, nq, nk, d, causal, passes in (
+    ("llama3-8b-train-8k", 1, 32, 8, 8192, 8192, 128, True, _FB),
+    ("llama3-70b-tp8-train-4k", 2, 8, 1, 4096, 4096, 128, True, _FB),
+    ("mistral-7b-train-2k", 4, 32, 8, 2048, 2048, 128, True, _FB),
+    ("qwen-28h-train-4k", 1, 28, 4, 4096, 4096, 128, True, _FB),
+    ("gpt2-train-512", 32, 12, 12, 512, 512, 64, True, _FB),
+    ("gemma2-d256-train-4k", 1, 16, 8, 4096, 4096, 256, True, _FB),
+    ("bert-base-512", 32, 12, 12, 512, 512, 64, False, _FB),
+    ("vit-l16-257", 32, 16, 16, 257, 257, 64, False, _FB),
+    ("whisper-enc-1500", 4, 20, 20, 1500, 1500, 64, False, _F),
+    ("sd15-cross-4096x77", 2, 8, 8, 4096, 77, 40, False, _F),
+    ("llama3-8b-prefill-2k", 1, 32, 8, 2048, 2048, 128, True, _F),
+    ("chunked-prefill-1k-of-16k", 1, 32, 8, 1024, 16384, 128, False, _F),
+    ("decode-b1-64k", 1, 32, 8, 1, 65536, 128, False, _F),
+    ("decode-b32-4k", 32, 32, 8, 1, 4096, 128, False, _F),
+    ("decode-b128-2k-70b", 128, 64, 8, 1, 2048, 128, False, _F),
+    ("decode-mqa-d256-b16-8k", 16, 8, 1, 1, 8192, 256, False, _F),
+))

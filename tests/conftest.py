@@ -11,3 +11,41 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def operator_forward_configs(monkeypatch):
+    """The forward configs torch.ops.flashtune.attention launches, in call order (kernels/ops.py)."""
+    from flashtune.kernels import ops
+
+    seen = []
+    real = ops.attention_forward
+
+    def spy(q, k, v, config, **kwargs):
+        seen.append(config)
+        return real(q, k, v, config, **kwargs)
+
+    monkeypatch.setattr(ops, "attention_forward", spy)
+    return seen
+
+
+@pytest.fixture(scope="session")
+def load_benchmark():
+    """``load_benchmark("shapes")``: benchmarks/shapes.py as a module (registered under
+    ``bench_shapes``, as dataclasses look their module up)."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    def load(name: str):
+        path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -9,6 +9,9 @@ not past the sequence end) run apart from those that do.
 With S = sm_scale * Q K^T, P = softmax(S), dP = dO V^T, dS = P * (dP - Delta):
 dV = P^T dO, dK = sm_scale * dS^T Q, dQ = sm_scale * dS K.
 
+(Over 400 lines on purpose: the backward's kernels and their launchers are one operation,
+kept in one file as the forward's are, STYLE.md's "one file per operation".)
+
 The walked tiles (Q and dO in the dK/dV kernel, K and V in the dQ kernel) load through
 pointers or, with ``config.tma``, through TMA descriptors (common.tma_descriptors).
 """

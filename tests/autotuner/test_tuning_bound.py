@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import pathlib
@@ -19,11 +18,8 @@ SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "tuning_bo
 
 
 @pytest.fixture(scope="module")
-def bound():
-    spec = importlib.util.spec_from_file_location("tuning_bound", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bound(load_benchmark):
+    return load_benchmark("tuning_bound")
 
 
 class AdditiveTimes:

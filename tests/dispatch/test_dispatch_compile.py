@@ -12,7 +12,7 @@ import torch
 import torch._dynamo
 
 from flashtune import dispatch
-from flashtune.kernels import FwdConfig, ops
+from flashtune.kernels import FwdConfig
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter case; tests/kernels/test_ops.py "
                                 "compiles with Inductor on the GPU")
@@ -30,18 +30,11 @@ def qkv(n: int):
     return (torch.randn(1, 4, n, 16), torch.randn(1, 2, n, 16), torch.randn(1, 2, n, 16))
 
 
-def test_each_shape_gets_its_stored_config_from_one_trace(write, db_path, monkeypatch):
+def test_each_shape_gets_its_stored_config_from_one_trace(write, db_path, operator_forward_configs):
     short, long = FwdConfig(16, 16, 4, 1), FwdConfig(32, 32, 4, 2)
     write(32, "fwd", short, causal=True)
     write(128, "fwd", long, causal=True)
-    seen = []
-    real = ops.attention_forward
-
-    def spy(q, k, v, config, **kwargs):
-        seen.append(config)
-        return real(q, k, v, config, **kwargs)
-
-    monkeypatch.setattr(ops, "attention_forward", spy)
+    seen = operator_forward_configs
     attention = dispatch.get_tuned_attention(db_path)
     compiled = torch.compile(lambda q, k, v: attention(q, k, v, is_causal=True, enable_gqa=True),
                              fullgraph=True, dynamic=True, backend="aot_eager")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import pathlib
@@ -15,12 +14,8 @@ SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "attention
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_attention"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def bench(load_benchmark):
+    return load_benchmark("attention")
 
 
 def test_flops(bench):

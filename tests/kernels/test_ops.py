@@ -58,15 +58,8 @@ def test_operators_pass_opcheck(causal):
                            "top_left", ""))
 
 
-def test_the_operator_runs_the_config_it_is_given(monkeypatch):
-    seen = []
-    real = ops.attention_forward
-
-    def spy(q, k, v, config, **kwargs):
-        seen.append(config)
-        return real(q, k, v, config, **kwargs)
-
-    monkeypatch.setattr(ops, "attention_forward", spy)
+def test_the_operator_runs_the_config_it_is_given(operator_forward_configs):
+    seen = operator_forward_configs
     q, k, v = qkv()
     torch.ops.flashtune.attention(q, k, v, False, 0.25, ops.config_json(FwdConfig(32, 16, 4, 2)), "", "ieee",
                                   "top_left", "")

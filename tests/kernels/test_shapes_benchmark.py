@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 import subprocess
@@ -14,12 +13,8 @@ SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "shapes.py
 
 
 @pytest.fixture(scope="module")
-def shapes():
-    spec = importlib.util.spec_from_file_location("bench_shapes", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_shapes"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def shapes(load_benchmark):
+    return load_benchmark("shapes")
 
 
 def test_rows_flops_and_bytes(shapes):
@@ -30,10 +25,10 @@ def test_rows_flops_and_bytes(shapes):
     assert cross.flops("fwd") == 4 * 2 * 8 * 4096 * 77 * 40 and cross.passes == ("fwd",)
     decode = shapes.BY_NAME["decode-b1-64k"]
     assert decode.decode and not llama.decode
-    assert decode.kv_bytes(2) == 268435456  # SHAPES.md: 268 MB of K/V
-    tiny = decode.tiny()
+    assert decode.kv_bytes() == 268435456  # SHAPES.md: 268 MB of K/V
+    tiny = shapes.tiny(decode)
     assert (tiny.seq_q, tiny.heads_q // tiny.heads_kv, tiny.head_dim) == (1, 4, 128)
-    assert shapes.BY_NAME["decode-mqa-d256-b16-8k"].tiny().heads_kv == 1
+    assert shapes.tiny(shapes.BY_NAME["decode-mqa-d256-b16-8k"]).heads_kv == 1
 
 
 def test_configs_file(shapes, tmp_path):
