@@ -152,13 +152,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     compiling = torch.compiler.is_compiling()
     if fp32_precision is None and not compiling:  # compiled: the operator reads torch's setting when it runs
         fp32_precision = torch_fp32_precision(q.dtype) if isinstance(q, torch.Tensor) else "tf32"
-    scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, fp32_precision=fp32_precision or "tf32",
+    scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, fp32_precision="tf32" if fp32_precision is None else fp32_precision,
                          causal_align=causal_align)
     if compiling:  # one traceable operator per pass, configs resolved in it on the real shapes (kernels/ops.py)
         from flashtune.kernels.ops import compiled_attention
 
         o, lse2 = compiled_attention(q, k, v, causal=causal, sm_scale=scale, fwd_config=fwd_config,
-                                     bwd_config=bwd_config, fp32_precision=fp32_precision or "",
+                                     bwd_config=bwd_config, fp32_precision="" if fp32_precision is None else fp32_precision,
                                      causal_align=causal_align)
     else:
         fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal)

@@ -1,7 +1,7 @@
 """A field added to a config class, with a default, needs no code anywhere else: it is
 stored, exported, imported, sent to the dispatcher and shown in labels as it is.
 
-The test adds ``num_splits`` to a subclass of FwdConfig and makes it the forward's config
+The test adds ``num_ctas`` (a field FwdConfig lacks) to a subclass of FwdConfig and makes it the forward's config
 class, the way a new tunable is added to FwdConfig itself."""
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ from flashtune.store.exchange import dump_export, import_export, parse_export
 
 @dataclasses.dataclass(frozen=True, order=True)
 class WiderFwdConfig(FwdConfig):
-    num_splits: int = 1
+    num_ctas: int = 1
 
 
 @pytest.fixture
 def wider(monkeypatch):
     monkeypatch.setitem(config_mod.CONFIG_CLASSES, "fwd", WiderFwdConfig)
-    return WiderFwdConfig(32, 32, 4, 2, num_splits=4)
+    return WiderFwdConfig(32, 32, 4, 2, num_ctas=4)
 
 
 def test_an_added_field_round_trips_through_store_export_import_and_dispatcher(wider, write, db_path, tmp_path):
-    assert WiderFwdConfig.FIELDS[-1] == "num_splits" and "num_splits" in WiderFwdConfig.OPTIONAL
-    assert wider.label() == "32x32 w4 s2 num_splits=4" and WiderFwdConfig(32, 32, 4, 2).label() == "32x32 w4 s2"
+    assert WiderFwdConfig.FIELDS[-1] == "num_ctas" and "num_ctas" in WiderFwdConfig.OPTIONAL
+    assert wider.label() == "32x32 w4 s2 num_ctas=4" and WiderFwdConfig(32, 32, 4, 2).label() == "32x32 w4 s2"
     written = write(64, "fwd", wider)
     with Store(db_path) as store:
         (stored,) = store.list_results(ResultFilter.for_key(written.key))
@@ -39,7 +39,7 @@ def test_an_added_field_round_trips_through_store_export_import_and_dispatcher(w
     assert stored.config == wider and type(stored.config) is WiderFwdConfig
 
     export = parse_export(data)
-    assert b'"num_splits": 4' in data and export.results[0].config == wider
+    assert b'"num_ctas": 4' in data and export.results[0].config == wider
     with Store(tmp_path / "other.db") as other:
         import_export(other, export)
         (imported,) = other.list_results()
