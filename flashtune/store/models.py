@@ -142,3 +142,40 @@ class Trial(KeyColumns, Base):
     kernel_hash: Mapped[str] = mapped_column(sa.String(64))
     triton_version: Mapped[str] = mapped_column(sa.String(64))
     created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+CLAIM_STATES: tuple[str, ...] = ("claimed", "done")
+
+
+class KeyClaim(Base):
+    """A search's claim on a tuning key (``flashtune.store.claims``)."""
+
+    __tablename__ = "flashtune_key_claims"
+    __table_args__ = (
+        sa.UniqueConstraint("key_identity", name="uq_flashtune_key_claims_key_identity"),
+        sa.Index("ix_flashtune_key_claims_holder", "holder", "state"),
+        *_checks(
+            "flashtune_key_claims",
+            state="state IN ('claimed', 'done')",
+            trials="trials IS NULL OR trials > 0",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key_identity: Mapped[str] = mapped_column(sa.Text)
+    kernel_hash: Mapped[str] = mapped_column(sa.String(64))
+    holder: Mapped[str] = mapped_column(sa.String(255))
+    state: Mapped[str] = mapped_column(sa.String(16))
+    lease_expires_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
+    trials: Mapped[int | None]
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+
+
+class StoreInfo(Base):
+    """Name/value facts about the store itself; ``store_id`` is its identity."""
+
+    __tablename__ = "flashtune_store_info"
+
+    name: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(sa.Text)

@@ -80,6 +80,19 @@ class Store:
         """Close the store's connections."""
         self._engine.dispose()
 
+    @property
+    def claims(self):
+        """The claims on tuning keys (``flashtune.store.claims.KeyClaims``)."""
+        from flashtune.store.claims import KeyClaims
+
+        return KeyClaims(self)
+
+    def store_id(self) -> str:
+        """The store's identity (a random hex id; a new one after ``clear``)."""
+        from flashtune.store.claims import store_id
+
+        return store_id(self)
+
     def _check_schema(self, create: bool) -> None:
         where = show_url(self.url)
         with self._transaction(f"open the store at {where}") as session:
@@ -238,9 +251,12 @@ class Store:
         return results
 
     def clear(self) -> int:
-        """Delete every tuned result, trial and GPU (the schema stays); return how many
-        results there were."""
+        """Delete every tuned result, trial, GPU and key claim (the schema stays), and give
+        the store a new identity; return how many results there were."""
+        from flashtune.store.claims import forget
+
         with self._transaction("clear the store", write=True) as session:
+            forget(session)
             session.execute(sa.delete(Trial))
             count = session.execute(sa.delete(TunedResult)).rowcount
             session.execute(sa.delete(Gpu))

@@ -58,6 +58,17 @@ ROWS = {
     },
 }
 
+# 0002_key_claims adds the key claims (and the store's identity, which its migration makes).
+ROWS["0002_key_claims"] = {
+    **ROWS["0001"],
+    "flashtune_key_claims": [
+        {"id": 1, "key_identity": '{"causal":true,"dtype":"bfloat16","gpu":"NVIDIA H200@sm90","head_dim":128,'
+                                  '"pass":"fwd","seq_len":4096}',
+         "kernel_hash": "0123456789abcdef", "holder": "host-a:4242:0123456789ab", "state": "done",
+         "lease_expires_at": _CREATED, "trials": 96, "created_at": _CREATED, "updated_at": _CREATED},
+    ],
+}
+
 
 def golden_path(revision: str) -> Path:
     return GOLDEN_DIR / f"schema_{revision}.sqlite"
