@@ -199,8 +199,9 @@ def test_a_database_from_a_newer_flashtune_says_to_upgrade_flashtune(db_url, use
     with Store(db_url) as store:
         store.save_result(result(key()))
     use_migrations("this")
-    with pytest.raises(SchemaNewerError, match=rf"schema revision 9001, which this flashtune \(schema {head_revision()}\) "
-                                               r"does not know: it was written by a newer flashtune; upgrade flashtune"):
+    with pytest.raises(SchemaNewerError, match=rf"schema revision 9001, which this flashtune \(schema "
+                                               rf"{head_revision()}\) does not know: it was written by a newer "
+                                               r"flashtune; upgrade flashtune"):
         Store(db_url)
     with pytest.raises(SchemaNewerError, match="upgrade flashtune"):
         upgrade(db_url)
