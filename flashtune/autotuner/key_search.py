@@ -41,6 +41,7 @@ class Bench:
     gpu: GpuInfo
     provenance: object
     device: object
+    store_id: str | None = None  # the store's identity, in the study names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +87,7 @@ class KeySearch:
         except ConfigError:  # nothing runs on this device: the key ends as no_valid_config
             self.default = None
         self.study = KeyStudy(key, storage=bench.storage, kernel_hash=bench.provenance.kernel_hash,
-                              seed=budget.seed, trials=budget.trials)
+                              seed=budget.seed, trials=budget.trials, store_id=bench.store_id)
         for cfg, outcome in self.study.finished():
             if self.ledger.is_valid(cfg):
                 self.ledger.record(cfg, outcome)

@@ -26,6 +26,7 @@ import dataclasses
 import itertools
 import os
 import signal
+import threading
 import time
 from typing import Callable, Iterable, Sequence
 
@@ -60,11 +61,14 @@ class Progress:
     done: bool = False
     trial: tuple | None = None  # (config, Outcome) of the trial this report follows
     result: KeyResult | None = None  # the key's result, when done
+    device: str = ""  # the device the key runs on ("cuda:1"; "" for a key no device searched)
+    others: int = 0  # trials measured so far by the keys other devices are searching now
 
     @property
     def completed(self) -> int:
         """Trials done over the whole search, counting a finished key as its full budget."""
-        return (self.keys_done + self.done) * self.trials + (0 if self.done else min(self.n_measured, self.trials))
+        own = 0 if self.done else min(self.n_measured, self.trials)
+        return (self.keys_done + self.done) * self.trials + own + self.others
 
     def describe(self) -> str:
         if self.done:
@@ -105,7 +109,7 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
            trial_timeout: float = 120.0, storage: str | os.PathLike | None = None, device: str | None = None,
            progress: Callable[[Progress], None] | None = None, finalists: int = 3, rounds: int = 5, seed: int = 0,
            force: bool = False, faults: dict | None = None, batch: int | None = None,
-           revalidate: bool = False) -> SearchSummary:
+           revalidate: bool = False, devices=None, lease: float = 60.0) -> SearchSummary:
     """Tune every key: ``trials`` measured configs and/or ``timeout`` seconds per key.
 
     ``db`` is the store (URL, path or None for the default); ``storage`` Optuna's (a
@@ -123,6 +127,16 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     in parallel before they are measured one by one (default 8 on a GPU, 1 under the
     interpreter, which has nothing to compile).
 
+    ``devices`` ("all", "0,1", [0, 1], ["cuda:0", "cuda:1"]; instead of ``device``)
+    searches on several devices at once, one trial worker process each: a free device
+    takes the next key of its GPU, and all of a key's trials run on that device
+    (``flashtune.autotuner.devices``; under the interpreter, pretend devices cpu:N).
+    Every key is claimed in the store before it is searched, with a lease of ``lease``
+    seconds that is renewed while it runs, so searches sharing a store split the keys:
+    a key another search holds is waited for (reported ``tuned_elsewhere`` when it is
+    done), and taken over when its holder dies and the lease expires
+    (``flashtune.autotuner.scheduler``, ``flashtune.store.claims``).
+
     A bad argument raises ValueError naming it before the store or the study storage
     is touched. A key whose inputs cannot be built, or whose re-timing crashes, ends
     as ``failed: ...`` (with ``message``) and the search goes on. Ctrl-C or SIGTERM
@@ -131,10 +145,12 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     """
     import optuna
 
-    from flashtune.autotuner.worker import TrialWorker, WorkerError, WorkerLost
+    from flashtune.autotuner.devices import worker_device
+    from flashtune.autotuner.scheduler import Device, DeviceWorker, Plan, run_keys
     from flashtune.kernels.config import resolve_device
     from flashtune.provenance import current_provenance
     from flashtune.store import ResultFilter, Store
+    from flashtune.store.claims import new_holder
 
     # Every argument is checked before the store or the study storage is touched.
     keys = list(keys)
@@ -149,15 +165,19 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
         raise ValueError(f"faults: expected a dict of config -> fault code, got {type(faults).__name__}")
     if progress is not None and not callable(progress):
         raise ValueError(f"progress: expected a callable taking a Progress, got {progress!r}")
-    dev = resolve_device(device)
-    interpreter = dev.type == "cpu"
+    _check_seconds("lease", lease)
+    names = _device_names(device, devices)
+    interpreter = names[0].startswith("cpu")
     if batch is None:
         batch = 1 if interpreter else 8
     _check_count("batch", batch)
-    gpu = GpuInfo.interpreter() if interpreter else GpuInfo.from_device(dev)
+    gpus = {name: _gpu_of(name) for name in names}
+    known = {gpu.key for gpu in gpus.values()}
     for key in keys:
-        if key.gpu != gpu.key:
-            raise ValueError(f"keys: {key.label()} is for GPU {key.gpu!r}, this device is {gpu.key!r}")
+        if key.gpu not in known:
+            these = (f"this device is {next(iter(known))!r}" if len(known) == 1
+                     else f"these devices are {', '.join(sorted(known))}")
+            raise ValueError(f"keys: {key.label()} is for GPU {key.gpu!r}, {these}")
         if key.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"keys: {key.label()}: the kernels run head dims up to {MAX_HEAD_DIM}")
     journal_path(storage)
@@ -166,44 +186,90 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     budget = Budget(trials=trials, timeout=timeout, trial_timeout=trial_timeout, finalists=finalists, rounds=rounds,
                     seed=seed, batch=batch, revalidate=revalidate,
                     faults={cfg.canonical(): code for cfg, code in (faults or {}).items()})
-    provenance = current_provenance(None if interpreter else dev)
     store = Store(db)
-    results: list[KeyResult] = []
-    worker = TrialWorker(str(dev), interpreter=interpreter)
     try:
-        store.upsert_gpu(gpu)
+        for gpu in {gpu.key: gpu for gpu in gpus.values()}.values():
+            store.upsert_gpu(gpu)
         optuna_storage, storage_label = open_storage(storage, store.url)
-        bench = Bench(store=store, storage=optuna_storage, worker=worker, gpu=gpu, provenance=provenance, device=dev)
-        with _sigterm_as_interrupt():
-            for done, key in enumerate(keys):
-                def status(ks: KeySearch, result: KeyResult | None = None, trial=None) -> Progress:
-                    return Progress(key, done, len(keys), trials, ks.n_measured(), ks.best_ms(), ks.default_ms(),
-                                    result is not None, trial, result)
+        store_id = store.store_id()
+        plan_stop = threading.Event()
+        fleet = []
+        for name in names:
+            dev = resolve_device(worker_device(name))
+            bench = Bench(store=store, storage=optuna_storage, gpu=gpus[name], device=dev, store_id=store_id,
+                          worker=DeviceWorker(str(dev), interpreter=interpreter, stop=plan_stop),
+                          provenance=current_provenance(None if interpreter else dev))
+            fleet.append(Device(name, gpus[name], bench))
+        kernel_hash = fleet[0].bench.provenance.kernel_hash
 
-                started = time.monotonic()
-                ks = KeySearch(key, bench, budget,
-                               on_trial=lambda ks, cfg, outcome: report(status(ks, trial=(cfg, outcome))))
-                if not (force or revalidate) and ks.already_done():
-                    stored = store.list_results(ResultFilter.for_key(key))
-                    won = dict(winner=stored[0].config, time_ms=stored[0].time_ms, tflops=stored[0].tflops,
-                               default_time_ms=stored[0].default_time_ms) if stored else {}
-                    results.append(ks.result("already_tuned", **won))
-                    report(status(ks, results[-1]))
-                    continue
-                report(status(ks))
-                try:
-                    ks.run()
-                    results.append(ks.finalize(started))
-                except (WorkerLost, WorkerError) as e:
-                    # the key's inputs or reference could not be built, or the re-timing died:
-                    # this key fails, its finished trials stay, the other keys go on
-                    failure = e.status if isinstance(e, WorkerLost) else "error"
-                    results.append(ks.result(f"failed: {failure}", started, message=str(e)[:2000]))
-                report(status(ks, results[-1]))
+        def already(key: TuningKey, status: str) -> KeyResult | None:
+            stored = store.list_results(ResultFilter.for_key(key))
+            if not stored:
+                return None
+            won = stored[0]
+            return KeyResult(key, status, winner=won.config, time_ms=won.time_ms, tflops=won.tflops,
+                             default_time_ms=won.default_time_ms, n_trials=won.n_trials)
+
+        def search_key(key: TuningKey, bench: Bench, tell) -> KeyResult:
+            return _search_key(key, bench, budget, tell, force=force or revalidate)
+
+        plan = Plan(store=store, holder=new_holder(), lease_s=float(lease), kernel_hash=kernel_hash, trials=trials,
+                    retake_done=force or revalidate, report=report, progress=Progress, already=already,
+                    stop=plan_stop)
+        with _sigterm_as_interrupt():
+            results = run_keys(keys, fleet, plan, search_key)
     finally:
-        worker.close()
         store.close()
     return SearchSummary(results, interpreter, storage_label)
+
+
+def _device_names(device, devices) -> list[str]:
+    """The names of the devices to search on ("cuda:0", "cpu"; "cpu:N" for pretend devices)."""
+    from flashtune.autotuner.devices import resolve_devices
+    from flashtune.kernels.config import resolve_device
+
+    if devices is None:
+        return [str(resolve_device(device))]
+    if device is not None:
+        raise ValueError(f"devices: give device ({device!r}) or devices ({devices!r}), not both")
+    return resolve_devices(devices)
+
+
+def _gpu_of(name: str) -> GpuInfo:
+    return GpuInfo.interpreter() if name.startswith("cpu") else GpuInfo.from_device(name)
+
+
+def _search_key(key: TuningKey, bench: Bench, budget: Budget, tell, *, force: bool) -> KeyResult:
+    """One key on one device (a device thread of the scheduler runs this); ``tell`` gets
+    its Progress reports (keys_done and keys_total are the driver's to fill in)."""
+    from flashtune.autotuner.worker import WorkerError, WorkerLost
+    from flashtune.store import ResultFilter
+
+    def status(ks: KeySearch, result: KeyResult | None = None, trial=None) -> Progress:
+        return Progress(key, 0, 0, budget.trials, ks.n_measured(), ks.best_ms(), ks.default_ms(),
+                        result is not None, trial, result)
+
+    started = time.monotonic()
+    ks = KeySearch(key, bench, budget, on_trial=lambda ks, cfg, outcome: tell(status(ks, trial=(cfg, outcome))))
+    if not force and ks.already_done():
+        stored = bench.store.list_results(ResultFilter.for_key(key))
+        if stored:  # else: finished, but its winner is gone from the store: finalised again below
+            won = dict(winner=stored[0].config, time_ms=stored[0].time_ms, tflops=stored[0].tflops,
+                       default_time_ms=stored[0].default_time_ms)
+            result = ks.result("already_tuned", **won)
+            tell(status(ks, result))
+            return result
+    tell(status(ks))
+    try:
+        ks.run()
+        result = ks.finalize(started)
+    except (WorkerLost, WorkerError) as e:
+        # the key's inputs or reference could not be built, or the re-timing died:
+        # this key fails, its finished trials stay, the other keys go on
+        failure = e.status if isinstance(e, WorkerLost) else "error"
+        result = ks.result(f"failed: {failure}", started, message=str(e)[:2000])
+    tell(status(ks, result))
+    return result
 
 
 def _check_count(name: str, value) -> None:

@@ -14,10 +14,11 @@ from flashtune.outcome import Outcome
 STUDY_PREFIX = "flashtune"
 
 
-def study_name(key: TuningKey, kernel_hash: str) -> str:
-    """A stable name, so running the same search again resumes the same study."""
+def study_name(key: TuningKey, kernel_hash: str, store_id: str | None = None) -> str:
+    """A stable name, so running the same search again resumes the same study; with the
+    store's identity (``Store.store_id``), so a new or other store never inherits it."""
     return (f"{STUDY_PREFIX}:{key.gpu}:{key.pass_}:{key.dtype}:d{key.head_dim}:n{key.seq_len}:{key.mask}:"
-            f"{kernel_hash}")
+            f"{kernel_hash}" + (f":store-{store_id}" if store_id else ""))
 
 
 def default_storage_path(store_url) -> Path:
@@ -63,7 +64,8 @@ class KeyStudy:
     """The Optuna study of one key (created, or resumed when it exists): TPE proposals over
     the pass's search space, told each outcome."""
 
-    def __init__(self, key: TuningKey, *, storage, kernel_hash: str, seed: int, trials: int):
+    def __init__(self, key: TuningKey, *, storage, kernel_hash: str, seed: int, trials: int,
+                 store_id: str | None = None):
         import optuna
 
         from flashtune.kernels.config import config_class
@@ -73,7 +75,7 @@ class KeyStudy:
                       for name, values in self.cls.search_space().items()}
         sampler = optuna.samplers.TPESampler(multivariate=True, seed=seed, constant_liar=True,
                                              n_startup_trials=max(4, min(10, trials // 3)))
-        self.study = optuna.create_study(study_name=study_name(key, kernel_hash), storage=storage,
+        self.study = optuna.create_study(study_name=study_name(key, kernel_hash, store_id), storage=storage,
                                          sampler=sampler, direction="minimize", load_if_exists=True)
 
     @property

@@ -44,7 +44,7 @@ class TrialLog:
         shown = f"{fmt(outcome.time_ms)} ms" if outcome.status == "ok" else outcome.status
         best = f", best {fmt(report.best_ms)} ms" if report.best_ms is not None else ""
         done = report.completed
-        click.echo(f"[{done}/{report.keys_total * report.trials} trials] {report.key.label()}: trial "
+        click.echo(f"[{done}/{report.keys_total * report.trials} trials] {_on(report)}: trial "
                    f"{min(report.n_measured, report.trials)}/{report.trials} {config.label()}: {shown}{best}, "
                    f"{self._eta(report, done)}", err=True)
 
@@ -54,6 +54,8 @@ class TrialLog:
         result = report.result
         if result is None or result.status == "already_tuned":
             what = "already tuned"
+        elif result.status == "tuned_elsewhere":
+            what = "tuned by another search"
         else:
             what = result.status
             if result.time_ms is not None:
@@ -62,5 +64,10 @@ class TrialLog:
                     what += f" ({ratio(result.speedup)} the default)"
             what += f" in {duration(result.wall_s)}"
         done_keys = report.keys_done + 1
-        click.echo(f"[{done_keys}/{report.keys_total} keys] {report.key.label()}: {what}, "
+        click.echo(f"[{done_keys}/{report.keys_total} keys] {_on(report)}: {what}, "
                    f"{self._eta(report, done_keys * report.trials)}", err=True)
+
+
+def _on(report) -> str:
+    """The key, and the device it runs on."""
+    return f"{report.key.label()} on {report.device}" if report.device else report.key.label()

@@ -46,12 +46,16 @@ TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall cl
               "the current versions (the stored keys of this GPU that match the key options).")
 @click.option("--force", is_flag=True, help="Search keys again even if their search already finished.")
 @interpreter_options
+@click.option("--devices", metavar="all|0,1,...", help="Search on several devices at once, one worker process each "
+              "(a free device takes the next key; each key's trials stay on one device): all of this host's, or "
+              "these indices. Under --interpreter the host pretends to have $FLASHTUNE_INTERPRETER_DEVICES "
+              "devices. [default: --device]")
 @click.option("--seed", type=int, default=0, show_default=True, help="The sampler's seed.")
 @click.option("--progress/--no-progress", default=None, help="Show progress on stderr: a bar on a terminal, else "
               "one line per trial and per key with an ETA (for logs). [default: on, off with --json]")
 @click.option("--json", "as_json", is_flag=True, help="Output the summary as JSON.")
 def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout, trial_timeout, db, storage,
-                   revalidate, force, interpreter, device, seed, progress, as_json):
+                   revalidate, force, interpreter, device, devices, seed, progress, as_json):
     """Tune kernel configs for this GPU and store the winners.
 
     By default: the common LLM shapes (head dims 64 and 128, bfloat16, sequence
@@ -65,21 +69,36 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout,
       flashtune search
       flashtune search --head-dim 128 --seq-len 4096,8192 --causal --trials 64
       flashtune search --revalidate          # after upgrading triton or flashtune
+      flashtune search --devices all         # every GPU of this host, one key per GPU at a time
       flashtune search --interpreter         # tiny CPU demo, no GPU needed
+
+    Searches that share a store (several hosts on one PostgreSQL database, or several
+    runs on one SQLite file) split the keys: each key is claimed in the store with a
+    lease, and a key whose search died is taken over once its lease expires.
     """
     from flashtune.autotuner import build_keys, search
     from flashtune.keys import GpuInfo
 
+    if devices is not None and device is not None:
+        raise click.UsageError("give --device or --devices, not both")
     dev, is_interpreter = choose_device("search", device, interpreter)
+    names = _device_names(devices, is_interpreter)
     trials = trials or (DEMO_TRIALS if is_interpreter else DEFAULT_TRIALS)
     values = grid(head_dims, dtypes, seq_lens, causal, passes, interpreter=is_interpreter)
-    gpu = GpuInfo.interpreter() if is_interpreter else GpuInfo.from_device(dev)
-    before = {}
-    if revalidate:
-        keys, before = _stored_keys(db, gpu.key, head_dims, dtypes, seq_lens, causal, passes)
-    else:
-        keys = build_keys(gpu.key, head_dims=values["head_dims"], dtypes=values["dtypes"],
-                          seq_lens=values["seq_lens"], causal=values["causal"], passes=values["passes"])
+    if is_interpreter:
+        gpus = [GpuInfo.interpreter()]
+    else:  # one set of keys per GPU model among the devices, as one device would have
+        gpus = list({g.key: g for g in (GpuInfo.from_device(n) for n in (names or [dev]))}.values())
+    gpu = gpus[0]
+    before, keys = {}, []
+    for each in gpus:
+        if revalidate:
+            found, stored = _stored_keys(db, each.key, head_dims, dtypes, seq_lens, causal, passes)
+            keys += found
+            before.update(stored)
+        else:
+            keys += build_keys(each.key, head_dims=values["head_dims"], dtypes=values["dtypes"],
+                               seq_lens=values["seq_lens"], causal=values["causal"], passes=values["passes"])
     if is_interpreter and "bfloat16" in {k.dtype for k in keys}:
         click.echo("warning: bfloat16 gives wrong results under the Triton interpreter; its configs will fail the "
                    "correctness check (use --dtype float32 or float16)", err=True)
@@ -93,8 +112,12 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout,
     if not as_json:
         mode = "the Triton interpreter: a CPU demo" if is_interpreter else dev
         verb = "revalidating" if revalidate else "searching"
-        click.echo(f"{verb} {plural(len(keys), 'key')} on {gpu.key} ({mode}), {plural(trials, 'trial')} per key",
-                   err=True)
+        on = ", ".join(g.key for g in gpus)
+        if names:
+            on += f" ({plural(len(names), 'device')}: {', '.join(names)}; {mode})"
+        else:
+            on += f" ({mode})"
+        click.echo(f"{verb} {plural(len(keys), 'key')} on {on}, {plural(trials, 'trial')} per key", err=True)
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(_warnings_as_lines())
@@ -106,20 +129,32 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout,
 
                 from flashtune.cli._progress import ProgressBar
 
-                report = stack.enter_context(ProgressBar(Console(stderr=True)))
+                report = stack.enter_context(ProgressBar(Console(stderr=True), devices=len(names or [dev])))
             summary = search(keys, db=db, trials=trials, timeout=timeout, trial_timeout=trial_timeout,
-                             storage=storage, device=dev, progress=report, seed=seed, force=force,
-                             revalidate=revalidate)
+                             storage=storage, device=None if names else dev, devices=names, progress=report,
+                             seed=seed, force=force, revalidate=revalidate)
     except KeyboardInterrupt:
         raise interrupted("interrupted: the keys finished so far are stored; run the same command again to "
                           "resume") from None
     _report(summary, before, as_json)
-    failed = [r for r in summary.results if r.status not in ("tuned", "already_tuned")]
+    failed = [r for r in summary.results if r.status not in ("tuned", "already_tuned", "tuned_elsewhere")]
     if failed:
         were = "was" if len(failed) == 1 else "were"
         raise click.ClickException(f"{len(failed)} of {plural(len(summary.results), 'key')} {were} not tuned "
                                    f"({', '.join(sorted({r.status for r in failed}))}): `flashtune show` with a "
                                    "key's options lists its trials and their errors")
+
+
+def _device_names(devices: str | None, interpreter: bool) -> list[str] | None:
+    """``--devices`` as device names; a malformed value or a device this host lacks is a usage error."""
+    if devices is None:
+        return None
+    from flashtune.autotuner.devices import resolve_devices
+
+    try:
+        return resolve_devices(devices, interpreter=interpreter)
+    except ValueError as e:
+        raise click.BadParameter(str(e).removeprefix("devices: "), param_hint="'--devices'") from None
 
 
 @contextlib.contextmanager

@@ -45,6 +45,29 @@ def new_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
+def holder_is_dead(holder: str) -> bool:
+    """Whether ``holder`` (``host:pid:uuid``) was a process of this host that is gone, so
+    its claims need not wait for their leases (another host's holder: never known)."""
+    parts = holder.split(":")
+    if len(parts) < 3 or ":".join(parts[:-2]) != socket.gethostname() or not parts[-2].isdigit():
+        return False
+    pid = int(parts[-2])
+    if pid == os.getpid():
+        return False  # this process: another search of it, alive
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie (killed, not yet reaped) is dead
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 @dataclasses.dataclass(frozen=True)
 class Claim:
     """A key's claim row as a claim attempt found or left it."""
@@ -70,13 +93,14 @@ class KeyClaims:
         return utcnow()
 
     def claim(self, key: TuningKey, holder: str, *, lease_s: float, kernel_hash: str, trials: int,
-              retake_done: bool = False) -> Claim:
+              retake_done: bool = False, dead_holder: str | None = None) -> Claim:
         """Claim ``key`` for ``holder`` for ``lease_s`` seconds.
 
         Got when nobody claimed it, when its lease expired, when ``holder`` has it
-        already, or when it is done but under another kernel, with a smaller budget
-        than ``trials``, or ``retake_done``. Otherwise the row as it is comes back,
-        with ``acquired`` False: held by another holder, or done."""
+        already, when ``dead_holder`` (known dead: ``holder_is_dead``) has it, or when
+        it is done but under another kernel, with a smaller budget than ``trials``, or
+        ``retake_done``. Otherwise the row as it is comes back, with ``acquired``
+        False: held by another holder, or done."""
         table = KeyClaim.__table__
         identity = key_identity(key)
         with self._store._transaction(f"claim {key.label()} on {key.gpu}", write=True) as session:
@@ -91,7 +115,8 @@ class KeyClaims:
             if inserted != 1:
                 c = table.c
                 takeable = sa.or_(
-                    sa.and_(c.state == "claimed", sa.or_(c.lease_expires_at < now, c.holder == holder)),
+                    sa.and_(c.state == "claimed", sa.or_(c.lease_expires_at < now, c.holder == holder,
+                                                         c.holder == (dead_holder or holder))),
                     sa.and_(c.state == "done", sa.or_(sa.true() if retake_done else sa.false(),
                                                       c.kernel_hash != kernel_hash,
                                                       sa.func.coalesce(c.trials, 0) < trials)),

@@ -53,6 +53,12 @@ def stored_result(db: Path, k: TuningKey):
     return found[0] if found else None
 
 
+def store_id(db: Path) -> str:
+    """The store's identity, which its keys' study names carry."""
+    with Store(db) as store:
+        return store.store_id()
+
+
 def journal_study(journal: Path, name: str):
     import optuna
 

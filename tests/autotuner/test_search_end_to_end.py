@@ -6,7 +6,7 @@ import io
 import itertools
 
 import pytest
-from autotuner_helpers import GPU, cid, journal_study, key, trials_of
+from autotuner_helpers import GPU, cid, journal_study, key, store_id, trials_of
 from rich.console import Console
 
 from flashtune.autotuner import build_keys, search, study_name
@@ -99,13 +99,15 @@ def test_study_names_are_stable_and_live_in_the_journal_next_to_the_store(search
     import optuna
 
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
-    names = {study_name(k, kernel_source_hash()) for k in KEYS}
+    sid = store_id(db)
+    names = {study_name(k, kernel_source_hash(), sid) for k in KEYS}
     assert set(optuna.get_all_study_names(storage)) == names
     assert len(names) == len(KEYS)
     for k in KEYS:
-        name = study_name(k, kernel_source_hash())
+        name = study_name(k, kernel_source_hash(), sid)
         assert name == study_name(TuningKey(*[getattr(k, f) for f in ("gpu", "dtype", "head_dim", "seq_len",
-                                                                          "causal", "pass_")]), kernel_source_hash())
+                                                                          "causal", "pass_")]), kernel_source_hash(),
+                                  sid)
         assert {t.study for t in trials_of(db, k)} == {name}
         study = journal_study(journal, name)
         assert study.user_attrs["finalized_trials"] == TRIALS
@@ -114,6 +116,7 @@ def test_study_names_are_stable_and_live_in_the_journal_next_to_the_store(search
         cls = SPACES[k.pass_][0]
         assert {cid(t.config) for t in trials_of(db, k)} == {cid(cls(**t.params)) for t in told}
     assert study_name(KEYS[0], "a") != study_name(KEYS[0], "b")  # a kernel change starts a new study
+    assert study_name(KEYS[0], "a", sid) != study_name(KEYS[0], "a", "0" * 32)  # so does another store
 
 
 def test_the_progress_bar_reports_on_a_plain_console(searched):

@@ -20,6 +20,7 @@ from autotuner_helpers import (
     cid,
     journal_study,
     key,
+    store_id,
     stored_result,
     tiny_space,
     trials_of,
@@ -162,7 +163,7 @@ def test_a_key_whose_setup_fails_or_crashes_fails_alone(tmp_path, monkeypatch):
     assert rf.status == "tuned" and rf.n_trials == 2
     assert trials_of(db, bad) == [] and trials_of(db, dead) == []
     for k in (bad, dead):  # the trial that was asked for is closed, not left running
-        study = journal_study(tmp_path / "optuna-journal.log", study_name(k, kernel_source_hash()))
+        study = journal_study(tmp_path / "optuna-journal.log", study_name(k, kernel_source_hash(), store_id(db)))
         states = [t.state for t in study.trials]
         assert optuna.trial.TrialState.RUNNING not in states
         assert optuna.trial.TrialState.FAIL in states

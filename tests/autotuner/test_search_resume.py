@@ -19,6 +19,7 @@ from autotuner_helpers import (
     key,
     process_exists,
     rows_per_config,
+    store_id,
     stored_result,
     tiny_space,
     trials_of,
@@ -83,7 +84,7 @@ def test_an_interrupted_search_resumes_without_measuring_a_config_twice(tmp_path
     assert max(counts.values()) == 1, counts  # no config measured twice
     assert sum(counts.values()) == r.n_trials == trials
     assert cid(default) in counts and r.default_time_ms is not None
-    study = journal_study(tmp_path / "optuna-journal.log", study_name(k, kernel_source_hash()))
+    study = journal_study(tmp_path / "optuna-journal.log", study_name(k, kernel_source_hash(), store_id(db)))
     told = [t for t in study.trials if "status" in t.user_attrs]
     assert sorted(cid(FwdConfig(**t.params)) for t in told) == sorted(counts)
     assert study.user_attrs["finalized_trials"] == trials

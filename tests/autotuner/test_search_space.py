@@ -9,7 +9,7 @@ import math
 import optuna
 import pytest
 import torch
-from autotuner_helpers import Spy, cid, journal_study, key, rows_per_config, tiny_space, trials_of
+from autotuner_helpers import Spy, cid, journal_study, key, rows_per_config, store_id, tiny_space, trials_of
 
 from flashtune.autotuner import search, study_name
 from flashtune.autotuner.worker import TrialWorker
@@ -61,7 +61,7 @@ def test_configs_validate_rejects_never_reach_the_worker(tmp_path, monkeypatch):
     assert len(runs.calls) == trials  # the budget counts measured configs only
     assert all(cid(cfg) in valid for (_, cfg, *_) in runs.calls)
     assert set(rows_per_config(db, k)) <= valid
-    study = journal_study(tmp_path / "optuna-journal.log", study_name(k, kernel_source_hash()))
+    study = journal_study(tmp_path / "optuna-journal.log", study_name(k, kernel_source_hash(), store_id(db)))
     skipped = [t for t in study.trials if t.user_attrs.get("skipped") == "invalid"]
     assert skipped, "the sampler never proposed a rejected config: the test shows nothing"
     assert all(t.state == optuna.trial.TrialState.PRUNED for t in skipped)
@@ -84,7 +84,7 @@ def test_a_space_within_the_budget_is_measured_exhaustively(tmp_path, monkeypatc
     assert sorted(cid(cfg) for (_, cfg, *_) in runs.calls) == sorted(cid(c) for c in configs)
     assert cid(runs.calls[0][1]) == cid(default)  # the default goes first
     assert rows_per_config(db, k) == {cid(c): 1 for c in configs}
-    study = journal_study(journal, study_name(k, kernel_source_hash()))
+    study = journal_study(journal, study_name(k, kernel_source_hash(), store_id(db)))
     assert all(t.state != optuna.trial.TrialState.PRUNED for t in study.trials)  # no proposal was wasted
     # the whole space is measured, so the key is done although the budget was larger
     (again,) = search([k], **run).results
@@ -154,7 +154,7 @@ def test_repeated_or_rejected_proposals_are_never_measured_and_the_search_still_
     measured = [cid(cfg) for (_, cfg, *_) in runs.calls]
     assert len(measured) == len(set(measured)) == trials  # a config proposed twice is measured once
     assert max(rows_per_config(db, k).values()) == 1
-    study = optuna.load_study(study_name=study_name(k, kernel_source_hash()),
+    study = optuna.load_study(study_name=study_name(k, kernel_source_hash(), store_id(db)),
                               storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     reason = "duplicate" if proposals == "duplicates" else "invalid"
     pruned = [t for t in study.trials if t.user_attrs.get("skipped") == reason]

@@ -59,9 +59,9 @@ def test_search_tunes_the_keys_and_prints_a_summary(searched):
     ms, eta = r"[0-9.e+-]+ ms", r"ETA \d:\d\d:\d\d"
     trial = rf"\[{{}}/4 trials\] {{}}: trial {{}}/2 [^:]+: ({ms}|[a-z_]+)(, best {ms})?, {eta}"
     key_line = rf"\[{{}}/2 keys\] {{}}: tuned, {ms} \([0-9.]+x the default\) in \d:\d\d:\d\d, {eta}"
-    patterns = [trial.format(1, "fwd float32 d16 n16 full", 1), trial.format(2, "fwd float32 d16 n16 full", 2),
-                key_line.format(1, "fwd float32 d16 n16 full"), trial.format(3, "bwd float32 d16 n16 full", 1),
-                trial.format(4, "bwd float32 d16 n16 full", 2), key_line.format(2, "bwd float32 d16 n16 full")]
+    fwd, bwd = "fwd float32 d16 n16 full on cpu", "bwd float32 d16 n16 full on cpu"  # the key, on its device
+    patterns = [trial.format(1, fwd, 1), trial.format(2, fwd, 2), key_line.format(1, fwd), trial.format(3, bwd, 1),
+                trial.format(4, bwd, 2), key_line.format(2, bwd)]
     assert len(log) == len(patterns) and all(re.fullmatch(p, line) for p, line in zip(patterns, log)), log
     lines = out.stdout.splitlines()
     assert lines[0].split() == ["key", "status", "winner", "ms", "TFLOPS", "vs", "default", "trials", "rejected"]
