@@ -6,6 +6,9 @@ write the search does, as fast as it can, each write its own transaction:
   trial   ``Store.record_trial`` (one INSERT): what every trial of every GPU writes
   claim   ``claims.claim`` of a new key, then ``claims.finish`` (two transactions): once per key
   renew   ``claims.renew`` of a held key (one UPDATE): every lease/3 per key being searched
+  optuna  one trial of an Optuna study in RDB storage on the same database, as a key's search
+          makes it (ask, the outcome's user attributes, tell; random sampler, so the figure is
+          the storage's): with ``--url`` only
 
 and the total of the P processes is reported per second, for P in ``--procs``. The
 store is a fresh PostgreSQL schema (``--url``, dropped afterwards) or a SQLite file
@@ -42,6 +45,8 @@ def _work(url: str, op: str, worker: int, seconds: float, start, out) -> None:
     from flashtune.store import Store
 
     holder = f"bench:{os.getpid()}:{worker}"
+    if op == "optuna":
+        return _optuna(url, worker, seconds, start, out)
     with Store(url) as store:
         renewed = TuningKey(GPU.key, "bfloat16", 128, 1 + worker, True, "fwd")
         store.claims.claim(renewed, holder, lease_s=60, kernel_hash="h", trials=1)
@@ -58,6 +63,27 @@ def _work(url: str, op: str, worker: int, seconds: float, start, out) -> None:
                 store.claims.renew(renewed, holder, lease_s=60)
             n += 1
         out.put(n / (time.perf_counter() - t0))
+
+
+def _optuna(url: str, worker: int, seconds: float, start, out) -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name=f"bench-{worker}-{uuid.uuid4().hex[:6]}", storage=storage,
+                                sampler=optuna.samplers.RandomSampler(seed=worker))
+    dists = {name: optuna.distributions.CategoricalDistribution(values)
+             for name, values in FwdConfig.search_space().items()}
+    attrs = Outcome("ok", time_ms=0.5, error=1e-3).as_attrs()
+    start.wait()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        trial = study.ask(dists)
+        for name, value in attrs.items():
+            trial.set_user_attr(name, value)
+        study.tell(trial, 0.5)
+        n += 1
+    out.put(n / (time.perf_counter() - t0))
 
 
 def measure(url: str, op: str, procs: int, seconds: float) -> float:
@@ -78,7 +104,7 @@ def main() -> None:
     parser.add_argument("--url", help="a PostgreSQL URL; a schema of its own is made and dropped")
     parser.add_argument("--sqlite", help="a SQLite file (made anew)")
     parser.add_argument("--procs", default="1,2,4,8,16,32")
-    parser.add_argument("--ops", default="trial,claim,renew")
+    parser.add_argument("--ops", default="trial,claim,renew,optuna")
     parser.add_argument("--seconds", type=float, default=4.0)
     args = parser.parse_args()
     import sqlalchemy as sa
@@ -100,7 +126,7 @@ def main() -> None:
     try:
         with Store(url) as store:
             store.upsert_gpu(GPU)
-        ops = args.ops.split(",")
+        ops = [op for op in args.ops.split(",") if op != "optuna" or args.url]
         print(f"store: {'PostgreSQL' if args.url else 'SQLite'}; {args.seconds:g} s per point; writes per second "
               "(claim: claim + finish of a new key, per second; each a transaction)")
         print("| processes | " + " | ".join(f"{op}/s" for op in ops) + " |")

@@ -7,6 +7,9 @@ import json
 import multiprocessing
 import os
 import shutil
+import socket
+import subprocess
+import sys
 import time
 import traceback
 
@@ -18,16 +21,16 @@ from store_samples import H200, key, result
 
 from flashtune.keys import TuningKey
 from flashtune.store import Store, current_revision, head_revision, migrations, resolve_url, upgrade
-from flashtune.store.claims import key_identity
+from flashtune.store.claims import holder_is_dead, key_identity, new_holder
 from flashtune.store.engine import create_store_engine
 
 FORK = multiprocessing.get_context("fork")
 HASH = "0123456789abcdef"
 
 
-def _claim(store, k, holder, *, lease_s=30.0, trials=8, kernel_hash=HASH, retake_done=False):
+def _claim(store, k, holder, *, lease_s=30.0, trials=8, kernel_hash=HASH, retake_done=False, dead_holder=None):
     return store.claims.claim(k, holder, lease_s=lease_s, kernel_hash=kernel_hash, trials=trials,
-                              retake_done=retake_done)
+                              retake_done=retake_done, dead_holder=dead_holder)
 
 
 def test_a_key_is_named_by_its_sorted_json():
@@ -66,6 +69,24 @@ def test_a_done_key_is_taken_only_for_more_trials_another_kernel_or_when_asked(s
     store.claims.finish(k, "c", trials=16)
     assert _claim(store, k, "d", trials=16, retake_done=True).acquired  # --force
     assert store.claims.get(k).holder == "d"
+
+
+def test_a_dead_holder_of_this_host_is_known_and_its_claim_taken_at_once(store):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = f"{socket.gethostname()}:{proc.pid}:0123456789ab"
+    try:
+        assert _claim(store, key(), holder).acquired
+        assert not holder_is_dead(holder)
+        assert not _claim(store, key(), "b").acquired
+    finally:
+        proc.kill()
+        proc.wait()
+    assert holder_is_dead(holder)
+    assert not holder_is_dead(f"other-host:{proc.pid}:0123456789ab")  # another host's: never known
+    assert not holder_is_dead(new_holder())  # this process
+    assert not _claim(store, key(), "b").acquired  # the lease still runs...
+    assert _claim(store, key(), "b", dead_holder=holder).acquired  # ...but its holder is known dead
+    assert not _claim(store, key(), "c", dead_holder=holder).acquired  # b's now
 
 
 def test_release_gives_back_what_is_not_done(store):

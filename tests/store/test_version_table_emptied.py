@@ -12,6 +12,7 @@ from store_samples import key, result
 
 from flashtune.cli import cli
 from flashtune.store import Store, StoreError, head_revision
+from flashtune.store.models import Base
 
 HEAD = head_revision()
 
@@ -27,8 +28,9 @@ def test_an_emptied_version_table_is_reported_with_its_repair(db_url):
     with engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM flashtune_alembic_version"))
     shown = sa.make_url(db_url).render_as_string(hide_password=True)
-    problem = (f"the database at {shown} has flashtune's tables (flashtune_gpus, flashtune_trials, "
-               f"flashtune_tuned_results; 1 tuned result) but no flashtune_alembic_version table with a "
+    tables = ", ".join(sorted(Base.metadata.tables))  # every table of the schema
+    problem = (f"the database at {shown} has flashtune's tables ({tables}; 1 tuned result) but no "
+               "flashtune_alembic_version table with a "
                "revision in it, so their schema is unknown: restore the database from a backup; if this flashtune "
                f"wrote it (schema {HEAD}), record that revision with the SQL `INSERT INTO flashtune_alembic_version "
                f"(version_num) VALUES ('{HEAD}')` and check with `flashtune db current`")
