@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -42,11 +43,20 @@ CONFIG = FwdConfig(128, 64, 8, 3)
 
 
 def _work(url: str, op: str, worker: int, seconds: float, start, out) -> None:
+    try:
+        if op == "optuna":
+            _optuna(url, worker, seconds, start, out)
+        else:
+            _store(url, op, worker, seconds, start, out)
+    except BaseException as e:  # noqa: BLE001 - reported, and the point is void
+        out.put(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        start.abort()
+
+
+def _store(url: str, op: str, worker: int, seconds: float, start, out) -> None:
     from flashtune.store import Store
 
     holder = f"bench:{os.getpid()}:{worker}"
-    if op == "optuna":
-        return _optuna(url, worker, seconds, start, out)
     with Store(url) as store:
         renewed = TuningKey(GPU.key, "bfloat16", 128, 1 + worker, True, "fwd")
         store.claims.claim(renewed, holder, lease_s=60, kernel_hash="h", trials=1)
@@ -92,10 +102,16 @@ def measure(url: str, op: str, procs: int, seconds: float) -> float:
     workers = [ctx.Process(target=_work, args=(url, op, i, seconds, start, out)) for i in range(procs)]
     for w in workers:
         w.start()
-    start.wait()
-    rates = [out.get(timeout=seconds + 120) for _ in workers]
+    try:
+        start.wait(timeout=300)
+    except threading.BrokenBarrierError:
+        pass
+    rates = [out.get(timeout=seconds + 300) for _ in workers]
     for w in workers:
         w.join()
+    failed = [r for r in rates if isinstance(r, str)]
+    if failed:
+        raise RuntimeError(f"{op} with {procs} processes: {failed[0]}")
     return sum(rates)
 
 
@@ -126,6 +142,10 @@ def main() -> None:
     try:
         with Store(url) as store:
             store.upsert_gpu(GPU)
+        if args.url:  # Optuna's tables, made once (processes making them at once collide)
+            import optuna
+
+            optuna.storages.RDBStorage(url).engine.dispose()
         ops = [op for op in args.ops.split(",") if op != "optuna" or args.url]
         print(f"store: {'PostgreSQL' if args.url else 'SQLite'}; {args.seconds:g} s per point; writes per second "
               "(claim: claim + finish of a new key, per second; each a transaction)")

@@ -30,6 +30,16 @@ Tables (all prefixed ``flashtune_``, so the store can share a database with Optu
     (a warm start skips only configs measured with the same kernel), created. Indexed
     on the key columns plus kernel_hash.
 
+``flashtune_key_claims``
+    A search's claim on a tuning key (``flashtune.store.claims``): ``key_identity``
+    (unique: the key's JSON, sorted keys), ``kernel_hash``, ``holder`` (host:pid:uuid),
+    ``state`` (CHECK: claimed, done), ``lease_expires_at``, ``trials`` (the budget a done
+    key was finished with), created/updated. Indexed on (holder, state).
+
+``flashtune_store_info``
+    Name/value rows about the store; ``store_id`` is its identity (a random hex id),
+    which the Optuna study names carry.
+
 Both key-carrying tables reference ``flashtune_gpus.id``. Timestamps are UTC. Alembic's
 version table is ``flashtune_alembic_version``.
 """
