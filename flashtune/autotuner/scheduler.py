@@ -206,6 +206,8 @@ def _hand_out(device: Device, pending: list, retry_at: dict, held_before: set, r
             device.key, device.measured = key, 0
             device.inbox.put(key)
             return
+        if key not in held_before:  # said once: this search waits for it
+            plan.report(plan.progress(key, len(results), len(keys), plan.trials, 0, held_by=claim.holder))
         held_before.add(key)
         retry_at[key] = now + min(5.0, max(0.2, plan.lease_s / 4))
 

@@ -63,6 +63,7 @@ class Progress:
     result: KeyResult | None = None  # the key's result, when done
     device: str = ""  # the device the key runs on ("cuda:1"; "" for a key no device searched)
     others: int = 0  # trials measured so far by the keys other devices are searching now
+    held_by: str = ""  # the key waits: another search holds it (its holder, host:pid:uuid)
 
     @property
     def completed(self) -> int:
@@ -71,6 +72,8 @@ class Progress:
         return (self.keys_done + self.done) * self.trials + own + self.others
 
     def describe(self) -> str:
+        if self.held_by:
+            return f"{self.key.label()}: waiting, another search has it ({self.held_by})"
         if self.done:
             return f"{self.key.label()}: done"
         text = f"{self.key.label()}: {self.n_measured}/{self.trials} trials"

@@ -25,7 +25,9 @@ class TrialLog:
         self.started = self.clock()
 
     def __call__(self, report) -> None:
-        if report.trial is not None:
+        if report.held_by:
+            click.echo(f"[{report.keys_done}/{report.keys_total} keys] {report.describe()}", err=True)
+        elif report.trial is not None:
             self._trial_line(report)
         elif report.done:
             self._key_line(report)

@@ -157,9 +157,11 @@ def test_a_killed_driver_s_keys_are_taken_over_when_their_lease_expires(tmp_path
     tiny_space(monkeypatch, "fwd", SPACE)
     first_trial = []
     Spy(monkeypatch, "run", before=lambda worker, n, *a: first_trial.append(datetime.now(timezone.utc)))
-    (r,) = search([k], db=db, trials=4, device="cpu", lease=lease, **FAST).results
+    reports = []
+    (r,) = search([k], db=db, trials=4, device="cpu", lease=lease, progress=reports.append, **FAST).results
     assert r.status == "tuned" and r.n_trials == 4
     assert first_trial[0] >= expires  # it waited for the lease, then took the key over
+    assert [p.held_by for p in reports if p.held_by] == [held.holder]  # and said so, once
     assert len(first_trial) == 2  # resuming its study: the two finished trials are not measured again
     _no_config_twice(db, [k], 4)
     (done,) = _claims(db)

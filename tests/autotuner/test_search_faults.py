@@ -8,6 +8,7 @@ the search runs) makes the search exhaustive, so every config is tried exactly o
 from __future__ import annotations
 
 import os
+from datetime import datetime, timezone
 
 import optuna
 import torch
@@ -167,6 +168,11 @@ def test_a_key_whose_setup_fails_or_crashes_fails_alone(tmp_path, monkeypatch):
         states = [t.state for t in study.trials]
         assert optuna.trial.TrialState.RUNNING not in states
         assert optuna.trial.TrialState.FAIL in states
+    with Store(db) as store:  # a failed key's claim is given back (another search may try it), a tuned one is done
+        now = datetime.now(timezone.utc)
+        claims = {k: store.claims.get(k) for k in (bad, dead, fine)}
+    assert all(claims[k].state == "claimed" and claims[k].lease_expires_at <= now for k in (bad, dead))
+    assert claims[fine].state == "done"
 
 
 def test_a_script_without_a_main_guard_gets_told_why_its_worker_died(tmp_path):
