@@ -13,7 +13,6 @@ import sys
 import time
 import traceback
 
-import pytest
 import sqlalchemy as sa
 from alembic import command
 from golden_data import ROWS, golden_path
