@@ -53,7 +53,7 @@ def upgrade() -> None:
         sa.Column("name", sa.String(64), primary_key=True),
         sa.Column("value", sa.Text(), nullable=False),
     )
-    dialect = op.get_bind().dialect.name
+    dialect = op.get_context().dialect.name  # offline (--sql) too
     random_id = _RANDOM_ID.get(dialect, _RANDOM_ID["sqlite"])
     op.execute(f"INSERT INTO flashtune_store_info (name, value) VALUES ('store_id', {random_id})")
 
