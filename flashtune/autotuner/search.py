@@ -155,6 +155,7 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     from flashtune.store import ResultFilter, Store
     from flashtune.store.claims import new_holder
 
+    _not_in_a_starting_worker()
     # Every argument is checked before the store or the study storage is touched.
     keys = list(keys)
     if any(not isinstance(key, TuningKey) for key in keys):
@@ -224,6 +225,18 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     finally:
         store.close()
     return SearchSummary(results, interpreter, storage_label)
+
+
+def _not_in_a_starting_worker() -> None:
+    """A script without a main guard calls search() again in the worker process that spawn
+    starts (it imports the script): that search must not run (it would wait for the key
+    its parent holds); it raises, the worker dies, and the parent's key fails saying why.
+    (multiprocessing's own check, which ``Process.start`` does, reads the same flag.)"""
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise RuntimeError("search() was called while a worker process was starting: call it under "
+                           "`if __name__ == '__main__':` in a script")
 
 
 def _device_names(device, devices) -> list[str]:
