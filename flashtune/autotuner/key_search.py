@@ -11,7 +11,7 @@ from flashtune.autotuner.ledger import Ledger
 from flashtune.autotuner.study import KeyStudy
 from flashtune.kernels.config import ConfigError, default_config
 from flashtune.kernels.space import default_neighbours, valid_candidates
-from flashtune.keys import GpuInfo, TuningKey
+from flashtune.keys import GpuInfo, TuningKey, key_distance
 from flashtune.outcome import Outcome
 from flashtune.protocol import trial_shape
 
@@ -57,7 +57,7 @@ class KeyResult:
     outcomes: dict = dataclasses.field(default_factory=dict)  # trial status -> count
     wall_s: float = 0.0
     timer: str = ""
-    shape: tuple[int, int] | None = None  # (batch, heads) the trials used
+    shape: tuple[int, int, int] | None = None  # (batch, heads_q, heads_kv) the trials used
     message: str = ""  # why a key failed
 
     @property
@@ -129,7 +129,7 @@ class KeySearch:
         store, key = self.bench.store, self.key
         first = [self.default] if self.default is not None else []
         family = store.list_results(ResultFilter.for_family(key))
-        family.sort(key=lambda r: abs(r.key.seq_len - key.seq_len))
+        family.sort(key=lambda r: key_distance(r.key, key))
         first += [r.config for r in family]
         if self.default is not None:
             first += default_neighbours(self.default)
@@ -138,7 +138,7 @@ class KeySearch:
         # of another, and a few trials settle it. At most an eighth of the budget.
         relatives = [r for r in store.list_results(ResultFilter(key.gpu, key.dtype, pass_=key.pass_))
                      if (r.key.head_dim, r.key.causal) != (key.head_dim, key.causal)]
-        relatives.sort(key=lambda r: (r.key.head_dim != key.head_dim, abs(r.key.seq_len - key.seq_len)))
+        relatives.sort(key=lambda r: (r.key.head_dim != key.head_dim, key_distance(r.key, key)))
         seen, queue = set(), []
 
         def take(configs, cap=None) -> None:

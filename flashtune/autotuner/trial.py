@@ -35,12 +35,13 @@ class KeyBench:
         self.key = key
         self.device = device
         self.dtype = getattr(torch, key.dtype)
-        self.batch, self.heads = trial_shape(key, device.type != "cuda")
+        self.batch, self.heads, self.heads_kv = trial_shape(key, device.type != "cuda")
         self.sm_scale = 1.0 / math.sqrt(key.head_dim)
         gen = torch.Generator(device=device).manual_seed(_seed(key))
-        shape = (self.batch, self.heads, key.seq_len, key.head_dim)
+        q_shape = (self.batch, self.heads, key.seq_q, key.head_dim)
+        kv_shape = (self.batch, self.heads_kv, key.seq_k, key.head_dim)
         self.q, self.k, self.v, self.do = (torch.randn(shape, device=device, dtype=self.dtype, generator=gen)
-                                           for _ in range(4))
+                                           for shape in (q_shape, kv_shape, kv_shape, q_shape))
         ref_dtype = torch.float32 if device.type == "cuda" else torch.float64
         ref = reference_with_grads(self.q, self.k, self.v, self.do, causal=key.causal, dtype=ref_dtype)
         self.o_ref, self.lse_ref = ref[0], ref[1]
@@ -143,6 +144,6 @@ class KeyBench:
         return times
 
     def describe(self) -> dict:
-        return {"batch": self.batch, "heads": self.heads, "flops": self.flops,
+        return {"batch": self.batch, "heads": self.heads, "heads_kv": self.heads_kv, "flops": self.flops,
                 "timer": "cuda-events" if self.device.type == "cuda" else "interpreter-wall-clock",
                 "interpreter": INTERPRETER}

@@ -16,9 +16,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from flashtune.keys import DTYPES, PASSES
 from flashtune.outcome import TRIAL_STATUSES
 
-# The key columns besides the GPU, in index order: seq_len last, so that an index prefix
-# serves the lookups of one key family (gpu, dtype, head_dim, causal, pass).
-KEY_COLUMNS: tuple[str, ...] = ("dtype", "head_dim", "causal", "pass", "seq_len")
+# The key columns besides the GPU, in index order: the numeric dimensions last, so that an
+# index prefix serves the lookups of one key family (gpu, dtype, head_dim, causal, pass).
+# They are the column names of ``TuningKey.as_dict()``.
+KEY_COLUMNS: tuple[str, ...] = ("dtype", "head_dim", "causal", "pass", "seq_q", "seq_k", "group", "batch_heads")
 
 
 def utcnow() -> datetime:
@@ -42,7 +43,10 @@ def _key_constraints(table: str) -> list[sa.Constraint]:
             table,
             dtype=_one_of("dtype", DTYPES),
             head_dim="head_dim > 0",
-            seq_len="seq_len > 0",
+            seq_q="seq_q > 0",
+            seq_k="seq_k > 0",
+            group='"group" > 0',
+            batch_heads="batch_heads > 0",
             **{"pass": _one_of("pass", PASSES)},  # "pass" is a Python keyword
         ),
     ]
@@ -58,7 +62,10 @@ class KeyColumns:
     gpu_id: Mapped[int]
     dtype: Mapped[str] = mapped_column(sa.String(16))
     head_dim: Mapped[int]
-    seq_len: Mapped[int]
+    seq_q: Mapped[int]
+    seq_k: Mapped[int]
+    group: Mapped[int]
+    batch_heads: Mapped[int]
     causal: Mapped[bool]
     pass_: Mapped[str] = mapped_column("pass", sa.String(8))
 

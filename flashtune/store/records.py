@@ -106,9 +106,12 @@ class ResultFilter:
     gpu: str | None = None  # a GpuInfo.key, e.g. "NVIDIA H200@sm90"
     dtype: str | None = None
     head_dim: int | None = None
-    seq_len: int | None = None
+    seq_q: int | None = None
     causal: bool | None = None
     pass_: str | None = None
+    seq_k: int | None = None
+    group: int | None = None
+    batch_heads: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -118,12 +121,13 @@ class ResultFilter:
 
     @classmethod
     def for_key(cls, key: TuningKey) -> ResultFilter:
-        return cls(*key.family[:3], key.seq_len, *key.family[3:])
+        return cls(key.gpu, key.dtype, key.head_dim, key.seq_q, key.causal, key.pass_, seq_k=key.seq_k,
+                   group=key.group, batch_heads=key.batch_heads)
 
     @classmethod
     def for_family(cls, key: TuningKey) -> ResultFilter:
-        """The key's family: every tuned seq len of it."""
-        return dataclasses.replace(cls.for_key(key), seq_len=None)
+        """The key's family: every tuned point (lengths, group, batch x heads) of it."""
+        return cls(*key.family[:3], None, *key.family[3:])
 
     def describe(self) -> str:
         parts = [f"{f.name.rstrip('_')}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
@@ -188,8 +192,9 @@ def check_key(key: TuningKey) -> None:
 
     if not key.head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim: the kernels run head dims up to {MAX_HEAD_DIM}, got {short_value(key.head_dim)}")
-    if not key.seq_len <= MAX_SEQ_LEN:
-        raise ValueError(f"seq_len: expected at most {MAX_SEQ_LEN}, got {short_value(key.seq_len)}")
+    for name in ("seq_q", "seq_k", "group", "batch_heads"):
+        if not getattr(key, name) <= MAX_SEQ_LEN:
+            raise ValueError(f"{name}: expected at most {MAX_SEQ_LEN}, got {short_value(getattr(key, name))}")
     check_text("gpu", key.gpu)
 
 

@@ -293,7 +293,7 @@ def _conditions(model: type[TunedResult | Trial], where: ResultFilter) -> list:
     conditions = []
     if where.gpu is not None:
         conditions.append(model.gpu_id == sa.select(Gpu.id).where(Gpu.key == where.gpu).scalar_subquery())
-    for name in ("dtype", "head_dim", "seq_len", "causal", "pass_"):
+    for name in ("dtype", "head_dim", "seq_q", "seq_k", "group", "batch_heads", "causal", "pass_"):
         value = getattr(where, name)
         if value is not None:
             conditions.append(getattr(model, name) == value)
@@ -341,7 +341,8 @@ def _gpu_info(gpu: Gpu) -> GpuInfo:
 def _stored_result(row: TunedResult, gpu: Gpu, config_text: str) -> StoredResult:
     where = f"tuned result #{row.id}"
     try:
-        key = TuningKey(gpu.key, row.dtype, row.head_dim, row.seq_len, row.causal, row.pass_)
+        key = TuningKey(gpu.key, row.dtype, row.head_dim, row.seq_q, row.causal, row.pass_, seq_k=row.seq_k,
+                        group=row.group, batch_heads=row.batch_heads)
     except ValueError as e:
         raise StoreError(f"{where} on {gpu.key} has an invalid key: {e}; delete it with `flashtune delete`") from e
     where = f"{where} ({key.label()} on {gpu.key})"

@@ -130,4 +130,4 @@ def test_inputs_are_fixed_per_key_and_differ_between_keys():
     assert torch.equal(a1.q, a2.q) and torch.equal(a1.allowance["o"] * torch.ones(1), a2.allowance["o"] * torch.ones(1))
     assert not torch.equal(a1.q, b.q)
     assert a1.describe()["timer"] == "interpreter-wall-clock"
-    assert (a1.batch, a1.heads) == trial_shape(a1.key, interpreter=True)
+    assert (a1.batch, a1.heads, a1.heads_kv) == trial_shape(a1.key, interpreter=True)

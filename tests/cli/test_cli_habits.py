@@ -129,10 +129,10 @@ def test_export_does_not_overwrite_a_file_without_force(invoke, db, tmp_path):
 def test_csv_booleans_are_true_and_false_as_documented(invoke, db):
     out = invoke("list", "--db", db, "--csv", "--gpu", H200.key, "--seq-len", "1024", "--pass", "fwd")
     assert out.exit_code == 0
-    rows = [line.split(",")[:6] for line in out.stdout.splitlines()]
-    assert rows == [["gpu", "dtype", "head_dim", "seq_len", "causal", "pass"],
-                    [H200.key, "bfloat16", "64", "1024", "true", "fwd"],
-                    [H200.key, "float16", "128", "1024", "false", "fwd"]]
+    rows = [line.split(",")[:9] for line in out.stdout.splitlines()]
+    assert rows == [["gpu", "dtype", "head_dim", "seq_q", "seq_k", "group", "batch_heads", "causal", "pass"],
+                    [H200.key, "bfloat16", "64", "1024", "1024", "1", "512", "true", "fwd"],
+                    [H200.key, "float16", "128", "1024", "1024", "1", "256", "false", "fwd"]]
     assert "booleans as true/false" in invoke("list", "--help").output
 
 
@@ -186,17 +186,17 @@ def test_delete_asks_then_deletes_the_matching_results(invoke, db):
                           "these keys again\n")
     assert _keys(db) == [k for k in before if not (k.gpu == H200.key and k.pass_ == "fwd")]
     out = invoke("delete", "--db", db, "--seq-len", "512", "--pass", "bwd", "--yes")
-    assert (out.exit_code, out.output) == (0, "deleted 1 tuned result (seq_len=512, pass='bwd'); their trials stay, "
+    assert (out.exit_code, out.output) == (0, "deleted 1 tuned result (seq_q=512, pass='bwd'); their trials stay, "
                                               "`flashtune search --force` tunes these keys again\n")
 
 
 def test_delete_needs_a_filter_and_a_match(invoke, db):
     out = invoke("delete", "--db", db, "--yes")
     assert out.exit_code == 2 and out.output.endswith(
-        "Error: give at least one filter (--gpu, --dtype, --head-dim, --seq-len, --causal/--full, --pass); "
-        "`flashtune db reset` deletes everything\n")
+        "Error: give at least one filter (--gpu, --dtype, --head-dim, --seq-len, --seq-k, --group, --batch-heads, "
+        "--causal/--full, --pass); `flashtune db reset` deletes everything\n")
     out = invoke("delete", "--db", db, "--seq-len", "3", "--yes")
-    assert (out.exit_code, out.output) == (1, "Error: no tuned result matches (seq_len=3): `flashtune list` shows "
+    assert (out.exit_code, out.output) == (1, "Error: no tuned result matches (seq_q=3): `flashtune list` shows "
                                               "what is stored\n")
 
 

@@ -97,7 +97,8 @@ def _golden_database(db_url: str, revision: str) -> None:
 
 
 def _row_key(row: dict) -> TuningKey:
-    return TuningKey("NVIDIA H200@sm90", row["dtype"], row["head_dim"], row["seq_len"], row["causal"], row["pass"])
+    """The key of a golden row (a row of 0001 has seq_len: a key of the standard grid)."""
+    return TuningKey.from_dict(row, gpu="NVIDIA H200@sm90")
 
 
 def test_golden_files_match_their_rows():
@@ -141,6 +142,35 @@ def test_a_golden_database_upgrades_to_head_with_every_row(db_url, revision):
         assert store.save_result(result(key(8192)))
         store.record_trial(key(8192), config_for("fwd"), Outcome("ok", time_ms=1.0), provenance=provenance())
         assert len(store.load_table(H200)) == len(expected) + 1
+
+
+def test_rows_of_0001_become_keys_of_the_grid_they_were_tuned_on(db_url):
+    _golden_database(db_url, "0001")
+    upgrade(db_url)
+    with Store(db_url) as store:
+        keys = sorted(store.load_table(H200), key=lambda k: k.head_dim)
+        trial_keys = {t.key for t in store.trials_for(keys[0])} | {t.key for t in store.trials_for(keys[1])}
+    # bf16 d128 n4096: 4 x 16 heads of the grid; fp16 d64 n1024: 16 x 32 heads
+    assert [(k.head_dim, k.seq_q, k.seq_k, k.group, k.batch_heads) for k in keys] == [
+        (64, 1024, 1024, 1, 512), (128, 4096, 4096, 1, 64)]
+    assert all(k.is_grid for k in keys) and trial_keys <= set(keys) and len(trial_keys) == 1
+
+
+def test_the_downgrade_to_0001_keeps_the_grid_rows_and_drops_the_others(db_url):
+    from alembic import command
+
+    _golden_database(db_url, "0002")
+    command.downgrade(migrations.alembic_config(resolve_url(db_url)), "0001")
+    engine = _engine(db_url)
+    with engine.connect() as connection:
+        rows = connection.execute(sa.text(
+            "SELECT head_dim, seq_len, causal FROM flashtune_tuned_results ORDER BY id")).all()
+        trials = connection.execute(sa.text("SELECT count(*) FROM flashtune_trials")).scalar()
+    engine.dispose()
+    assert [tuple(r) for r in rows] == [(128, 4096, True)] and trials == 0  # the decode key had no 0001 form
+    assert upgrade(db_url) == head_revision()
+    with Store(db_url) as store:
+        assert [k.seq_q for k in store.load_table(H200)] == [4096]
 
 
 # -- schema mismatches ------------------------------------------------------------------------
@@ -199,7 +229,8 @@ def test_a_database_from_a_newer_flashtune_says_to_upgrade_flashtune(db_url, use
     with Store(db_url) as store:
         store.save_result(result(key()))
     use_migrations("this")
-    with pytest.raises(SchemaNewerError, match=r"schema revision 9001, which this flashtune \(schema 0001\) does not "
+    with pytest.raises(SchemaNewerError, match=rf"schema revision 9001, which this flashtune \(schema "
+                                               rf"{head_revision()}\) does not "
                                                r"know: it was written by a newer flashtune; upgrade flashtune"):
         Store(db_url)
     with pytest.raises(SchemaNewerError, match="upgrade flashtune"):

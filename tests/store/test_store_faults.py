@@ -40,7 +40,7 @@ def _served(url) -> tuple[list[str], float, str]:
     from flashtune import get_tuned_attention
     from flashtune.dispatch import DispatchWarning
 
-    q = torch.randn(1, 1, 16, 16)
+    q = torch.randn(1, 2, 16, 16)  # the interpreter demo shape: batch x heads of its grid keys
     started = time.monotonic()
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -103,7 +103,7 @@ def test_a_wal_store_in_a_read_only_directory_is_read(tmp_path):
     # on 3a7812e: "cannot read tuned configs ... unable to open database file", heuristic configs
     assert (messages, source) == ([], "tuned exact") and seconds < 2
     assert listed.exit_code == 0, listed.output
-    assert [line.split(",")[3] for line in listed.stdout.splitlines()] == ["seq_len", "16", "32"]
+    assert [line.split(",")[3] for line in listed.stdout.splitlines()] == ["seq_q", "16", "32"]
     assert info.exit_code == 0 and '"tuned_results": 2' in info.stdout, info.output
     assert sorted(p.name for p in folder.iterdir()) == before
 
@@ -173,7 +173,7 @@ def test_a_damaged_row_is_skipped_and_named_and_the_rest_served(db_url):
     engine = sa.create_engine(db_url)
     damaged = '{"BLOCK_M": 16, "BLOCK_N" 16}' if db_url.startswith("sqlite") else '{"BLOCK_M": "sixteen"}'
     with engine.begin() as connection:  # PostgreSQL's JSON type refuses text that is not JSON
-        row = connection.execute(sa.text("SELECT id FROM flashtune_tuned_results WHERE seq_len = 32")).scalar()
+        row = connection.execute(sa.text("SELECT id FROM flashtune_tuned_results WHERE seq_q = 32")).scalar()
         connection.execute(sa.text("UPDATE flashtune_tuned_results SET config = :c WHERE id = :i"),
                            {"c": damaged, "i": row})
     engine.dispose()
@@ -185,7 +185,7 @@ def test_a_damaged_row_is_skipped_and_named_and_the_rest_served(db_url):
                               f"tuned result #{row} (fwd float32 d16 n32 full on {HERE.key}) has ")
     listed = _cli("list", "--db", db_url, "--csv")
     assert listed.exit_code == 0, listed.output
-    assert [line.split(",")[3] for line in listed.stdout.splitlines()] == ["seq_len", "16"]
+    assert [line.split(",")[3] for line in listed.stdout.splitlines()] == ["seq_q", "16"]
     assert listed.stderr.startswith(f"warning: skipped tuned result #{row} (fwd float32 d16 n32 full on {HERE.key})")
     assert "`flashtune delete`" in listed.stderr
 
