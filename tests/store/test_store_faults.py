@@ -204,3 +204,22 @@ def test_a_url_that_asks_for_read_only_gets_it(tmp_path):
             with pytest.raises(StoreError, match="readonly database"):
                 store.delete_results(ResultFilter())
         assert _served(url)[::2] == ([], "tuned exact")
+
+
+# -- a torn Optuna journal next to the store ------------------------------------------------
+
+def test_a_torn_journal_next_to_the_store_costs_the_dispatcher_and_list_nothing(tmp_path):
+    """The journal is the search's alone (tests/autotuner/test_storage_faults.py repairs it
+    and the search names it): the dispatcher and the reading commands never open it."""
+    db = tmp_path / "tuned.db"
+    _fill(db)
+    journal = tmp_path / "optuna-journal.log"
+    journal.write_bytes(b'{"op_code": 0, "worker_id": "w", "study_name": "s", "directions": [1]}\n{"op_code": 4, "wor')
+    torn = journal.read_bytes()
+    messages, seconds, source = _served(db)
+    assert (messages, source) == ([], "tuned exact") and seconds < 2
+    listed = _cli("list", "--db", db, "--csv")
+    assert (listed.exit_code, listed.stderr) == (0, "")
+    assert [line.split(",")[3] for line in listed.stdout.splitlines()] == ["seq_len", "16", "32"]
+    assert journal.read_bytes() == torn and sorted(p.name for p in tmp_path.iterdir()) == [
+        "optuna-journal.log", "tuned.db"]
