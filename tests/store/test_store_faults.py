@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import sqlite3
 import subprocess
@@ -190,6 +191,33 @@ def test_a_damaged_row_is_skipped_and_named_and_the_rest_served(db_url):
     assert [line.split(",")[3] for line in listed.stdout.splitlines()] == ["seq_len", "16"]
     assert listed.stderr.startswith(f"warning: skipped tuned result #{row} (fwd float32 d16 n32 full on {HERE.key})")
     assert "`flashtune delete`" in listed.stderr
+
+
+def test_a_stored_value_that_would_break_output_is_a_damaged_row(db_url):
+    """A row written before the bounds (or around the store) whose speed-up overflows:
+    skipped and named like a damaged one, so `list --json` still prints the rest (issue 17,
+    item 6: on 3a7812e, and at 08c9c77 for rows already stored, `Out of range float values
+    are not JSON compliant` for the whole store)."""
+    _fill(db_url)
+    engine = sa.create_engine(db_url)
+    with engine.begin() as connection:
+        row = connection.execute(sa.text("SELECT id FROM flashtune_tuned_results WHERE seq_len = 32")).scalar()
+        connection.execute(sa.text("UPDATE flashtune_tuned_results SET time_ms = 1e-6, default_time_ms = 1e308 "
+                                   "WHERE id = :i"), {"i": row})
+    engine.dispose()
+    where = f"tuned result #{row} (fwd float32 d16 n32 full on {HERE.key})"
+    because = ("holds a value flashtune cannot show or serve (default_time_ms: expected a finite number >= 1e-06 "
+               "and <= 1e+07, got 1e+308); delete it with `flashtune delete` or tune that key again")
+    messages, seconds, source = _served(db_url)
+    assert source == "tuned exact" and seconds < 2
+    assert messages == [f"flashtune skips a damaged row in {sa.make_url(db_url).render_as_string()}: {where} "
+                        f"{because}"]
+    listed = _cli("list", "--db", db_url, "--json")
+    assert listed.exit_code == 0, listed.output
+    assert [r["seq_len"] for r in json.loads(listed.stdout)] == [16]
+    assert listed.stderr.startswith(f"warning: skipped {where} {because}\n")
+    shown = _cli("show", "--db", db_url, "--seq-len", "16", "--json")
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["result"]["seq_len"] == 16, shown.output
 
 
 def test_a_url_that_asks_for_read_only_gets_it(tmp_path):
