@@ -54,8 +54,9 @@ def _stale_note(results) -> str | None:
     stale = sum(not is_current(r.provenance) for r in results)
     if not stale:
         return None
-    return (f"note: {stale} of {plural(len(results), 'result')} were tuned with other kernel sources or another triton; "
-            "`flashtune search --revalidate` re-times them")
+    were = "was" if stale == 1 else "were"
+    return (f"note: {stale} of {plural(len(results), 'result')} {were} tuned with other kernel sources or another "
+            "triton; `flashtune search --revalidate` re-times them")
 
 
 @click.command("list", cls=Command)

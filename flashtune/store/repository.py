@@ -212,7 +212,8 @@ class Store:
                      damaged: list[str] | None = None) -> list[StoredResult]:
         """The tuned results that match ``where`` (all by default), in key order.
 
-        A damaged row (its config is not JSON or does not validate) raises ``StoreError``
+        A damaged row (its config is not JSON or does not validate, or a figure is out of the
+        bounds a save applies) raises ``StoreError``
         naming the row; given a ``damaged`` list, the row is skipped instead and that
         message appended to it, so one bad row does not hide the others.
         """
@@ -355,13 +356,22 @@ def _stored_result(row: TunedResult, gpu: Gpu, config_text: str) -> StoredResult
         **{name: getattr(row, name) for name in PROVENANCE_COLUMNS},
         gpu_name=gpu.name, capability=f"{gpu.capability_major}.{gpu.capability_minor}", sm_count=gpu.sm_count,
     )
-    return StoredResult(
+    result = StoredResult(
         key=key,
         config=load_config(row.pass_, config, where),
         time_ms=row.time_ms, tflops=row.tflops, default_time_ms=row.default_time_ms, error=row.error,
         n_trials=row.n_trials, gpu=_gpu_info(gpu), provenance=provenance,
         created_at=as_utc(row.created_at), updated_at=as_utc(row.updated_at),
     )
+    # the bounds a save and an import apply to the figures, on the way out too: a row written
+    # before them, or by hand (a time of 5e-324 made the speed-up inf and `list --json` failed
+    # for every row). Not the config's device rules: they are the dispatcher's, per device.
+    try:
+        result.check_numbers()
+    except ValueError as e:
+        raise StoreError(f"{where} holds a value flashtune cannot show or serve ({e}); delete it with "
+                         "`flashtune delete` or tune that key again") from e
+    return result
 
 
 def _trial_record(row: Trial, key: TuningKey) -> TrialRecord:

@@ -153,8 +153,21 @@ def test_tflops_print_with_one_decimal(invoke, tmp_path):
 def test_reading_commands_do_not_create_the_data_directory(invoke, tmp_path, monkeypatch):
     monkeypatch.delenv("FLASHTUNE_DB")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    for command in (["info"], ["db", "current"], ["list"]):
-        invoke(*command)
+    path, head = tmp_path / "xdg" / "flashtune" / "tuned.db", head_revision()
+    info = invoke("info")
+    assert info.exit_code == 0 and info.stderr == ""
+    assert info.stdout.splitlines()[-3:] == [
+        f"store          sqlite:///{path}",
+        f"schema         no store yet (created by the first search or `flashtune db upgrade`; schema {head})",
+        "tuned results  -"]
+    current = invoke("db", "current")
+    assert (current.exit_code, current.stdout, current.stderr) == (
+        0, f"sqlite:///{path}: no flashtune store (`flashtune db upgrade` or the first search creates it; this "
+           f"flashtune's schema is {head})\n", "")
+    listed = invoke("list")
+    assert (listed.exit_code, listed.stdout, listed.stderr) == (
+        1, "", f"Error: no flashtune store at {path}: tune with `flashtune search`, import a file with `flashtune "
+               "import FILE`, or point --db at another store\n")
     assert not (tmp_path / "xdg").exists()  # on 3a7812e: xdg/flashtune/ made by each
 
 

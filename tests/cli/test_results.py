@@ -90,7 +90,7 @@ def test_list_notes_results_of_other_kernel_sources(invoke, tmp_path):
         store.import_results([result(key(512), kernel_hash="0000000000000000"), result(key(1024))])
     out = invoke("list", "--db", path)
     assert out.exit_code == 0
-    assert out.stderr == ("note: 1 of 2 results were tuned with other kernel sources or another triton; "
+    assert out.stderr == ("note: 1 of 2 results was tuned with other kernel sources or another triton; "
                           "`flashtune search --revalidate` re-times them\n")
 
 
