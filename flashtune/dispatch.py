@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from flashtune import runners
 from flashtune.kernels import (
     BwdConfig,
     ConfigError,
@@ -92,19 +93,27 @@ class Choice:
 
     ``*_source`` is "tuned exact", "tuned nearest (KEY LABEL)", "heuristic" (with the
     reason in parentheses when a stored config was skipped) or "sdpa fallback: REASON".
+    ``runner`` runs a call that needs no gradient (its fwd key's runner), ``train_runner``
+    one that does (its bwd key's): "triton" (the configs above) or an SDPA backend that the
+    search measured faster for the key (``flashtune.runners``).
     """
 
     fwd_config: FwdConfig | None
     fwd_source: str
     bwd_config: BwdConfig | None
     bwd_source: str
+    runner: str = "triton"
+    train_runner: str = "triton"
 
     def __str__(self) -> str:
         def line(name, config, source):
             return f"{name}: {config.short() if config is not None else '-'}  [{source}]"
 
-        return "\n".join((line("fwd", self.fwd_config, self.fwd_source),
-                          line("bwd", self.bwd_config, self.bwd_source)))
+        lines = [line("fwd", self.fwd_config, self.fwd_source), line("bwd", self.bwd_config, self.bwd_source)]
+        if (self.runner, self.train_runner) != ("triton", "triton"):
+            lines.append(f"runs: {self.runner} without gradients, {self.train_runner} with them (the search "
+                         "measured them faster than the Triton configs above)")
+        return "\n".join(lines)
 
     @classmethod
     def sdpa(cls, reason: str) -> Choice:
@@ -146,7 +155,7 @@ def _warn_once(message: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class TunedTable:
     """The stored winners of one GPU, by key family (``TuningKey.family``) -> (its tuned
-    keys, their configs). ``loaded_at`` is the ticket taken before the database was read."""
+    keys, their results). ``loaded_at`` is the ticket taken before the database was read."""
 
     gpu: str
     families: dict[tuple, tuple[tuple[TuningKey, ...], tuple]]
@@ -156,17 +165,17 @@ class TunedTable:
     def from_results(cls, gpu: str, results, loaded_at: int) -> TunedTable:
         grouped: dict[tuple, list] = {}
         for result in sorted(results, key=lambda r: r.key):
-            grouped.setdefault(result.key.family, []).append((result.key, result.config))
+            grouped.setdefault(result.key.family, []).append((result.key, result))
         families = {family: tuple(zip(*rows, strict=True)) for family, rows in grouped.items()}
         return cls(gpu, families, loaded_at)
 
     def candidates(self, key: TuningKey):
-        """(tuned key, config) of ``key``'s family, nearest first (``nearest_first``)."""
+        """(tuned key, its StoredResult) of ``key``'s family, nearest first (``nearest_first``)."""
         keys, configs = self.families.get(key.family, ((), ()))
         return [(keys[i], configs[i]) for i in nearest_first(keys, key)]
 
     def lookup(self, key: TuningKey):
-        """(tuned key, config) nearest ``key`` in its family, or None."""
+        """(tuned key, its StoredResult) nearest ``key`` in its family, or None."""
         found = self.candidates(key)
         return found[0] if found else None
 
@@ -289,7 +298,16 @@ class TunedAttention:
                                                   is_causal=is_causal, scale=scale, **extra)
         fwd, bwd = plan.choice.fwd_config, plan.choice.bwd_config
         precision = torch_fp32_precision(query.dtype)
-        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+        runner = plan.choice.train_runner if needs_grad else plan.choice.runner
+        if runner != "triton":  # an SDPA backend the search measured faster for this key
+            try:
+                return runners.sdpa(runner, query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                    enable_gqa=enable_gqa)
+            except RuntimeError as e:  # the backend cannot run this call after all: the kernels do
+                _warn_once(f"flashtune's tuned runner {runner} cannot run a call it was chosen for "
+                           f"({str(e).splitlines()[0]}); running the Triton kernels instead")
+        if needs_grad:
             return FlashAttentionFunction.apply(query, key, value, plan.causal, plan.sm_scale, fwd, bwd, precision,
                                                 plan.causal_align)[0]
         # nothing to differentiate: the launcher alone, without autograd's cost per call
@@ -371,8 +389,10 @@ class TunedAttention:
         table = snapshot.tables.get(device)
         if table is None:
             table = snapshot.tables[device] = _shared_table(self.url, device, snapshot.since)
-        fwd, bwd = (_pick(table, pass_, query, key, is_causal) for pass_ in ("fwd", "bwd"))
-        return _Plan(Choice(*fwd, *bwd), sm_scale=sm_scale, causal=is_causal, causal_align=align)
+        (fwd, fwd_source, runner), (bwd, bwd_source, train_runner) = (_pick(table, pass_, query, key, is_causal)
+                                                                      for pass_ in ("fwd", "bwd"))
+        return _Plan(Choice(fwd, fwd_source, bwd, bwd_source, runner, train_runner), sm_scale=sm_scale,
+                     causal=is_causal, causal_align=align)
 
 
 def call_key(gpu: str, pass_: str, query: torch.Tensor, key: torch.Tensor, causal: bool) -> TuningKey:
@@ -383,11 +403,13 @@ def call_key(gpu: str, pass_: str, query: torch.Tensor, key: torch.Tensor, causa
 
 
 def _pick(table: TunedTable, pass_: str, query: torch.Tensor, key: torch.Tensor, causal: bool):
-    """(config, source) of one pass: the nearest stored config that validates for the call."""
+    """(config, source, runner) of one pass: the nearest stored config that validates for the
+    call, and the runner stored with it ("triton" for the heuristic)."""
     wanted = call_key(table.gpu, pass_, query, key, causal)
     head_dim, dtype, device = query.shape[3], query.dtype, query.device
     source = "heuristic"
-    for tuned, config in table.candidates(wanted):
+    for tuned, result in table.candidates(wanted):
+        config = result.config
         try:
             config.validate(head_dim, dtype, device)
         except ConfigError as e:
@@ -395,8 +417,8 @@ def _pick(table: TunedTable, pass_: str, query: torch.Tensor, key: torch.Tensor,
                 source = f"heuristic (the tuned {pass_} config of {tuned.label()} does not fit here: {e})"
             _warn_once(f"flashtune skips a stored config for {table.gpu} {tuned.label()}: {e}")
             continue
-        return config, "tuned exact" if tuned == wanted else f"tuned nearest ({tuned.label()})"
-    return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=wanted.seq_q), source
+        return config, "tuned exact" if tuned == wanted else f"tuned nearest ({tuned.label()})", result.runner
+    return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=wanted.seq_q), source, "triton"
 
 
 def _causal_bias_align(attn_mask, query, key, is_causal: bool) -> str | None:

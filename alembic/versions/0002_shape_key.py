@@ -1,5 +1,7 @@
 """The key tells shapes apart: seq_len becomes seq_q, and seq_k, group (query heads per
 key/value head) and batch_heads (batch x query heads, bucketed to a power of two) join it.
+A tuned result also names its runner (flashtune's Triton kernels, or an SDPA backend that
+was faster) and the times of every runner measured (JSON); 0001's rows ran Triton.
 
 Rows written under 0001 were tuned on the standard grid: square (seq_k = seq_q), no grouped
 heads (group 1), and the grid's batch x heads, (16384 // seq_len) * (2048 // head_dim)
@@ -27,6 +29,7 @@ OLD_KEY = ("gpu_id", "dtype", "head_dim", "causal", "pass", "seq_len")
 NEW_KEY = ("gpu_id", "dtype", "head_dim", "causal", "pass", "seq_q", "seq_k", "group", "batch_heads")
 NEW_COLUMNS = ("seq_k", "group", "batch_heads")
 INTERPRETER_GPU = "triton-interpreter@sm00"
+RUNNERS = "'triton', 'sdpa-cudnn', 'sdpa-flash', 'sdpa-efficient'"
 
 
 def _bucket(value: int) -> int:
@@ -79,10 +82,21 @@ def upgrade() -> None:
                 batch.create_unique_constraint("uq_flashtune_tuned_results_key", list(NEW_KEY))
             else:
                 batch.create_index("ix_flashtune_trials_key", [*NEW_KEY, "kernel_hash"])
+    with op.batch_alter_table("flashtune_tuned_results") as batch:
+        batch.add_column(sa.Column("runner", sa.String(32), nullable=True))
+        batch.add_column(sa.Column("runner_times", sa.JSON(), nullable=True))
+    connection.execute(sa.text("UPDATE flashtune_tuned_results SET runner = 'triton'"))
+    with op.batch_alter_table("flashtune_tuned_results") as batch:
+        batch.alter_column("runner", existing_type=sa.String(32), nullable=False)
+        batch.create_check_constraint("ck_flashtune_tuned_results_runner", f'"runner" IN ({RUNNERS})')
 
 
 def downgrade() -> None:
     connection = op.get_bind()
+    with op.batch_alter_table("flashtune_tuned_results") as batch:
+        batch.drop_constraint("ck_flashtune_tuned_results_runner", type_="check")
+        batch.drop_column("runner_times")
+        batch.drop_column("runner")
     for table in TABLES:
         # keep the rows of the grid's form: the only ones a 0001 key can name
         keep = _grid_points(connection, table, "seq_q")

@@ -26,10 +26,10 @@ from flashtune.cli._common import (
 
 CSV_COLUMNS = ("gpu", "dtype", "head_dim", "seq_q", "seq_k", "group", "batch_heads", "causal", "pass", "config",
                "time_ms", "tflops",
-               "default_time_ms", "speedup", "error", "n_trials", "flashtune_version", "kernel_hash",
+               "default_time_ms", "speedup", "error", "n_trials", "runner", "flashtune_version", "kernel_hash",
                "triton_version", "torch_version", "cuda_version", "driver_version", "created_at", "updated_at")
 TABLE_COLUMNS = ("gpu", "pass", "dtype", "d", "nq", "nk", "g", "bh", "mask", "config", "ms", "TFLOPS", "vs default",
-                 "trials")
+                 "trials", "runner")
 
 
 def key_cells(key) -> list[Any]:
@@ -87,12 +87,20 @@ def list_command(where, db, as_json, as_csv):
     elif not results:
         click.echo(f"no tuned results ({where.describe()})", err=True)
     else:
-        rows = [[*key_cells(r.key), r.config.label(), r.time_ms, tflops(r.tflops), ratio(r.speedup), r.n_trials]
-                for r in results]
+        rows = [[*key_cells(r.key), r.config.label(), r.time_ms, tflops(r.tflops), ratio(r.speedup), r.n_trials,
+                 _runner_cell(r)] for r in results]
         click.echo(format_table(TABLE_COLUMNS, rows))
         note = _stale_note(results)
         if note:
             click.echo(note, err=True)
+
+
+def _runner_cell(result) -> str:
+    """"triton", or the SDPA backend that serves the key with its time against the kernels'."""
+    if result.runner == "triton":
+        return "triton"
+    times = result.runner_times
+    return f"{result.runner} ({times['triton'] / times[result.runner]:.2f}x)" if "triton" in times else result.runner
 
 
 def _csv_value(record: dict[str, Any], column: str) -> Any:
@@ -188,6 +196,8 @@ def _details(key, result, trials) -> str:
             ("speed-up", ratio(result.speedup)),
             ("error", f"{fmt(result.error)} (worst error / allowance; <= 1 passes)"),
             ("trials", str(result.n_trials)),
+            ("runner", _runner_cell(result) + ("" if not result.runner_times else "; measured: " + ", ".join(
+                f"{name} {fmt(ms)} ms" for name, ms in sorted(result.runner_times.items(), key=lambda x: x[1])))),
             ("tuned with", (f"flashtune {p.flashtune_version}, kernels {p.kernel_hash}, triton {p.triton_version}, "
                             f"torch {p.torch_version}, CUDA {p.cuda_version or '-'}, "
                             f"driver {p.driver_version or '-'}")),

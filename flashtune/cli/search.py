@@ -54,13 +54,16 @@ TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall cl
 @click.option("--revalidate", is_flag=True, help="Check and re-time the stored winners and their runners-up under "
               "the current versions (the stored keys of this GPU that match the key options).")
 @click.option("--force", is_flag=True, help="Search keys again even if their search already finished.")
+@click.option("--sdpa/--no-sdpa", default=None, help="Also time torch SDPA's backends (cuDNN, FlashAttention-2, "
+              "memory-efficient) for each key and serve the fastest correct runner. [default: on a GPU, off "
+              "under the interpreter]")
 @interpreter_options
 @click.option("--seed", type=int, default=0, show_default=True, help="The sampler's seed.")
 @click.option("--progress/--no-progress", default=None, help="Show progress on stderr: a bar on a terminal, else "
               "one line per trial and per key with an ETA (for logs). [default: on, off with --json]")
 @click.option("--json", "as_json", is_flag=True, help="Output the summary as JSON.")
 def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, models, tp, list_models, trials, timeout,
-                   trial_timeout, db, storage, revalidate, force, interpreter, device, seed, progress, as_json):
+                   trial_timeout, db, storage, revalidate, force, sdpa, interpreter, device, seed, progress, as_json):
     """Tune kernel configs for this GPU and store the winners.
 
     By default: the common LLM shapes (head dims 64 and 128, bfloat16, sequence
@@ -136,7 +139,7 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, mod
                 report = stack.enter_context(ProgressBar(Console(stderr=True)))
             summary = search(keys, db=db, trials=trials, timeout=timeout, trial_timeout=trial_timeout,
                              storage=storage, device=dev, progress=report, seed=seed, force=force,
-                             revalidate=revalidate)
+                             revalidate=revalidate, sdpa=sdpa)
     except KeyboardInterrupt:
         raise interrupted("interrupted: the keys finished so far are stored; run the same command again to "
                           "resume") from None
@@ -225,17 +228,18 @@ def _report(summary, before, as_json: bool) -> None:
                 "tflops": r.tflops, "default_time_ms": r.default_time_ms, "speedup": r.speedup,
                 "trials": r.n_trials, "rejected": r.rejected, "outcomes": r.outcomes, "wall_s": r.wall_s,
                 "timer": r.timer, "before_ms": before[r.key].time_ms if r.key in before else None,
+                "runner": r.runner, "runner_times": r.runner_times,
                 "message": getattr(r, "message", ""),
             } for r in results],
         })
         return
-    headers = ["key", "status", "winner", "ms", "TFLOPS", "vs default", "trials", "rejected"]
+    headers = ["key", "status", "winner", "ms", "TFLOPS", "vs default", "trials", "rejected", "runner"]
     if before:
         headers.append("was ms")
     rows = []
     for r in results:
         row = [r.key.label(), r.status, r.winner.label() if r.winner is not None else None, r.time_ms,
-               tflops(r.tflops), ratio(r.speedup), r.n_trials, r.rejected]
+               tflops(r.tflops), ratio(r.speedup), r.n_trials, r.rejected, r.runner if r.status == "tuned" else None]
         if before:
             row.append(before[r.key].time_ms if r.key in before else None)
         rows.append(row)

@@ -13,7 +13,7 @@ An export file is UTF-8 JSON, data only (nothing in it is ever executed or unpic
                   "sm_count": 132, "total_memory": 150754820096},
           "entries": [
             {"dtype": "bfloat16", "head_dim": 64, "seq_q": 1024, "seq_k": 1024, "group": 1,
-             "batch_heads": 512, "causal": true, "pass": "fwd",
+             "batch_heads": 512, "causal": true, "pass": "fwd", "runner": "triton", "runner_times": null,
              "config": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
              "time_ms": 0.123, "tflops": 456.7, "default_time_ms": 0.15, "error": 0.31, "n_trials": 32,
              "provenance": {"flashtune_version": "0.1.0", "kernel_hash": "...", "triton_version": "3.6.0",
@@ -60,6 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from flashtune._version import __version__
 from flashtune.keys import DTYPES, PASSES, GpuInfo, TuningKey
 from flashtune.provenance import Provenance, kernel_source_hash
+from flashtune.runners import RUNNERS, TRITON
 from flashtune.store.records import ImportSummary, StoredResult
 
 __all__ = [
@@ -150,7 +151,8 @@ class _Entry(_Strict):
                                 capability=f"{info.capability[0]}.{info.capability[1]}", sm_count=info.sm_count)
         return StoredResult(key=key, config=self.parsed_config(), time_ms=self.time_ms,
                             tflops=self.tflops, default_time_ms=self.default_time_ms, error=self.error,
-                            n_trials=self.n_trials, gpu=info, provenance=provenance)
+                            n_trials=self.n_trials, gpu=info, provenance=provenance,
+                            runner=getattr(self, "runner", TRITON), runner_times=getattr(self, "runner_times", None))
 
 
 class _EntryV1(_Entry):
@@ -162,6 +164,8 @@ class _EntryV2(_Entry):
     seq_k: _Size
     group: _Size
     batch_heads: _Size
+    runner: Literal[RUNNERS]  # type: ignore[valid-type]
+    runner_times: dict[Literal[RUNNERS], Annotated[float, Field(gt=0)]] | None  # type: ignore[valid-type]
 
 
 class _TableV1(_Strict):
@@ -221,6 +225,7 @@ def entry_dict(result: StoredResult) -> dict[str, Any]:
         **result.key.as_dict(gpu=False), "config": result.config.to_dict(), "time_ms": result.time_ms,
         "tflops": result.tflops,
         "default_time_ms": result.default_time_ms, "error": result.error, "n_trials": result.n_trials,
+        "runner": result.runner, "runner_times": None if result.runner_times is None else dict(result.runner_times),
         "provenance": {name: getattr(result.provenance, name) for name in VERSION_FIELDS},
     }
 

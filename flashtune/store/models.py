@@ -15,6 +15,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from flashtune.keys import DTYPES, PASSES
 from flashtune.outcome import TRIAL_STATUSES
+from flashtune.runners import RUNNERS
 
 # The key columns besides the GPU, in index order: the numeric dimensions last, so that an
 # index prefix serves the lookups of one key family (gpu, dtype, head_dim, causal, pass).
@@ -105,6 +106,7 @@ class TunedResult(KeyColumns, Base):
             default_time_ms="default_time_ms IS NULL OR default_time_ms > 0",
             error="error >= 0",
             n_trials="n_trials >= 0",
+            runner=_one_of("runner", RUNNERS),
         ),
     )
 
@@ -115,6 +117,8 @@ class TunedResult(KeyColumns, Base):
     default_time_ms: Mapped[float | None] = mapped_column(sa.Double)
     error: Mapped[float] = mapped_column(sa.Double)
     n_trials: Mapped[int]
+    runner: Mapped[str] = mapped_column(sa.String(32))  # flashtune.runners: what serves the key
+    runner_times: Mapped[dict | None] = mapped_column(sa.JSON)  # ms of each runner measured, in one run
     flashtune_version: Mapped[str] = mapped_column(sa.String(64))
     kernel_hash: Mapped[str] = mapped_column(sa.String(64))
     triton_version: Mapped[str] = mapped_column(sa.String(64))

@@ -27,6 +27,10 @@ class StoredResult:
     config's time for the same key in the same run (None if the default could not run).
     ``error`` is the correctness error the winner measured. The GPU fields of
     ``provenance`` are those of ``gpu`` (the store keeps them once, in the GPU table).
+    ``config`` and ``time_ms`` are the Triton winner's; ``runner`` is what serves the key
+    (``flashtune.runners``: "triton", or an SDPA backend that was faster) and
+    ``runner_times`` each runner's time measured in the same run (forward for an inference
+    key, forward + backward for a training key; None when no other runner was timed).
     """
 
     key: TuningKey
@@ -38,6 +42,8 @@ class StoredResult:
     n_trials: int
     gpu: GpuInfo
     provenance: Provenance
+    runner: str = "triton"
+    runner_times: Mapping[str, float] | None = None
     created_at: datetime | None = None  # set by the store
     updated_at: datetime | None = None
 
@@ -74,6 +80,7 @@ class StoredResult:
             check_number("default_time_ms", self.default_time_ms, minimum=MIN_TIME_MS, maximum=MAX_TIME_MS)
         check_number("error", self.error, minimum=0.0, maximum=MAX_ERROR)
         check_count("n_trials", self.n_trials)
+        check_runners(self.runner, self.runner_times)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +209,25 @@ def check_key(key: TuningKey) -> None:
         if not getattr(key, name) <= MAX_SEQ_LEN:
             raise ValueError(f"{name}: expected at most {MAX_SEQ_LEN}, got {short_value(getattr(key, name))}")
     check_text("gpu", key.gpu)
+
+
+def check_runners(runner: Any, times: Any) -> None:
+    """A known runner, and each runner's time a time the store holds; an SDPA runner was timed."""
+    from flashtune.runners import RUNNERS, TRITON, check_runner
+
+    check_runner(runner)
+    if times is None:
+        if runner != TRITON:
+            raise ValueError(f"runner_times: {runner!r} serves the key but has no time")
+        return
+    if not isinstance(times, Mapping):
+        raise ValueError(f"runner_times: expected a mapping of runner to milliseconds, got {short_value(times)}")
+    for name, ms in times.items():
+        if name not in RUNNERS:
+            raise ValueError(f"runner_times: expected runners of {', '.join(RUNNERS)}, got {short_value(name)}")
+        check_number(f"runner_times[{name}]", ms, minimum=MIN_TIME_MS, maximum=MAX_TIME_MS)
+    if runner not in times:
+        raise ValueError(f"runner_times: {runner!r} serves the key but has no time")
 
 
 def check_runs(key: TuningKey, config: Any) -> None:

@@ -312,6 +312,7 @@ def _write_result(session: Session, result: StoredResult, gpu_id: int, on_confli
     values = {
         "config": result.config.to_dict(), "time_ms": result.time_ms, "tflops": result.tflops,
         "default_time_ms": result.default_time_ms, "error": result.error, "n_trials": result.n_trials,
+        "runner": result.runner, "runner_times": None if result.runner_times is None else dict(result.runner_times),
         **{name: getattr(result.provenance, name) for name in PROVENANCE_COLUMNS},
     }
     key_values = _key_values(result.key, gpu_id)
@@ -360,8 +361,8 @@ def _stored_result(row: TunedResult, gpu: Gpu, config_text: str) -> StoredResult
         key=key,
         config=load_config(row.pass_, config, where),
         time_ms=row.time_ms, tflops=row.tflops, default_time_ms=row.default_time_ms, error=row.error,
-        n_trials=row.n_trials, gpu=_gpu_info(gpu), provenance=provenance,
-        created_at=as_utc(row.created_at), updated_at=as_utc(row.updated_at),
+        n_trials=row.n_trials, gpu=_gpu_info(gpu), provenance=provenance, runner=row.runner,
+        runner_times=row.runner_times, created_at=as_utc(row.created_at), updated_at=as_utc(row.updated_at),
     )
     # the bounds a save and an import apply to the figures, on the way out too: a row written
     # before them, or by hand (a time of 5e-324 made the speed-up inf and `list --json` failed

@@ -59,10 +59,10 @@ searching 2 keys on triton-interpreter@sm00 (the Triton interpreter: a CPU demo)
 [2/2 keys] fwd float32 d16 n32 full: already tuned, ETA 0:00:00
 """
 SUMMARY = """\
-key                       status         winner        ms  TFLOPS  vs default  trials  rejected
-------------------------  -------------  -----------  ---  ------  ----------  ------  --------
-fwd float32 d16 n16 full  tuned          32x32 w4 s2  0.5    <0.1       1.50x       2         1
-fwd float32 d16 n32 full  already_tuned  -              -       -           -       2         0
+key                       status         winner        ms  TFLOPS  vs default  trials  rejected  runner
+------------------------  -------------  -----------  ---  ------  ----------  ------  --------  ------
+fwd float32 d16 n16 full  tuned          32x32 w4 s2  0.5    <0.1       1.50x       2         1  triton
+fwd float32 d16 n32 full  already_tuned  -              -       -           -       2         0  -
 1 of 2 keys tuned on triton-interpreter@sm00; Optuna storage: journal.log
 timings: interpreter-wall-clock (Triton interpreter on the CPU, wall clock: not GPU performance)
 rejected trials: 1 incorrect
@@ -143,7 +143,7 @@ def test_tflops_print_with_one_decimal(invoke, tmp_path):
             store.save_result(dataclasses.replace(result(key(n)), tflops=figure))
     out = invoke("list", "--db", path)
     assert out.exit_code == 0
-    assert [line.split()[-3] for line in out.stdout.splitlines()[2:]] == ["<0.1", "456.7"]  # was 1.211e-06
+    assert [line.split()[-4] for line in out.stdout.splitlines()[2:]] == ["<0.1", "456.7"]  # was 1.211e-06
     shown = invoke("show", "--db", path, "--seq-len", "512")
     assert "  TFLOPS        <0.1\n" in shown.stdout
 

@@ -15,14 +15,14 @@ from flashtune.provenance import kernel_source_hash
 from flashtune.store import Store
 
 LIST_TABLE = """\
-gpu                         pass  dtype       d    nq    nk  g    bh  mask    config                ms  TFLOPS  vs default  trials
---------------------------  ----  --------  ---  ----  ----  -  ----  ------  -----------------  -----  ------  ----------  ------
-NVIDIA A100-SXM4-80GB@sm80  bwd   bfloat16   64   512   512  1  1024  causal  32x32/32x32 w8 s2  0.625   512.5       2.00x      16
-NVIDIA A100-SXM4-80GB@sm80  fwd   bfloat16   64   512   512  1  1024  causal  64x32 w4 s3        0.125   512.5       2.00x      16
-NVIDIA H200@sm90            bwd   bfloat16   64  1024  1024  1   512  causal  32x64/64x32 w8 s2    0.5   512.5       2.00x      16
-NVIDIA H200@sm90            fwd   bfloat16   64  1024  1024  1   512  causal  64x32 w4 s3         0.25   512.5       2.00x      16
-NVIDIA H200@sm90            fwd   bfloat16   64  2048  2048  1   256  causal  128x32 w4 s3        0.75   512.5       2.00x      16
-NVIDIA H200@sm90            fwd   float16   128  1024  1024  1   256  full    64x32 w4 s3        0.375   512.5           -      16
+gpu                         pass  dtype       d    nq    nk  g    bh  mask    config                ms  TFLOPS  vs default  trials  runner
+--------------------------  ----  --------  ---  ----  ----  -  ----  ------  -----------------  -----  ------  ----------  ------  ------
+NVIDIA A100-SXM4-80GB@sm80  bwd   bfloat16   64   512   512  1  1024  causal  32x32/32x32 w8 s2  0.625   512.5       2.00x      16  triton
+NVIDIA A100-SXM4-80GB@sm80  fwd   bfloat16   64   512   512  1  1024  causal  64x32 w4 s3        0.125   512.5       2.00x      16  triton
+NVIDIA H200@sm90            bwd   bfloat16   64  1024  1024  1   512  causal  32x64/64x32 w8 s2    0.5   512.5       2.00x      16  triton
+NVIDIA H200@sm90            fwd   bfloat16   64  1024  1024  1   512  causal  64x32 w4 s3         0.25   512.5       2.00x      16  triton
+NVIDIA H200@sm90            fwd   bfloat16   64  2048  2048  1   256  causal  128x32 w4 s3        0.75   512.5       2.00x      16  triton
+NVIDIA H200@sm90            fwd   float16   128  1024  1024  1   256  full    64x32 w4 s3        0.375   512.5           -      16  triton
 """
 
 
@@ -58,6 +58,7 @@ def test_list_json(invoke, db):
         "config": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0, "num_splits": 0,
                    "pack_gqa": -1}, "time_ms": 0.75,
         "tflops": 512.5, "default_time_ms": 1.5, "error": 0.125, "n_trials": 16, "speedup": 2.0,
+        "runner": "triton", "runner_times": None,
         "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": "3.6.0",
                        "torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                        "driver_version": "cuda-driver-api 13.0"},
@@ -131,6 +132,7 @@ bwd bfloat16 d64 n1024 causal on NVIDIA H200@sm90
   speed-up      2.00x
   error         0.125 (worst error / allowance; <= 1 passes)
   trials        16
+  runner        triton
   tuned with    flashtune 0.1.0, kernels {hash}, triton 3.6.0, torch 2.11.0+cu130, CUDA 13.0, driver cuda-driver-api 13.0
   GPU           NVIDIA H200, compute capability 9.0, 132 SMs
 """

@@ -64,10 +64,11 @@ def test_search_tunes_the_keys_and_prints_a_summary(searched):
                 trial.format(4, "bwd float32 d16 n16 full", 2), key_line.format(2, "bwd float32 d16 n16 full")]
     assert len(log) == len(patterns) and all(re.fullmatch(p, line) for p, line in zip(patterns, log)), log
     lines = out.stdout.splitlines()
-    assert lines[0].split() == ["key", "status", "winner", "ms", "TFLOPS", "vs", "default", "trials", "rejected"]
+    assert lines[0].split() == ["key", "status", "winner", "ms", "TFLOPS", "vs", "default", "trials", "rejected",
+                                "runner"]
     assert [line.split()[:6] for line in lines[2:4]] == [["fwd", "float32", "d16", "n16", "full", "tuned"],
                                                         ["bwd", "float32", "d16", "n16", "full", "tuned"]]
-    assert [line.split()[-2:] for line in lines[2:4]] == [["2", "0"], ["2", "0"]]
+    assert [line.split()[-3:] for line in lines[2:4]] == [["2", "0", "triton"], ["2", "0", "triton"]]
     assert lines[4:] == [
         f"2 of 2 keys tuned on {INTERPRETER}; Optuna storage: {journal}",
         "timings: interpreter-wall-clock (Triton interpreter on the CPU, wall clock: not GPU performance)",

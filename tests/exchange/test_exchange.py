@@ -65,7 +65,7 @@ def test_a_version_1_file_imports_as_the_grid_keys_it_was_tuned_on(store):
     for t in document["tables"]:
         for entry in t["entries"]:
             seq = entry.pop("seq_q")
-            del entry["seq_k"], entry["group"], entry["batch_heads"]
+            del entry["seq_k"], entry["group"], entry["batch_heads"], entry["runner"], entry["runner_times"]
             entry["seq_len"] = seq
     export = parse_export(_bytes(document))
     assert [r.key for r in export.results] == [r.key for r in table()]
@@ -102,6 +102,7 @@ def test_the_file_layout(tmp_path):
         "config": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0, "num_splits": 0,
                    "pack_gqa": -1},
         "time_ms": 0.25, "tflops": 512.5, "default_time_ms": 0.5, "error": 0.125, "n_trials": 16,
+        "runner": "triton", "runner_times": None,
         "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": "3.6.0",
                        "torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                        "driver_version": "cuda-driver-api 13.0"},
@@ -156,6 +157,11 @@ CASES = {
     "batch_heads not a bucket": (lambda d: _entry(d).update(batch_heads=24),
                                  "tables[0].entries[0]: batch_heads: expected a power of two"),
     "seq_len in a version 2 file": (lambda d: _entry(d).update(seq_len=1024), "entries[0].seq_len: Extra inputs"),
+    "unknown runner": (lambda d: _entry(d).update(runner="sdpa-math"), "entries[0].runner: Input should be"),
+    "runner without its time": (lambda d: _entry(d).update(runner="sdpa-cudnn"),
+                                "tables[0].entries[0]: runner_times: 'sdpa-cudnn' serves the key but has no time"),
+    "runner time of nothing": (lambda d: _entry(d).update(runner_times={"sdpa-cudnn": 0.0}),
+                               "runner_times['sdpa-cudnn']: Input should be greater than 0"),
     "config not a power of two": (lambda d: _entry(d)["config"].update(BLOCK_M=48), "BLOCK_M: expected a power of two"),
     "config of the other pass": (lambda d: _entry(d).update(config=_entry(d, 0, 2)["config"]), "missing fields"),
     "config unknown field": (lambda d: _entry(d)["config"].update(extra=1), "unknown fields ['extra']"),

@@ -68,6 +68,7 @@ ROWS = {
              "config": '{"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "tma": 0, '
                        '"num_splits": 0, "pack_gqa": -1}',
              "time_ms": 0.412, "tflops": 667.2, "default_time_ms": 0.498, "error": 0.0039, "n_trials": 96,
+             "runner": "triton", "runner_times": None,
              **_VERSIONS, "torch_version": "2.13.0", "cuda_version": "12.8",
              "driver_version": "cuda-driver-api 13.0", "created_at": _CREATED, "updated_at": _CREATED},
             {"id": 2, "gpu_id": 1, "dtype": "bfloat16", "head_dim": 128, "seq_q": 1, "seq_k": 65536, "group": 4,
@@ -75,6 +76,7 @@ ROWS = {
              "config": '{"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "tma": 0, '
                        '"num_splits": 32, "pack_gqa": 1}',
              "time_ms": 0.095, "tflops": 0.71, "default_time_ms": 0.131, "error": 0.0031, "n_trials": 32,
+             "runner": "sdpa-cudnn", "runner_times": '{"triton": 0.095, "sdpa-cudnn": 0.081, "sdpa-flash": 0.112}',
              **_VERSIONS, "torch_version": "2.13.0", "cuda_version": "13.0",
              "driver_version": "cuda-driver-api 13.0", "created_at": _CREATED, "updated_at": _CREATED},
         ],

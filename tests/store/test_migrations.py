@@ -134,6 +134,9 @@ def test_a_golden_database_upgrades_to_head_with_every_row(db_url, revision):
             assert (stored.time_ms, stored.tflops, stored.default_time_ms, stored.error, stored.n_trials) == (
                 row["time_ms"], row["tflops"], row["default_time_ms"], row["error"], row["n_trials"])
             assert stored.provenance.kernel_hash == row["kernel_hash"]
+            # rows of 0001 ran Triton; 0002 stores the runner and every runner's time
+            assert stored.runner == row.get("runner", "triton")
+            assert stored.runner_times == (json.loads(row["runner_times"]) if row.get("runner_times") else None)
             assert stored.created_at == datetime(2026, 11, 29, 12, tzinfo=timezone.utc)
         trial_rows = ROWS[revision]["flashtune_trials"]
         trials = store.trials_for(_row_key(trial_rows[0]))
