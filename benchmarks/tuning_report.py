@@ -79,7 +79,7 @@ def main() -> None:
         sys.exit(f"tuning_report: no tuned results for {gpu.key} in {args.db}")
     singles = {p: list({r.config for r in results if r.key.pass_ == p}) for p in ("fwd", "bwd")}
     rows = []
-    for r in sorted(results, key=lambda r: (r.key.pass_, r.key.head_dim, r.key.causal, r.key.seq_len)):
+    for r in sorted(results, key=lambda r: (r.key.pass_, r.key.head_dim, r.key.causal, r.key.seq_q)):
         key = r.key
         bench = KeyBench(key, dev)
         dtype = getattr(torch, key.dtype)
@@ -89,7 +89,7 @@ def main() -> None:
         if key in sweep:
             configs["sweep"] = sweep[key].config
         times = measure(bench, configs, args.rounds)
-        row = {"key": key.label(), "pass": key.pass_, "head_dim": key.head_dim, "seq_len": key.seq_len,
+        row = {"key": key.label(), "pass": key.pass_, "head_dim": key.head_dim, "seq_q": key.seq_q, "seq_k": key.seq_k,
                "causal": key.causal, "tuned_config": r.config.to_dict(), "n_trials": r.n_trials,
                "tflops": bench.flops / times["tuned"] * 1e-9 if times["tuned"] else None, "times": times}
         if key in sweep:

@@ -7,14 +7,15 @@ head_dim) layout and is differentiable, so it replaces
 
 How a call picks its configs, for each pass (fwd, bwd) on its own:
 
-- the lookup key is (this GPU, dtype, head_dim, seq_len, causal, pass) with
-  ``seq_len = max(query length, key length)`` (tuned keys have equal lengths, where
-  every rule agrees; the longer side is the one that grows the work of both passes);
-- a stored winner for exactly that seq_len is used ("tuned exact"); else the tuned
-  seq_len nearest in log2 space within the same (gpu, dtype, head_dim, causal, pass),
-  the larger one on a tie ("tuned nearest (seq_len N)"); else the heuristic default
-  table ("heuristic"). A stored config that does not validate for this call (say its
-  shared memory exceeds this device's) is skipped for the heuristic, with a warning.
+- the lookup key is the call's ``TuningKey.for_call``: (this GPU, dtype, head_dim, seq_q,
+  seq_k, causal, pass, group = query heads / key heads, batch x query heads bucketed to a
+  power of two);
+- a stored winner for exactly that key is used ("tuned exact"); else the stored keys of the
+  same family (gpu, dtype, head_dim, causal, pass) nearest in log2 space over (seq_q, seq_k,
+  group, batch_heads) (``keys.key_distance``), the larger on a tie ("tuned nearest (KEY)"),
+  the first of them whose config validates for this call: a stored config that does not
+  (say its shared memory exceeds this device's) is never served, and is passed over with a
+  warning; with none, the heuristic default table ("heuristic").
 
 An ``attn_mask`` made by ``torch.nn.attention.bias.causal_upper_left(Nq, Nk)`` or
 ``causal_lower_right(Nq, Nk)`` runs the kernels' causal mask, aligned top-left or
@@ -45,7 +46,6 @@ form under torch.compile are one concept; the kernels, the store and the key liv
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import itertools
 import os
@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from flashtune import runners
 from flashtune.kernels import (
     BwdConfig,
     ConfigError,
@@ -69,12 +70,12 @@ from flashtune.kernels import (
 )
 from flashtune.kernels.config import resolve_device
 from flashtune.kernels.common import torch_fp32_precision
-from flashtune.keys import GpuInfo, TuningKey, dtype_name
+from flashtune.keys import GpuInfo, TuningKey, dtype_name, key_distance
 from flashtune.provenance import is_current, kernel_source_hash
 from flashtune.store import ENV_VAR, Store, default_path, resolve_url
 from flashtune.store.engine import show_url
 
-__all__ = ["Choice", "DispatchWarning", "TunedAttention", "TunedTable", "get_tuned_attention", "nearest_index"]
+__all__ = ["Choice", "DispatchWarning", "TunedAttention", "TunedTable", "call_key", "get_tuned_attention", "nearest_first"]
 
 # How long loading the table waits for a lock (SQLite's busy timeout, PostgreSQL's
 # lock_timeout) before it warns and serves the heuristic configs.
@@ -90,37 +91,39 @@ class DispatchWarning(UserWarning):
 class Choice:
     """What a call runs, per pass: the config (None for SDPA) and where it came from.
 
-    ``*_source`` is "tuned exact", "tuned nearest (seq_len N)", "heuristic" (with the
+    ``*_source`` is "tuned exact", "tuned nearest (KEY LABEL)", "heuristic" (with the
     reason in parentheses when a stored config was skipped) or "sdpa fallback: REASON".
+    ``runner`` runs a call that needs no gradient (its fwd key's runner), ``train_runner``
+    one that does (its bwd key's): "triton" (the configs above) or an SDPA backend that the
+    search measured faster for the key (``flashtune.runners``).
     """
 
     fwd_config: FwdConfig | None
     fwd_source: str
     bwd_config: BwdConfig | None
     bwd_source: str
+    runner: str = "triton"
+    train_runner: str = "triton"
 
     def __str__(self) -> str:
         def line(name, config, source):
             return f"{name}: {config.short() if config is not None else '-'}  [{source}]"
 
-        return "\n".join((line("fwd", self.fwd_config, self.fwd_source),
-                          line("bwd", self.bwd_config, self.bwd_source)))
+        lines = [line("fwd", self.fwd_config, self.fwd_source), line("bwd", self.bwd_config, self.bwd_source)]
+        if (self.runner, self.train_runner) != ("triton", "triton"):
+            lines.append(f"runs: {self.runner} without gradients, {self.train_runner} with them (the search "
+                         "measured them faster than the Triton configs above)")
+        return "\n".join(lines)
 
     @classmethod
     def sdpa(cls, reason: str) -> Choice:
         return cls(None, f"sdpa fallback: {reason}", None, f"sdpa fallback: {reason}")
 
 
-def nearest_index(seq_lens: Sequence[int], seq_len: int) -> int:
-    """Index of the ``seq_lens`` entry (sorted, non-empty) nearest ``seq_len`` in log2
-    space; of two at the same distance, the larger."""
-    i = bisect.bisect_left(seq_lens, seq_len)
-    if i == len(seq_lens):
-        return i - 1
-    if i == 0 or seq_lens[i] == seq_len:
-        return i
-    # log2(n / lo) < log2(hi / n)  <=>  n * n < lo * hi: exact in integers
-    return i - 1 if seq_len * seq_len < seq_lens[i - 1] * seq_lens[i] else i
+def nearest_first(keys: Sequence[TuningKey], key: TuningKey) -> list[int]:
+    """Indices of ``keys`` (one family) from the nearest to ``key`` to the farthest in log2
+    space (``key_distance``); of two at the same distance, the larger point first."""
+    return sorted(range(len(keys)), key=lambda i: (key_distance(keys[i], key), tuple(-x for x in keys[i].point)))
 
 
 # -- the tuned table of one (database, GPU), shared by the process -------------------
@@ -151,30 +154,30 @@ def _warn_once(message: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TunedTable:
-    """The stored winners of one GPU, by key family (``TuningKey.family``) -> (sorted
-    tuned seq lens, their configs). ``loaded_at`` is the ticket taken before the
-    database was read."""
+    """The stored winners of one GPU, by key family (``TuningKey.family``) -> (its tuned
+    keys, their results). ``loaded_at`` is the ticket taken before the database was read."""
 
     gpu: str
-    families: dict[tuple, tuple[tuple[int, ...], tuple]]
+    families: dict[tuple, tuple[tuple[TuningKey, ...], tuple]]
     loaded_at: int
 
     @classmethod
     def from_results(cls, gpu: str, results, loaded_at: int) -> TunedTable:
         grouped: dict[tuple, list] = {}
-        for result in sorted(results, key=lambda r: r.key.seq_len):
-            grouped.setdefault(result.key.family, []).append((result.key.seq_len, result.config))
+        for result in sorted(results, key=lambda r: r.key):
+            grouped.setdefault(result.key.family, []).append((result.key, result))
         families = {family: tuple(zip(*rows, strict=True)) for family, rows in grouped.items()}
         return cls(gpu, families, loaded_at)
 
+    def candidates(self, key: TuningKey):
+        """(tuned key, its StoredResult) of ``key``'s family, nearest first (``nearest_first``)."""
+        keys, configs = self.families.get(key.family, ((), ()))
+        return [(keys[i], configs[i]) for i in nearest_first(keys, key)]
+
     def lookup(self, key: TuningKey):
-        """(tuned seq_len, config) nearest ``key.seq_len`` in the key's family, or None."""
-        family = self.families.get(key.family)
-        if family is None:
-            return None
-        seq_lens, configs = family
-        i = nearest_index(seq_lens, key.seq_len)
-        return seq_lens[i], configs[i]
+        """(tuned key, its StoredResult) nearest ``key`` in its family, or None."""
+        found = self.candidates(key)
+        return found[0] if found else None
 
 
 def _read_results(url, gpu: str) -> list:
@@ -295,7 +298,16 @@ class TunedAttention:
                                                   is_causal=is_causal, scale=scale, **extra)
         fwd, bwd = plan.choice.fwd_config, plan.choice.bwd_config
         precision = torch_fp32_precision(query.dtype)
-        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+        runner = plan.choice.train_runner if needs_grad else plan.choice.runner
+        if runner != "triton":  # an SDPA backend the search measured faster for this key
+            try:
+                return runners.sdpa(runner, query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                    enable_gqa=enable_gqa)
+            except RuntimeError as e:  # the backend cannot run this call after all: the kernels do
+                _warn_once(f"flashtune's tuned runner {runner} cannot run a call it was chosen for "
+                           f"({str(e).splitlines()[0]}); running the Triton kernels instead")
+        if needs_grad:
             return FlashAttentionFunction.apply(query, key, value, plan.causal, plan.sm_scale, fwd, bwd, precision,
                                                 plan.causal_align)[0]
         # nothing to differentiate: the launcher alone, without autograd's cost per call
@@ -373,32 +385,40 @@ class TunedAttention:
         if not enable_gqa and key.shape[1] not in (1, query.shape[1]):
             raise RuntimeError(f"query has {query.shape[1]} heads and key/value {key.shape[1]}: pass "
                                "enable_gqa=True for grouped-query attention (as torch SDPA requires)")
-        device, dtype, head_dim = query.device, query.dtype, query.shape[3]
-        seq_len = max(query.shape[2], key.shape[2])
+        device = query.device
         table = snapshot.tables.get(device)
         if table is None:
             table = snapshot.tables[device] = _shared_table(self.url, device, snapshot.since)
-        fwd, bwd = (_pick(table, pass_, dtype, head_dim, seq_len, is_causal, device, query.shape[2])
-                    for pass_ in ("fwd", "bwd"))
-        return _Plan(Choice(*fwd, *bwd), sm_scale=sm_scale, causal=is_causal, causal_align=align)
+        (fwd, fwd_source, runner), (bwd, bwd_source, train_runner) = (_pick(table, pass_, query, key, is_causal)
+                                                                      for pass_ in ("fwd", "bwd"))
+        return _Plan(Choice(fwd, fwd_source, bwd, bwd_source, runner, train_runner), sm_scale=sm_scale,
+                     causal=is_causal, causal_align=align)
 
 
-def _pick(table: TunedTable, pass_: str, dtype: torch.dtype, head_dim: int, seq_len: int, causal: bool,
-          device: torch.device, seq_q: int | None = None):
-    """(config, source) of one pass."""
-    key = TuningKey(table.gpu, dtype_name(dtype), head_dim, seq_len, causal, pass_)
-    found = table.lookup(key)
+def call_key(gpu: str, pass_: str, query: torch.Tensor, key: torch.Tensor, causal: bool) -> TuningKey:
+    """The tuning key of a call's pass (q and k in SDPA's layout)."""
+    batch, heads_q, seq_q, head_dim = query.shape
+    return TuningKey.for_call(gpu, dtype_name(query.dtype), batch=batch, heads_q=heads_q, heads_kv=key.shape[1],
+                              seq_q=seq_q, seq_k=key.shape[2], head_dim=head_dim, causal=causal, pass_=pass_)
+
+
+def _pick(table: TunedTable, pass_: str, query: torch.Tensor, key: torch.Tensor, causal: bool):
+    """(config, source, runner) of one pass: the nearest stored config that validates for the
+    call, and the runner stored with it ("triton" for the heuristic)."""
+    wanted = call_key(table.gpu, pass_, query, key, causal)
+    head_dim, dtype, device = query.shape[3], query.dtype, query.device
     source = "heuristic"
-    if found is not None:
-        tuned_len, config = found
+    for tuned, result in table.candidates(wanted):
+        config = result.config
         try:
             config.validate(head_dim, dtype, device)
-            return config, "tuned exact" if tuned_len == seq_len else f"tuned nearest (seq_len {tuned_len})"
         except ConfigError as e:
-            source = f"heuristic (the tuned {pass_} config of seq_len {tuned_len} does not fit here: {e})"
-            _warn_once(f"flashtune skips a stored config for {table.gpu} "
-                       f"{dataclasses.replace(key, seq_len=tuned_len).label()}: {e}; using the heuristic default")
-    return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=seq_q), source
+            if source == "heuristic":
+                source = f"heuristic (the tuned {pass_} config of {tuned.label()} does not fit here: {e})"
+            _warn_once(f"flashtune skips a stored config for {table.gpu} {tuned.label()}: {e}")
+            continue
+        return config, "tuned exact" if tuned == wanted else f"tuned nearest ({tuned.label()})", result.runner
+    return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=wanted.seq_q), source, "triton"
 
 
 def _causal_bias_align(attn_mask, query, key, is_causal: bool) -> str | None:

@@ -31,15 +31,17 @@ def grid_shape(head_dim: int, seq_len: int, *, interpreter: bool = False) -> tup
     return max(1, TOKENS // seq_len), max(1, WIDTH // head_dim)
 
 
-def trial_shape(key, interpreter: bool) -> tuple[int, int]:
-    """(batch, heads) for a tuning key: the grid's on a GPU, tiny under the interpreter."""
-    return grid_shape(key.head_dim, key.seq_len, interpreter=interpreter)
+def trial_shape(key, interpreter: bool) -> tuple[int, int, int]:
+    """(batch, heads_q, heads_kv) a tuning key is timed at (``TuningKey.trial_shape``): a grid
+    key's grid shape on a GPU; tiny under the interpreter."""
+    return key.trial_shape(interpreter=interpreter)
 
 
-def attention_flops(pass_: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool) -> float:
+def attention_flops(pass_: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool, *,
+                    seq_k: int | None = None) -> float:
     """FLOPs counted as in the FlashAttention papers: 4·B·H·N²·D forward (half of it
-    causal), 2.5 times that backward."""
-    fwd = 4.0 * batch * heads * seq_len * seq_len * head_dim
+    causal), 2.5 times that backward; ``seq_k`` for keys of another length (4·B·H·Nq·Nk·D)."""
+    fwd = 4.0 * batch * heads * seq_len * (seq_len if seq_k is None else seq_k) * head_dim
     if causal:
         fwd /= 2
     if pass_ == "fwd":
@@ -50,8 +52,11 @@ def attention_flops(pass_: str, batch: int, heads: int, seq_len: int, head_dim: 
 
 
 def flops(key, batch: int, heads: int) -> float:
-    """FLOPs of one call of a tuning key's pass at (batch, heads)."""
-    return attention_flops(key.pass_, batch, heads, key.seq_len, key.head_dim, key.causal)
+    """FLOPs of one call of a tuning key's pass at (batch, query heads): 4·B·H·Nq·Nk·D
+    forward, halved for causal with Nq = Nk (as ../shared/design/SHAPES.md counts), 2.5
+    times that backward."""
+    return attention_flops(key.pass_, batch, heads, key.seq_q, key.head_dim, key.causal and key.seq_q == key.seq_k,
+                           seq_k=key.seq_k)
 
 
 def time_ms(fn, device, *, quick: bool = False, grad_to_none=None) -> float:

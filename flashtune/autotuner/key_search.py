@@ -11,7 +11,7 @@ from flashtune.autotuner.ledger import Ledger
 from flashtune.autotuner.study import KeyStudy
 from flashtune.kernels.config import ConfigError, default_config
 from flashtune.kernels.space import default_neighbours, valid_candidates
-from flashtune.keys import GpuInfo, TuningKey
+from flashtune.keys import GpuInfo, TuningKey, key_distance
 from flashtune.outcome import Outcome
 from flashtune.protocol import trial_shape
 
@@ -28,6 +28,7 @@ class Budget:
     seed: int
     batch: int
     revalidate: bool = False
+    sdpa: bool = False  # also time torch SDPA's backends as runners (flashtune.runners)
     faults: dict = dataclasses.field(default_factory=dict)  # tests only: canonical config -> fault code
 
 
@@ -58,8 +59,10 @@ class KeyResult:
     outcomes: dict = dataclasses.field(default_factory=dict)  # trial status -> count
     wall_s: float = 0.0
     timer: str = ""
-    shape: tuple[int, int] | None = None  # (batch, heads) the trials used
+    shape: tuple[int, int, int] | None = None  # (batch, heads_q, heads_kv) the trials used
     message: str = ""  # why a key failed
+    runner: str = "triton"  # what serves the key (flashtune.runners)
+    runner_times: dict | None = None  # each runner's ms, measured in one run
 
     @property
     def speedup(self) -> float | None:
@@ -83,7 +86,8 @@ class KeySearch:
         dtype = getattr(torch, key.dtype)
         self.ledger = Ledger(valid_candidates(key.pass_, key.head_dim, dtype, bench.device))
         try:
-            self.default = default_config(key.pass_, key.head_dim, dtype, bench.device, causal=key.causal)
+            self.default = default_config(key.pass_, key.head_dim, dtype, bench.device, causal=key.causal,
+                                          seq_q=key.seq_q)
         except ConfigError:  # nothing runs on this device: the key ends as no_valid_config
             self.default = None
         self.study = KeyStudy(key, storage=bench.storage, kernel_hash=bench.provenance.kernel_hash,
@@ -130,7 +134,7 @@ class KeySearch:
         store, key = self.bench.store, self.key
         first = [self.default] if self.default is not None else []
         family = store.list_results(ResultFilter.for_family(key))
-        family.sort(key=lambda r: abs(r.key.seq_len - key.seq_len))
+        family.sort(key=lambda r: key_distance(r.key, key))
         first += [r.config for r in family]
         if self.default is not None:
             first += default_neighbours(self.default)
@@ -139,7 +143,7 @@ class KeySearch:
         # of another, and a few trials settle it. At most an eighth of the budget.
         relatives = [r for r in store.list_results(ResultFilter(key.gpu, key.dtype, pass_=key.pass_))
                      if (r.key.head_dim, r.key.causal) != (key.head_dim, key.causal)]
-        relatives.sort(key=lambda r: (r.key.head_dim != key.head_dim, abs(r.key.seq_len - key.seq_len)))
+        relatives.sort(key=lambda r: (r.key.head_dim != key.head_dim, key_distance(r.key, key)))
         seen, queue = set(), []
 
         def take(configs, cap=None) -> None:
@@ -289,10 +293,37 @@ class KeySearch:
         ids = [c.canonical() for c in finalists]
         default_ms = medians[ids.index(self.default.canonical())] if default_ok else None
         flops = info.get("flops") or 0.0
+        runner, runner_times = self._race(winner)
         result = StoredResult(key=self.key, config=winner, time_ms=best_ms, tflops=flops / best_ms * 1e-9,
                               default_time_ms=default_ms, error=float(ledger.get(winner).error or 0.0),
-                              n_trials=self.n_measured(), gpu=self.bench.gpu, provenance=self.bench.provenance)
+                              n_trials=self.n_measured(), gpu=self.bench.gpu, provenance=self.bench.provenance,
+                              runner=runner, runner_times=runner_times)
         store.save_result(result, replace=True)
         self.study.finalized_trials = self.n_measured()
         return self.result("tuned", started, winner=winner, time_ms=best_ms, tflops=result.tflops,
-                           default_time_ms=default_ms, **common)
+                           default_time_ms=default_ms, runner=runner, runner_times=runner_times, **common)
+
+    def _race(self, winner) -> tuple[str, dict | None]:
+        """(runner, each runner's ms) of the key: the Triton winner against SDPA's backends,
+        in one run (``KeyBench.race``); ("triton", None) when SDPA is not a candidate. A
+        training key's Triton side pairs the winner with the stored winner of its fwd key
+        (else the heuristic default)."""
+        import torch
+
+        from flashtune.runners import fastest
+        from flashtune.store import ResultFilter
+
+        if not self.budget.sdpa:
+            return "triton", None
+        fwd_config = None
+        if self.key.pass_ == "bwd":
+            fwd_key = dataclasses.replace(self.key, pass_="fwd")
+            stored = self.bench.store.list_results(ResultFilter.for_key(fwd_key))
+            fwd_config = stored[0].config if stored else default_config(
+                "fwd", self.key.head_dim, getattr(torch, self.key.dtype), self.bench.device,
+                causal=self.key.causal, seq_q=self.key.seq_q)
+        budget = self.budget
+        times = self.bench.worker.race(self.key, winner, fwd_config, budget.rounds,
+                                       timeout=budget.trial_timeout * (1 + budget.rounds) * 4)
+        measured = {name: ms for name, ms in times.items() if ms is not None}
+        return fastest(measured), measured or None

@@ -112,7 +112,7 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
            trial_timeout: float = 120.0, storage: str | os.PathLike | None = None, device: str | None = None,
            progress: Callable[[Progress], None] | None = None, finalists: int = 3, rounds: int = 5, seed: int = 0,
            force: bool = False, faults: dict | None = None, batch: int | None = None,
-           revalidate: bool = False, devices=None, lease: float = 60.0) -> SearchSummary:
+           revalidate: bool = False, sdpa: bool | None = None, devices=None, lease: float = 60.0) -> SearchSummary:
     """Tune every key: ``trials`` measured configs and/or ``timeout`` seconds per key.
 
     ``db`` is the store (URL, path or None for the default); ``storage`` Optuna's (a
@@ -145,6 +145,9 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     as ``failed: ...`` (with ``message``) and the search goes on. Ctrl-C or SIGTERM
     raises KeyboardInterrupt once the worker is stopped; what finished is kept, and
     the same call resumes.
+    ``sdpa``: also time torch SDPA's backends for each key as runners beside the Triton
+    winner, and store the fastest as the key's runner (``flashtune.runners``); default: on a
+    GPU, not under the interpreter (whose timings are no match for native CPU code).
     """
     import optuna
 
@@ -188,7 +191,7 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     report = progress or (lambda p: None)
     budget = Budget(trials=trials, timeout=timeout, trial_timeout=trial_timeout, finalists=finalists, rounds=rounds,
-                    seed=seed, batch=batch, revalidate=revalidate,
+                    seed=seed, batch=batch, revalidate=revalidate, sdpa=(not interpreter) if sdpa is None else sdpa,
                     faults={cfg.canonical(): code for cfg, code in (faults or {}).items()})
     store = Store(db)
     try:

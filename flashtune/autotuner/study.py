@@ -17,7 +17,8 @@ STUDY_PREFIX = "flashtune"
 def study_name(key: TuningKey, kernel_hash: str, store_id: str | None = None) -> str:
     """A stable name, so running the same search again resumes the same study; with the
     store's identity (``Store.store_id``), so a new or other store never inherits it."""
-    return (f"{STUDY_PREFIX}:{key.gpu}:{key.pass_}:{key.dtype}:d{key.head_dim}:n{key.seq_len}:{key.mask}:"
+    point = "" if key.is_grid else f":k{key.seq_k}:g{key.group}:bh{key.batch_heads}"  # grid keys: names as before
+    return (f"{STUDY_PREFIX}:{key.gpu}:{key.pass_}:{key.dtype}:d{key.head_dim}:n{key.seq_q}:{key.mask}{point}:"
             f"{kernel_hash}" + (f":store-{store_id}" if store_id else ""))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 
 import torch
 
@@ -35,12 +36,13 @@ class KeyBench:
         self.key = key
         self.device = device
         self.dtype = getattr(torch, key.dtype)
-        self.batch, self.heads = trial_shape(key, device.type != "cuda")
+        self.batch, self.heads, self.heads_kv = trial_shape(key, device.type != "cuda")
         self.sm_scale = 1.0 / math.sqrt(key.head_dim)
         gen = torch.Generator(device=device).manual_seed(_seed(key))
-        shape = (self.batch, self.heads, key.seq_len, key.head_dim)
+        q_shape = (self.batch, self.heads, key.seq_q, key.head_dim)
+        kv_shape = (self.batch, self.heads_kv, key.seq_k, key.head_dim)
         self.q, self.k, self.v, self.do = (torch.randn(shape, device=device, dtype=self.dtype, generator=gen)
-                                           for _ in range(4))
+                                           for shape in (q_shape, kv_shape, kv_shape, q_shape))
         ref_dtype = torch.float32 if device.type == "cuda" else torch.float64
         ref = reference_with_grads(self.q, self.k, self.v, self.do, causal=key.causal, dtype=ref_dtype)
         self.o_ref, self.lse_ref = ref[0], ref[1]
@@ -142,7 +144,64 @@ class KeyBench:
                 times[i].append(self.time_ms(fn))
         return times
 
+    # -- runners: the Triton winner against torch SDPA's backends (flashtune.runners) -----
+
+    def _runner_fns(self, winner, fwd_config) -> tuple[dict, tuple]:
+        """A no-argument callable per runner: the key's forward (fwd keys) or a training step,
+        forward + backward through autograd (bwd keys); and the leaves whose gradients a
+        training step fills."""
+        from flashtune.kernels import attention
+        from flashtune.runners import SDPA_BACKENDS, sdpa
+
+        causal, scale, gqa = self.key.causal, self.sm_scale, self.heads != self.heads_kv
+        if self.key.pass_ == "fwd":
+            fns = {"triton": self.launcher(winner)}
+            for name in SDPA_BACKENDS:
+                fns[name] = (lambda name=name: sdpa(name, self.q, self.k, self.v, is_causal=causal, scale=scale,
+                                                    enable_gqa=gqa))
+            return fns, ()
+        q, k, v = (t.detach().clone().requires_grad_(True) for t in (self.q, self.k, self.v))
+        fns = {"triton": lambda: attention(q, k, v, causal=causal, sm_scale=scale, fwd_config=fwd_config,
+                                           bwd_config=winner, fp32_precision="tf32").backward(self.do)}
+        for name in SDPA_BACKENDS:
+            fns[name] = (lambda name=name: sdpa(name, q, k, v, is_causal=causal, scale=scale,
+                                                enable_gqa=gqa).backward(self.do))
+        return fns, (q, k, v)
+
+    def race(self, winner, fwd_config, rounds: int) -> dict[str, float | None]:
+        """Each runner's median time over ``rounds`` interleaved rounds, None for an SDPA
+        backend that cannot run the key or fails the correctness check (the same allowances
+        as every trial). The Triton side is ``winner`` (a bwd key: with ``fwd_config``)."""
+        import warnings
+
+        from flashtune.protocol import time_ms
+
+        fns, leaves = self._runner_fns(winner, fwd_config)
+        usable = {}
+        for name, fn in fns.items():
+            for t in leaves:
+                t.grad = None
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # SDPA warns for each reason a backend cannot run
+                    out = fn()
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+            except RuntimeError:  # this backend does not run this shape, dtype or device
+                continue
+            if name != "triton":
+                pairs = {"o": (out, self.o_ref)} if self.key.pass_ == "fwd" else \
+                    {n: (t.grad, r) for n, t, r in zip(("dq", "dk", "dv"), leaves, self.grads_ref)}
+                if not all(error_ratio(max_error(g, r), self.allowance[n]) <= 1.0 for n, (g, r) in pairs.items()):
+                    continue
+            usable[name] = fn
+        times: dict[str, list[float]] = {name: [] for name in usable}
+        for _ in range(rounds):
+            for name, fn in usable.items():
+                times[name].append(time_ms(fn, self.device, grad_to_none=leaves or None))
+        return {name: statistics.median(times[name]) if name in usable and times[name] else None for name in fns}
+
     def describe(self) -> dict:
-        return {"batch": self.batch, "heads": self.heads, "flops": self.flops,
+        return {"batch": self.batch, "heads": self.heads, "heads_kv": self.heads_kv, "flops": self.flops,
                 "timer": "cuda-events" if self.device.type == "cuda" else "interpreter-wall-clock",
                 "interpreter": INTERPRETER}

@@ -80,6 +80,8 @@ def _child(conn, device: str, interpreter: bool, parent_pid: int | None = None) 
                 reply = bench.precompile(args["configs"], args["faults"], args["threads"])
             elif op == "retime":
                 reply = bench.retime(args["configs"], args["rounds"])
+            elif op == "race":
+                reply = bench.race(args["config"], args["fwd_config"], args["rounds"])
             elif op == "exit":
                 return
             else:
@@ -221,6 +223,11 @@ class TrialWorker:
     def retime(self, key: TuningKey, configs: list, rounds: int, timeout: float) -> list[list[float]]:
         self._ensure(key)
         return self._request("retime", {"configs": list(configs), "rounds": rounds}, timeout)
+
+    def race(self, key: TuningKey, config, fwd_config, rounds: int, timeout: float) -> dict[str, float | None]:
+        """Each runner's time for the key (``KeyBench.race``)."""
+        self._ensure(key)
+        return self._request("race", {"config": config, "fwd_config": fwd_config, "rounds": rounds}, timeout)
 
     def close(self) -> None:
         """Stop the child: politely when idle; killed at once when a request is in flight

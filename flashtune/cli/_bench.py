@@ -97,22 +97,25 @@ def _unsupported(key: TuningKey, impl: str, e: BaseException) -> Measurement:
 def _prepare(key: TuningKey, impl: str, device: torch.device, tuned):
     """A _Timer for ``impl`` on ``key`` (its own inputs, same seed for every impl), or the
     final Measurement when there is nothing to time."""
-    batch, heads = trial_shape(key, device.type != "cuda")
+    batch, heads, heads_kv = trial_shape(key, device.type != "cuda")
     dtype = getattr(torch, key.dtype)
     gen = torch.Generator(device=device).manual_seed(0)
-    shape = (batch, heads, key.seq_len, key.head_dim)
-    q, k, v, do = (torch.randn(shape, device=device, dtype=dtype, generator=gen) for _ in range(4))
+    q_shape, kv_shape = (batch, heads, key.seq_q, key.head_dim), (batch, heads_kv, key.seq_k, key.head_dim)
+    q, k, v, do = (torch.randn(shape, device=device, dtype=dtype, generator=gen)
+                   for shape in (q_shape, kv_shape, kv_shape, q_shape))
+    gqa = heads != heads_kv
     note = ""
     if impl == "tuned":
-        choice = tuned.explain(q, k, v, is_causal=key.causal)
+        choice = tuned.explain(q, k, v, is_causal=key.causal, enable_gqa=gqa)
         note = choice.fwd_source if key.pass_ == "fwd" else choice.bwd_source
         if not note.startswith("tuned"):
             return Measurement(key, impl, None, None, f"not tuned ({note})")
 
         def run(q, k, v):
-            return tuned(q, k, v, is_causal=key.causal)
+            return tuned(q, k, v, is_causal=key.causal, enable_gqa=gqa)
     elif impl == "default":
-        fwd, bwd = (default_config(p, key.head_dim, dtype, device, causal=key.causal) for p in ("fwd", "bwd"))
+        fwd, bwd = (default_config(p, key.head_dim, dtype, device, causal=key.causal, seq_q=key.seq_q)
+                    for p in ("fwd", "bwd"))
 
         def run(q, k, v):
             return attention(q, k, v, causal=key.causal, fwd_config=fwd, bwd_config=bwd,
@@ -124,7 +127,8 @@ def _prepare(key: TuningKey, impl: str, device: torch.device, tuned):
 
         def run(q, k, v):
             with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=key.causal)
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=key.causal,
+                                                                        enable_gqa=gqa)
 
     def quiet(fn):
         def call():
@@ -161,13 +165,13 @@ def plot(measurements, path: str, title: str) -> None:
     for ax, family in zip(axes.flat, families):
         pass_, dtype, head_dim, causal = family
         for impl in dict.fromkeys(m.impl for m in measurements):
-            points = sorted((m.key.seq_len, m.tflops) for m in measurements
+            points = sorted((m.key.seq_q, m.tflops) for m in measurements
                             if (m.key.pass_, m.key.dtype, m.key.head_dim, m.key.causal) == family
                             and m.impl == impl and m.tflops is not None)
             if points:
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=impl)
         ax.set_xscale("log", base=2)
-        seq_lens = sorted({m.key.seq_len for m in measurements})
+        seq_lens = sorted({m.key.seq_q for m in measurements})
         ax.set_xticks(seq_lens, [f"{n // 1024}k" if n >= 1024 else str(n) for n in seq_lens])
         ax.set_title(f"{pass_} {dtype} d{head_dim} {mask_name(causal)}", fontsize=9)
         ax.set_xlabel("sequence length")

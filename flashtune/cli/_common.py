@@ -6,6 +6,8 @@ Nothing here imports torch, triton, sqlalchemy or optuna at module level: ``flas
 
 from __future__ import annotations
 
+import functools
+
 import contextlib
 import csv
 import io
@@ -86,27 +88,39 @@ class Group(click.Group):
 db_option = click.option("--db", metavar="PATH|URL", help=DB_HELP)
 
 
+FILTER_OPTIONS = {"gpu": "--gpu", "dtype": "--dtype", "head_dim": "--head-dim", "seq_q": "--seq-len",
+                  "seq_k": "--seq-k", "group": "--group", "batch_heads": "--batch-heads", "causal": "--causal/--full",
+                  "pass_": "--pass"}
+
+
 def filter_options(f):
-    """--gpu --dtype --head-dim --seq-len --causal/--full --pass: each narrows the selection."""
+    """--gpu --dtype --head-dim --seq-len --seq-k --group --batch-heads --causal/--full --pass:
+    each narrows the selection; the command gets them as one ``where`` (a ResultFilter)."""
     options = [
         click.option("--gpu", metavar="KEY", help="GPU key, e.g. 'NVIDIA H200@sm90' (`flashtune info` shows this "
                      "GPU's)."),
         click.option("--dtype", type=click.Choice(DTYPES), help="Only this dtype."),
         click.option("--head-dim", type=click.IntRange(min=1), help="Only this head dim."),
-        click.option("--seq-len", type=click.IntRange(min=1), help="Only this sequence length."),
+        click.option("--seq-len", "seq_q", type=click.IntRange(min=1), help="Only this query length."),
+        click.option("--seq-k", type=click.IntRange(min=1), help="Only this key length."),
+        click.option("--group", type=click.IntRange(min=1), help="Only this grouped-query ratio (query heads per "
+                     "key/value head)."),
+        click.option("--batch-heads", type=click.IntRange(min=1), help="Only this batch x query heads bucket (a "
+                     "power of two)."),
         click.option("--causal/--full", "causal", default=None, help="Only causal, or only full (non-causal) "
                      "attention."),
         click.option("--pass", "pass_", type=click.Choice(PASSES), help="Only the forward or the backward pass."),
     ]
+
+    @functools.wraps(f)
+    def command(**kwargs):
+        from flashtune.store import ResultFilter
+
+        return f(where=ResultFilter(**{name: kwargs.pop(name) for name in FILTER_OPTIONS}), **kwargs)
+
     for option in reversed(options):
-        f = option(f)
-    return f
-
-
-def result_filter(gpu, dtype, head_dim, seq_len, causal, pass_):
-    from flashtune.store import ResultFilter
-
-    return ResultFilter(gpu=gpu, dtype=dtype, head_dim=head_dim, seq_len=seq_len, causal=causal, pass_=pass_)
+        command = option(command)
+    return command
 
 
 def _split(values: Sequence[str]) -> list[str]:

@@ -13,7 +13,6 @@ from flashtune.cli._common import (
     open_store,
     plural,
     read_results,
-    result_filter,
 )
 
 ON_CONFLICT = {"keep-faster": "keep_faster", "replace": "replace", "skip": "skip"}
@@ -25,7 +24,7 @@ ON_CONFLICT = {"keep-faster": "keep_faster", "replace": "replace", "skip": "skip
 @click.option("--force", is_flag=True, help="Overwrite FILE if it exists.")
 @filter_options
 @db_option
-def export_command(output, force, gpu, dtype, head_dim, seq_len, causal, pass_, db):
+def export_command(output, force, where, db):
     """Export tuned results to a JSON file that `flashtune import` reads.
 
     The file holds each GPU's table with its provenance (GPU, driver, CUDA, torch,
@@ -42,7 +41,6 @@ def export_command(output, force, gpu, dtype, head_dim, seq_len, causal, pass_, 
 
     if output != "-" and Path(output).exists() and not force:
         raise click.ClickException(f"{output} exists: pass --force to overwrite it, or export to another file")
-    where = result_filter(gpu, dtype, head_dim, seq_len, causal, pass_)
     with open_store(db) as store:
         results = read_results(store, where)
     if not results:

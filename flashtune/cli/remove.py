@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from flashtune.cli._common import Command, db_option, filter_options, open_store, plural, result_filter
+from flashtune.cli._common import FILTER_OPTIONS, Command, db_option, filter_options, open_store, plural
 
 YES_HELP = "Do not ask for confirmation."
 
@@ -13,7 +13,7 @@ YES_HELP = "Do not ask for confirmation."
 @filter_options
 @db_option
 @click.option("-y", "--yes", is_flag=True, help=YES_HELP)
-def delete_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, yes):
+def delete_command(where, db, yes):
     """Delete the tuned results that match the filters (at least one).
 
     The trials stay (the audit log, and what a new search of the key starts from);
@@ -26,10 +26,9 @@ def delete_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, yes):
     """
     from flashtune.store.engine import show_url
 
-    where = result_filter(gpu, dtype, head_dim, seq_len, causal, pass_)
     if where.describe() == "everything":
-        raise click.UsageError("give at least one filter (--gpu, --dtype, --head-dim, --seq-len, --causal/--full, "
-                               "--pass); `flashtune db reset` deletes everything")
+        raise click.UsageError(f"give at least one filter ({', '.join(FILTER_OPTIONS.values())}); "
+                               "`flashtune db reset` deletes everything")
     with open_store(db) as store:
         found = len(store.list_results(where, damaged=[]))  # damaged rows are deleted too, not counted
         if not found:

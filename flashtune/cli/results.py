@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from flashtune.cli._common import (
+    FILTER_OPTIONS,
     Command,
     check_one_format,
     db_option,
@@ -20,18 +21,19 @@ from flashtune.cli._common import (
     output_options,
     plural,
     ratio,
-    result_filter,
     tflops,
 )
 
-CSV_COLUMNS = ("gpu", "dtype", "head_dim", "seq_len", "causal", "pass", "config", "time_ms", "tflops",
-               "default_time_ms", "speedup", "error", "n_trials", "flashtune_version", "kernel_hash",
+CSV_COLUMNS = ("gpu", "dtype", "head_dim", "seq_q", "seq_k", "group", "batch_heads", "causal", "pass", "config",
+               "time_ms", "tflops",
+               "default_time_ms", "speedup", "error", "n_trials", "runner", "flashtune_version", "kernel_hash",
                "triton_version", "torch_version", "cuda_version", "driver_version", "created_at", "updated_at")
-TABLE_COLUMNS = ("gpu", "pass", "dtype", "d", "n", "mask", "config", "ms", "TFLOPS", "vs default", "trials")
+TABLE_COLUMNS = ("gpu", "pass", "dtype", "d", "nq", "nk", "g", "bh", "mask", "config", "ms", "TFLOPS", "vs default",
+                 "trials", "runner")
 
 
 def key_cells(key) -> list[Any]:
-    return [key.gpu, key.pass_, key.dtype, key.head_dim, key.seq_len, key.mask]
+    return [key.gpu, key.pass_, key.dtype, key.head_dim, key.seq_q, key.seq_k, key.group, key.batch_heads, key.mask]
 
 
 def result_record(result) -> dict[str, Any]:
@@ -52,15 +54,16 @@ def _stale_note(results) -> str | None:
     stale = sum(not is_current(r.provenance) for r in results)
     if not stale:
         return None
-    return (f"note: {stale} of {plural(len(results), 'result')} were tuned with other kernel sources or another triton; "
-            "`flashtune search --revalidate` re-times them")
+    were = "was" if stale == 1 else "were"
+    return (f"note: {stale} of {plural(len(results), 'result')} {were} tuned with other kernel sources or another "
+            "triton; `flashtune search --revalidate` re-times them")
 
 
 @click.command("list", cls=Command)
 @filter_options
 @db_option
 @output_options
-def list_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_csv):
+def list_command(where, db, as_json, as_csv):
     """List the tuned results, filtered by key fields.
 
     \b
@@ -74,7 +77,6 @@ def list_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_c
       flashtune list --json
     """
     check_one_format(as_json, as_csv)
-    where = result_filter(gpu, dtype, head_dim, seq_len, causal, pass_)
     with open_store(db) as store:
         results = read_results(store, where)
     if as_json:
@@ -85,12 +87,20 @@ def list_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_c
     elif not results:
         click.echo(f"no tuned results ({where.describe()})", err=True)
     else:
-        rows = [[*key_cells(r.key), r.config.label(), r.time_ms, tflops(r.tflops), ratio(r.speedup), r.n_trials]
-                for r in results]
+        rows = [[*key_cells(r.key), r.config.label(), r.time_ms, tflops(r.tflops), ratio(r.speedup), r.n_trials,
+                 _runner_cell(r)] for r in results]
         click.echo(format_table(TABLE_COLUMNS, rows))
         note = _stale_note(results)
         if note:
             click.echo(note, err=True)
+
+
+def _runner_cell(result) -> str:
+    """"triton", or the SDPA backend that serves the key with its time against the kernels'."""
+    if result.runner == "triton":
+        return "triton"
+    times = result.runner_times
+    return f"{result.runner} ({times['triton'] / times[result.runner]:.2f}x)" if "triton" in times else result.runner
 
 
 def _csv_value(record: dict[str, Any], column: str) -> Any:
@@ -102,7 +112,7 @@ def _csv_value(record: dict[str, Any], column: str) -> Any:
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Output JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Output the trials as CSV.")
-def show_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_csv):
+def show_command(where, db, as_json, as_csv):
     """Show one key in detail: its result, provenance and trials.
 
     The filters must pick out one key (`flashtune list` with the same filters shows
@@ -115,7 +125,6 @@ def show_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_c
           --head-dim 128 --seq-len 4096 --causal
     """
     check_one_format(as_json, as_csv)
-    where = result_filter(gpu, dtype, head_dim, seq_len, causal, pass_)
     with open_store(db) as store:
         results = read_results(store, where)
         if len(results) > 1:
@@ -142,9 +151,7 @@ def show_command(gpu, dtype, head_dim, seq_len, causal, pass_, db, as_json, as_c
 
 def _differing_options(results) -> str:
     """The filter options whose values differ among ``results``."""
-    options = {"gpu": "--gpu", "dtype": "--dtype", "head_dim": "--head-dim", "seq_len": "--seq-len",
-               "causal": "--causal/--full", "pass_": "--pass"}
-    return ", ".join(option for field, option in options.items()
+    return ", ".join(option for field, option in FILTER_OPTIONS.items()
                      if len({getattr(r.key, field) for r in results}) > 1)
 
 
@@ -152,11 +159,15 @@ def _trials_without_result(store, where):
     """A key searched without a winner: its trials, when the filters name the whole key."""
     from flashtune.keys import TuningKey
 
-    fields = (where.dtype, where.head_dim, where.seq_len, where.causal, where.pass_)
+    fields = (where.dtype, where.head_dim, where.seq_q, where.causal, where.pass_)
     if None not in fields:
         gpus = [where.gpu] if where.gpu is not None else [g.key for g in store.list_gpus()]
         for gpu in gpus:
-            key = TuningKey(gpu, where.dtype, where.head_dim, where.seq_len, where.causal, where.pass_)
+            try:  # the fields left out are those of a grid key (seq_k = seq_q, group 1, its batch x heads)
+                key = TuningKey(gpu, where.dtype, where.head_dim, where.seq_q, where.causal, where.pass_,
+                                seq_k=where.seq_k or 0, group=where.group or 1, batch_heads=where.batch_heads or 0)
+            except ValueError as e:
+                raise click.BadParameter(str(e)) from None
             trials = store.trials_for(key)
             if trials:
                 return key, trials
@@ -185,6 +196,8 @@ def _details(key, result, trials) -> str:
             ("speed-up", ratio(result.speedup)),
             ("error", f"{fmt(result.error)} (worst error / allowance; <= 1 passes)"),
             ("trials", str(result.n_trials)),
+            ("runner", _runner_cell(result) + ("" if not result.runner_times else "; measured: " + ", ".join(
+                f"{name} {fmt(ms)} ms" for name, ms in sorted(result.runner_times.items(), key=lambda x: x[1])))),
             ("tuned with", (f"flashtune {p.flashtune_version}, kernels {p.kernel_hash}, triton {p.triton_version}, "
                             f"torch {p.torch_version}, CUDA {p.cuda_version or '-'}, "
                             f"driver {p.driver_version or '-'}")),

@@ -33,6 +33,15 @@ TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall cl
 
 @click.command("search", cls=Command)
 @key_grid_options
+@click.option("--shapes", "shapes_file", metavar="FILE", type=click.Path(dir_okay=False),
+              help="Tune the calls of a JSON or YAML file of shape rows (B, Hq, Hkv, Nq, Nk, D, causal, dtype, "
+              "passes) instead of the grid.")
+@click.option("--model", "models", multiple=True, metavar="NAME",
+              help="Tune a preset model's prefill, decode and training calls (--list-models shows them); "
+              "repeat for several.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --model: the tensor-parallel degree (each GPU runs heads / tp query heads).")
+@click.option("--list-models", is_flag=True, help="List the --model presets and exit.")
 @click.option("--trials", type=click.IntRange(min=1), metavar="N",
               help=f"Configs measured per key. [default: {DEFAULT_TRIALS}; interpreter: {DEMO_TRIALS}]")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
@@ -45,6 +54,9 @@ TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall cl
 @click.option("--revalidate", is_flag=True, help="Check and re-time the stored winners and their runners-up under "
               "the current versions (the stored keys of this GPU that match the key options).")
 @click.option("--force", is_flag=True, help="Search keys again even if their search already finished.")
+@click.option("--sdpa/--no-sdpa", default=None, help="Also time torch SDPA's backends (cuDNN, FlashAttention-2, "
+              "memory-efficient) for each key and serve the fastest correct runner. [default: on a GPU, off "
+              "under the interpreter]")
 @interpreter_options
 @click.option("--devices", metavar="all|0,1,...", help="Search on several devices at once, one worker process each "
               "(a free device takes the next key; each key's trials stay on one device): all of this host's, or "
@@ -54,8 +66,9 @@ TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall cl
 @click.option("--progress/--no-progress", default=None, help="Show progress on stderr: a bar on a terminal, else "
               "one line per trial and per key with an ETA (for logs). [default: on, off with --json]")
 @click.option("--json", "as_json", is_flag=True, help="Output the summary as JSON.")
-def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout, trial_timeout, db, storage,
-                   revalidate, force, interpreter, device, devices, seed, progress, as_json):
+def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, models, tp, list_models, trials, timeout,
+                   trial_timeout, db, storage, revalidate, force, sdpa, interpreter, device, devices, seed, progress,
+                   as_json):
     """Tune kernel configs for this GPU and store the winners.
 
     By default: the common LLM shapes (head dims 64 and 128, bfloat16, sequence
@@ -68,6 +81,8 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout,
     Examples:
       flashtune search
       flashtune search --head-dim 128 --seq-len 4096,8192 --causal --trials 64
+      flashtune search --model llama3-8b     # a model's prefill, decode and training calls
+      flashtune search --shapes shapes.yaml  # the calls a team runs
       flashtune search --revalidate          # after upgrading triton or flashtune
       flashtune search --devices all         # every GPU of this host, one key per GPU at a time
       flashtune search --interpreter         # tiny CPU demo, no GPU needed
@@ -79,9 +94,23 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout,
     from flashtune.autotuner import build_keys, search
     from flashtune.keys import GpuInfo
 
+    if list_models:
+        _list_models(as_json)
+        return
+    shaped = shapes_file is not None or bool(models)
+    grid_given = [name for name, value in (("--head-dim", head_dims), ("--dtype", dtypes), ("--seq-len", seq_lens),
+                                           ("--causal/--full", causal is not None), ("--pass", passes)) if value]
+    if shaped and (grid_given or revalidate):
+        raise click.UsageError(f"--shapes and --model name the calls themselves; leave out "
+                               f"{', '.join(grid_given or ['--revalidate'])}")
+    if tp != 1 and not models:
+        raise click.UsageError("--tp applies to --model")
     if devices is not None and device is not None:
         raise click.UsageError("give --device or --devices, not both")
     dev, is_interpreter = choose_device("search", device, interpreter)
+    if is_interpreter and models:
+        raise click.UsageError("--model presets are real models' shapes, far too large for the Triton interpreter; "
+                               "under --interpreter give tiny rows with --shapes")
     names = _device_names(devices, is_interpreter)
     trials = trials or (DEMO_TRIALS if is_interpreter else DEFAULT_TRIALS)
     values = grid(head_dims, dtypes, seq_lens, causal, passes, interpreter=is_interpreter)
@@ -96,6 +125,8 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout,
             found, stored = _stored_keys(db, each.key, head_dims, dtypes, seq_lens, causal, passes)
             keys += found
             before.update(stored)
+        elif shaped:
+            keys += shape_keys(each.key, shapes_file, models, tp)
         else:
             keys += build_keys(each.key, head_dims=values["head_dims"], dtypes=values["dtypes"],
                                seq_lens=values["seq_lens"], causal=values["causal"], passes=values["passes"])
@@ -132,7 +163,7 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, trials, timeout,
                 report = stack.enter_context(ProgressBar(Console(stderr=True), devices=len(names or [dev])))
             summary = search(keys, db=db, trials=trials, timeout=timeout, trial_timeout=trial_timeout,
                              storage=storage, device=None if names else dev, devices=names, progress=report,
-                             seed=seed, force=force, revalidate=revalidate)
+                             seed=seed, force=force, revalidate=revalidate, sdpa=sdpa)
     except KeyboardInterrupt:
         raise interrupted("interrupted: the keys finished so far are stored; run the same command again to "
                           "resume") from None
@@ -176,13 +207,44 @@ def _warnings_as_lines():
         yield
 
 
+def shape_keys(gpu_key: str, shapes_file, models, tp: int) -> list:
+    """The tuning keys of a shape file's rows and the presets' calls, each key once, in order."""
+    from flashtune.keys import TuningKey
+    from flashtune.shapes import ShapeError, load_shapes, model_shapes
+
+    shapes = []
+    try:
+        if shapes_file is not None:
+            shapes += load_shapes(shapes_file)
+        for name in models:
+            shapes += model_shapes(name, tp=tp)
+    except ShapeError as e:
+        option = "--shapes" if shapes_file is not None and str(e).startswith(str(shapes_file)) else "--model"
+        raise click.BadParameter(str(e), param_hint=f"'{option}'") from None
+    return list(dict.fromkeys(TuningKey.for_shape(gpu_key, shape, pass_) for shape in shapes
+                              for pass_ in shape.passes))
+
+
+def _list_models(as_json: bool) -> None:
+    from flashtune.shapes import MODELS
+
+    if as_json:
+        echo_json([{"name": m.name, "description": m.description, "heads_q": m.heads_q, "heads_kv": m.heads_kv,
+                    "head_dim": m.head_dim, "shapes": [s.as_dict() for s in m.shapes()]} for m in MODELS.values()])
+        return
+    rows = [[m.name, m.description, len(m.shapes())] for m in MODELS.values()]
+    click.echo(format_table(("model", "attention", "shapes"), rows))
+    click.echo("each shape is one call (B, Hq, Hkv, Nq, Nk, D); `flashtune search --model NAME [--tp N]` tunes "
+               "its forward and, for training calls, backward keys")
+
+
 def _stored_keys(db, gpu_key, head_dims, dtypes, seq_lens, causal, passes):
     """The stored keys of this GPU that match every key option given, and their results."""
     with open_store(db) as store:
         table = store.load_table(gpu_key)
     keys = sorted(k for k in table
                   if (not head_dims or k.head_dim in head_dims) and (not dtypes or k.dtype in dtypes)
-                  and (not seq_lens or k.seq_len in seq_lens) and (causal is None or k.causal == causal)
+                  and (not seq_lens or k.seq_q in seq_lens) and (causal is None or k.causal == causal)
                   and (not passes or k.pass_ in passes))
     if not keys:
         raise click.ClickException(f"nothing to revalidate: the store has no tuned results for {gpu_key} that match "
@@ -202,17 +264,18 @@ def _report(summary, before, as_json: bool) -> None:
                 "tflops": r.tflops, "default_time_ms": r.default_time_ms, "speedup": r.speedup,
                 "trials": r.n_trials, "rejected": r.rejected, "outcomes": r.outcomes, "wall_s": r.wall_s,
                 "timer": r.timer, "before_ms": before[r.key].time_ms if r.key in before else None,
+                "runner": r.runner, "runner_times": r.runner_times,
                 "message": getattr(r, "message", ""),
             } for r in results],
         })
         return
-    headers = ["key", "status", "winner", "ms", "TFLOPS", "vs default", "trials", "rejected"]
+    headers = ["key", "status", "winner", "ms", "TFLOPS", "vs default", "trials", "rejected", "runner"]
     if before:
         headers.append("was ms")
     rows = []
     for r in results:
         row = [r.key.label(), r.status, r.winner.label() if r.winner is not None else None, r.time_ms,
-               tflops(r.tflops), ratio(r.speedup), r.n_trials, r.rejected]
+               tflops(r.tflops), ratio(r.speedup), r.n_trials, r.rejected, r.runner if r.status == "tuned" else None]
         if before:
             row.append(before[r.key].time_ms if r.key in before else None)
         rows.append(row)

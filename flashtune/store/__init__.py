@@ -15,7 +15,9 @@ Tables (all prefixed ``flashtune_``, so the store can share a database with Optu
 
 ``flashtune_tuned_results``
     The winner of each tuning key: unique on (gpu_id, dtype, head_dim, causal, pass,
-    seq_len), the index also serving lookups of a GPU or a key family. ``config`` (JSON,
+    seq_q, seq_k, group, batch_heads) (the columns of ``TuningKey.as_dict()``; schema 0002,
+    which made 0001's ``seq_len`` rows keys of the standard grid), the index also serving
+    lookups of a GPU or a key family. ``config`` (JSON,
     validated with ``FwdConfig``/``BwdConfig.from_dict`` on load), ``time_ms`` (median),
     ``tflops``, ``default_time_ms`` (the heuristic default's time in the same run, NULL
     if it could not run), ``error`` (correctness error measured), ``n_trials``, the

@@ -4,7 +4,7 @@ An export file is UTF-8 JSON, data only (nothing in it is ever executed or unpic
 
     {
       "format": "flashtune-tuned-table",
-      "format_version": 1,
+      "format_version": 2,
       "flashtune_version": "0.1.0",            # the exporting flashtune
       "exported_at": "2026-11-30T12:00:00Z",
       "tables": [                              # one per GPU; a file may hold several
@@ -12,7 +12,8 @@ An export file is UTF-8 JSON, data only (nothing in it is ever executed or unpic
           "gpu": {"key": "NVIDIA H200@sm90", "name": "NVIDIA H200", "capability": [9, 0],
                   "sm_count": 132, "total_memory": 150754820096},
           "entries": [
-            {"dtype": "bfloat16", "head_dim": 64, "seq_len": 1024, "causal": true, "pass": "fwd",
+            {"dtype": "bfloat16", "head_dim": 64, "seq_q": 1024, "seq_k": 1024, "group": 1,
+             "batch_heads": 512, "causal": true, "pass": "fwd", "runner": "triton", "runner_times": null,
              "config": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
              "time_ms": 0.123, "tflops": 456.7, "default_time_ms": 0.15, "error": 0.31, "n_trials": 32,
              "provenance": {"flashtune_version": "0.1.0", "kernel_hash": "...", "triton_version": "3.6.0",
@@ -22,6 +23,10 @@ An export file is UTF-8 JSON, data only (nothing in it is ever executed or unpic
       ],
       "sha256": "..."                          # of the canonical JSON of "tables"
     }
+
+An entry's key is ``TuningKey.as_dict()`` without the GPU. Version 1 files (written before
+the key had seq_k, group and batch_heads) name one ``seq_len``; they still import, as keys of
+the standard grid they were tuned on (``TuningKey.from_dict``).
 
 An entry's provenance is its table's GPU (name, compute capability, SM count) plus the
 versions it was tuned under. The checksum covers every entry and its GPU: sha256 of
@@ -55,6 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from flashtune._version import __version__
 from flashtune.keys import DTYPES, PASSES, GpuInfo, TuningKey
 from flashtune.provenance import Provenance, kernel_source_hash
+from flashtune.runners import RUNNERS, TRITON
 from flashtune.store.records import ImportSummary, StoredResult
 
 __all__ = [
@@ -64,7 +70,7 @@ __all__ = [
 ]
 
 FORMAT = "flashtune-tuned-table"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: the key's length was one seq_len (a grid key); read as such
 MAX_BYTES = 16 * 1024 * 1024
 VERSION_FIELDS = ("flashtune_version", "kernel_hash", "triton_version", "torch_version", "cuda_version",
                   "driver_version")
@@ -117,7 +123,6 @@ class _Versions(_Strict):
 class _Entry(_Strict):
     dtype: Literal[DTYPES]  # type: ignore[valid-type]
     head_dim: Annotated[int, Field(ge=1, le=1024)]
-    seq_len: _Size
     causal: bool
     pass_: Literal[PASSES] = Field(alias="pass")  # type: ignore[valid-type]
     config: dict[str, int]
@@ -146,12 +151,31 @@ class _Entry(_Strict):
                                 capability=f"{info.capability[0]}.{info.capability[1]}", sm_count=info.sm_count)
         return StoredResult(key=key, config=self.parsed_config(), time_ms=self.time_ms,
                             tflops=self.tflops, default_time_ms=self.default_time_ms, error=self.error,
-                            n_trials=self.n_trials, gpu=info, provenance=provenance)
+                            n_trials=self.n_trials, gpu=info, provenance=provenance,
+                            runner=getattr(self, "runner", TRITON), runner_times=getattr(self, "runner_times", None))
 
 
-class _Table(_Strict):
+class _EntryV1(_Entry):
+    seq_len: _Size
+
+
+class _EntryV2(_Entry):
+    seq_q: _Size
+    seq_k: _Size
+    group: _Size
+    batch_heads: _Size
+    runner: Literal[RUNNERS]  # type: ignore[valid-type]
+    runner_times: dict[Literal[RUNNERS], Annotated[float, Field(gt=0)]] | None  # type: ignore[valid-type]
+
+
+class _TableV1(_Strict):
     gpu: _Gpu
-    entries: list[_Entry]
+    entries: list[_EntryV1]
+
+
+class _TableV2(_Strict):
+    gpu: _Gpu
+    entries: list[_EntryV2]
 
 
 class _Document(_Strict):
@@ -159,8 +183,16 @@ class _Document(_Strict):
     format_version: Literal[FORMAT_VERSION]  # type: ignore[valid-type]
     flashtune_version: _Version
     exported_at: _Version
-    tables: list[_Table]
+    tables: list[_TableV2]
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class _DocumentV1(_Document):
+    format_version: Literal[1]
+    tables: list[_TableV1]
+
+
+_DOCUMENTS: dict[int, type[_Document]] = {1: _DocumentV1, FORMAT_VERSION: _Document}
 
 
 # -- what a file holds --------------------------------------------------------------------
@@ -193,6 +225,7 @@ def entry_dict(result: StoredResult) -> dict[str, Any]:
         **result.key.as_dict(gpu=False), "config": result.config.to_dict(), "time_ms": result.time_ms,
         "tflops": result.tflops,
         "default_time_ms": result.default_time_ms, "error": result.error, "n_trials": result.n_trials,
+        "runner": result.runner, "runner_times": None if result.runner_times is None else dict(result.runner_times),
         "provenance": {name: getattr(result.provenance, name) for name in VERSION_FIELDS},
     }
 
@@ -292,7 +325,8 @@ def parse_export(data: bytes, *, max_bytes: int = MAX_BYTES) -> ExportFile:
     document = _load_json(data)
     _check_header(document)
     try:
-        parsed = _Document.model_validate(document)
+        version = document.get("format_version")
+        parsed = _DOCUMENTS.get(version if isinstance(version, int) else None, _Document).model_validate(document)
     except ValidationError as e:
         raise ExchangeError(_describe(e)) from None
     if checksum(document["tables"]) != parsed.sha256:
@@ -403,8 +437,11 @@ def _results(document: _Document) -> list[StoredResult]:
             raise ExchangeError(f"tables[{t}]: GPU {table.gpu.key!r} already has tables[{tables[table.gpu.key]}]")
         tables[table.gpu.key] = t
         for e, entry in enumerate(table.entries):
-            result = entry.result(table.gpu)
             where = f"tables[{t}].entries[{e}]"
+            try:
+                result = entry.result(table.gpu)
+            except ValueError as error:  # a key the file's types allow but TuningKey does not (batch_heads 3)
+                raise ExchangeError(_shorten_numbers(f"{where}: {error}")) from None
             if result.key in seen:
                 raise ExchangeError(f"{where}: {result.key.label()} on {result.key.gpu} is also {seen[result.key]}")
             seen[result.key] = where

@@ -15,10 +15,12 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from flashtune.keys import DTYPES, PASSES
 from flashtune.outcome import TRIAL_STATUSES
+from flashtune.runners import RUNNERS
 
-# The key columns besides the GPU, in index order: seq_len last, so that an index prefix
-# serves the lookups of one key family (gpu, dtype, head_dim, causal, pass).
-KEY_COLUMNS: tuple[str, ...] = ("dtype", "head_dim", "causal", "pass", "seq_len")
+# The key columns besides the GPU, in index order: the numeric dimensions last, so that an
+# index prefix serves the lookups of one key family (gpu, dtype, head_dim, causal, pass).
+# They are the column names of ``TuningKey.as_dict()``.
+KEY_COLUMNS: tuple[str, ...] = ("dtype", "head_dim", "causal", "pass", "seq_q", "seq_k", "group", "batch_heads")
 
 
 def utcnow() -> datetime:
@@ -42,7 +44,10 @@ def _key_constraints(table: str) -> list[sa.Constraint]:
             table,
             dtype=_one_of("dtype", DTYPES),
             head_dim="head_dim > 0",
-            seq_len="seq_len > 0",
+            seq_q="seq_q > 0",
+            seq_k="seq_k > 0",
+            group='"group" > 0',
+            batch_heads="batch_heads > 0",
             **{"pass": _one_of("pass", PASSES)},  # "pass" is a Python keyword
         ),
     ]
@@ -58,7 +63,10 @@ class KeyColumns:
     gpu_id: Mapped[int]
     dtype: Mapped[str] = mapped_column(sa.String(16))
     head_dim: Mapped[int]
-    seq_len: Mapped[int]
+    seq_q: Mapped[int]
+    seq_k: Mapped[int]
+    group: Mapped[int]
+    batch_heads: Mapped[int]
     causal: Mapped[bool]
     pass_: Mapped[str] = mapped_column("pass", sa.String(8))
 
@@ -98,6 +106,7 @@ class TunedResult(KeyColumns, Base):
             default_time_ms="default_time_ms IS NULL OR default_time_ms > 0",
             error="error >= 0",
             n_trials="n_trials >= 0",
+            runner=_one_of("runner", RUNNERS),
         ),
     )
 
@@ -108,6 +117,8 @@ class TunedResult(KeyColumns, Base):
     default_time_ms: Mapped[float | None] = mapped_column(sa.Double)
     error: Mapped[float] = mapped_column(sa.Double)
     n_trials: Mapped[int]
+    runner: Mapped[str] = mapped_column(sa.String(32))  # flashtune.runners: what serves the key
+    runner_times: Mapped[dict | None] = mapped_column(sa.JSON)  # ms of each runner measured, in one run
     flashtune_version: Mapped[str] = mapped_column(sa.String(64))
     kernel_hash: Mapped[str] = mapped_column(sa.String(64))
     triton_version: Mapped[str] = mapped_column(sa.String(64))

@@ -27,6 +27,10 @@ class StoredResult:
     config's time for the same key in the same run (None if the default could not run).
     ``error`` is the correctness error the winner measured. The GPU fields of
     ``provenance`` are those of ``gpu`` (the store keeps them once, in the GPU table).
+    ``config`` and ``time_ms`` are the Triton winner's; ``runner`` is what serves the key
+    (``flashtune.runners``: "triton", or an SDPA backend that was faster) and
+    ``runner_times`` each runner's time measured in the same run (forward for an inference
+    key, forward + backward for a training key; None when no other runner was timed).
     """
 
     key: TuningKey
@@ -38,6 +42,8 @@ class StoredResult:
     n_trials: int
     gpu: GpuInfo
     provenance: Provenance
+    runner: str = "triton"
+    runner_times: Mapping[str, float] | None = None
     created_at: datetime | None = None  # set by the store
     updated_at: datetime | None = None
 
@@ -55,12 +61,7 @@ class StoredResult:
         check_key(self.key)
         check_config(self.key, self.config)
         check_runs(self.key, self.config)
-        check_number("time_ms", self.time_ms, minimum=MIN_TIME_MS, maximum=MAX_TIME_MS)
-        check_number("tflops", self.tflops, minimum=0.0, maximum=MAX_TFLOPS)
-        if self.default_time_ms is not None:
-            check_number("default_time_ms", self.default_time_ms, minimum=MIN_TIME_MS, maximum=MAX_TIME_MS)
-        check_number("error", self.error, minimum=0.0, maximum=MAX_ERROR)
-        check_count("n_trials", self.n_trials)
+        self.check_numbers()
         check_count("gpu.sm_count", self.gpu.sm_count)
         check_count("gpu.total_memory", self.gpu.total_memory, maximum=MAX_BIGINT)
         check_text("gpu.name", self.gpu.name)
@@ -68,6 +69,18 @@ class StoredResult:
             value = getattr(self.provenance, field.name)
             if isinstance(value, str):
                 check_text(f"provenance.{field.name}", value)
+
+    def check_numbers(self) -> None:
+        """Raise ValueError naming the field if a figure of this result is out of bounds (what
+        the store checks again on reading a row: such a row breaks output, e.g. an infinite
+        speed-up in `--json`)."""
+        check_number("time_ms", self.time_ms, minimum=MIN_TIME_MS, maximum=MAX_TIME_MS)
+        check_number("tflops", self.tflops, minimum=0.0, maximum=MAX_TFLOPS)
+        if self.default_time_ms is not None:
+            check_number("default_time_ms", self.default_time_ms, minimum=MIN_TIME_MS, maximum=MAX_TIME_MS)
+        check_number("error", self.error, minimum=0.0, maximum=MAX_ERROR)
+        check_count("n_trials", self.n_trials)
+        check_runners(self.runner, self.runner_times)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,9 +119,12 @@ class ResultFilter:
     gpu: str | None = None  # a GpuInfo.key, e.g. "NVIDIA H200@sm90"
     dtype: str | None = None
     head_dim: int | None = None
-    seq_len: int | None = None
+    seq_q: int | None = None
     causal: bool | None = None
     pass_: str | None = None
+    seq_k: int | None = None
+    group: int | None = None
+    batch_heads: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -118,12 +134,13 @@ class ResultFilter:
 
     @classmethod
     def for_key(cls, key: TuningKey) -> ResultFilter:
-        return cls(*key.family[:3], key.seq_len, *key.family[3:])
+        return cls(key.gpu, key.dtype, key.head_dim, key.seq_q, key.causal, key.pass_, seq_k=key.seq_k,
+                   group=key.group, batch_heads=key.batch_heads)
 
     @classmethod
     def for_family(cls, key: TuningKey) -> ResultFilter:
-        """The key's family: every tuned seq len of it."""
-        return dataclasses.replace(cls.for_key(key), seq_len=None)
+        """The key's family: every tuned point (lengths, group, batch x heads) of it."""
+        return cls(*key.family[:3], None, *key.family[3:])
 
     def describe(self) -> str:
         parts = [f"{f.name.rstrip('_')}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
@@ -188,9 +205,29 @@ def check_key(key: TuningKey) -> None:
 
     if not key.head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim: the kernels run head dims up to {MAX_HEAD_DIM}, got {short_value(key.head_dim)}")
-    if not key.seq_len <= MAX_SEQ_LEN:
-        raise ValueError(f"seq_len: expected at most {MAX_SEQ_LEN}, got {short_value(key.seq_len)}")
+    for name in ("seq_q", "seq_k", "group", "batch_heads"):
+        if not getattr(key, name) <= MAX_SEQ_LEN:
+            raise ValueError(f"{name}: expected at most {MAX_SEQ_LEN}, got {short_value(getattr(key, name))}")
     check_text("gpu", key.gpu)
+
+
+def check_runners(runner: Any, times: Any) -> None:
+    """A known runner, and each runner's time a time the store holds; an SDPA runner was timed."""
+    from flashtune.runners import RUNNERS, TRITON, check_runner
+
+    check_runner(runner)
+    if times is None:
+        if runner != TRITON:
+            raise ValueError(f"runner_times: {runner!r} serves the key but has no time")
+        return
+    if not isinstance(times, Mapping):
+        raise ValueError(f"runner_times: expected a mapping of runner to milliseconds, got {short_value(times)}")
+    for name, ms in times.items():
+        if name not in RUNNERS:
+            raise ValueError(f"runner_times: expected runners of {', '.join(RUNNERS)}, got {short_value(name)}")
+        check_number(f"runner_times[{name}]", ms, minimum=MIN_TIME_MS, maximum=MAX_TIME_MS)
+    if runner not in times:
+        raise ValueError(f"runner_times: {runner!r} serves the key but has no time")
 
 
 def check_runs(key: TuningKey, config: Any) -> None:

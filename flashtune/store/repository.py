@@ -225,7 +225,8 @@ class Store:
                      damaged: list[str] | None = None) -> list[StoredResult]:
         """The tuned results that match ``where`` (all by default), in key order.
 
-        A damaged row (its config is not JSON or does not validate) raises ``StoreError``
+        A damaged row (its config is not JSON or does not validate, or a figure is out of the
+        bounds a save applies) raises ``StoreError``
         naming the row; given a ``damaged`` list, the row is skipped instead and that
         message appended to it, so one bad row does not hide the others.
         """
@@ -309,7 +310,7 @@ def _conditions(model: type[TunedResult | Trial], where: ResultFilter) -> list:
     conditions = []
     if where.gpu is not None:
         conditions.append(model.gpu_id == sa.select(Gpu.id).where(Gpu.key == where.gpu).scalar_subquery())
-    for name in ("dtype", "head_dim", "seq_len", "causal", "pass_"):
+    for name in ("dtype", "head_dim", "seq_q", "seq_k", "group", "batch_heads", "causal", "pass_"):
         value = getattr(where, name)
         if value is not None:
             conditions.append(getattr(model, name) == value)
@@ -327,6 +328,7 @@ def _write_result(session: Session, result: StoredResult, gpu_id: int, on_confli
     values = {
         "config": result.config.to_dict(), "time_ms": result.time_ms, "tflops": result.tflops,
         "default_time_ms": result.default_time_ms, "error": result.error, "n_trials": result.n_trials,
+        "runner": result.runner, "runner_times": None if result.runner_times is None else dict(result.runner_times),
         **{name: getattr(result.provenance, name) for name in PROVENANCE_COLUMNS},
     }
     key_values = _key_values(result.key, gpu_id)
@@ -357,7 +359,8 @@ def _gpu_info(gpu: Gpu) -> GpuInfo:
 def _stored_result(row: TunedResult, gpu: Gpu, config_text: str) -> StoredResult:
     where = f"tuned result #{row.id}"
     try:
-        key = TuningKey(gpu.key, row.dtype, row.head_dim, row.seq_len, row.causal, row.pass_)
+        key = TuningKey(gpu.key, row.dtype, row.head_dim, row.seq_q, row.causal, row.pass_, seq_k=row.seq_k,
+                        group=row.group, batch_heads=row.batch_heads)
     except ValueError as e:
         raise StoreError(f"{where} on {gpu.key} has an invalid key: {e}; delete it with `flashtune delete`") from e
     where = f"{where} ({key.label()} on {gpu.key})"
@@ -370,13 +373,22 @@ def _stored_result(row: TunedResult, gpu: Gpu, config_text: str) -> StoredResult
         **{name: getattr(row, name) for name in PROVENANCE_COLUMNS},
         gpu_name=gpu.name, capability=f"{gpu.capability_major}.{gpu.capability_minor}", sm_count=gpu.sm_count,
     )
-    return StoredResult(
+    result = StoredResult(
         key=key,
         config=load_config(row.pass_, config, where),
         time_ms=row.time_ms, tflops=row.tflops, default_time_ms=row.default_time_ms, error=row.error,
-        n_trials=row.n_trials, gpu=_gpu_info(gpu), provenance=provenance,
-        created_at=as_utc(row.created_at), updated_at=as_utc(row.updated_at),
+        n_trials=row.n_trials, gpu=_gpu_info(gpu), provenance=provenance, runner=row.runner,
+        runner_times=row.runner_times, created_at=as_utc(row.created_at), updated_at=as_utc(row.updated_at),
     )
+    # the bounds a save and an import apply to the figures, on the way out too: a row written
+    # before them, or by hand (a time of 5e-324 made the speed-up inf and `list --json` failed
+    # for every row). Not the config's device rules: they are the dispatcher's, per device.
+    try:
+        result.check_numbers()
+    except ValueError as e:
+        raise StoreError(f"{where} holds a value flashtune cannot show or serve ({e}); delete it with "
+                         "`flashtune delete` or tune that key again") from e
+    return result
 
 
 def _trial_record(row: Trial, key: TuningKey) -> TrialRecord:

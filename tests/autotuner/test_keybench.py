@@ -6,6 +6,8 @@ allowance is flashtune.tolerance's: the plain reference's error in the key's pre
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import pytest
@@ -130,4 +132,50 @@ def test_inputs_are_fixed_per_key_and_differ_between_keys():
     assert torch.equal(a1.q, a2.q) and torch.equal(a1.allowance["o"] * torch.ones(1), a2.allowance["o"] * torch.ones(1))
     assert not torch.equal(a1.q, b.q)
     assert a1.describe()["timer"] == "interpreter-wall-clock"
-    assert (a1.batch, a1.heads) == trial_shape(a1.key, interpreter=True)
+    assert (a1.batch, a1.heads, a1.heads_kv) == trial_shape(a1.key, interpreter=True)
+
+
+# -- the reference against torch SDPA (issue 17: KeyBench's reference had no cross-check) -----
+
+def _sdpa(q, k, v, do, causal):
+    """torch SDPA in float64 (the math backend on the CPU): o, its natural-log lse, dq, dk, dv."""
+    import torch.nn.functional as F
+
+    qs, ks, vs = (t.detach().double().requires_grad_() for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=group > 1)
+    grads = torch.autograd.grad(o, (qs, ks, vs), do.double())
+    s = qs.detach() @ ks.detach().repeat_interleave(group, dim=1).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -math.inf)
+    return (o.detach(), torch.logsumexp(s, dim=-1), *grads)
+
+
+@pytest.mark.parametrize("pass_, dtype, causal, group", [("fwd", "float32", True, 1), ("fwd", "float16", False, 1),
+                                                         ("bwd", "float16", True, 1), ("bwd", "float32", False, 1),
+                                                         ("fwd", "float32", False, 4), ("bwd", "float32", True, 2)])
+def test_the_keybench_reference_is_torch_sdpa(pass_, dtype, causal, group):
+    k = dataclasses.replace(key(pass_, dtype, seq_len=24, causal=causal), group=group, batch_heads=4)
+    bench = KeyBench(k, CPU)
+    assert bench.heads == bench.heads_kv * group
+    want = _sdpa(bench.q, bench.k, bench.v, bench.do, causal)
+    got = (bench.o_ref, bench.lse_ref, *bench.grads_ref)
+    for name, g, w in zip(("o", "lse", "dq", "dk", "dv"), got, want):
+        assert g.dtype == torch.float64 and g.shape == w.shape, name
+        assert (g - w).abs().max().item() < 1e-10, name
+    assert bench.heads > 1 and bench.batch >= 1  # several heads: a head mixed up with another shows
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("max_bytes", [1 << 31, 1], ids=["whole", "a key head at a time"])
+def test_the_reference_of_grouped_heads_in_chunks_is_torch_sdpa(causal, max_bytes):
+    """Grouped-query heads (8 query heads on 2 key heads, batch 2), whole and one key head
+    per step (what a GPU key's score matrices over 2 GiB take)."""
+    from flashtune.kernels import reference_with_grads
+
+    gen = torch.Generator().manual_seed(17)
+    q, do = (torch.randn(2, 8, 20, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(2, 2, 20, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    got = reference_with_grads(q, k, v, do, causal=causal, dtype=torch.float64, max_bytes=max_bytes)
+    for name, g, w in zip(("o", "lse", "dq", "dk", "dv"), got, _sdpa(q, k, v, do, causal)):
+        assert g.shape == w.shape and (g - w).abs().max().item() < 1e-10, name

@@ -84,7 +84,7 @@ def test_the_winner_is_an_ok_trial_and_carries_the_default_time(searched):
         assert stored.default_time_ms is not None and stored.default_time_ms == r.default_time_ms
         assert r.speedup == pytest.approx(stored.default_time_ms / stored.time_ms) == stored.speedup
         assert r.speedup >= 1.0  # the default was a finalist, and the winner has the best median
-        b, h = trial_shape(r.key, interpreter=True)
+        b, h, _ = trial_shape(r.key, interpreter=True)
         assert stored.tflops == pytest.approx(flops(r.key, b, h) / stored.time_ms * 1e-9)
         assert stored.n_trials == TRIALS
         assert 0 <= stored.error <= 1
@@ -105,7 +105,7 @@ def test_study_names_are_stable_and_live_in_the_journal_next_to_the_store(search
     assert len(names) == len(KEYS)
     for k in KEYS:
         name = study_name(k, kernel_source_hash(), sid)
-        assert name == study_name(TuningKey(*[getattr(k, f) for f in ("gpu", "dtype", "head_dim", "seq_len",
+        assert name == study_name(TuningKey(*[getattr(k, f) for f in ("gpu", "dtype", "head_dim", "seq_q",
                                                                           "causal", "pass_")]), kernel_source_hash(),
                                   sid)
         assert {t.study for t in trials_of(db, k)} == {name}

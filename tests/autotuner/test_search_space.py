@@ -136,8 +136,8 @@ class _Repeating(optuna.samplers.BaseSampler):
 @pytest.mark.parametrize("proposals", ["duplicates", "rejected only"])
 def test_repeated_or_rejected_proposals_are_never_measured_and_the_search_still_ends(tmp_path, monkeypatch,
                                                                                    proposals):
-    k = key("fwd", "float16", seq_len=16, causal=False)
-    default = default_config("fwd", 16, torch.float16, "cpu")
+    k = key("fwd", "float16", seq_len=32, causal=False)  # above DECODE_MAX_Q: the plain default
+    default = default_config("fwd", 16, torch.float16, "cpu", seq_q=32)  # the search's default for the key
     if proposals == "duplicates":
         repeated = [default, *default_neighbours(default)]  # all of them measured by the warm start
     else:

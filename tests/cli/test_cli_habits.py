@@ -59,10 +59,10 @@ searching 2 keys on triton-interpreter@sm00 (the Triton interpreter: a CPU demo)
 [2/2 keys] fwd float32 d16 n32 full: already tuned, ETA 0:00:00
 """
 SUMMARY = """\
-key                       status         winner        ms  TFLOPS  vs default  trials  rejected
-------------------------  -------------  -----------  ---  ------  ----------  ------  --------
-fwd float32 d16 n16 full  tuned          32x32 w4 s2  0.5    <0.1       1.50x       2         1
-fwd float32 d16 n32 full  already_tuned  -              -       -           -       2         0
+key                       status         winner        ms  TFLOPS  vs default  trials  rejected  runner
+------------------------  -------------  -----------  ---  ------  ----------  ------  --------  ------
+fwd float32 d16 n16 full  tuned          32x32 w4 s2  0.5    <0.1       1.50x       2         1  triton
+fwd float32 d16 n32 full  already_tuned  -              -       -           -       2         0  -
 1 of 2 keys tuned on triton-interpreter@sm00; Optuna storage: journal.log
 timings: interpreter-wall-clock (Triton interpreter on the CPU, wall clock: not GPU performance)
 rejected trials: 1 incorrect
@@ -129,10 +129,10 @@ def test_export_does_not_overwrite_a_file_without_force(invoke, db, tmp_path):
 def test_csv_booleans_are_true_and_false_as_documented(invoke, db):
     out = invoke("list", "--db", db, "--csv", "--gpu", H200.key, "--seq-len", "1024", "--pass", "fwd")
     assert out.exit_code == 0
-    rows = [line.split(",")[:6] for line in out.stdout.splitlines()]
-    assert rows == [["gpu", "dtype", "head_dim", "seq_len", "causal", "pass"],
-                    [H200.key, "bfloat16", "64", "1024", "true", "fwd"],
-                    [H200.key, "float16", "128", "1024", "false", "fwd"]]
+    rows = [line.split(",")[:9] for line in out.stdout.splitlines()]
+    assert rows == [["gpu", "dtype", "head_dim", "seq_q", "seq_k", "group", "batch_heads", "causal", "pass"],
+                    [H200.key, "bfloat16", "64", "1024", "1024", "1", "512", "true", "fwd"],
+                    [H200.key, "float16", "128", "1024", "1024", "1", "256", "false", "fwd"]]
     assert "booleans as true/false" in invoke("list", "--help").output
 
 
@@ -143,7 +143,7 @@ def test_tflops_print_with_one_decimal(invoke, tmp_path):
             store.save_result(dataclasses.replace(result(key(n)), tflops=figure))
     out = invoke("list", "--db", path)
     assert out.exit_code == 0
-    assert [line.split()[-3] for line in out.stdout.splitlines()[2:]] == ["<0.1", "456.7"]  # was 1.211e-06
+    assert [line.split()[-4] for line in out.stdout.splitlines()[2:]] == ["<0.1", "456.7"]  # was 1.211e-06
     shown = invoke("show", "--db", path, "--seq-len", "512")
     assert "  TFLOPS        <0.1\n" in shown.stdout
 
@@ -153,8 +153,21 @@ def test_tflops_print_with_one_decimal(invoke, tmp_path):
 def test_reading_commands_do_not_create_the_data_directory(invoke, tmp_path, monkeypatch):
     monkeypatch.delenv("FLASHTUNE_DB")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    for command in (["info"], ["db", "current"], ["list"]):
-        invoke(*command)
+    path, head = tmp_path / "xdg" / "flashtune" / "tuned.db", head_revision()
+    info = invoke("info")
+    assert info.exit_code == 0 and info.stderr == ""
+    assert info.stdout.splitlines()[-3:] == [
+        f"store          sqlite:///{path}",
+        f"schema         no store yet (created by the first search or `flashtune db upgrade`; schema {head})",
+        "tuned results  -"]
+    current = invoke("db", "current")
+    assert (current.exit_code, current.stdout, current.stderr) == (
+        0, f"sqlite:///{path}: no flashtune store (`flashtune db upgrade` or the first search creates it; this "
+           f"flashtune's schema is {head})\n", "")
+    listed = invoke("list")
+    assert (listed.exit_code, listed.stdout, listed.stderr) == (
+        1, "", f"Error: no flashtune store at {path}: tune with `flashtune search`, import a file with `flashtune "
+               "import FILE`, or point --db at another store\n")
     assert not (tmp_path / "xdg").exists()  # on 3a7812e: xdg/flashtune/ made by each
 
 
@@ -186,17 +199,17 @@ def test_delete_asks_then_deletes_the_matching_results(invoke, db):
                           "these keys again\n")
     assert _keys(db) == [k for k in before if not (k.gpu == H200.key and k.pass_ == "fwd")]
     out = invoke("delete", "--db", db, "--seq-len", "512", "--pass", "bwd", "--yes")
-    assert (out.exit_code, out.output) == (0, "deleted 1 tuned result (seq_len=512, pass='bwd'); their trials stay, "
+    assert (out.exit_code, out.output) == (0, "deleted 1 tuned result (seq_q=512, pass='bwd'); their trials stay, "
                                               "`flashtune search --force` tunes these keys again\n")
 
 
 def test_delete_needs_a_filter_and_a_match(invoke, db):
     out = invoke("delete", "--db", db, "--yes")
     assert out.exit_code == 2 and out.output.endswith(
-        "Error: give at least one filter (--gpu, --dtype, --head-dim, --seq-len, --causal/--full, --pass); "
-        "`flashtune db reset` deletes everything\n")
+        "Error: give at least one filter (--gpu, --dtype, --head-dim, --seq-len, --seq-k, --group, --batch-heads, "
+        "--causal/--full, --pass); `flashtune db reset` deletes everything\n")
     out = invoke("delete", "--db", db, "--seq-len", "3", "--yes")
-    assert (out.exit_code, out.output) == (1, "Error: no tuned result matches (seq_len=3): `flashtune list` shows "
+    assert (out.exit_code, out.output) == (1, "Error: no tuned result matches (seq_q=3): `flashtune list` shows "
                                               "what is stored\n")
 
 

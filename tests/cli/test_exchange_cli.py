@@ -52,13 +52,13 @@ def test_export_with_filters_and_to_stdout(invoke, db):
     assert out.exit_code == 0
     assert out.stderr == f"exported 1 result ({A100.key})\n"
     [only] = parse_export(out.stdout_bytes).results
-    assert (only.key.gpu, only.key.pass_, only.key.seq_len) == (A100.key, "bwd", 512)
+    assert (only.key.gpu, only.key.pass_, only.key.seq_q) == (A100.key, "bwd", 512)
 
 
 def test_export_errors(invoke, db, tmp_path):
     out = invoke("export", "--db", db, "-o", tmp_path / "x.json", "--seq-len", "99")
     assert out.exit_code == 1
-    assert out.output == ("Error: nothing to export: no tuned result matches (seq_len=99); "
+    assert out.output == ("Error: nothing to export: no tuned result matches (seq_q=99); "
                           "`flashtune list` shows what is stored\n")
     out = invoke("export", "--db", tmp_path / "missing.db", "-o", tmp_path / "x.json")
     assert out.exit_code == 1 and out.output.startswith("Error: no flashtune store at ")

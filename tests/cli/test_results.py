@@ -15,14 +15,14 @@ from flashtune.provenance import kernel_source_hash
 from flashtune.store import Store
 
 LIST_TABLE = """\
-gpu                         pass  dtype       d     n  mask    config                ms  TFLOPS  vs default  trials
---------------------------  ----  --------  ---  ----  ------  -----------------  -----  ------  ----------  ------
-NVIDIA A100-SXM4-80GB@sm80  bwd   bfloat16   64   512  causal  32x32/32x32 w8 s2  0.625   512.5       2.00x      16
-NVIDIA A100-SXM4-80GB@sm80  fwd   bfloat16   64   512  causal  64x32 w4 s3        0.125   512.5       2.00x      16
-NVIDIA H200@sm90            bwd   bfloat16   64  1024  causal  32x64/64x32 w8 s2    0.5   512.5       2.00x      16
-NVIDIA H200@sm90            fwd   bfloat16   64  1024  causal  64x32 w4 s3         0.25   512.5       2.00x      16
-NVIDIA H200@sm90            fwd   bfloat16   64  2048  causal  128x32 w4 s3        0.75   512.5       2.00x      16
-NVIDIA H200@sm90            fwd   float16   128  1024  full    64x32 w4 s3        0.375   512.5           -      16
+gpu                         pass  dtype       d    nq    nk  g    bh  mask    config                ms  TFLOPS  vs default  trials  runner
+--------------------------  ----  --------  ---  ----  ----  -  ----  ------  -----------------  -----  ------  ----------  ------  ------
+NVIDIA A100-SXM4-80GB@sm80  bwd   bfloat16   64   512   512  1  1024  causal  32x32/32x32 w8 s2  0.625   512.5       2.00x      16  triton
+NVIDIA A100-SXM4-80GB@sm80  fwd   bfloat16   64   512   512  1  1024  causal  64x32 w4 s3        0.125   512.5       2.00x      16  triton
+NVIDIA H200@sm90            bwd   bfloat16   64  1024  1024  1   512  causal  32x64/64x32 w8 s2    0.5   512.5       2.00x      16  triton
+NVIDIA H200@sm90            fwd   bfloat16   64  1024  1024  1   512  causal  64x32 w4 s3         0.25   512.5       2.00x      16  triton
+NVIDIA H200@sm90            fwd   bfloat16   64  2048  2048  1   256  causal  128x32 w4 s3        0.75   512.5       2.00x      16  triton
+NVIDIA H200@sm90            fwd   float16   128  1024  1024  1   256  full    64x32 w4 s3        0.375   512.5           -      16  triton
 """
 
 
@@ -53,10 +53,12 @@ def test_list_json(invoke, db):
     assert record["created_at"] and record["updated_at"]
     del record["created_at"], record["updated_at"]
     assert record == {
-        "gpu": H200.key, "dtype": "bfloat16", "head_dim": 64, "seq_len": 2048, "causal": True, "pass": "fwd",
+        "gpu": H200.key, "dtype": "bfloat16", "head_dim": 64, "seq_q": 2048, "seq_k": 2048, "group": 1,
+        "batch_heads": 256, "causal": True, "pass": "fwd",
         "config": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0, "num_splits": 0,
                    "pack_gqa": -1}, "time_ms": 0.75,
         "tflops": 512.5, "default_time_ms": 1.5, "error": 0.125, "n_trials": 16, "speedup": 2.0,
+        "runner": "triton", "runner_times": None,
         "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": "3.6.0",
                        "torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                        "driver_version": "cuda-driver-api 13.0"},
@@ -73,12 +75,12 @@ def test_list_csv(invoke, db):
         (H200.key, "fwd", "false", "0.375", "", "")
     assert json.loads(row["config"]) == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0,
                                          "num_splits": 0, "pack_gqa": -1}
-    assert out.output.splitlines()[0].startswith("gpu,dtype,head_dim,seq_len,causal,pass,config,time_ms,")
+    assert out.output.splitlines()[0].startswith("gpu,dtype,head_dim,seq_q,seq_k,group,batch_heads,causal,pass,config,time_ms,")
 
 
 def test_list_of_nothing(invoke, db):
     out = invoke("list", "--db", db, "--seq-len", "99")
-    assert (out.exit_code, out.stdout, out.stderr) == (0, "", "no tuned results (seq_len=99)\n")
+    assert (out.exit_code, out.stdout, out.stderr) == (0, "", "no tuned results (seq_q=99)\n")
     assert json.loads(invoke("list", "--db", db, "--seq-len", "99", "--json").output) == []
     assert invoke("list", "--db", db, "--seq-len", "99", "--csv").output.count("\n") == 1  # the header
 
@@ -89,7 +91,7 @@ def test_list_notes_results_of_other_kernel_sources(invoke, tmp_path):
         store.import_results([result(key(512), kernel_hash="0000000000000000"), result(key(1024))])
     out = invoke("list", "--db", path)
     assert out.exit_code == 0
-    assert out.stderr == ("note: 1 of 2 results were tuned with other kernel sources or another triton; "
+    assert out.stderr == ("note: 1 of 2 results was tuned with other kernel sources or another triton; "
                           "`flashtune search --revalidate` re-times them\n")
 
 
@@ -130,6 +132,7 @@ bwd bfloat16 d64 n1024 causal on NVIDIA H200@sm90
   speed-up      2.00x
   error         0.125 (worst error / allowance; <= 1 passes)
   trials        16
+  runner        triton
   tuned with    flashtune 0.1.0, kernels {hash}, triton 3.6.0, torch 2.11.0+cu130, CUDA 13.0, driver cuda-driver-api 13.0
   GPU           NVIDIA H200, compute capability 9.0, 132 SMs
 """
@@ -158,7 +161,8 @@ def test_show_one_key_with_its_trials(invoke, db):
     )
 
     as_json = json.loads(invoke("show", "--db", db, "--pass", "bwd", "--gpu", H200.key, "--json").output)
-    assert as_json["key"] == {"gpu": H200.key, "dtype": "bfloat16", "head_dim": 64, "seq_len": 1024, "causal": True,
+    assert as_json["key"] == {"gpu": H200.key, "dtype": "bfloat16", "head_dim": 64, "seq_q": 1024, "seq_k": 1024,
+                              "group": 1, "batch_heads": 512, "causal": True,
                               "pass": "bwd"}
     assert as_json["result"]["time_ms"] == 0.5
     assert [(t["status"], t["time_ms"], t["error"]) for t in as_json["trials"]] == [("ok", 0.5, 0.125),
@@ -172,13 +176,14 @@ def test_show_needs_filters_that_pick_one_key(invoke, db):
     out = invoke("show", "--db", db, "--gpu", H200.key, "--pass", "fwd")
     assert out.exit_code == 1
     assert out.output == (f"Error: 3 results match (gpu='{H200.key}', pass='fwd'): narrow them to one key with "
-                          "--dtype, --head-dim, --seq-len, --causal/--full (`flashtune list` shows them)\n")
+                          "--dtype, --head-dim, --seq-len, --seq-k, --batch-heads, --causal/--full (`flashtune list` "
+                          "shows them)\n")
 
 
 def test_show_of_no_match(invoke, db):
     out = invoke("show", "--db", db, "--seq-len", "99")
     assert out.exit_code == 1
-    assert out.output == "Error: no tuned result matches (seq_len=99): `flashtune list` shows what is stored\n"
+    assert out.output == "Error: no tuned result matches (seq_q=99): `flashtune list` shows what is stored\n"
 
 
 def test_show_a_key_whose_search_found_nothing(invoke, db):

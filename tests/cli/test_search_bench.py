@@ -64,10 +64,11 @@ def test_search_tunes_the_keys_and_prints_a_summary(searched):
                 trial.format(4, bwd, 2), key_line.format(2, bwd)]
     assert len(log) == len(patterns) and all(re.fullmatch(p, line) for p, line in zip(patterns, log)), log
     lines = out.stdout.splitlines()
-    assert lines[0].split() == ["key", "status", "winner", "ms", "TFLOPS", "vs", "default", "trials", "rejected"]
+    assert lines[0].split() == ["key", "status", "winner", "ms", "TFLOPS", "vs", "default", "trials", "rejected",
+                                "runner"]
     assert [line.split()[:6] for line in lines[2:4]] == [["fwd", "float32", "d16", "n16", "full", "tuned"],
                                                         ["bwd", "float32", "d16", "n16", "full", "tuned"]]
-    assert [line.split()[-2:] for line in lines[2:4]] == [["2", "0"], ["2", "0"]]
+    assert [line.split()[-3:] for line in lines[2:4]] == [["2", "0", "triton"], ["2", "0", "triton"]]
     assert lines[4:] == [
         f"2 of 2 keys tuned on {INTERPRETER}; Optuna storage: {journal}",
         "timings: interpreter-wall-clock (Triton interpreter on the CPU, wall clock: not GPU performance)",
@@ -81,9 +82,8 @@ def test_list_and_show_the_search(searched):
     db, _, _ = searched
     out = _invoke("list", "--db", db)
     assert out.exit_code == 0
-    rows = [line.split()[:6] for line in out.output.splitlines()[2:]]
-    assert rows == [[INTERPRETER, "bwd", "float32", "16", "16", "full"], [INTERPRETER, "fwd", "float32", "16", "16",
-                                                                          "full"]]
+    rows = [line.split()[:9] for line in out.output.splitlines()[2:]]
+    assert rows == [[INTERPRETER, pass_, "float32", "16", "16", "16", "1", "2", "full"] for pass_ in ("bwd", "fwd")]
     out = _invoke("show", "--db", db, "--pass", "fwd")
     assert out.exit_code == 0
     assert out.output.startswith(f"fwd float32 d16 n16 full on {INTERPRETER}\n")
@@ -174,7 +174,7 @@ def test_bench_compares_tuned_and_default(searched, tmp_path):
     assert lines[0].split() == ["key", "tuned", "TFLOPS", "default", "TFLOPS", "tuned/default", "tuned", "config"]
     assert lines[2].split()[:5] == ["fwd", "float32", "d16", "n16", "full"] and lines[2].endswith("  exact")
     assert lines[3].split()[:5] == ["fwd", "float32", "d16", "n32", "full"]
-    assert lines[3].endswith("  nearest (seq_len 16)")  # what get_tuned_attention serves there
+    assert lines[3].endswith("  nearest (fwd float32 d16 n16 full)")  # what get_tuned_attention serves there
     assert lines[4].startswith("geometric mean")
     assert lines[5:] == ["timer: interpreter-wall-clock; ratios are times (above 1: tuned is faster)",
                          f"plot: {plot}"]

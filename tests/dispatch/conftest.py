@@ -51,7 +51,8 @@ def write(db_path, gpu):
     stores = []
 
     def write(seq_len: int, pass_: str, config, *, dtype: str = "float32", head_dim: int = 16,
-              causal: bool = False, kernel_hash: str | None = None, on: GpuInfo | None = None) -> StoredResult:
+              causal: bool = False, kernel_hash: str | None = None, on: GpuInfo | None = None,
+              runner: str = "triton") -> StoredResult:
         on = on or gpu
         provenance = dataclasses.replace(current_provenance(), gpu_name=on.name, sm_count=on.sm_count,
                                          capability=f"{on.capability[0]}.{on.capability[1]}")
@@ -59,7 +60,8 @@ def write(db_path, gpu):
             provenance = dataclasses.replace(provenance, kernel_hash=kernel_hash)
         result = StoredResult(key=TuningKey(on.key, dtype, head_dim, seq_len, causal, pass_), config=config,
                               time_ms=1.0, tflops=1.0, default_time_ms=2.0, error=0.0, n_trials=3, gpu=on,
-                              provenance=provenance)
+                              provenance=provenance, runner=runner,
+                              runner_times=None if runner == "triton" else {"triton": 1.0, runner: 0.5})
         if not stores:
             stores.append(Store(db_path))
         stores[0].save_result(result, replace=True)

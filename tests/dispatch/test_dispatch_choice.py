@@ -13,9 +13,9 @@ from dispatch_samples import BWD_A, FWD_A, FWD_B, device, qkv
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flashtune.dispatch import Choice, DispatchWarning, get_tuned_attention, nearest_index
+from flashtune.dispatch import Choice, DispatchWarning, get_tuned_attention, nearest_first
 from flashtune.kernels import FwdConfig, default_config
-from flashtune.keys import GpuInfo
+from flashtune.keys import GpuInfo, TuningKey, batch_heads_bucket
 
 H200 = GpuInfo("NVIDIA H200", (9, 0), 132, 150_754_820_096)
 
@@ -28,7 +28,15 @@ def no_warnings():
         yield
 
 
-# -- nearest seq_len -------------------------------------------------------------------
+# -- nearest keys ----------------------------------------------------------------------
+
+def _key(seq_q, seq_k=None, group=1, batch_heads=2, gpu="g@sm90") -> TuningKey:
+    return TuningKey(gpu, "bfloat16", 128, seq_q, False, "fwd", seq_k=seq_k or seq_q, group=group,
+                     batch_heads=batch_heads)
+
+
+def _nearest(keys, key):
+    return keys[nearest_first(keys, key)[0]]
 
 
 @pytest.mark.parametrize(("seq_len", "expected"), [
@@ -37,20 +45,49 @@ def no_warnings():
     (3000, 4096), (4096, 4096), (1 << 20, 4096),
 ])
 def test_nearest_is_measured_in_log2_and_ties_go_to_the_larger(seq_len, expected):
-    seq_lens = (512, 1024, 4096)
-    assert seq_lens[nearest_index(seq_lens, seq_len)] == expected
+    keys = [_key(n) for n in (512, 1024, 4096)]
+    assert _nearest(keys, _key(seq_len)).seq_q == expected
 
 
-@given(st.lists(st.integers(1, 1 << 17), min_size=1, unique=True), st.integers(1, 1 << 17))
-def test_nearest_matches_brute_force(seq_lens, seq_len):
-    seq_lens = sorted(seq_lens)
+def test_nearest_weighs_every_dimension_in_log2():
+    decode, prefill = _key(1, 8192, group=4, batch_heads=32), _key(8192, group=4, batch_heads=32)
+    grid, batch = _key(8192, batch_heads=32), _key(1, 8192, group=4, batch_heads=2048)
+    keys = [prefill, decode, grid, batch]
+    # a decode step with another cache length stays with the decode key, not the prefill of its length
+    assert _nearest(keys, _key(1, 4096, group=4, batch_heads=32)) == decode
+    assert _nearest(keys, _key(2, 8192, group=4, batch_heads=32)) == decode
+    assert _nearest(keys, _key(1, 8192, group=4, batch_heads=1024)) == batch  # 1 octave, not 5
+    assert _nearest(keys, _key(8192, group=1, batch_heads=32)) == grid  # exact wins
+    assert _nearest(keys, _key(8192, group=2, batch_heads=32)) == prefill  # a tie of one octave: the larger
 
-    def distance(t):  # the ratio >= 1 between the lengths: log2 distance, compared exactly
-        return max(Fraction(seq_len, t), Fraction(t, seq_len))
 
-    best = min(seq_lens, key=lambda t: (distance(t), -t))
-    assert seq_lens[nearest_index(seq_lens, seq_len)] == best
-    assert math.isclose(math.log2(distance(best)), min(abs(math.log2(seq_len / t)) for t in seq_lens))
+@given(st.lists(st.tuples(st.integers(1, 1 << 17), st.integers(1, 1 << 17), st.sampled_from([1, 2, 4, 8]),
+                          st.integers(0, 16)), min_size=1, unique=True),
+       st.tuples(st.integers(1, 1 << 17), st.integers(1, 1 << 17), st.sampled_from([1, 2, 4, 8]), st.integers(0, 16)))
+def test_nearest_matches_brute_force(points, point):
+    keys = [_key(q, k, g, 1 << b) for q, k, g, b in points]
+    wanted = _key(point[0], point[1], point[2], 1 << point[3])
+
+    def distance(t):
+        return sum(math.log2(max(Fraction(a, b), Fraction(b, a))) ** 2 for a, b in zip(t.point, wanted.point))
+
+    order = [keys[i] for i in nearest_first(keys, wanted)]
+    assert sorted(order) == sorted(keys)
+    best = min(distance(t) for t in keys)
+    assert math.isclose(distance(order[0]), best, abs_tol=1e-9)
+    if wanted in keys:
+        assert order[0] == wanted
+    # from nearest to farthest
+    assert all(distance(a) <= distance(b) + 1e-9 for a, b in zip(order, order[1:]))
+
+
+@pytest.mark.parametrize("value", [1, 2, 3, 5, 6, 7, 11, 12, 23, 24, 45, 46, 1000, 1 << 20])
+def test_the_batch_heads_bucket_is_the_nearest_power_of_two_in_log2(value):
+    bucket = batch_heads_bucket(value)
+    assert bucket & (bucket - 1) == 0
+    powers = [1 << i for i in range(25)]
+    best = min(abs(math.log2(value / p)) for p in powers)
+    assert math.isclose(abs(math.log2(value / bucket)), best) and (bucket >= value or 2 * bucket > value)
 
 
 # -- choices from the store ------------------------------------------------------------
@@ -71,13 +108,13 @@ def test_exact_nearest_and_heuristic_choices(write, db_path, no_warnings):
     write(32, "bwd", BWD_A)
     fn = get_tuned_attention(db_path)
 
-    assert _choice(fn, 16) == Choice(FWD_A, "tuned exact", BWD_A, "tuned nearest (seq_len 32)")
-    assert _choice(fn, 32) == Choice(FWD_B, "tuned nearest (seq_len 64)", BWD_A, "tuned exact")  # tie: larger
-    assert _choice(fn, 31).fwd_source == "tuned nearest (seq_len 16)"  # 31^2 < 16 * 64
-    assert _choice(fn, 33).fwd_source == "tuned nearest (seq_len 64)"
+    assert _choice(fn, 16) == Choice(FWD_A, "tuned exact", BWD_A, "tuned nearest (bwd float32 d16 n32 full)")
+    assert _choice(fn, 32) == Choice(FWD_B, "tuned nearest (fwd float32 d16 n64 full)", BWD_A, "tuned exact")  # tie
+    assert _choice(fn, 31).fwd_source == "tuned nearest (fwd float32 d16 n16 full)"  # 31^2 < 16 * 64
+    assert _choice(fn, 33).fwd_source == "tuned nearest (fwd float32 d16 n64 full)"
     assert _choice(fn, 1).fwd_config == FWD_A and _choice(fn, 1000).fwd_config == FWD_B
-    # seq_len is the longer of the query and key lengths
-    assert _choice(fn, 8, 64).fwd_source == "tuned exact" == _choice(fn, 64, 8).fwd_source
+    # the query and key lengths count apart: (8, 64) is nearer (16, 16) than (64, 64) in log2
+    assert _choice(fn, 8, 64).fwd_config == FWD_A and _choice(fn, 64, 128).fwd_config == FWD_B
     # another family: causal, dtype or head_dim
     heuristic = Choice(_heuristic("fwd"), "heuristic", _heuristic("bwd"), "heuristic")
     assert _choice(fn, 16, is_causal=True) == heuristic
@@ -104,11 +141,27 @@ def test_a_stored_config_too_big_for_this_device_is_skipped_for_the_heuristic(wr
     with pytest.warns(DispatchWarning, match="skips a stored config .* fwd .*: FwdConfig: needs about 73728 bytes"):
         choice = _choice(fn, 16)
     assert choice.fwd_config == _heuristic("fwd")
-    assert choice.fwd_source.startswith("heuristic (the tuned fwd config of seq_len 16 does not fit here: ")
+    assert choice.fwd_source.startswith("heuristic (the tuned fwd config of fwd float32 d16 n16 full does not fit "
+                                        "here: ")
     assert (choice.bwd_config, choice.bwd_source) == (BWD_A, "tuned exact")
     with warnings.catch_warnings():
         warnings.simplefilter("error", DispatchWarning)
         assert _choice(get_tuned_attention(db_path), 16) == choice  # warned once
+
+
+def test_a_stored_config_that_does_not_fit_gives_way_to_the_next_nearest_that_does(write, db_path, monkeypatch):
+    from flashtune.kernels import config as kernel_config
+
+    write(16, "fwd", FwdConfig(128, 128, 4, 4))  # about 73 KB of shared memory at D=16 fp32
+    write(64, "fwd", FWD_B)
+    write(1024, "fwd", FwdConfig(128, 64, 4, 4))
+    fn = get_tuned_attention(db_path)
+    monkeypatch.setattr(kernel_config, "shared_memory_limit", lambda device: 20_000)
+    with pytest.warns(DispatchWarning, match="skips a stored config .* n16 .*: FwdConfig: needs about 73728 bytes"):
+        choice = _choice(fn, 16)
+    assert (choice.fwd_config, choice.fwd_source) == (FWD_B, "tuned nearest (fwd float32 d16 n64 full)")
+    q, k, v = qkv(16)
+    choice.fwd_config.validate(q.shape[3], q.dtype, q.device)  # what is served fits the call
 
 
 # -- SDPA fallback ---------------------------------------------------------------------

@@ -36,7 +36,7 @@ def test_calls_never_read_the_database_and_reload_sees_new_rows(write, db_path, 
                         lambda self, gpu, **kw: (reads.append(gpu), real_load_table(self, gpu, **kw))[1])
     q, k, v = qkv(17)
     fn(q, k, v)
-    assert fn.explain(*qkv(64)).fwd_source == "tuned nearest (seq_len 16)"  # still the table read at creation
+    assert fn.explain(*qkv(64)).fwd_source == "tuned nearest (fwd float32 d16 n16 full)"  # still the table read at creation
     assert fn.explain(q, k, v).fwd_config == FWD_A
     assert reads == []
 

@@ -59,22 +59,50 @@ def test_export_then_import_into_a_fresh_store_reproduces_the_table(tmp_path, st
         assert fresh.list_gpus() == store.list_gpus()
 
 
+def test_a_version_1_file_imports_as_the_grid_keys_it_was_tuned_on(store):
+    document = _document()
+    document["format_version"] = 1
+    for t in document["tables"]:
+        for entry in t["entries"]:
+            seq = entry.pop("seq_q")
+            del entry["seq_k"], entry["group"], entry["batch_heads"], entry["runner"], entry["runner_times"]
+            entry["seq_len"] = seq
+    export = parse_export(_bytes(document))
+    assert [r.key for r in export.results] == [r.key for r in table()]
+    assert all(r.key.is_grid for r in export.results)
+    assert import_export(store, export) == ImportSummary(inserted=6)
+
+
+def test_keys_that_tell_shapes_apart_round_trip(store):
+    from flashtune.keys import TuningKey
+
+    decode = TuningKey.for_call(H200.key, "bfloat16", batch=1, heads_q=32, heads_kv=8, seq_q=1, seq_k=65536,
+                                head_dim=128, causal=False, pass_="fwd")
+    results = [result(decode, 0.09), result(key(1024), 0.25)]
+    export = parse_export(dump_export(results))
+    assert [r.key for r in export.results] == [decode, key(1024)]
+    import_export(store, export)
+    assert store.load_table(H200)[decode].time_ms == 0.09
+
+
 def test_the_file_layout(tmp_path):
     data = dump_export(table(), exported_at=MOMENT)
     document = json.loads(data)
     assert list(document) == ["format", "format_version", "flashtune_version", "exported_at", "tables", "sha256"]
     assert (document["format"], document["format_version"], document["exported_at"]) == \
-        (FORMAT, 1, "2026-11-30T12:00:00Z")
+        (FORMAT, 2, "2026-11-30T12:00:00Z")
     assert [t["gpu"] for t in document["tables"]] == [
         {"key": H200.key, "name": "NVIDIA H200", "capability": [9, 0], "sm_count": 132, "total_memory": 150754820096},
         {"key": A100.key, "name": A100.name, "capability": [8, 0], "sm_count": 108, "total_memory": 85899345920},
     ]
     entry = document["tables"][0]["entries"][0]
     assert entry == {
-        "dtype": "bfloat16", "head_dim": 64, "seq_len": 1024, "causal": True, "pass": "fwd",
+        "dtype": "bfloat16", "head_dim": 64, "seq_q": 1024, "seq_k": 1024, "group": 1, "batch_heads": 512,
+        "causal": True, "pass": "fwd",
         "config": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0, "num_splits": 0,
                    "pack_gqa": -1},
         "time_ms": 0.25, "tflops": 512.5, "default_time_ms": 0.5, "error": 0.125, "n_trials": 16,
+        "runner": "triton", "runner_times": None,
         "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": "3.6.0",
                        "torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                        "driver_version": "cuda-driver-api 13.0"},
@@ -120,11 +148,20 @@ CASES = {
     "unknown pass": (lambda d: _entry(d).update({"pass": "both"}), "entries[0].pass"),
     "int as bool": (lambda d: _entry(d).update(causal=1), "causal: Input should be a valid boolean"),
     "string as int": (lambda d: _entry(d).update(head_dim="64"), "head_dim: Input should be a valid integer"),
-    "float as int": (lambda d: _entry(d).update(seq_len=1024.0), "seq_len: Input should be a valid integer"),
+    "float as int": (lambda d: _entry(d).update(seq_q=1024.0), "seq_q: Input should be a valid integer"),
     "bool as int": (lambda d: _entry(d).update(n_trials=True), "n_trials: Input should be a valid integer"),
     "string as float": (lambda d: _entry(d).update(tflops="512"), "tflops: Input should be a valid number"),
     "head dim zero": (lambda d: _entry(d).update(head_dim=0), "greater than or equal to 1"),
-    "seq len too big": (lambda d: _entry(d).update(seq_len=2**40), "less than or equal to"),
+    "seq len too big": (lambda d: _entry(d).update(seq_k=2**40), "less than or equal to"),
+    "group zero": (lambda d: _entry(d).update(group=0), "entries[0].group: Input should be greater than or equal to 1"),
+    "batch_heads not a bucket": (lambda d: _entry(d).update(batch_heads=24),
+                                 "tables[0].entries[0]: batch_heads: expected a power of two"),
+    "seq_len in a version 2 file": (lambda d: _entry(d).update(seq_len=1024), "entries[0].seq_len: Extra inputs"),
+    "unknown runner": (lambda d: _entry(d).update(runner="sdpa-math"), "entries[0].runner: Input should be"),
+    "runner without its time": (lambda d: _entry(d).update(runner="sdpa-cudnn"),
+                                "tables[0].entries[0]: runner_times: 'sdpa-cudnn' serves the key but has no time"),
+    "runner time of nothing": (lambda d: _entry(d).update(runner_times={"sdpa-cudnn": 0.0}),
+                               "runner_times['sdpa-cudnn']: Input should be greater than 0"),
     "config not a power of two": (lambda d: _entry(d)["config"].update(BLOCK_M=48), "BLOCK_M: expected a power of two"),
     "config of the other pass": (lambda d: _entry(d).update(config=_entry(d, 0, 2)["config"]), "missing fields"),
     "config unknown field": (lambda d: _entry(d)["config"].update(extra=1), "unknown fields ['extra']"),
@@ -172,9 +209,9 @@ def test_each_rule_rejects_a_file(case):
     (b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00]\x94.", "not UTF-8"),  # a pickle
     (b"[1, 2]", "not a flashtune export file"),
     (b'{"format": "csv"}', "not a flashtune export file"),
-    (b'{"format": "flashtune-tuned-table", "format_version": 2}',
-     "format version 2, this flashtune reads version 1: it was written by a newer flashtune"),
-    (b'{"format": "flashtune-tuned-table", "format_version": "1"}', "format_version: Input should be 1"),
+    (b'{"format": "flashtune-tuned-table", "format_version": 3}',
+     "format version 3, this flashtune reads version 2: it was written by a newer flashtune"),
+    (b'{"format": "flashtune-tuned-table", "format_version": "1"}', "format_version: Input should be 2"),
     (b"[" * 100_000 + b"]" * 100_000, "cannot be read as JSON: RecursionError"),
     (b'{"n": ' + b"9" * 5000 + b"}", "cannot be read as JSON: ValueError"),
 ])

@@ -15,7 +15,7 @@ INCOMING = [result(key(512), 0.25, block=32), result(key(1024), 0.5, block=32), 
 
 def _held(store) -> dict[int, tuple[int, float]]:
     """seq_len -> (the config's BLOCK_M, time_ms)."""
-    return {r.key.seq_len: (r.config.BLOCK_M, r.time_ms) for r in store.list_results()}
+    return {r.key.seq_q: (r.config.BLOCK_M, r.time_ms) for r in store.list_results()}
 
 
 @pytest.mark.parametrize("on_conflict, expected", [
@@ -33,5 +33,5 @@ def test_each_key_holds_the_result_its_rule_picks(store, on_conflict, expected):
 def test_keep_faster_also_keeps_the_winners_provenance_and_default_time(store):
     store.import_results(STORED)
     import_export(store, parse_export(dump_export(INCOMING)), on_conflict="keep_faster")
-    by_len = {r.key.seq_len: r for r in store.list_results()}
+    by_len = {r.key.seq_q: r for r in store.list_results()}
     assert by_len[512].default_time_ms == 0.5 and by_len[1024].default_time_ms == 0.5  # each from its own run

@@ -56,14 +56,47 @@ ROWS = {
              "created_at": _CREATED},
         ],
     },
+    "0002": {  # the key tells shapes apart: seq_q, seq_k, group, batch_heads
+        "flashtune_gpus": [
+            {"id": 1, "key": "NVIDIA H200@sm90", "name": "NVIDIA H200", "capability_major": 9,
+             "capability_minor": 0, "sm_count": 132, "total_memory": 150754820096,
+             "created_at": _CREATED, "updated_at": _CREATED},
+        ],
+        "flashtune_tuned_results": [
+            {"id": 1, "gpu_id": 1, "dtype": "bfloat16", "head_dim": 128, "seq_q": 4096, "seq_k": 4096, "group": 1,
+             "batch_heads": 64, "causal": True, "pass": "fwd",
+             "config": '{"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "tma": 0, '
+                       '"num_splits": 0, "pack_gqa": -1}',
+             "time_ms": 0.412, "tflops": 667.2, "default_time_ms": 0.498, "error": 0.0039, "n_trials": 96,
+             "runner": "triton", "runner_times": None,
+             **_VERSIONS, "torch_version": "2.13.0", "cuda_version": "12.8",
+             "driver_version": "cuda-driver-api 13.0", "created_at": _CREATED, "updated_at": _CREATED},
+            {"id": 2, "gpu_id": 1, "dtype": "bfloat16", "head_dim": 128, "seq_q": 1, "seq_k": 65536, "group": 4,
+             "batch_heads": 32, "causal": False, "pass": "fwd",
+             "config": '{"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "tma": 0, '
+                       '"num_splits": 32, "pack_gqa": 1}',
+             "time_ms": 0.095, "tflops": 0.71, "default_time_ms": 0.131, "error": 0.0031, "n_trials": 32,
+             "runner": "sdpa-cudnn", "runner_times": '{"triton": 0.095, "sdpa-cudnn": 0.081, "sdpa-flash": 0.112}',
+             **_VERSIONS, "torch_version": "2.13.0", "cuda_version": "13.0",
+             "driver_version": "cuda-driver-api 13.0", "created_at": _CREATED, "updated_at": _CREATED},
+        ],
+        "flashtune_trials": [
+            {"id": 1, "gpu_id": 1, "dtype": "bfloat16", "head_dim": 128, "seq_q": 1, "seq_k": 65536, "group": 4,
+             "batch_heads": 32, "causal": False, "pass": "fwd",
+             "config": '{"BLOCK_M": 16, "BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "tma": 0, '
+                       '"num_splits": 32, "pack_gqa": 1}',
+             "status": "ok", "time_ms": 0.095, "error": 0.0031, "message": "", "study": "h200-decode",
+             "kernel_hash": "0123456789abcdef", "triton_version": "3.6.0", "created_at": _CREATED},
+        ],
+    },
 }
 
-# 0002_key_claims adds the key claims (and the store's identity, which its migration makes).
-ROWS["0002_key_claims"] = {
-    **ROWS["0001"],
+# 0003 adds the key claims (and the store's identity, which its migration makes).
+ROWS["0003"] = {
+    **ROWS["0002"],
     "flashtune_key_claims": [
-        {"id": 1, "key_identity": '{"causal":true,"dtype":"bfloat16","gpu":"NVIDIA H200@sm90","head_dim":128,'
-                                  '"pass":"fwd","seq_len":4096}',
+        {"id": 1, "key_identity": '{"batch_heads":64,"causal":true,"dtype":"bfloat16","gpu":"NVIDIA H200@sm90",'
+                                  '"group":1,"head_dim":128,"pass":"fwd","seq_k":4096,"seq_q":4096}',
          "kernel_hash": "0123456789abcdef", "holder": "host-a:4242:0123456789ab", "state": "done",
          "lease_expires_at": _CREATED, "trials": 96, "created_at": _CREATED, "updated_at": _CREATED},
     ],

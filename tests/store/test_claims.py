@@ -178,9 +178,9 @@ def _golden_0001(db_url: str) -> None:
     engine.dispose()
 
 
-def test_0002_upgrades_the_golden_0001_store_and_downgrades(db_url):
+def test_0003_upgrades_the_golden_0001_store_and_downgrades(db_url):
     _golden_0001(db_url)
-    assert upgrade(db_url, "0002_key_claims") == "0002_key_claims"
+    assert upgrade(db_url, "0003") == "0003"
     assert {"flashtune_key_claims", "flashtune_store_info"} <= _tables(db_url)
     upgrade(db_url)
     with Store(db_url) as store:

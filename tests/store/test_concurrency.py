@@ -69,7 +69,7 @@ def test_concurrent_writers_lose_nothing_and_keep_the_fastest(db_url):
         for i, seq_len in enumerate(SHARED_SEQ_LENS):
             fastest = min(_time_ms(w, r) for w in range(WORKERS) for r in range(i, ROUNDS, len(SHARED_SEQ_LENS)))
             assert table[key(seq_len)].time_ms == fastest, seq_len
-        assert sorted(k.seq_len for k in table) == sorted([*SHARED_SEQ_LENS, *(1 << (16 + w) for w in range(WORKERS))])
+        assert sorted(k.seq_q for k in table) == sorted([*SHARED_SEQ_LENS, *(1 << (16 + w) for w in range(WORKERS))])
         assert store.list_gpus() == [H200]
     if db_url.startswith("sqlite"):
         assert _integrity(db_url) == "ok"
@@ -161,7 +161,7 @@ def test_a_writer_killed_at_any_moment_keeps_every_commit(db_url, kill_after):
         assert ids[:kill_after] == reported and len(ids) <= kill_after + 1  # the last one may be committed unreported
         # save i follows trial i and precedes trial i + 1: every save before the last trial
         # committed, the last one may have; each key holds its last (fastest) committed save
-        held = {r.key.seq_len: r.time_ms for r in store.list_results()}
+        held = {r.key.seq_q: r.time_ms for r in store.list_results()}
         assert held in (_saved(len(ids) - 1), _saved(len(ids))), held
         store.upsert_gpu(H200)  # and it takes writes
 

@@ -97,7 +97,8 @@ def _golden_database(db_url: str, revision: str) -> None:
 
 
 def _row_key(row: dict) -> TuningKey:
-    return TuningKey("NVIDIA H200@sm90", row["dtype"], row["head_dim"], row["seq_len"], row["causal"], row["pass"])
+    """The key of a golden row (a row of 0001 has seq_len: a key of the standard grid)."""
+    return TuningKey.from_dict(row, gpu="NVIDIA H200@sm90")
 
 
 def test_golden_files_match_their_rows():
@@ -133,6 +134,9 @@ def test_a_golden_database_upgrades_to_head_with_every_row(db_url, revision):
             assert (stored.time_ms, stored.tflops, stored.default_time_ms, stored.error, stored.n_trials) == (
                 row["time_ms"], row["tflops"], row["default_time_ms"], row["error"], row["n_trials"])
             assert stored.provenance.kernel_hash == row["kernel_hash"]
+            # rows of 0001 ran Triton; 0002 stores the runner and every runner's time
+            assert stored.runner == row.get("runner", "triton")
+            assert stored.runner_times == (json.loads(row["runner_times"]) if row.get("runner_times") else None)
             assert stored.created_at == datetime(2026, 11, 29, 12, tzinfo=timezone.utc)
         trial_rows = ROWS[revision]["flashtune_trials"]
         trials = store.trials_for(_row_key(trial_rows[0]))
@@ -141,6 +145,35 @@ def test_a_golden_database_upgrades_to_head_with_every_row(db_url, revision):
         assert store.save_result(result(key(8192)))
         store.record_trial(key(8192), config_for("fwd"), Outcome("ok", time_ms=1.0), provenance=provenance())
         assert len(store.load_table(H200)) == len(expected) + 1
+
+
+def test_rows_of_0001_become_keys_of_the_grid_they_were_tuned_on(db_url):
+    _golden_database(db_url, "0001")
+    upgrade(db_url)
+    with Store(db_url) as store:
+        keys = sorted(store.load_table(H200), key=lambda k: k.head_dim)
+        trial_keys = {t.key for t in store.trials_for(keys[0])} | {t.key for t in store.trials_for(keys[1])}
+    # bf16 d128 n4096: 4 x 16 heads of the grid; fp16 d64 n1024: 16 x 32 heads
+    assert [(k.head_dim, k.seq_q, k.seq_k, k.group, k.batch_heads) for k in keys] == [
+        (64, 1024, 1024, 1, 512), (128, 4096, 4096, 1, 64)]
+    assert all(k.is_grid for k in keys) and trial_keys <= set(keys) and len(trial_keys) == 1
+
+
+def test_the_downgrade_to_0001_keeps_the_grid_rows_and_drops_the_others(db_url):
+    from alembic import command
+
+    _golden_database(db_url, "0002")
+    command.downgrade(migrations.alembic_config(resolve_url(db_url)), "0001")
+    engine = _engine(db_url)
+    with engine.connect() as connection:
+        rows = connection.execute(sa.text(
+            "SELECT head_dim, seq_len, causal FROM flashtune_tuned_results ORDER BY id")).all()
+        trials = connection.execute(sa.text("SELECT count(*) FROM flashtune_trials")).scalar()
+    engine.dispose()
+    assert [tuple(r) for r in rows] == [(128, 4096, True)] and trials == 0  # the decode key had no 0001 form
+    assert upgrade(db_url) == head_revision()
+    with Store(db_url) as store:
+        assert [k.seq_q for k in store.load_table(H200)] == [4096]
 
 
 # -- schema mismatches ------------------------------------------------------------------------

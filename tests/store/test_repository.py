@@ -82,15 +82,15 @@ def test_list_and_delete_filter_on_every_key_field(store):
     store.save_result(result(key(gpu=A100), gpu=A100))
     assert len(store.list_results()) == len(keys) + 1
     assert [r.key for r in store.list_results(ResultFilter(gpu=A100.key))] == [key(gpu=A100)]
-    chosen = ResultFilter(gpu=H200.key, dtype="float16", head_dim=128, seq_len=2048, causal=True, pass_="bwd")
+    chosen = ResultFilter(gpu=H200.key, dtype="float16", head_dim=128, seq_q=2048, causal=True, pass_="bwd")
     assert [r.key for r in store.list_results(chosen)] == [key(2048, dtype="float16", head_dim=128, pass_="bwd")]
     listed = store.list_results(ResultFilter(causal=False, pass_="fwd"))
     assert {(r.key.causal, r.key.pass_) for r in listed} == {(False, "fwd")} and len(listed) == len(keys) // 4
 
-    assert store.delete_results(ResultFilter(dtype="float16", seq_len=256)) == len(keys) // 4
+    assert store.delete_results(ResultFilter(dtype="float16", seq_q=256)) == len(keys) // 4
     left = store.list_results()
     assert len(left) == len(keys) - len(keys) // 4 + 1
-    assert not [r for r in left if r.key.dtype == "float16" and r.key.seq_len == 256]
+    assert not [r for r in left if r.key.dtype == "float16" and r.key.seq_q == 256]
     assert store.delete_results(ResultFilter(gpu="no such GPU@sm00")) == 0
     assert store.delete_results(ResultFilter()) == len(left)
     assert store.list_results() == []
@@ -129,14 +129,14 @@ def test_import_is_all_or_nothing(store):
     batch = [result(key(n), 0.5) for n in (256, 512, 1024)]
     with pytest.raises(StoreError, match="already has a result"):
         store.import_results(batch)  # on_conflict="error": the 512 row exists
-    assert [r.key.seq_len for r in store.list_results()] == [512]
+    assert [r.key.seq_q for r in store.list_results()] == [512]
     with pytest.raises(ValueError, match="appears twice"):
         store.import_results([result(key(256)), result(key(256))])
     with pytest.raises(ValueError, match=r"results\[1\].*time_ms"):
         store.import_results([result(key(256)), result(key(2048), -1.0)])
     with pytest.raises(ValueError, match="on_conflict"):
         store.import_results(batch, on_conflict="merge")
-    assert [r.key.seq_len for r in store.list_results()] == [512]
+    assert [r.key.seq_q for r in store.list_results()] == [512]
 
 
 @pytest.mark.parametrize(
@@ -230,7 +230,7 @@ def test_record_trial_needs_a_recorded_gpu(store, db_url):
 def test_a_row_with_a_bad_config_is_rejected_on_load(store, db_url):
     store.save_result(result(key(512)))
     store.save_result(result(key(1024)))
-    _execute(db_url, "UPDATE flashtune_tuned_results SET config = :config WHERE seq_len = 1024",
+    _execute(db_url, "UPDATE flashtune_tuned_results SET config = :config WHERE seq_q = 1024",
              config='{"BLOCK_M": 48, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3}')
     with pytest.raises(StoreError, match=r"tuned result #\d+ \(fwd bfloat16 d64 n1024 causal on NVIDIA H200@sm90\) "
                                          r"has an invalid config .*BLOCK_M"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import sqlite3
 import subprocess
@@ -40,7 +41,7 @@ def _served(url) -> tuple[list[str], float, str]:
     from flashtune import get_tuned_attention
     from flashtune.dispatch import DispatchWarning
 
-    q = torch.randn(1, 1, 16, 16)
+    q = torch.randn(1, 2, 16, 16)  # the interpreter demo shape: batch x heads of its grid keys
     started = time.monotonic()
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -94,8 +95,10 @@ def test_a_wal_store_in_a_read_only_directory_is_read(tmp_path):
     folder.mkdir()
     db = folder / "tuned.db"
     _fill(db)
-    assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    with contextlib.closing(sqlite3.connect(db)) as connection:  # closed: an open one keeps -wal and -shm there
+        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     before = sorted(p.name for p in folder.iterdir())
+    assert before == ["tuned.db"]  # as baked into an image: no WAL index that a reader could use
     with _read_only_directory(folder):
         messages, seconds, source = _served(db)
         listed = _cli("list", "--db", db, "--csv")
@@ -103,7 +106,7 @@ def test_a_wal_store_in_a_read_only_directory_is_read(tmp_path):
     # on 3a7812e: "cannot read tuned configs ... unable to open database file", heuristic configs
     assert (messages, source) == ([], "tuned exact") and seconds < 2
     assert listed.exit_code == 0, listed.output
-    assert [line.split(",")[3] for line in listed.stdout.splitlines()] == ["seq_len", "16", "32"]
+    assert [line.split(",")[3] for line in listed.stdout.splitlines()] == ["seq_q", "16", "32"]
     assert info.exit_code == 0 and '"tuned_results": 2' in info.stdout, info.output
     assert sorted(p.name for p in folder.iterdir()) == before
 
@@ -149,7 +152,7 @@ def test_a_lock_held_elsewhere_costs_the_dispatcher_at_most_a_second(db_url, mon
     from flashtune.cli import _common
 
     _fill(db_url)
-    monkeypatch.setattr(_common, "LOCK_TIMEOUT_S", 0.5, raising=False)
+    monkeypatch.setattr(_common, "LOCK_TIMEOUT_S", 0.5)  # the CLI's own (10 s), shortened here
     with _lock_held(db_url) as holder:
         messages, seconds, source = _served(db_url)
         listed = _cli("list", "--db", db_url)
@@ -173,7 +176,7 @@ def test_a_damaged_row_is_skipped_and_named_and_the_rest_served(db_url):
     engine = sa.create_engine(db_url)
     damaged = '{"BLOCK_M": 16, "BLOCK_N" 16}' if db_url.startswith("sqlite") else '{"BLOCK_M": "sixteen"}'
     with engine.begin() as connection:  # PostgreSQL's JSON type refuses text that is not JSON
-        row = connection.execute(sa.text("SELECT id FROM flashtune_tuned_results WHERE seq_len = 32")).scalar()
+        row = connection.execute(sa.text("SELECT id FROM flashtune_tuned_results WHERE seq_q = 32")).scalar()
         connection.execute(sa.text("UPDATE flashtune_tuned_results SET config = :c WHERE id = :i"),
                            {"c": damaged, "i": row})
     engine.dispose()
@@ -185,9 +188,36 @@ def test_a_damaged_row_is_skipped_and_named_and_the_rest_served(db_url):
                               f"tuned result #{row} (fwd float32 d16 n32 full on {HERE.key}) has ")
     listed = _cli("list", "--db", db_url, "--csv")
     assert listed.exit_code == 0, listed.output
-    assert [line.split(",")[3] for line in listed.stdout.splitlines()] == ["seq_len", "16"]
+    assert [line.split(",")[3] for line in listed.stdout.splitlines()] == ["seq_q", "16"]
     assert listed.stderr.startswith(f"warning: skipped tuned result #{row} (fwd float32 d16 n32 full on {HERE.key})")
     assert "`flashtune delete`" in listed.stderr
+
+
+def test_a_stored_value_that_would_break_output_is_a_damaged_row(db_url):
+    """A row written before the bounds (or around the store) whose speed-up overflows:
+    skipped and named like a damaged one, so `list --json` still prints the rest (issue 17,
+    item 6: on 3a7812e, and at 08c9c77 for rows already stored, `Out of range float values
+    are not JSON compliant` for the whole store)."""
+    _fill(db_url)
+    engine = sa.create_engine(db_url)
+    with engine.begin() as connection:
+        row = connection.execute(sa.text("SELECT id FROM flashtune_tuned_results WHERE seq_q = 32")).scalar()
+        connection.execute(sa.text("UPDATE flashtune_tuned_results SET time_ms = 1e-6, default_time_ms = 1e308 "
+                                   "WHERE id = :i"), {"i": row})
+    engine.dispose()
+    where = f"tuned result #{row} (fwd float32 d16 n32 full on {HERE.key})"
+    because = ("holds a value flashtune cannot show or serve (default_time_ms: expected a finite number >= 1e-06 "
+               "and <= 1e+07, got 1e+308); delete it with `flashtune delete` or tune that key again")
+    messages, seconds, source = _served(db_url)
+    assert source == "tuned exact" and seconds < 2
+    assert messages == [f"flashtune skips a damaged row in {sa.make_url(db_url).render_as_string()}: {where} "
+                        f"{because}"]
+    listed = _cli("list", "--db", db_url, "--json")
+    assert listed.exit_code == 0, listed.output
+    assert [r["seq_q"] for r in json.loads(listed.stdout)] == [16]
+    assert listed.stderr.startswith(f"warning: skipped {where} {because}\n")
+    shown = _cli("show", "--db", db_url, "--seq-len", "16", "--json")
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["result"]["seq_q"] == 16, shown.output
 
 
 def test_a_url_that_asks_for_read_only_gets_it(tmp_path):
@@ -202,3 +232,22 @@ def test_a_url_that_asks_for_read_only_gets_it(tmp_path):
             with pytest.raises(StoreError, match="readonly database"):
                 store.delete_results(ResultFilter())
         assert _served(url)[::2] == ([], "tuned exact")
+
+
+# -- a torn Optuna journal next to the store ------------------------------------------------
+
+def test_a_torn_journal_next_to_the_store_costs_the_dispatcher_and_list_nothing(tmp_path):
+    """The journal is the search's alone (tests/autotuner/test_storage_faults.py repairs it
+    and the search names it): the dispatcher and the reading commands never open it."""
+    db = tmp_path / "tuned.db"
+    _fill(db)
+    journal = tmp_path / "optuna-journal.log"
+    journal.write_bytes(b'{"op_code": 0, "worker_id": "w", "study_name": "s", "directions": [1]}\n{"op_code": 4, "wor')
+    torn = journal.read_bytes()
+    messages, seconds, source = _served(db)
+    assert (messages, source) == ([], "tuned exact") and seconds < 2
+    listed = _cli("list", "--db", db, "--csv")
+    assert (listed.exit_code, listed.stderr) == (0, "")
+    assert [line.split(",")[3] for line in listed.stdout.splitlines()] == ["seq_q", "16", "32"]
+    assert journal.read_bytes() == torn and sorted(p.name for p in tmp_path.iterdir()) == [
+        "optuna-journal.log", "tuned.db"]

@@ -1,7 +1,7 @@
 """Key claims with leases, and the store's identity.
 
-Revision ID: 0002_key_claims
-Revises: 0001
+Revision ID: 0003
+Revises: 0002
 Create Date: 2026-12-01
 
 ``flashtune_key_claims``: one row per tuning key that a search claimed: the key's
@@ -19,8 +19,8 @@ Frozen: this file states the tables it makes and never imports flashtune's model
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_key_claims"
-down_revision = "0001"
+revision = "0003"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 

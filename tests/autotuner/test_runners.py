@@ -1,0 +1,85 @@
+"""SDPA's backends as runners: the search times them beside the Triton winner under the same
+correctness gate and timer, stores the fastest as the key's runner, and keeps the Triton
+figures apart (flashtune.runners)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from autotuner_helpers import key, tiny_space
+
+from flashtune import runners
+from flashtune.autotuner import search
+from flashtune.autotuner.trial import KeyBench
+from flashtune.kernels.config import FwdConfig
+from flashtune.store import Store
+
+CPU = torch.device("cpu")
+FAST = dict(device="cpu", trial_timeout=120, finalists=2, rounds=1)
+
+
+@pytest.mark.parametrize(("times", "expected"), [
+    ({"triton": 1.0, "sdpa-cudnn": 0.5, "sdpa-flash": 0.7}, "sdpa-cudnn"),
+    ({"triton": 0.4, "sdpa-cudnn": 0.5}, "triton"),
+    ({"triton": 0.5, "sdpa-cudnn": 0.5}, "triton"),  # a tie keeps the kernels
+    ({"triton": None, "sdpa-flash": 0.5}, "sdpa-flash"),
+    ({"triton": 1.0, "sdpa-flash": None}, "triton"),
+    ({}, "triton"),
+])
+def test_the_fastest_runner_wins_and_triton_keeps_ties(times, expected):
+    assert runners.fastest(times) == expected
+
+
+def test_a_bad_runner_is_named():
+    with pytest.raises(ValueError, match="runner: expected one of triton, sdpa-cudnn, sdpa-flash, sdpa-efficient"):
+        runners.check_runner("sdpa-math")
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_race_times_the_backends_that_run_and_pass_the_check(pass_):
+    k = dataclasses.replace(key(pass_, "float32", seq_len=16, causal=True), group=2, batch_heads=2)
+    bench = KeyBench(k, CPU)
+    winner = FwdConfig(16, 16, 4, 1) if pass_ == "fwd" else None
+    if winner is None:
+        from flashtune.kernels.config import BwdConfig
+
+        winner = BwdConfig(16, 16, 16, 16, 4, 1)
+    times = bench.race(winner, FwdConfig(16, 16, 4, 1) if pass_ == "bwd" else None, rounds=2)
+    assert set(times) == set(runners.RUNNERS)
+    # the CPU has SDPA's flash backend, not cuDNN's or the memory-efficient one
+    assert times["triton"] > 0 and times["sdpa-flash"] > 0
+    assert times["sdpa-cudnn"] is None and times["sdpa-efficient"] is None
+
+
+def test_race_refuses_a_backend_that_gets_the_answer_wrong(monkeypatch):
+    bench = KeyBench(key("fwd", "float32", seq_len=16, causal=False), CPU)
+    real = runners.sdpa
+
+    def wrong(name, q, k, v, **kwargs):
+        return real(name, q, k, v, **kwargs) * 1.01  # 1 % off: far outside fp32's allowance
+
+    monkeypatch.setattr(runners, "sdpa", wrong)
+    times = bench.race(FwdConfig(16, 16, 4, 1), None, rounds=1)
+    assert times["triton"] > 0 and times["sdpa-flash"] is None
+
+
+def test_a_search_stores_the_fastest_runner_and_the_triton_figures_apart(tmp_path, monkeypatch):
+    tiny_space(monkeypatch, "fwd", {"BLOCK_M": [16], "BLOCK_N": [16], "num_warps": [4], "num_stages": [1]})
+    tiny_space(monkeypatch, "bwd", {"BLOCK_M1": [16], "BLOCK_N1": [16], "BLOCK_M2": [16], "BLOCK_N2": [16],
+                                    "num_warps": [4], "num_stages": [1]})
+    keys = [key("fwd", "float32", seq_len=16, causal=True), key("bwd", "float32", seq_len=16, causal=True)]
+    summary = search(keys, db=tmp_path / "t.db", trials=2, sdpa=True, **FAST)
+    with Store(tmp_path / "t.db") as store:
+        table = store.load_table(keys[0].gpu)
+    for r in summary.results:
+        stored = table[r.key]
+        assert r.status == "tuned" and stored.runner == r.runner
+        assert set(stored.runner_times) == {"triton", "sdpa-flash"}  # what runs on the CPU
+        assert stored.runner == runners.fastest(stored.runner_times)
+        assert isinstance(stored.config, type(r.winner)) and stored.time_ms == r.time_ms  # Triton's own figures
+    # without sdpa (the interpreter's default), only the kernels run
+    plain = search([key("fwd", "float32", seq_len=16, causal=False)], db=tmp_path / "t.db", trials=1, **FAST)
+    (r,) = plain.results
+    assert (r.runner, r.runner_times) == ("triton", None)
