@@ -27,8 +27,8 @@ def test_an_emptied_version_table_is_reported_with_its_repair(db_url):
     with engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM flashtune_alembic_version"))
     shown = sa.make_url(db_url).render_as_string(hide_password=True)
-    problem = (f"the database at {shown} has flashtune's tables (flashtune_gpus, flashtune_trials, "
-               f"flashtune_tuned_results; 1 tuned result) but no flashtune_alembic_version table with a "
+    problem = (f"the database at {shown} has flashtune's tables (flashtune_gpus, flashtune_recorded_calls, "
+               f"flashtune_trials, flashtune_tuned_results; 1 tuned result) but no flashtune_alembic_version table with a "
                "revision in it, so their schema is unknown: restore the database from a backup; if this flashtune "
                f"wrote it (schema {HEAD}), record that revision with the SQL `INSERT INTO flashtune_alembic_version "
                f"(version_num) VALUES ('{HEAD}')` and check with `flashtune db current`")
