@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from flashtune import runners
+from flashtune import recording, runners
 from flashtune.kernels import (
     BwdConfig,
     ConfigError,
@@ -237,6 +237,7 @@ class _Plan:
     reason: str | None = None
     causal: bool = False
     causal_align: str = "top_left"
+    counter: recording.Counter | None = None  # recording: this signature's calls
 
     @classmethod
     def sdpa(cls, reason: str) -> _Plan:
@@ -266,13 +267,21 @@ class TunedAttention:
     Made by ``get_tuned_attention()``; see the module docstring for the rules.
     """
 
-    def __init__(self, db=None, *, device=None, strict: bool = False) -> None:
+    def __init__(self, db=None, *, device=None, strict: bool = False, record: bool | None = None) -> None:
         if db is None:  # the store's default, without creating its directory
             db = os.environ.get(ENV_VAR) or default_path()
         self.url = resolve_url(db)
         self.device = resolve_device(device)
         self.strict = strict
+        if record is None:
+            record = os.environ.get(recording.ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on")
+        self._recorder = recording.Recorder(self.url) if record else None
         self.reload()
+
+    def flush_recorded(self) -> None:
+        """Write the recorded call signatures and their call counts now (also done at exit)."""
+        if self._recorder is not None:
+            self._recorder.flush()
 
     def __repr__(self) -> str:
         return f"TunedAttention(db={show_url(self.url)!r}, device={str(self.device)!r}, strict={self.strict})"
@@ -289,6 +298,8 @@ class TunedAttention:
         if torch.compiler.is_compiling():
             return self._traced_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         plan = self._plan(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if plan.counter is not None:
+            plan.counter.calls += 1
         if plan.reason is not None:
             if self.strict:
                 raise ValueError(f"flashtune cannot run this attention call (strict=True): {plan.reason}")
@@ -366,11 +377,27 @@ class TunedAttention:
             if plan is not None:
                 return plan
         plan = self._new_plan(snapshot, query, key, value, is_causal, scale, enable_gqa, align)
+        if self._recorder is not None and plan.reason is None:
+            plan = self._note(plan, query, key)
         if signature is not None:
             if len(snapshot.plans) >= _MAX_PLANS:
                 snapshot.plans.clear()
             snapshot.plans[signature] = plan
         return plan
+
+    def _note(self, plan: _Plan, query, key) -> _Plan:
+        """Recording: the plan with its signature's counter; the passes without a tuned key of
+        their own are noted (the backward only for a call that needs gradients)."""
+        passes = [("fwd", plan.choice.fwd_source)]
+        if query.requires_grad or key.requires_grad:
+            passes.append(("bwd", plan.choice.bwd_source))
+        gpu = GpuInfo.from_device(query.device)
+        keys = [call_key(gpu.key, pass_, query, key, plan.causal) for pass_, source in passes
+                if source != "tuned exact"]
+        if not keys:
+            return plan
+        counter = self._recorder.note(gpu, keys, query.shape[0], query.shape[1], key.shape[1])
+        return dataclasses.replace(plan, counter=counter)
 
     def _new_plan(self, snapshot: _Snapshot, query, key, value, is_causal, scale, enable_gqa,
                   align: str = "top_left") -> _Plan:
@@ -437,7 +464,7 @@ def _causal_bias_align(attn_mask, query, key, is_causal: bool) -> str | None:
     return {CausalVariant.UPPER_LEFT: "top_left", CausalVariant.LOWER_RIGHT: "bottom_right"}.get(attn_mask.variant)
 
 
-def get_tuned_attention(db=None, *, device=None, strict: bool = False) -> TunedAttention:
+def get_tuned_attention(db=None, *, device=None, strict: bool = False, record: bool | None = None) -> TunedAttention:
     """A drop-in for ``torch.nn.functional.scaled_dot_product_attention`` that runs
     flashtune's kernels with the configs tuned for this GPU.
 
@@ -451,6 +478,8 @@ def get_tuned_attention(db=None, *, device=None, strict: bool = False) -> TunedA
     again to see new rows) and never during calls. An unusable database warns once and
     serves the heuristic defaults; only a ``db`` that is no database URL or path raises
     (``StoreError``). ``fn.explain(q, k, v, is_causal=...)`` says which configs a call
-    would use and why; ``fn.reload()`` re-reads the table.
+    would use and why; ``fn.reload()`` re-reads the table. ``record`` (default: the
+    ``FLASHTUNE_RECORD`` environment variable): note the calls without a tuned key of their
+    own in the store, for ``flashtune search --recorded`` (``flashtune.recording``).
     """
-    return TunedAttention(db, device=device, strict=strict)
+    return TunedAttention(db, device=device, strict=strict, record=record)

@@ -1,6 +1,6 @@
 """The key tells shapes apart: seq_len becomes seq_q, and seq_k, group (query heads per
 key/value head) and batch_heads (batch x query heads, bucketed to a power of two) join it.
-A tuned result also names its runner (flashtune's Triton kernels, or an SDPA backend that
+A table of recorded calls (flashtune.recording) is new. A tuned result also names its runner (flashtune's Triton kernels, or an SDPA backend that
 was faster) and the times of every runner measured (JSON); 0001's rows ran Triton.
 
 Rows written under 0001 were tuned on the standard grid: square (seq_k = seq_q), no grouped
@@ -89,10 +89,41 @@ def upgrade() -> None:
     with op.batch_alter_table("flashtune_tuned_results") as batch:
         batch.alter_column("runner", existing_type=sa.String(32), nullable=False)
         batch.create_check_constraint("ck_flashtune_tuned_results_runner", f'"runner" IN ({RUNNERS})')
+    op.create_table(
+        "flashtune_recorded_calls",
+        sa.Column("id", sa.Integer(), primary_key=True),
+        sa.Column("gpu_id", sa.Integer(), nullable=False),
+        sa.Column("dtype", sa.String(16), nullable=False),
+        sa.Column("head_dim", sa.Integer(), nullable=False),
+        sa.Column("seq_q", sa.Integer(), nullable=False),
+        sa.Column("seq_k", sa.Integer(), nullable=False),
+        sa.Column("group", sa.Integer(), nullable=False),
+        sa.Column("batch_heads", sa.Integer(), nullable=False),
+        sa.Column("causal", sa.Boolean(), nullable=False),
+        sa.Column("pass", sa.String(8), nullable=False),
+        sa.Column("batch", sa.Integer(), nullable=False),
+        sa.Column("heads_q", sa.Integer(), nullable=False),
+        sa.Column("heads_kv", sa.Integer(), nullable=False),
+        sa.Column("calls", sa.BigInteger(), nullable=False),
+        sa.Column("first_seen", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("last_seen", sa.DateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(["gpu_id"], ["flashtune_gpus.id"], name="fk_flashtune_recorded_calls_gpu_id"),
+        sa.CheckConstraint("\"dtype\" IN ('float16', 'bfloat16', 'float32')", name="ck_flashtune_recorded_calls_dtype"),
+        sa.CheckConstraint("head_dim > 0", name="ck_flashtune_recorded_calls_head_dim"),
+        sa.CheckConstraint("seq_q > 0", name="ck_flashtune_recorded_calls_seq_q"),
+        sa.CheckConstraint("seq_k > 0", name="ck_flashtune_recorded_calls_seq_k"),
+        sa.CheckConstraint('"group" > 0', name="ck_flashtune_recorded_calls_group"),
+        sa.CheckConstraint("batch_heads > 0", name="ck_flashtune_recorded_calls_batch_heads"),
+        sa.CheckConstraint("\"pass\" IN ('fwd', 'bwd')", name="ck_flashtune_recorded_calls_pass"),
+        sa.CheckConstraint("batch > 0 AND heads_q > 0 AND heads_kv > 0", name="ck_flashtune_recorded_calls_shape"),
+        sa.CheckConstraint("calls >= 0", name="ck_flashtune_recorded_calls_calls"),
+        sa.UniqueConstraint(*NEW_KEY, "batch", "heads_q", "heads_kv", name="uq_flashtune_recorded_calls_call"),
+    )
 
 
 def downgrade() -> None:
     connection = op.get_bind()
+    op.drop_table("flashtune_recorded_calls")
     with op.batch_alter_table("flashtune_tuned_results") as batch:
         batch.drop_constraint("ck_flashtune_tuned_results_runner", type_="check")
         batch.drop_column("runner_times")

@@ -63,7 +63,9 @@ def _stale_note(results) -> str | None:
 @filter_options
 @db_option
 @output_options
-def list_command(where, db, as_json, as_csv):
+@click.option("--recorded", is_flag=True, help="List the calls get_tuned_attention(record=True) recorded without a "
+              "tuned key of their own, with their call counts (`flashtune search --recorded` tunes them).")
+def list_command(where, db, as_json, as_csv, recorded):
     """List the tuned results, filtered by key fields.
 
     \b
@@ -77,6 +79,9 @@ def list_command(where, db, as_json, as_csv):
       flashtune list --json
     """
     check_one_format(as_json, as_csv)
+    if recorded:
+        _list_recorded(where, db, as_json, as_csv)
+        return
     with open_store(db) as store:
         results = read_results(store, where)
     if as_json:
@@ -93,6 +98,36 @@ def list_command(where, db, as_json, as_csv):
         note = _stale_note(results)
         if note:
             click.echo(note, err=True)
+
+
+RECORDED_COLUMNS = ("gpu", "pass", "dtype", "d", "nq", "nk", "g", "bh", "mask", "B", "Hq", "Hkv", "calls", "tuned")
+
+
+def _list_recorded(where, db, as_json: bool, as_csv: bool) -> None:
+    with open_store(db) as store:
+        calls = [c for c in store.recorded_calls(where.gpu) if _matches(where, c.key)]
+        tuned = {key for gpu in {c.key.gpu for c in calls} for key in store.load_table(gpu, damaged=[])}
+    records = [{**c.key.as_dict(), "batch": c.batch, "heads_q": c.heads_q, "heads_kv": c.heads_kv, "calls": c.calls,
+                "tuned": c.key in tuned, "first_seen": _iso(c.first_seen), "last_seen": _iso(c.last_seen)}
+               for c in calls]
+    if as_json:
+        echo_json(records)
+    elif as_csv:
+        columns = list(records[0]) if records else ["gpu", "dtype", "head_dim", "seq_q", "seq_k", "calls"]
+        echo_csv(columns, [[rec[c] for c in columns] for rec in records])
+    elif not calls:
+        click.echo(f"no recorded calls ({where.describe()}): run the model with get_tuned_attention(record=True) "
+                   "or FLASHTUNE_RECORD=1", err=True)
+    else:
+        rows = [[*key_cells(c.key), c.batch, c.heads_q, c.heads_kv, c.calls, "yes" if c.key in tuned else "no"]
+                for c in calls]
+        click.echo(format_table(RECORDED_COLUMNS, rows))
+
+
+def _matches(where, key) -> bool:
+    """Whether a key passes the filters (the store applies them to results; recorded calls here)."""
+    return all(getattr(where, name) is None or getattr(where, name) == getattr(key, name)
+               for name in FILTER_OPTIONS if name != "gpu")
 
 
 def _runner_cell(result) -> str:

@@ -42,6 +42,8 @@ TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall cl
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --model: the tensor-parallel degree (each GPU runs heads / tp query heads).")
 @click.option("--list-models", is_flag=True, help="List the --model presets and exit.")
+@click.option("--recorded", is_flag=True, help="Tune the calls get_tuned_attention(record=True) recorded on this GPU "
+              "(`flashtune list --recorded` shows them).")
 @click.option("--trials", type=click.IntRange(min=1), metavar="N",
               help=f"Configs measured per key. [default: {DEFAULT_TRIALS}; interpreter: {DEMO_TRIALS}]")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
@@ -66,9 +68,9 @@ TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall cl
 @click.option("--progress/--no-progress", default=None, help="Show progress on stderr: a bar on a terminal, else "
               "one line per trial and per key with an ETA (for logs). [default: on, off with --json]")
 @click.option("--json", "as_json", is_flag=True, help="Output the summary as JSON.")
-def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, models, tp, list_models, trials, timeout,
-                   trial_timeout, db, storage, revalidate, force, sdpa, interpreter, device, devices, seed, progress,
-                   as_json):
+def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, models, tp, list_models, recorded, trials,
+                   timeout, trial_timeout, db, storage, revalidate, force, sdpa, interpreter, device, devices, seed,
+                   progress, as_json):
     """Tune kernel configs for this GPU and store the winners.
 
     By default: the common LLM shapes (head dims 64 and 128, bfloat16, sequence
@@ -97,11 +99,11 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, mod
     if list_models:
         _list_models(as_json)
         return
-    shaped = shapes_file is not None or bool(models)
+    shaped = shapes_file is not None or bool(models) or recorded
     grid_given = [name for name, value in (("--head-dim", head_dims), ("--dtype", dtypes), ("--seq-len", seq_lens),
                                            ("--causal/--full", causal is not None), ("--pass", passes)) if value]
     if shaped and (grid_given or revalidate):
-        raise click.UsageError(f"--shapes and --model name the calls themselves; leave out "
+        raise click.UsageError(f"--shapes, --model and --recorded name the calls themselves; leave out "
                                f"{', '.join(grid_given or ['--revalidate'])}")
     if tp != 1 and not models:
         raise click.UsageError("--tp applies to --model")
@@ -125,6 +127,8 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, mod
             found, stored = _stored_keys(db, each.key, head_dims, dtypes, seq_lens, causal, passes)
             keys += found
             before.update(stored)
+        elif recorded:
+            keys += _recorded_keys(db, each.key)
         elif shaped:
             keys += shape_keys(each.key, shapes_file, models, tp)
         else:
@@ -223,6 +227,15 @@ def shape_keys(gpu_key: str, shapes_file, models, tp: int) -> list:
         raise click.BadParameter(str(e), param_hint=f"'{option}'") from None
     return list(dict.fromkeys(TuningKey.for_shape(gpu_key, shape, pass_) for shape in shapes
                               for pass_ in shape.passes))
+
+
+def _recorded_keys(db, gpu_key: str) -> list:
+    with open_store(db) as store:
+        keys = list(dict.fromkeys(c.key for c in store.recorded_calls(gpu_key)))
+    if not keys:
+        raise click.ClickException(f"no recorded calls for {gpu_key}: run the model once with "
+                                   "get_tuned_attention(record=True) or FLASHTUNE_RECORD=1, then search again")
+    return keys
 
 
 def _list_models(as_json: bool) -> None:

@@ -190,3 +190,27 @@ class StoreInfo(Base):
 
     name: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
     value: Mapped[str] = mapped_column(sa.Text)
+
+
+class RecordedCallRow(KeyColumns, Base):
+    """A call signature the dispatcher served without a tuned key of its own (flashtune.recording)."""
+
+    __tablename__ = "flashtune_recorded_calls"
+    __table_args__ = (
+        sa.UniqueConstraint("gpu_id", *KEY_COLUMNS, "batch", "heads_q", "heads_kv",
+                            name="uq_flashtune_recorded_calls_call"),
+        *_key_constraints("flashtune_recorded_calls"),
+        *_checks(
+            "flashtune_recorded_calls",
+            shape="batch > 0 AND heads_q > 0 AND heads_kv > 0",
+            calls="calls >= 0",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    batch: Mapped[int]
+    heads_q: Mapped[int]
+    heads_kv: Mapped[int]
+    calls: Mapped[int] = mapped_column(sa.BigInteger)
+    first_seen: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), default=utcnow)

@@ -19,7 +19,7 @@ from flashtune.store.engine import (ENV_VAR, asks_read_only, cannot_write, creat
                                     resolve_url, show_url, sqlite_path, transaction, use_wal, wrap_errors)
 from flashtune.store.errors import StoreError
 from flashtune.store.migrations import database_revision, head_revision, migrate, schema_error, unversioned_check
-from flashtune.store.models import KEY_COLUMNS, Gpu, Trial, TunedResult, utcnow
+from flashtune.store.models import KEY_COLUMNS, Gpu, RecordedCallRow, Trial, TunedResult, utcnow
 from flashtune.store.records import (
     ImportSummary,
     ResultFilter,
@@ -215,6 +215,34 @@ class Store:
             pass
         return ImportSummary(**outcomes)
 
+    def record_calls(self, calls) -> None:
+        """Add recorded calls (``flashtune.recording.RecordedCall``; their GPUs recorded):
+        a new signature is inserted, a known one gets its ``calls`` added."""
+        table = RecordedCallRow.__table__
+        with self._transaction(f"record {len(calls)} calls", write=True) as session:
+            for call in calls:
+                values = {**_key_values(call.key, _known_gpu_id(session, call.key.gpu)), "batch": call.batch,
+                          "heads_q": call.heads_q, "heads_kv": call.heads_kv}
+                now = utcnow()
+                query = _insert(session, table).values(**values, calls=call.calls, first_seen=now, last_seen=now)
+                session.execute(query.on_conflict_do_update(
+                    index_elements=["gpu_id", *KEY_COLUMNS, "batch", "heads_q", "heads_kv"],
+                    set_={"calls": table.c.calls + query.excluded.calls, "last_seen": now}))
+
+    def recorded_calls(self, gpu: str | None = None) -> list:
+        """The recorded calls (of one GPU key if given), the most called first."""
+        from flashtune.recording import RecordedCall
+
+        query = sa.select(RecordedCallRow, Gpu.key).join(Gpu, RecordedCallRow.gpu_id == Gpu.id)
+        if gpu is not None:
+            query = query.where(Gpu.key == gpu)
+        with self._transaction("list the recorded calls") as session:
+            rows = session.execute(query.order_by(RecordedCallRow.calls.desc(), RecordedCallRow.id)).all()
+            return [RecordedCall(TuningKey(gpu_key, r.dtype, r.head_dim, r.seq_q, r.causal, r.pass_, seq_k=r.seq_k,
+                                           group=r.group, batch_heads=r.batch_heads),
+                                 r.batch, r.heads_q, r.heads_kv, r.calls, as_utc(r.first_seen), as_utc(r.last_seen))
+                    for r, gpu_key in rows]
+
     def load_table(self, gpu: str | GpuInfo, *, damaged: list[str] | None = None) -> dict[TuningKey, StoredResult]:
         """Every tuned result of one GPU (a ``GpuInfo`` or its key), by tuning key
         (``damaged`` as in ``list_results``)."""
@@ -259,6 +287,7 @@ class Store:
         with self._transaction("clear the store", write=True) as session:
             forget(session)
             session.execute(sa.delete(Trial))
+            session.execute(sa.delete(RecordedCallRow))
             count = session.execute(sa.delete(TunedResult)).rowcount
             session.execute(sa.delete(Gpu))
             return count

@@ -80,6 +80,11 @@ ROWS = {
              **_VERSIONS, "torch_version": "2.13.0", "cuda_version": "13.0",
              "driver_version": "cuda-driver-api 13.0", "created_at": _CREATED, "updated_at": _CREATED},
         ],
+        "flashtune_recorded_calls": [
+            {"id": 1, "gpu_id": 1, "dtype": "bfloat16", "head_dim": 128, "seq_q": 1, "seq_k": 32768, "group": 4,
+             "batch_heads": 32, "causal": False, "pass": "fwd", "batch": 1, "heads_q": 32, "heads_kv": 8,
+             "calls": 4096, "first_seen": _CREATED, "last_seen": _CREATED},
+        ],
         "flashtune_trials": [
             {"id": 1, "gpu_id": 1, "dtype": "bfloat16", "head_dim": 128, "seq_q": 1, "seq_k": 65536, "group": 4,
              "batch_heads": 32, "causal": False, "pass": "fwd",

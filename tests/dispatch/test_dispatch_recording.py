@@ -1,0 +1,118 @@
+"""Recording: get_tuned_attention(record=True) notes each call signature without a tuned key of
+its own once, counts its calls in memory, writes off the calling thread, and `flashtune search
+--recorded` tunes exactly those keys."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import torch
+from click.testing import CliRunner
+from dispatch_samples import FWD_A, qkv
+
+from flashtune.cli import cli
+from flashtune import dispatch
+from flashtune.dispatch import get_tuned_attention
+from flashtune.store import Store
+from flashtune.store import repository
+
+
+def _recorded(db_path):
+    with Store(db_path) as store:
+        return {(c.key.pass_, c.key.seq_q, c.key.seq_k, c.batch, c.heads_q, c.heads_kv): c.calls
+                for c in store.recorded_calls()}
+
+
+def test_each_untuned_signature_is_noted_once_with_its_calls(write, db_path):
+    write(16, "fwd", FWD_A)  # tuned exact for (16, 16): never recorded
+    fn = get_tuned_attention(db_path, record=True)
+    with torch.no_grad():
+        for n_q, n_k, times in ((16, 16, 2), (8, 24, 3), (1, 40, 4)):
+            q, k, v = qkv(n_q, n_k)
+            for _ in range(times):
+                fn(q, k, v)
+    q, k, v = qkv(8, 24, grad=True)
+    fn(q, k, v).sum().backward()  # another call of (8, 24), now with gradients: its bwd key too
+    fn.flush_recorded()
+    assert _recorded(db_path) == {("fwd", 8, 24, 1, 2, 2): 4, ("fwd", 1, 40, 1, 2, 2): 4}
+    assert fn.explain(q, k, v).fwd_source != "tuned exact"
+
+
+def test_a_signature_first_seen_with_gradients_notes_both_passes(db_path):
+    fn = get_tuned_attention(db_path, record=True)
+    q, k, v = qkv(12, grad=True)
+    fn(q, k, v).sum().backward()
+    fn.flush_recorded()
+    assert _recorded(db_path) == {("fwd", 12, 12, 1, 2, 2): 1, ("bwd", 12, 12, 1, 2, 2): 1}
+
+
+def test_eight_threads_record_each_signature_once_and_calls_touch_no_database(db_path, monkeypatch):
+    fn = get_tuned_attention(db_path, record=True)
+    shapes = [(16, 16), (8, 32), (4, 64), (1, 128)]
+    inputs = [qkv(*s) for s in shapes]
+    with torch.no_grad():
+        for q, k, v in inputs:  # first sight of each signature
+            fn(q, k, v)
+    fn.flush_recorded()
+    opened = []
+    real_init = repository.Store.__init__
+
+    def spy(self, *args, **kwargs):
+        opened.append(threading.current_thread().name)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(repository.Store, "__init__", spy)
+    # the Triton interpreter is not thread-safe: the threads' launches are stubbed (what is
+    # under test is the dispatcher's per-call path and the recorder)
+    monkeypatch.setattr(dispatch, "attention_forward", lambda q, k, v, *args, **kwargs: (q, None))
+
+    def work():
+        with torch.no_grad():
+            for _ in range(5):
+                for q, k, v in inputs:
+                    fn(q, k, v)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert opened == []  # no call after a signature's first opened the store
+    fn.flush_recorded()
+    assert opened == ["flashtune-recorder"]  # the flush wrote, off the calling threads
+    calls = _recorded(db_path)
+    assert len(calls) == len(shapes) and all(n == 1 + 8 * 5 for n in calls.values())
+
+
+def test_recording_is_off_by_default_and_on_with_the_environment(db_path, monkeypatch):
+    with torch.no_grad():
+        get_tuned_attention(db_path)(*qkv(16))
+    monkeypatch.setenv("FLASHTUNE_RECORD", "1")
+    fn = get_tuned_attention(db_path)
+    with torch.no_grad():
+        fn(*qkv(20))
+    fn.flush_recorded()
+    assert _recorded(db_path) == {("fwd", 20, 20, 1, 2, 2): 1}
+
+
+def test_list_and_search_recorded(db_path, tmp_path):
+    fn = get_tuned_attention(db_path, record=True)
+    with torch.no_grad():
+        fn(*qkv(8, 24))
+        fn(*qkv(8, 24))
+    fn.flush_recorded()
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["list", "--recorded", "--db", str(db_path), "--json"])
+    assert listed.exit_code == 0, listed.output
+    (row,) = json.loads(listed.stdout)
+    assert (row["pass"], row["seq_q"], row["seq_k"], row["calls"], row["tuned"]) == ("fwd", 8, 24, 2, False)
+    out = runner.invoke(cli, ["search", "--recorded", "--interpreter", "--trials", "1", "--db", str(db_path),
+                              "--storage", str(tmp_path / "journal.log"), "--json", "--no-progress"])
+    assert out.exit_code == 0, out.output
+    assert [(k["seq_q"], k["seq_k"], k["status"]) for k in json.loads(out.stdout)["keys"]] == [(8, 24, "tuned")]
+    listed = runner.invoke(cli, ["list", "--recorded", "--db", str(db_path), "--json"])
+    assert json.loads(listed.stdout)[0]["tuned"] is True
+    assert get_tuned_attention(db_path).explain(*qkv(8, 24)).fwd_source == "tuned exact"
+    table = runner.invoke(cli, ["list", "--recorded", "--db", str(db_path)])
+    assert table.exit_code == 0 and table.output.splitlines()[2].split()[-6:] == ["full", "1", "2", "2", "2", "yes"]
