@@ -128,23 +128,24 @@ class KeyClaims:
 
     def renew(self, key: TuningKey, holder: str, *, lease_s: float) -> bool:
         """Extend ``holder``'s lease on ``key``; False where it holds it no longer."""
-        table = KeyClaim.__table__
-        with self._store._transaction(f"renew the claim on {key.label()}", write=True) as session:
-            now = self._now(session)
-            return session.execute(
-                sa.update(table).where(table.c.key_identity == key_identity(key), table.c.holder == holder,
-                                       table.c.state == "claimed")
-                .values(lease_expires_at=now + timedelta(seconds=lease_s), updated_at=now)).rowcount == 1
+        return self._update_held(f"renew the claim on {key.label()}", key, holder,
+                                 lambda now: {"lease_expires_at": now + timedelta(seconds=lease_s)})
 
     def finish(self, key: TuningKey, holder: str, *, trials: int) -> bool:
         """Mark ``key`` done (its winner is stored) with the budget it was searched with."""
+        return self._update_held(f"mark {key.label()} done", key, holder,
+                                 lambda now: {"state": "done", "trials": trials, "lease_expires_at": now})
+
+    def _update_held(self, action: str, key: TuningKey, holder: str, values) -> bool:
+        """Update ``holder``'s live claim on ``key`` with ``values(now)`` (the database's
+        clock); False where it holds it no longer."""
         table = KeyClaim.__table__
-        with self._store._transaction(f"mark {key.label()} done", write=True) as session:
+        with self._store._transaction(action, write=True) as session:
             now = self._now(session)
             return session.execute(
                 sa.update(table).where(table.c.key_identity == key_identity(key), table.c.holder == holder,
                                        table.c.state == "claimed")
-                .values(state="done", trials=trials, lease_expires_at=now, updated_at=now)).rowcount == 1
+                .values(**values(now), updated_at=now)).rowcount == 1
 
     def release(self, holder: str, key: TuningKey | None = None) -> int:
         """Give back ``holder``'s claims that are not done (one key, or all): their
