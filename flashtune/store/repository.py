@@ -1,4 +1,9 @@
-"""``Store``: the store's operations, each one transaction."""
+"""``Store``: the store's operations, each one transaction.
+
+(Over 400 lines on purpose: every operation on the store's rows is one method of ``Store``,
+so a caller finds all of them in one place; the claims' SQL lives in ``store/claims.py``,
+the rows' checks in ``store/records.py``.)
+"""
 
 from __future__ import annotations
 
