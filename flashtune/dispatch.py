@@ -315,9 +315,11 @@ class TunedAttention:
             try:
                 return runners.sdpa(runner, query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
                                     enable_gqa=enable_gqa)
-            except RuntimeError as e:  # the backend cannot run this call after all: the kernels do
+            except RuntimeError as e:  # the backend cannot run this call after all: the kernels do, from now on
                 _warn_once(f"flashtune's tuned runner {runner} cannot run a call it was chosen for "
                            f"({str(e).splitlines()[0]}); running the Triton kernels instead")
+                mode = "train_runner" if needs_grad else "runner"  # the cached plan of this signature, not a copy
+                object.__setattr__(plan, "choice", dataclasses.replace(plan.choice, **{mode: "triton"}))
         if needs_grad:
             return FlashAttentionFunction.apply(query, key, value, plan.causal, plan.sm_scale, fwd, bwd, precision,
                                                 plan.causal_align)[0]

@@ -71,8 +71,11 @@ def test_a_runner_that_cannot_run_the_call_falls_back_to_the_kernels(write, db_p
     with pytest.warns(DispatchWarning, match="tuned runner sdpa-cudnn cannot run a call"):
         with torch.no_grad():
             o = fn(q, k, v)
+        with torch.no_grad():
+            fn(q, k, v)  # the signature runs the kernels from now on: the backend is not tried again
     torch.testing.assert_close(o, F.scaled_dot_product_attention(q, k, v), atol=1e-4, rtol=1e-4)
-    assert calls == ["sdpa-cudnn", "triton"]
+    assert calls == ["sdpa-cudnn", "triton", "triton"]
+    assert fn.explain(q, k, v).runner == "triton"
 
 
 def test_a_stored_runner_must_be_known_and_timed(write):
