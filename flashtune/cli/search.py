@@ -107,6 +107,12 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, mod
                                f"{', '.join(grid_given or ['--revalidate'])}")
     if tp != 1 and not models:
         raise click.UsageError("--tp applies to --model")
+    from flashtune.shapes import MODELS
+
+    unknown = [name for name in models if name not in MODELS]
+    if unknown:  # before the device: a typo is named on any machine
+        raise click.BadParameter(f"model: unknown {unknown[0]!r}; expected one of {', '.join(MODELS)}",
+                                 param_hint="'--model'")
     if devices is not None and device is not None:
         raise click.UsageError("give --device or --devices, not both")
     dev, is_interpreter = choose_device("search", device, interpreter)
