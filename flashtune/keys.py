@@ -14,6 +14,8 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
+from flashtune.protocol import grid_shape
+
 PASSES: tuple[str, ...] = ("fwd", "bwd")
 DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
 # how a key's masking is written in labels, names and tables: causal=False, causal=True
@@ -79,20 +81,15 @@ def batch_heads_bucket(batch_heads: int) -> int:
     return low if batch_heads * batch_heads < 2 * low * low else 2 * low
 
 
-# The standard grid (protocol.TOKENS, WIDTH): 16k tokens per head group at width 2048; keys
-# written before the key had batch x heads (schema 0001, export format 1) were tuned there.
-GRID_TOKENS, GRID_WIDTH = 16384, 2048
 INTERPRETER_GPU = "triton-interpreter@sm00"
-INTERPRETER_WIDTH = 2  # query heads of the interpreter's tiny trial shapes
 
 
 def grid_batch_heads(gpu: str, head_dim: int, seq_len: int) -> int:
-    """The batch x heads bucket of the standard grid's shape for (head_dim, seq_len): what a
-    key written before the key had that dimension was tuned at (the interpreter's demo
-    shape, batch 1 x 2 heads, for the interpreter)."""
-    if gpu == INTERPRETER_GPU:
-        return INTERPRETER_WIDTH
-    return batch_heads_bucket(max(1, GRID_TOKENS // seq_len) * max(1, GRID_WIDTH // head_dim))
+    """The batch x heads bucket of the standard grid's shape for (head_dim, seq_len)
+    (``protocol.grid_shape``; the interpreter's demo shape for the interpreter): what a key
+    written before the key had that dimension (schema 0001, export format 1) was tuned at."""
+    batch, heads = grid_shape(head_dim, seq_len, interpreter=gpu == INTERPRETER_GPU)
+    return batch_heads_bucket(batch * heads)
 
 
 _POSITIVE = ("head_dim", "seq_q", "seq_k", "group", "batch_heads")
@@ -182,7 +179,7 @@ class TuningKey:
         ``batch_heads``, heads_q = group x heads_kv. On a GPU the heads fill the grid's model
         width (2048 / head_dim) where the bucket allows, so a grid key runs the grid's shape;
         under the interpreter at most 2 query heads per group (tiny shapes)."""
-        width = INTERPRETER_WIDTH if interpreter else max(1, GRID_WIDTH // self.head_dim)
+        width = grid_shape(self.head_dim, self.seq_q, interpreter=interpreter)[1]  # the grid's heads
         heads_kv = max(1, min(self.batch_heads, width) // self.group)
         heads_q = self.group * heads_kv
         return max(1, self.batch_heads // heads_q), heads_q, heads_kv

@@ -23,7 +23,6 @@ from flashtune.kernels import attention, default_config
 from flashtune.kernels.common import torch_fp32_precision
 from flashtune.keys import TuningKey, mask_name
 
-SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,15 +119,11 @@ def _prepare(key: TuningKey, impl: str, device: torch.device, tuned):
         def run(q, k, v):
             return attention(q, k, v, causal=key.causal, fwd_config=fwd, bwd_config=bwd,
                              fp32_precision=torch_fp32_precision(dtype))
-    else:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
+    else:  # "cudnn", "flash": SDPA with that backend alone, as a runner runs it
+        from flashtune.runners import sdpa
 
         def run(q, k, v):
-            with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=key.causal,
-                                                                        enable_gqa=gqa)
+            return sdpa(f"sdpa-{impl}", q, k, v, is_causal=key.causal, enable_gqa=gqa)
 
     def quiet(fn):
         def call():
