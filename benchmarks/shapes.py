@@ -26,6 +26,16 @@ SDPA and timed (flashtune alone, do_bench median) before the row, and the fastes
 one is the row's forward config (unless --configs gives one); --sweep-out writes those
 winners in --configs' format.
 
+--db STORE measures a tuned store (``flashtune search --shapes`` over these rows) in the
+same run: "flashtune" is then the row's stored Triton configs (the kernels' own figure, as
+``explain()`` finds them), "default" the heuristic configs, "dropin" the call through
+``get_tuned_attention(STORE)`` (SDPA's signature; the runner the search chose, the lookup
+and the host's cost included), each row also naming the drop-in's choice. With --singles,
+every Triton winner stored for a pass is also timed on every row of that pass (interleaved
+with the row's tuned config, after a check against it), and the summary names the best
+single config for all rows: the one of lowest geometric-mean time over the rows where
+every candidate it is compared with runs (rows it cannot run are named).
+
 --configs FILE.json maps row names to configs, e.g.
   {"decode-b1-64k": {"fwd": {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3,
                              "num_splits": 32, "pack_gqa": 1}}}
@@ -86,6 +96,9 @@ class Result:
     schedule: str | None = None  # the split kernel's schedule, when it runs
     check: dict = dataclasses.field(default_factory=dict)
     error: str | None = None
+    choice: str | None = None  # --db: the drop-in's explain() for the row's call
+    singles_ms: dict = dataclasses.field(default_factory=dict)  # --singles: config label -> ms (None: cannot run)
+    singles_tuned_ms: float | None = None  # the tuned config, timed interleaved with the singles
 
     def best_sdpa(self) -> tuple[str | None, float | None]:
         timed = [(self.tflops[b], b) for b in BACKENDS if self.tflops.get(b)]
@@ -98,6 +111,8 @@ class Result:
         ft = self.tflops.get("flashtune")
         out = {b: grid_bench.ratio(ft, self.tflops.get(b)) for b in BACKENDS}
         out["best"] = grid_bench.ratio(ft, self.best_sdpa()[1])
+        out["dropin"] = grid_bench.ratio(self.tflops.get("dropin"), self.best_sdpa()[1])
+        out["vs_default"] = grid_bench.ratio(ft, self.tflops.get("default"))
         return out
 
 
@@ -158,6 +173,27 @@ def format_result(r: Result) -> str:
                    f"{graph}  {r.config_source}: {cfg}{sched}")
 
 
+def format_dropin(r: Result) -> str:
+    """--db: the drop-in's figure and its choice for the row, under the row's line."""
+    rat = r.ratios()
+    choice = " / ".join(line.strip() for line in (r.choice or "").splitlines())
+    return (f"{'':<26} {'':<4}   drop-in / best SDPA {_fmt(rat['dropin'], '.3f')}; tuned Triton / default "
+            f"{_fmt(rat['vs_default'], '.3f')}; serves: {choice}")
+
+
+def load_singles(db: str, device) -> dict:
+    """--singles: each pass's distinct stored Triton winners of this GPU."""
+    from flashtune.keys import GpuInfo
+    from flashtune.store import ResultFilter, Store
+
+    gpu = GpuInfo.from_device(device)
+    with Store(db, create=False) as store:
+        rows = store.list_results(ResultFilter(gpu=gpu.key))
+    out = {p: list(dict.fromkeys(r.config for r in rows if r.key.pass_ == p)) for p in ("fwd", "bwd")}
+    print(f"# singles: {len(out['fwd'])} forward and {len(out['bwd'])} backward winners of {db}")
+    return out
+
+
 def summarize(results: list[Result]) -> dict:
     """Geometric means of flashtune / best SDPA and / FA2, per pass, decode rows apart."""
     out = {}
@@ -170,6 +206,11 @@ def summarize(results: list[Result]) -> dict:
                                            "flash": grid_bench.geomean(r.ratios()["flash"] for r in rows),
                                            "cudnn": grid_bench.geomean(r.ratios()["cudnn"] for r in rows),
                                            "rows": len(rows)}
+                dropin = [r.ratios()["dropin"] for r in rows if r.ratios()["dropin"]]
+                if dropin:
+                    out[f"{pass_} {group}"].update(
+                        dropin=grid_bench.geomean(dropin), dropin_min=min(dropin),
+                        vs_default=grid_bench.geomean(r.ratios()["vs_default"] for r in rows))
     return out
 
 
@@ -284,7 +325,7 @@ def sweep_row(args, shape: Shape, candidates: list[dict], device) -> tuple[dict 
     return (None if best is None else best["config"]), figures
 
 
-def bench_row(args, shape: Shape, entries: dict, copy_bw: float) -> list[Result]:
+def bench_row(args, shape: Shape, entries: dict, copy_bw: float, singles: dict | None = None) -> list[Result]:
     import torch
     from torch.nn.attention import SDPBackend
 
@@ -305,6 +346,19 @@ def bench_row(args, shape: Shape, entries: dict, copy_bw: float) -> list[Result]
     given = entries.get(s.name, {})
     fwd = FwdConfig.from_dict(given["fwd"]) if "fwd" in given else None
     bwd = BwdConfig.from_dict(given["bwd"]) if "bwd" in given else None
+    sources = {p: "file" if p in given else "default" for p in ("fwd", "bwd")}
+    gqa = s.heads_q != s.heads_kv
+    dropin = choice = None
+    if args.db:  # the store's configs, as the drop-in finds them for this call
+        from flashtune import get_tuned_attention
+
+        dropin = get_tuned_attention(args.db, device=device)
+        choice = dropin.explain(q, k, v, is_causal=s.causal, enable_gqa=gqa)
+        if fwd is None and choice.fwd_config is not None and choice.fwd_source.startswith("tuned"):
+            fwd, sources["fwd"] = choice.fwd_config, choice.fwd_source
+        if bwd is None and choice.bwd_config is not None and choice.bwd_source.startswith("tuned"):
+            bwd, sources["bwd"] = choice.bwd_config, choice.bwd_source
+    default_fwd, default_bwd = resolve_configs(q, None, None, s.causal)
     fwd, bwd = resolve_configs(q, fwd, bwd, s.causal)
     plan = plan_schedule(fwd, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, device)
     schedule = None if plan is None else \
@@ -315,6 +369,10 @@ def bench_row(args, shape: Shape, entries: dict, copy_bw: float) -> list[Result]
         return attention(q, k, v, causal=causal, fwd_config=fwd, bwd_config=bwd)
 
     runners = {"flashtune": flashtune}
+    if dropin is not None:
+        runners["default"] = lambda q, k, v, causal: attention(q, k, v, causal=causal, fwd_config=default_fwd,
+                                                                bwd_config=default_bwd)
+        runners["dropin"] = lambda q, k, v, causal: dropin(q, k, v, is_causal=causal, enable_gqa=gqa)
     if device.type == "cuda":
         runners.update(cudnn=_sdpa(SDPBackend.CUDNN_ATTENTION), flash=_sdpa(SDPBackend.FLASH_ATTENTION),
                        efficient=_sdpa(SDPBackend.EFFICIENT_ATTENTION))
@@ -322,16 +380,19 @@ def bench_row(args, shape: Shape, entries: dict, copy_bw: float) -> list[Result]
         runners.update(cudnn=_sdpa(SDPBackend.MATH))
 
     results = {p: Result(s.name, p, dataclasses.asdict(s), s.flops(p),
-                         config=(fwd if p == "fwd" else bwd).to_dict(),
-                         config_source="file" if p in given else "default",
-                         schedule=schedule if p == "fwd" else None) for p in s.passes}
+                         config=(fwd if p == "fwd" else bwd).to_dict(), config_source=sources[p],
+                         schedule=schedule if p == "fwd" else None,
+                         choice=None if choice is None else str(choice)) for p in s.passes}
     # correctness first: against the fp32 reference on one (batch, head) and the whole
     # tensors against the first SDPA backend that runs the shape
     check, errors = None, []
-    for name in [b for b in runners if b != "flashtune"]:
+    for name in [b for b in runners if b in BACKENDS]:
         try:
             check = grid_bench.check_against_cudnn(flashtune, runners[name], q, k, v, do, s.causal)
             check["against"] = name
+            if dropin is not None:  # what the drop-in serves is checked the same way
+                check["dropin"] = grid_bench.check_against_cudnn(runners["dropin"], runners[name], q, k, v, do,
+                                                                 s.causal)
             break
         except AssertionError as e:
             errors.append(f"flashtune disagrees with {name}: {e}")
@@ -368,7 +429,78 @@ def bench_row(args, shape: Shape, entries: dict, copy_bw: float) -> list[Result]
             r.copy_fraction[name] = s.kv_bytes() / (r.ms[name] * 1e-3) / copy_bw
     if "fwd" in results:
         results["fwd"].graph_ms = _graph_ms(lambda: flashtune(q, k, v, s.causal), device)
+    for pass_, candidates in (singles or {}).items():
+        if pass_ in results:
+            time_singles(args, results[pass_], candidates, (fwd, bwd), q, k, v, do, s.causal, time_one)
     return list(results.values())
+
+
+def time_singles(args, result: Result, candidates: list, tuned: tuple, q, k, v, do, causal: bool, time_one) -> None:
+    """Each candidate config of ``result``'s pass on this row: refused by ``validate()``, or
+    failing, or disagreeing with the row's (checked) tuned config by over 2 % relative error
+    gives None; the others are timed interleaved with the tuned config over --rounds."""
+    import torch
+
+    from flashtune.kernels import ConfigError, attention
+
+    def run_with(cfg):
+        f, b = (cfg, tuned[1]) if result.pass_ == "fwd" else (tuned[0], cfg)
+        return lambda q, k, v, causal: attention(q, k, v, causal=causal, fwd_config=f, bwd_config=b)
+
+    def outputs(run):
+        leaves = [x.detach().clone().requires_grad_(result.pass_ == "bwd") for x in (q, k, v)]
+        o = run(*leaves, causal)
+        return [o] if result.pass_ == "fwd" else list(torch.autograd.grad(o, leaves, do))
+
+    want = outputs(run_with(tuned[0] if result.pass_ == "fwd" else tuned[1]))
+    runners = {"tuned": run_with(tuned[0] if result.pass_ == "fwd" else tuned[1])}
+    for cfg in candidates:
+        label = cfg.short()
+        result.singles_ms[label] = None
+        try:
+            cfg.validate(q.shape[-1], q.dtype, q.device)
+            got = outputs(run_with(cfg))
+        except (ConfigError, RuntimeError, ValueError) as e:
+            print(f"  single {label} on {result.name} {result.pass_}: cannot run ({type(e).__name__})",
+                  file=sys.stderr)
+            continue
+        errs = [grid_bench._rel(a, b) for a, b in zip(got, want)]
+        if not all(e <= 0.02 for e in errs):  # NaN fails too
+            print(f"  single {label} on {result.name} {result.pass_}: disagrees with the tuned config "
+                  f"({max(errs):.3g} relative error)", file=sys.stderr)
+            continue
+        runners[label] = run_with(cfg)
+    del want
+    timed = grid_bench.time_rounds(runners, [result.pass_], args.rounds, time_one)
+    for (label, _), times in timed.items():
+        ms = statistics.median(times) if times else None
+        if label == "tuned":
+            result.singles_tuned_ms = ms
+        else:
+            result.singles_ms[label] = ms
+
+
+def best_single(results: list[Result], pass_: str) -> dict | None:
+    """The single config of lowest geometric-mean time over the rows of ``pass_`` where it
+    runs; candidates are compared over the rows every one of them runs, and a config that
+    cannot run a row is named with it."""
+    rows = [r for r in results if r.pass_ == pass_ and not r.error and r.singles_tuned_ms]
+    if not rows:
+        return None
+    labels = list(dict.fromkeys(label for r in rows for label in r.singles_ms))
+    runs_all = [lb for lb in labels if all(r.singles_ms.get(lb) for r in rows)]
+    if runs_all:
+        pool, common = runs_all, rows
+    else:  # no candidate runs every row: compare them over the rows all of the most widely usable run
+        width = max(sum(1 for r in rows if r.singles_ms.get(lb)) for lb in labels)
+        pool = [lb for lb in labels if sum(1 for r in rows if r.singles_ms.get(lb)) == width]
+        common = [r for r in rows if all(r.singles_ms.get(lb) for lb in pool)]
+    best = min(pool, key=lambda lb: grid_bench.geomean(r.singles_ms[lb] / r.singles_tuned_ms for r in common))
+    per_row = {r.name: (r.singles_ms[best] / r.singles_tuned_ms if r.singles_ms.get(best) else None) for r in rows}
+    return {"config": best, "rows": len(common), "of_rows": len(rows),
+            "cannot_run": sorted(n for n, x in per_row.items() if x is None),
+            "tuned_vs_single": grid_bench.geomean(x for x in per_row.values() if x),
+            "per_row": per_row, "runs_every_row": bool(runs_all)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -385,7 +517,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="interleaved rounds per row (default 3 on a GPU, 1 under the interpreter)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for the interpreter (fp16; implies --tiny)")
     ap.add_argument("--tiny", action="store_true", help="interpreter-sized versions of the rows")
+    ap.add_argument("--db", metavar="STORE", help="a tuned store: its configs, and the drop-in on it (see above)")
+    ap.add_argument("--singles", action="store_true",
+                    help="with --db: time every stored Triton winner of a pass on every row of it (see above)")
     args = ap.parse_args(argv)
+    if args.singles and not args.db:
+        ap.error("--singles: needs --db (the store whose winners are the candidates)")
     cpu = args.device.startswith("cpu")
     args.tiny = args.tiny or cpu
     if args.rounds is None:
@@ -426,6 +563,7 @@ def main(argv=None) -> int:
           f"{'do_bench medians' if device.type == 'cuda' else 'the interpreter wall clock: not GPU performance'}; "
           f"flashtune configs: {args.configs or 'heuristic defaults'}; graph: CUDA-graph time / time")
     print(HEADER, flush=True)
+    singles = load_singles(args.db, device) if args.singles else None
     results: list[Result] = []
     swept, winners, swept_configs = {}, {}, set()
     for shape in shapes:
@@ -436,15 +574,27 @@ def main(argv=None) -> int:
                 if "fwd" not in entries.get(shape.name, {}):
                     entries.setdefault(shape.name, {})["fwd"] = best
                     swept_configs.add(shape.name)
-        for r in bench_row(args, shape, entries, copy_bw):
+        for r in bench_row(args, shape, entries, copy_bw, singles):
             if r.pass_ == "fwd" and shape.name in swept_configs:
                 r.config_source = "sweep"
             results.append(r)
             print(format_result(r), flush=True)
+            if args.db and not r.error:
+                print(format_dropin(r), flush=True)
     summary = summarize(results)
     for key, sm in summary.items():
         print(f"geomean flashtune / best SDPA, {key}: {_fmt(sm['best'], '.3f')}  (/ FA2 {_fmt(sm['flash'], '.3f')}, "
               f"/ cuDNN {_fmt(sm['cudnn'], '.3f')}; {sm['rows']} rows)")
+        if "dropin" in sm:
+            print(f"  drop-in / best SDPA, {key}: geomean {_fmt(sm['dropin'], '.3f')}, lowest "
+                  f"{_fmt(sm['dropin_min'], '.3f')}; tuned Triton / default: {_fmt(sm['vs_default'], '.3f')}")
+    if singles is not None:
+        summary["best_single"] = {p: best_single(results, p) for p in singles}
+        for p, b in summary["best_single"].items():
+            if b:
+                print(f"best single Triton config, {p}: {b['config']} (over {b['rows']} of {b['of_rows']} rows"
+                      f"{'; cannot run ' + ', '.join(b['cannot_run']) if b['cannot_run'] else ''}); "
+                      f"per-row tuning / it: geomean {b['tuned_vs_single']:.3f}")
     aborted = [r for r in results if r.error]
     if args.out:
         with open(args.out, "w") as f:
