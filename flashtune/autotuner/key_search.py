@@ -50,7 +50,10 @@ class KeyResult:
     """What the search did for one key."""
 
     key: TuningKey
-    status: str  # "tuned", "no_valid_config", "already_tuned", "failed: crashed|timeout|error"
+    # "tuned", "no_valid_config" (every config rejected, or none runs here), "already_tuned",
+    # "out_of_time" (--timeout ran out before any config was measured: a later run resumes it),
+    # "failed: crashed|timeout|error", "taken_over"
+    status: str
     winner: object | None = None
     time_ms: float | None = None
     tflops: float | None = None
@@ -262,6 +265,13 @@ class KeySearch:
         common = dict(shape=trial_shape(self.key, worker.interpreter),
                       timer="interpreter-wall-clock" if worker.interpreter else "cuda-events")
         finalists = ledger.fastest(budget.finalists)
+        if not finalists and not len(ledger) and ledger.valid:
+            # the key's --timeout ran out before a single config was measured (the first
+            # compile of a cold cache can take longer): not a verdict on its configs, so
+            # the key is left for a later run, which resumes it
+            return self.result("out_of_time", started, message=(
+                f"--timeout {budget.timeout:g} s ran out before any config of the key was measured: run the "
+                "search again (it resumes) or give it a longer --timeout"), **common)
         if not finalists:
             return self.result("no_valid_config", started, **common)
         # The stored winner must win again, in this run; it is a contender only if it

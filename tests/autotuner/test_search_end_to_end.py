@@ -147,3 +147,17 @@ def test_a_finished_search_is_skipped_when_run_again(searched, monkeypatch, caps
     with ProgressBar(Console(file=out, force_terminal=True, width=80)) as bar:
         search(KEYS[:1], db=db, trials=TRIALS, device="cpu", progress=bar)
     assert "done" in out.getvalue()
+
+
+def test_a_key_out_of_time_before_any_trial_is_left_for_a_later_run(tmp_path):
+    """--timeout running out before the first config was measured (a cold compile) is no
+    verdict on the configs: the key is not marked done, and the next run tunes it."""
+    db = tmp_path / "tuned.db"
+    first = search(KEYS[:1], db=db, trials=2, device="cpu", timeout=1e-9, finalists=1, rounds=1)
+    (r,) = first.results
+    assert (r.status, r.n_trials) == ("out_of_time", 0)
+    assert "--timeout" in r.message and "resumes" in r.message
+    with Store(db) as store:
+        assert store.load_table(GPU) == {}
+    (again,) = search(KEYS[:1], db=db, trials=2, device="cpu", finalists=1, rounds=1).results
+    assert again.status == "tuned" and again.n_trials == 2

@@ -17,6 +17,7 @@ from exchange_samples import (
     without_timestamps,
 )
 
+from flashtune.kernels.config import FwdConfig
 from flashtune.provenance import kernel_source_hash
 from flashtune.store import ImportSummary, Store, StoreError
 from flashtune.store.exchange import (
@@ -99,8 +100,9 @@ def test_the_file_layout(tmp_path):
     assert entry == {
         "dtype": "bfloat16", "head_dim": 64, "seq_q": 1024, "seq_k": 1024, "group": 1, "batch_heads": 512,
         "causal": True, "pass": "fwd",
-        "config": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0, "num_splits": 0,
-                   "pack_gqa": -1},
+        # the config's JSON form is the config class's own (its fields; test_config_fields), so a
+        # field added to FwdConfig with a default changes no line here
+        "config": FwdConfig(64, 32, 4, 3).to_dict(),
         "time_ms": 0.25, "tflops": 512.5, "default_time_ms": 0.5, "error": 0.125, "n_trials": 16,
         "runner": "triton", "runner_times": None,
         "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": "3.6.0",
