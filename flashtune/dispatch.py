@@ -307,8 +307,6 @@ class TunedAttention:
             extra = {"enable_gqa": True} if enable_gqa else {}  # torch < 2.5 lacks the argument
             return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                                   is_causal=is_causal, scale=scale, **extra)
-        fwd, bwd = plan.choice.fwd_config, plan.choice.bwd_config
-        precision = torch_fp32_precision(query.dtype)
         needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
         runner = plan.choice.train_runner if needs_grad else plan.choice.runner
         if runner != "triton":  # an SDPA backend the search measured faster for this key
@@ -320,6 +318,8 @@ class TunedAttention:
                            f"({str(e).splitlines()[0]}); running the Triton kernels instead")
                 mode = "train_runner" if needs_grad else "runner"  # the cached plan of this signature, not a copy
                 object.__setattr__(plan, "choice", dataclasses.replace(plan.choice, **{mode: "triton"}))
+        fwd, bwd = plan.choice.fwd_config, plan.choice.bwd_config
+        precision = torch_fp32_precision(query.dtype)
         if needs_grad:
             return FlashAttentionFunction.apply(query, key, value, plan.causal, plan.sm_scale, fwd, bwd, precision,
                                                 plan.causal_align)[0]

@@ -4,6 +4,7 @@ figures apart (flashtune.runners)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -35,6 +36,42 @@ def test_the_fastest_runner_wins_and_triton_keeps_ties(times, expected):
 def test_a_bad_runner_is_named():
     with pytest.raises(ValueError, match="runner: expected one of triton, sdpa-cudnn, sdpa-flash, sdpa-efficient"):
         runners.check_runner("sdpa-math")
+
+
+def _flags():
+    c = torch.backends.cuda
+    return c.flash_sdp_enabled(), c.mem_efficient_sdp_enabled(), c.math_sdp_enabled(), c.cudnn_sdp_enabled()
+
+
+@pytest.mark.parametrize("runner", list(runners.SDPA_BACKENDS))
+def test_an_sdpa_runner_runs_its_backend_alone_and_restores_the_switches(runner, monkeypatch):
+    """runners.sdpa sets torch's backend switches for the call (not sdpa_kernel: its host
+    cost) and puts back what the caller had, after a failure too."""
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(_flags())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    q = torch.randn(1, 2, 8, 16)
+    before = _flags()
+    try:
+        out = runners.sdpa(runner, q, q, q)
+    except RuntimeError:  # this backend does not run on the CPU
+        out = None
+    assert seen == [runners.SDPA_BACKENDS[runner]] and _flags() == before
+    if out is not None:
+        torch.testing.assert_close(out, real(q, q, q), atol=1e-5, rtol=1e-5)
+    torch.backends.cuda.enable_math_sdp(False)  # a caller's own setting is what comes back
+    try:
+        # on the CPU only the flash backend runs; the others raise
+        with pytest.raises(RuntimeError) if runner != "sdpa-flash" else contextlib.nullcontext():
+            runners.sdpa(runner, q, q, q)
+        assert _flags() == (before[0], before[1], False, before[3])
+    finally:
+        torch.backends.cuda.enable_math_sdp(before[2])
 
 
 @pytest.mark.parametrize("pass_", ["fwd", "bwd"])
