@@ -120,3 +120,20 @@ def test_a_search_stores_the_fastest_runner_and_the_triton_figures_apart(tmp_pat
     plain = search([key("fwd", "float32", seq_len=16, causal=False)], db=tmp_path / "t.db", trials=1, **FAST)
     (r,) = plain.results
     assert (r.runner, r.runner_times) == ("triton", None)
+
+
+def test_an_inference_keys_triton_time_in_the_race_is_never_below_its_re_timing(tmp_path, monkeypatch):
+    """A race that times the Triton winner faster than the key's own re-timing does not keep
+    it against a backend that is faster than that re-timing (fwd keys: the same launch); a
+    training key's race times a whole step, which no kernel time bounds."""
+    from flashtune.autotuner.worker import TrialWorker
+
+    tiny_space(monkeypatch, "fwd", {"BLOCK_M": [16], "BLOCK_N": [16], "num_warps": [4], "num_stages": [1]})
+    tiny_space(monkeypatch, "bwd", {"BLOCK_M1": [16], "BLOCK_N1": [16], "BLOCK_M2": [16], "BLOCK_N2": [16],
+                                    "num_warps": [4], "num_stages": [1]})
+    monkeypatch.setattr(TrialWorker, "race", lambda self, *args, **kwargs: {"triton": 1e-6, "sdpa-flash": 2e-6})
+    keys = [key("fwd", "float32", seq_len=16, causal=True), key("bwd", "float32", seq_len=16, causal=True)]
+    fwd, bwd = search(keys, db=tmp_path / "t.db", trials=1, sdpa=True, **FAST).results
+    assert fwd.time_ms > 2e-6  # the interpreter's re-timing: milliseconds
+    assert fwd.runner == "sdpa-flash" and fwd.runner_times == {"triton": fwd.time_ms, "sdpa-flash": 2e-6}
+    assert bwd.runner == "triton" and bwd.runner_times == {"triton": 1e-6, "sdpa-flash": 2e-6}
