@@ -262,7 +262,7 @@ class KeySearch:
         from flashtune.store import ResultFilter, StoredResult
 
         store, worker, budget, ledger = self.bench.store, self.bench.worker, self.budget, self.ledger
-        common = dict(shape=trial_shape(self.key, worker.interpreter),
+        common = dict(shape=worker.shapes.get(self.key) or trial_shape(self.key, worker.interpreter),
                       timer="interpreter-wall-clock" if worker.interpreter else "cuda-events")
         finalists = ledger.fastest(budget.finalists)
         if not finalists and not len(ledger) and ledger.valid:

@@ -28,7 +28,7 @@ import os
 import signal
 import threading
 import time
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from flashtune.autotuner.key_search import Bench, Budget, KeyResult, KeySearch
 from flashtune.autotuner.study import journal_path, open_storage, study_name
@@ -112,7 +112,8 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
            trial_timeout: float = 120.0, storage: str | os.PathLike | None = None, device: str | None = None,
            progress: Callable[[Progress], None] | None = None, finalists: int = 3, rounds: int = 5, seed: int = 0,
            force: bool = False, faults: dict | None = None, batch: int | None = None,
-           revalidate: bool = False, sdpa: bool | None = None, devices=None, lease: float = 60.0) -> SearchSummary:
+           revalidate: bool = False, sdpa: bool | None = None, devices=None, lease: float = 60.0,
+           shapes: Mapping[TuningKey, tuple[int, int, int]] | None = None) -> SearchSummary:
     """Tune every key: ``trials`` measured configs and/or ``timeout`` seconds per key.
 
     ``db`` is the store (URL, path or None for the default); ``storage`` Optuna's (a
@@ -148,6 +149,10 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     ``sdpa``: also time torch SDPA's backends for each key as runners beside the Triton
     winner, and store the fastest as the key's runner (``flashtune.runners``); default: on a
     GPU, not under the interpreter (whose timings are no match for native CPU code).
+    ``shapes`` maps keys to the (batch, heads_q, heads_kv) of a call they were made from (a
+    shape file's row, a model preset's call, a recorded call): those keys' trials and race
+    run that call's own shape instead of the key's ``trial_shape()``, so what is timed is what
+    will be served (``TuningKey.for_call`` of the shape must be the key).
     """
     import optuna
 
@@ -173,6 +178,7 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     if progress is not None and not callable(progress):
         raise ValueError(f"progress: expected a callable taking a Progress, got {progress!r}")
     _check_seconds("lease", lease)
+    shapes = _check_shapes(shapes, keys)
     names = _device_names(device, devices)
     interpreter = names[0].startswith("cpu")
     if batch is None:
@@ -206,6 +212,7 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
             bench = Bench(store=store, storage=optuna_storage, gpu=gpus[name], device=dev, store_id=store_id,
                           worker=DeviceWorker(str(dev), interpreter=interpreter, stop=plan_stop),
                           provenance=current_provenance(None if interpreter else dev))
+            bench.worker.shapes = shapes
             fleet.append(Device(name, gpus[name], bench))
         kernel_hash = fleet[0].bench.provenance.kernel_hash
 
@@ -289,6 +296,33 @@ def _search_key(key: TuningKey, bench: Bench, budget: Budget, tell, *, force: bo
         result = ks.result(f"failed: {failure}", started, message=str(e)[:2000])
     tell(status(ks, result))
     return result
+
+
+def _check_shapes(shapes, keys: list[TuningKey]) -> dict:
+    """``shapes`` as a dict, each entry a call whose key is the entry's key (ValueError naming it)."""
+    if shapes is None:
+        return {}
+    if not isinstance(shapes, Mapping):
+        raise ValueError(f"shapes: expected a mapping of TuningKey -> (batch, heads_q, heads_kv), got "
+                         f"{type(shapes).__name__}")
+    wanted, out = set(keys), {}
+    for key, shape in shapes.items():
+        if key not in wanted:
+            raise ValueError(f"shapes: {key!r} is not one of the keys searched")
+        if (not isinstance(shape, (tuple, list)) or len(shape) != 3
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in shape)):
+            raise ValueError(f"shapes[{key.label()}]: expected (batch, heads_q, heads_kv) of positive integers, "
+                             f"got {shape!r}")
+        batch, heads_q, heads_kv = shape
+        made = TuningKey.for_call(key.gpu, key.dtype, batch=batch, heads_q=heads_q, heads_kv=heads_kv,
+                                  seq_q=key.seq_q, seq_k=key.seq_k, head_dim=key.head_dim, causal=key.causal,
+                                  pass_=key.pass_) if heads_q % heads_kv == 0 else None
+        if made != key:
+            raise ValueError(f"shapes[{key.label()}]: a call of batch {batch}, {heads_q} query and {heads_kv} "
+                             f"key/value heads is not of this key (group {key.group}, batch x heads bucket "
+                             f"{key.batch_heads})")
+        out[key] = tuple(shape)
+    return out
 
 
 def _check_count(name: str, value) -> None:

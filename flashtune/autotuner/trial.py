@@ -32,11 +32,13 @@ def _seed(key: TuningKey) -> int:
 class KeyBench:
     """Inputs, reference and error allowances for one tuning key on one device."""
 
-    def __init__(self, key: TuningKey, device: torch.device):
+    def __init__(self, key: TuningKey, device: torch.device, shape: tuple[int, int, int] | None = None):
+        """``shape``: the (batch, heads_q, heads_kv) of a call the key was made from (a search
+        of shape sets or recorded calls times the call itself); else ``trial_shape``'s."""
         self.key = key
         self.device = device
         self.dtype = getattr(torch, key.dtype)
-        self.batch, self.heads, self.heads_kv = trial_shape(key, device.type != "cuda")
+        self.batch, self.heads, self.heads_kv = shape or trial_shape(key, device.type != "cuda")
         self.sm_scale = 1.0 / math.sqrt(key.head_dim)
         gen = torch.Generator(device=device).manual_seed(_seed(key))
         q_shape = (self.batch, self.heads, key.seq_q, key.head_dim)

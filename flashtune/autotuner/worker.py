@@ -72,7 +72,7 @@ def _child(conn, device: str, interpreter: bool, parent_pid: int | None = None) 
         try:
             if op == "setup":
                 bench = None
-                bench = KeyBench(args["key"], dev)
+                bench = KeyBench(args["key"], dev, args.get("shape"))
                 reply: Any = bench.describe()
             elif op == "run":
                 reply = bench.run(args["config"], args.get("fault", 0))
@@ -111,6 +111,9 @@ class TrialWorker:
         self._answered = False  # whether the current child has replied to anything yet
         self.restarts = 0  # how many children were started (the first one included)
         self.info: dict = {}  # what ``setup`` reported for the current key
+        # key -> (batch, heads_q, heads_kv) of the call it was made from: its trials run that
+        # shape (KeyBench); a key not here runs its trial_shape
+        self.shapes: dict[TuningKey, tuple[int, int, int]] = {}
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
@@ -185,7 +188,7 @@ class TrialWorker:
     def setup(self, key: TuningKey) -> dict:
         """Build the key's inputs and reference in the child (again after a restart)."""
         self._key = None  # until the child has them
-        info = self._request("setup", {"key": key}, self.setup_timeout)
+        info = self._request("setup", {"key": key, "shape": self.shapes.get(key)}, self.setup_timeout)
         self._key = key
         self.info = info
         return info

@@ -127,19 +127,20 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, mod
     else:  # one set of keys per GPU model among the devices, as one device would have
         gpus = list({g.key: g for g in (GpuInfo.from_device(n) for n in (names or [dev]))}.values())
     gpu = gpus[0]
-    before, keys = {}, []
+    before, keys, call_shapes = {}, [], {}
     for each in gpus:
         if revalidate:
             found, stored = _stored_keys(db, each.key, head_dims, dtypes, seq_lens, causal, passes)
             keys += found
             before.update(stored)
         elif recorded:
-            keys += _recorded_keys(db, each.key)
+            call_shapes.update(_recorded_keys(db, each.key))
         elif shaped:
-            keys += shape_keys(each.key, shapes_file, models, tp)
+            call_shapes.update(shape_keys(each.key, shapes_file, models, tp))
         else:
             keys += build_keys(each.key, head_dims=values["head_dims"], dtypes=values["dtypes"],
                                seq_lens=values["seq_lens"], causal=values["causal"], passes=values["passes"])
+    keys += list(call_shapes)  # a shape set's or the recorded calls' keys, timed at their calls' shapes
     if is_interpreter and "bfloat16" in {k.dtype for k in keys}:
         click.echo("warning: bfloat16 gives wrong results under the Triton interpreter; its configs will fail the "
                    "correctness check (use --dtype float32 or float16)", err=True)
@@ -173,7 +174,7 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, mod
                 report = stack.enter_context(ProgressBar(Console(stderr=True), devices=len(names or [dev])))
             summary = search(keys, db=db, trials=trials, timeout=timeout, trial_timeout=trial_timeout,
                              storage=storage, device=None if names else dev, devices=names, progress=report,
-                             seed=seed, force=force, revalidate=revalidate, sdpa=sdpa)
+                             seed=seed, force=force, revalidate=revalidate, sdpa=sdpa, shapes=call_shapes or None)
     except KeyboardInterrupt:
         raise interrupted("interrupted: the keys finished so far are stored; run the same command again to "
                           "resume") from None
@@ -217,8 +218,9 @@ def _warnings_as_lines():
         yield
 
 
-def shape_keys(gpu_key: str, shapes_file, models, tp: int) -> list:
-    """The tuning keys of a shape file's rows and the presets' calls, each key once, in order."""
+def shape_keys(gpu_key: str, shapes_file, models, tp: int) -> dict:
+    """The tuning keys of a shape file's rows and the presets' calls, each key once, in order,
+    each with the (batch, heads_q, heads_kv) of its first call (what its trials run)."""
     from flashtune.keys import TuningKey
     from flashtune.shapes import ShapeError, load_shapes, model_shapes
 
@@ -231,13 +233,19 @@ def shape_keys(gpu_key: str, shapes_file, models, tp: int) -> list:
     except ShapeError as e:
         option = "--shapes" if shapes_file is not None and str(e).startswith(str(shapes_file)) else "--model"
         raise click.BadParameter(str(e), param_hint=f"'{option}'") from None
-    return list(dict.fromkeys(TuningKey.for_shape(gpu_key, shape, pass_) for shape in shapes
-                              for pass_ in shape.passes))
+    out: dict = {}
+    for shape in shapes:
+        for pass_ in shape.passes:
+            out.setdefault(TuningKey.for_shape(gpu_key, shape, pass_), (shape.batch, shape.heads_q, shape.heads_kv))
+    return out
 
 
-def _recorded_keys(db, gpu_key: str) -> list:
+def _recorded_keys(db, gpu_key: str) -> dict:
+    """The recorded calls' keys, each with the shape of its most called signature."""
+    keys: dict = {}
     with open_store(db) as store:
-        keys = list(dict.fromkeys(c.key for c in store.recorded_calls(gpu_key)))
+        for c in store.recorded_calls(gpu_key):  # the most called first
+            keys.setdefault(c.key, (c.batch, c.heads_q, c.heads_kv))
     if not keys:
         raise click.ClickException(f"no recorded calls for {gpu_key}: run the model once with "
                                    "get_tuned_attention(record=True) or FLASHTUNE_RECORD=1, then search again")
@@ -282,6 +290,8 @@ def _report(summary, before, as_json: bool) -> None:
                 "config": r.winner.to_dict() if r.winner is not None else None, "time_ms": r.time_ms,
                 "tflops": r.tflops, "default_time_ms": r.default_time_ms, "speedup": r.speedup,
                 "trials": r.n_trials, "rejected": r.rejected, "outcomes": r.outcomes, "wall_s": r.wall_s,
+                # (batch, heads_q, heads_kv) the trials ran: the call's own for a shape set's key
+                "trial_shape": list(r.shape) if r.shape else None,
                 "timer": r.timer, "before_ms": before[r.key].time_ms if r.key in before else None,
                 "runner": r.runner, "runner_times": r.runner_times,
                 "message": getattr(r, "message", ""),

@@ -161,3 +161,17 @@ def test_a_key_out_of_time_before_any_trial_is_left_for_a_later_run(tmp_path):
         assert store.load_table(GPU) == {}
     (again,) = search(KEYS[:1], db=db, trials=2, device="cpu", finalists=1, rounds=1).results
     assert again.status == "tuned" and again.n_trials == 2
+
+
+def test_a_keys_call_shape_is_what_its_trials_run_and_a_foreign_one_is_refused(tmp_path):
+    k = TuningKey.for_call(GPU, "float32", batch=3, heads_q=2, heads_kv=1, seq_q=16, seq_k=16, head_dim=16,
+                           causal=False, pass_="fwd")
+    assert k.trial_shape(interpreter=True) != (3, 2, 1)
+    (r,) = search([k], db=tmp_path / "t.db", trials=1, device="cpu", finalists=1, rounds=1,
+                  shapes={k: (3, 2, 1)}).results
+    assert (r.status, r.shape) == ("tuned", (3, 2, 1))
+    for bad, message in (({k: (1, 2, 1)}, "is not of this key"), ({k: (3, 2)}, "expected \\(batch, heads_q"),
+                         ({KEYS[0]: (1, 2, 2)}, "not one of the keys searched"), ([k], "expected a mapping")):
+        with pytest.raises(ValueError, match=f"shapes.*{message}"):
+            search([k], db=tmp_path / "bad.db", trials=1, device="cpu", shapes=bad)
+    assert not (tmp_path / "bad.db").exists()  # refused before the store was touched

@@ -62,3 +62,19 @@ def test_list_models_names_every_preset(invoke):
     llama = models["llama3-8b"]
     assert (llama["heads_q"], llama["heads_kv"], llama["head_dim"]) == (32, 8, 128)
     assert any(s["seq_q"] == 1 for s in llama["shapes"]) and any("bwd" in s["passes"] for s in llama["shapes"])
+
+
+def test_a_shape_files_keys_are_timed_at_their_calls_shapes(invoke, tmp_path):
+    """B=3 x 2 heads is in the batch x heads bucket of 8, whose own trial shape is 4 x 2: the
+    search times the call the file names, not the bucket's stand-in."""
+    from flashtune.keys import TuningKey
+
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text('[{"B": 3, "Hq": 2, "Hkv": 1, "Nq": 16, "D": 16, "dtype": "float32"}]')
+    out = invoke("search", "--shapes", shapes, "--interpreter", "--trials", "1", "--db", tmp_path / "t.db",
+                 "--storage", tmp_path / "journal.log", "--json", "--no-progress")
+    assert out.exit_code == 0, out.output
+    (key,) = json.loads(out.stdout)["keys"]
+    assert (key["group"], key["batch_heads"], key["status"]) == (2, 8, "tuned")
+    assert key["trial_shape"] == [3, 2, 1]
+    assert TuningKey.from_dict(key).trial_shape(interpreter=True) == (4, 2, 1)  # what it would have run
