@@ -114,7 +114,7 @@ def test_dkdv_split(case):
 
 
 @pytest.mark.parametrize("case", _realistic(), ids=str)
-def test_realistic(case):
+def test_realistic(case, gpu_memory_turn):
     q, k, v, do = case_inputs(case, torch.device("cuda"))
     errors = check_attention(q, k, v, do, dtype_name=case.dtype, causal=case.causal, sm_scale=case.sm_scale,
                              fwd_config=case.fwd, bwd_config=case.bwd, check_strides=case.layout != "padded",
