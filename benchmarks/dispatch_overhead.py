@@ -15,6 +15,13 @@ printed: tuned when --db holds a row for it, else the heuristic default):
   tuned      get_tuned_attention(db)(q, k, v): SDPA's signature, the table lookup
   sdpa       torch.nn.functional.scaled_dot_product_attention (for reference)
 
+and with --runner NAME (an SDPA backend of flashtune.runners: sdpa-cudnn, sdpa-flash,
+sdpa-efficient), what a call costs where the search stored that backend as the key's runner:
+
+  served     get_tuned_attention(STORE)(q, k, v) on a temporary store whose keys for this
+             shape (both passes) name NAME as their runner: the lookup, then the backend
+  backend    flashtune.runners.sdpa(NAME, q, k, v): the same backend called directly
+
 each for the forward alone (inputs without grad) and forward + backward
 (torch.autograd.grad; the direct variant calls both launchers). The variants are
 interleaved within each of --repeats rounds and the median round is reported, with
@@ -44,6 +51,7 @@ import sys
 import time
 
 VARIANTS = ("direct", "attention", "tuned", "sdpa")
+RUNNER_VARIANTS = ("served", "backend")
 MODES = ("fwd", "fwd+bwd")
 
 
@@ -61,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=7, help="timed rounds (median reported)")
     p.add_argument("--out", default=None, help="write the results as JSON to this file ('-': stdout)")
     p.add_argument("--diagnose", action="store_true", help="also time the pieces of the autograd path")
+    p.add_argument("--runner", default=None, choices=("sdpa-cudnn", "sdpa-flash", "sdpa-efficient"),
+                   help="also time a call served by this SDPA backend as its key's runner (see above)")
     return p.parse_args(argv)
 
 
@@ -121,10 +131,40 @@ def make_calls(args, device):
                                                      fp32_precision=precision),
         ("direct", "fwd+bwd"): direct_fwd_bwd,
     }
-    for name, attend in (("attention", attention), ("tuned", tuned_call), ("sdpa", sdpa)):
+    variants = [("attention", attention), ("tuned", tuned_call), ("sdpa", sdpa)]
+    if args.runner:
+        from flashtune import runners
+
+        served = flashtune.get_tuned_attention(runner_store(args.runner, q, k, causal, fwd, bwd, device),
+                                               device=device)
+        variants += [("served", lambda a, b, c: served(a, b, c, is_causal=causal)),
+                     ("backend", lambda a, b, c: runners.sdpa(args.runner, a, b, c, is_causal=causal))]
+    for name, attend in variants:
         calls[(name, "fwd")] = lambda attend=attend: attend(q, k, v)
         calls[(name, "fwd+bwd")] = grads(attend)
     return calls, choice
+
+
+def runner_store(runner: str, q, k, causal: bool, fwd, bwd, device) -> str:
+    """A temporary store whose keys of this call (fwd and bwd) hold ``fwd``/``bwd`` with
+    ``runner`` as their runner, as a search that measured that backend faster stores them."""
+    import tempfile
+
+    from flashtune.dispatch import call_key
+    from flashtune.keys import GpuInfo
+    from flashtune.provenance import current_provenance
+    from flashtune.store import Store, StoredResult
+
+    interpreter = device.type != "cuda"
+    gpu = GpuInfo.interpreter() if interpreter else GpuInfo.from_device(device)
+    path = os.path.join(tempfile.mkdtemp(prefix="flashtune-overhead-"), "runner.db")
+    with Store(path) as store:
+        for pass_, cfg in (("fwd", fwd), ("bwd", bwd)):
+            store.save_result(StoredResult(
+                key=call_key(gpu.key, pass_, q, k, causal), config=cfg, time_ms=1.0, tflops=1.0, default_time_ms=1.0,
+                error=0.0, n_trials=1, gpu=gpu, provenance=current_provenance(None if interpreter else device),
+                runner=runner, runner_times={"triton": 1.0, runner: 0.5}))
+    return path
 
 
 def diagnose(args, device, sync) -> dict:
@@ -203,17 +243,18 @@ def run(args) -> dict:
     us = {f"{variant} {mode}": statistics.median(rounds[(variant, mode)]) for variant, mode in calls}
     pieces = diagnose(args, device, sync) if args.diagnose else None
     overhead = {}
+    pairs = [("tuned", "attention"), ("tuned", "direct")] + ([("served", "backend")] if args.runner else [])
     for mode in MODES:
-        for base in ("attention", "direct"):
-            t, b = us[f"tuned {mode}"], us[f"{base} {mode}"]
-            overhead[f"tuned vs {base} {mode}"] = {"extra_us": t - b, "ratio": t / b}
+        for variant, base in pairs:
+            t, b = us[f"{variant} {mode}"], us[f"{base} {mode}"]
+            overhead[f"{variant} vs {base} {mode}"] = {"extra_us": t - b, "ratio": t / b}
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
         "interpreter": device.type != "cuda",
         "shape": {"batch": args.batch, "heads": args.heads, "seq_len": args.seq_len, "head_dim": args.head_dim,
                   "dtype": args.dtype, "causal": args.causal},
-        "iters": args.iters, "repeats": args.repeats,
+        "iters": args.iters, "repeats": args.repeats, "runner": args.runner,
         "choice": {"fwd": choice.fwd_config.to_dict(), "fwd_source": choice.fwd_source,
                    "bwd": choice.bwd_config.to_dict(), "bwd_source": choice.bwd_source},
         "us_per_call": us,
@@ -229,11 +270,12 @@ def format_report(result: dict) -> str:
         f"per-call host time, B={s['batch']} H={s['heads']} N={s['seq_len']} D={s['head_dim']} {s['dtype']}"
         f"{' causal' if s['causal'] else ''}; median of {result['repeats']} rounds of {result['iters']} calls"
         + ("  [Triton interpreter: not GPU figures]" if result["interpreter"] else ""),
-        f"configs: fwd {result['choice']['fwd_source']}, bwd {result['choice']['bwd_source']}",
+        f"configs: fwd {result['choice']['fwd_source']}, bwd {result['choice']['bwd_source']}"
+        + (f"; served/backend: {result['runner']}" if result["runner"] else ""),
         "",
         f"{'variant':<10} {'fwd us':>10} {'fwd+bwd us':>12}",
     ]
-    for variant in VARIANTS:
+    for variant in VARIANTS + (RUNNER_VARIANTS if result["runner"] else ()):
         lines.append(f"{variant:<10} {result['us_per_call'][f'{variant} fwd']:>10.2f} "
                      f"{result['us_per_call'][f'{variant} fwd+bwd']:>12.2f}")
     lines.append("")

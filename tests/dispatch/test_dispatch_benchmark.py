@@ -56,3 +56,17 @@ def test_the_diagnose_mode_times_the_pieces_of_the_autograd_path(tmp_path):
                            "autograd round trip, no-op Function"}
     for name, us in pieces.items():  # the printed lines are the file's figures
         assert f"{name:<38} {us:>8.2f} us" in done.stdout
+
+
+def test_the_runner_variants_time_a_call_served_by_an_sdpa_backend(tmp_path):
+    """--runner: the drop-in serving an SDPA backend (as a search that found it faster stores
+    it) against the same backend called directly; the CPU has SDPA's flash backend."""
+    done, result = _smoke_run(tmp_path, "--runner", "sdpa-flash", "--iters", "5")
+    us = result["us_per_call"]
+    assert {f"{v} {m}" for v in ("served", "backend") for m in ("fwd", "fwd+bwd")} <= set(us)
+    # served by SDPA, not the kernels: microseconds, not the interpreter's 20 milliseconds
+    assert all(5 < us[f"{v} {m}"] < 5000 for v in ("served", "backend") for m in ("fwd", "fwd+bwd")), us
+    for mode in ("fwd", "fwd+bwd"):
+        o = result["overhead"][f"served vs backend {mode}"]
+        assert o["extra_us"] == us[f"served {mode}"] - us[f"backend {mode}"]
+    assert "served/backend: sdpa-flash" in done.stdout and result["runner"] == "sdpa-flash"
