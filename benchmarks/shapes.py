@@ -99,6 +99,7 @@ class Result:
     choice: str | None = None  # --db: the drop-in's explain() for the row's call
     singles_ms: dict = dataclasses.field(default_factory=dict)  # --singles: config label -> ms (None: cannot run)
     singles_tuned_ms: float | None = None  # the tuned config, timed interleaved with the singles
+    singles_timer: str | None = None  # "eager" or "cuda-graph replay" (--graph-singles)
 
     def best_sdpa(self) -> tuple[str | None, float | None]:
         timed = [(self.tflops[b], b) for b in BACKENDS if self.tflops.get(b)]
@@ -238,15 +239,18 @@ def _sdpa(backend):
     return run
 
 
-def _graph_ms(fn, device) -> float | None:
-    """do_bench median of ``fn`` replayed from a CUDA graph (no host work per launch)."""
+def _graph_ms(fn, device, *, grad: bool = False) -> float | None:
+    """do_bench median of ``fn`` replayed from a CUDA graph (no host work per launch);
+    ``grad``: captured with autograd on (a backward)."""
+    import contextlib
+
     import torch
     import triton
 
     if device.type != "cuda":
         return None
     try:
-        with torch.no_grad():
+        with contextlib.nullcontext() if grad else torch.no_grad():
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
@@ -261,6 +265,16 @@ def _graph_ms(fn, device) -> float | None:
         print(f"  CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
               file=sys.stderr)
         return None
+
+
+def _graph_pass_ms(run, pass_: str, q, k, v, do, causal: bool) -> float | None:
+    """One pass of ``run`` replayed from a CUDA graph: the forward, or the backward alone
+    (``o.backward(do)`` captured after an eager forward); None when the capture fails."""
+    if pass_ == "fwd":
+        return _graph_ms(lambda: run(q, k, v, causal), q.device)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    o = run(*leaves, causal)
+    return _graph_ms(lambda: o.backward(do, retain_graph=True), q.device, grad=True)
 
 
 def _precompile(candidates: list[dict], q, k, v, causal: bool) -> None:
@@ -438,8 +452,20 @@ def bench_row(args, shape: Shape, entries: dict, copy_bw: float, singles: dict |
 def time_singles(args, result: Result, candidates: list, tuned: tuple, q, k, v, do, causal: bool, time_one) -> None:
     """Each candidate config of ``result``'s pass on this row: refused by ``validate()``, or
     failing, or disagreeing with the row's (checked) tuned config by over 2 % relative error
-    gives None; the others are timed interleaved with the tuned config over --rounds."""
+    gives None; the others are timed interleaved with the tuned config over --rounds (with
+    --graph-singles: replayed from a CUDA graph, the GPU's time without the host's, where the
+    capture works; ``result.singles_timer`` says which)."""
     import torch
+
+    if args.graph_singles and q.device.type == "cuda":
+        eager, graphed = time_one, set()
+
+        def time_one(run, pass_):  # noqa: F811 - the graph replay, else the eager timer
+            ms = _graph_pass_ms(run, pass_, q, k, v, do, causal)
+            if ms is None:
+                return eager(run, pass_)
+            graphed.add(pass_)
+            return ms
 
     from flashtune.kernels import ConfigError, attention
 
@@ -472,6 +498,8 @@ def time_singles(args, result: Result, candidates: list, tuned: tuple, q, k, v, 
         runners[label] = run_with(cfg)
     del want
     timed = grid_bench.time_rounds(runners, [result.pass_], args.rounds, time_one)
+    result.singles_timer = "cuda-graph replay" if args.graph_singles and q.device.type == "cuda" and graphed \
+        else "eager"
     for (label, _), times in timed.items():
         ms = statistics.median(times) if times else None
         if label == "tuned":
@@ -520,9 +548,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--db", metavar="STORE", help="a tuned store: its configs, and the drop-in on it (see above)")
     ap.add_argument("--singles", action="store_true",
                     help="with --db: time every stored Triton winner of a pass on every row of it (see above)")
+    ap.add_argument("--graph-singles", action="store_true",
+                    help="with --singles: time them (and the row's tuned config) from CUDA-graph replays, the "
+                         "GPU's time alone: on short rows the eager times are the host's")
     args = ap.parse_args(argv)
     if args.singles and not args.db:
         ap.error("--singles: needs --db (the store whose winners are the candidates)")
+    if args.graph_singles and not args.singles:
+        ap.error("--graph-singles: needs --singles")
     cpu = args.device.startswith("cpu")
     args.tiny = args.tiny or cpu
     if args.rounds is None:

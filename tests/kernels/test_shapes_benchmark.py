@@ -70,3 +70,34 @@ def test_runs_under_the_interpreter(tmp_path):
     assert decode["copy_fraction"]["flashtune"] > 0 and "split kernel" in decode["schedule"]
     assert decode["config"]["num_splits"] == 0 and result["copy_bandwidth"] > 0
     assert "interpreter wall clock" in done.stdout and "geomean" in done.stdout
+
+
+def test_a_tuned_store_is_measured_with_the_drop_in_and_the_best_single_config(tmp_path):
+    """--db/--singles under the interpreter: a store searched over two tiny rows; each row
+    reports the drop-in against SDPA, its tuned Triton config against the default, and the
+    summary names the best single config of each pass (the eager timer on the CPU)."""
+    rows = [{"B": 1, "Hq": 4, "Hkv": 4, "Nq": 17, "D": 64, "dtype": "float16", "passes": "fwd+bwd",
+             "name": "vit-l16-257"},
+            {"B": 1, "Hq": 4, "Hkv": 1, "Nq": 1, "Nk": 40, "D": 128, "dtype": "float16", "name": "decode-b32-4k"}]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    db = tmp_path / "t.db"
+    searched = subprocess.run([sys.executable, "-m", "flashtune", "search", "--interpreter", "--shapes",
+                               str(tmp_path / "rows.json"), "--trials", "2", "--db", str(db), "--no-progress",
+                               "--storage", str(tmp_path / "j.log")], capture_output=True, text=True, timeout=600)
+    assert searched.returncode == 0, searched.stdout[-2000:] + searched.stderr[-2000:]
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--rows", "vit-l16-257", "decode-b32-4k",
+                           "--db", str(db), "--singles", "--graph-singles", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    rows = {(r["name"], r["pass_"]): r for r in report["rows"]}
+    assert set(rows) == {("vit-l16-257", "fwd"), ("vit-l16-257", "bwd"), ("decode-b32-4k", "fwd")}
+    for r in rows.values():
+        assert r["config_source"] == "tuned exact" and "tuned exact" in r["choice"]
+        assert r["ms"]["dropin"] > 0 and r["ms"]["default"] > 0 and r["check"]["dropin"]
+        assert r["singles_timer"] == "eager" and r["singles_tuned_ms"] > 0
+        assert all(ms is None or ms > 0 for ms in r["singles_ms"].values()) and r["singles_ms"]
+    best = report["summary"]["best_single"]
+    assert set(best) == {"fwd", "bwd"} and best["fwd"]["of_rows"] == 2 and best["fwd"]["tuned_vs_single"] > 0
+    assert "drop-in / best SDPA" in done.stdout and "best single Triton config, fwd" in done.stdout
