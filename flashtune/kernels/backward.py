@@ -22,8 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (LOG2E, block_offsets, causal_offset, cdiv, dot_precision, key_range, load_tile,
-                                      needs_int64, on_device, sm_count, store_tile, tma_descriptors, tma_tile)
+from flashtune.kernels.common import (block_offsets, causal_offset, cdiv, dot_precision, key_range, load_tile,
+                                      needs_int64, on_device, score_scales, sm_count, softcap_log2_scores, store_tile,
+                                      tma_descriptors, tma_tile)
 from flashtune.kernels.config import BwdConfig, dkdv_split, padded_head_dim
 
 
@@ -49,10 +50,10 @@ def _bwd_preprocess_kernel(O, DO, DELTA,
 @triton.jit
 def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_base, delta_base, dqa_base,
                     desc_q, desc_do, desc_dqa, off_b, off_h,
-                    offs_n, offs_mb, offs_d, lo, hi, N_Q, N_K, qk_scale, sm_scale, causal_off,
+                    offs_n, offs_mb, offs_d, lo, hi, N_Q, N_K, qk_scale, softcap_log2, sm_scale, causal_off,
                     MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
-                    ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr):
+                    ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, SOFTCAP: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_mb
         if TMA:
@@ -64,7 +65,12 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
         else:
             lse = tl.load(lse_base + offs_m)
         # scores transposed: keys along rows, queries along columns
-        p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale - lse[None, :])
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+        if SOFTCAP:  # the capped scores (common.softcap_log2_scores); qk_scale is its tanh scale
+            s_t = softcap_log2_scores(s_t, qk_scale, softcap_log2)
+            p_t = tl.math.exp2(s_t - lse[None, :])
+        else:
+            p_t = tl.math.exp2(s_t * qk_scale - lse[None, :])
         if MASK:
             valid = (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K)
             if CAUSAL:
@@ -80,7 +86,11 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
         else:
             delta = tl.load(delta_base + offs_m)
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if SOFTCAP:  # through the cap: d(c tanh(s / c)) / ds = 1 - tanh^2
+            t_t = s_t / softcap_log2
+            ds_t = ds_t * (1.0 - t_t * t_t)
+        ds_t = ds_t.to(q.dtype)
         dk = tl.dot(ds_t, q, dk, input_precision=PRECISION)
         if ATOMIC_DQ:
             # this key block's share of dQ, added into the fp32 accumulator
@@ -100,7 +110,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQA, sm_scale, qk_scale,
+def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQA, sm_scale, qk_scale, softcap_log2,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -110,7 +120,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
                      H, GROUP, N_Q, N_K, causal_off, SPLIT_H, SPLIT_Q,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
-                     ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, PARTIAL: tl.constexpr):
+                     ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, PARTIAL: tl.constexpr,
+                     SOFTCAP: tl.constexpr):
     # axis 1 runs over (K/V head, split): split s of a key block takes the query heads
     # [s_h * GROUP / SPLIT_H, ...) of the group and the s_q-th of SPLIT_Q chunks of its
     # query blocks; with PARTIAL its dK/dV go to fp32 slot s of DK/DV, summed afterwards
@@ -161,18 +172,21 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
                                  dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
                                  offs_n, offs_mb, offs_d, first * BLOCK_M, diag_end * BLOCK_M, N_Q, N_K,
-                                 qk_scale, sm_scale, causal_off,
-                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ)
+                                 qk_scale, softcap_log2, sm_scale, causal_off,
+                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ,
+                                 SOFTCAP)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
                                  dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
                                  offs_n, offs_mb, offs_d, diag_end * BLOCK_M, tail * BLOCK_M, N_Q, N_K,
-                                 qk_scale, sm_scale, causal_off,
-                                 False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ)
+                                 qk_scale, softcap_log2, sm_scale, causal_off,
+                                 False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ,
+                                 SOFTCAP)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
                                  dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
                                  offs_n, offs_mb, offs_d, tail * BLOCK_M, n_blocks * BLOCK_M, N_Q, N_K,
-                                 qk_scale, sm_scale, causal_off,
-                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ)
+                                 qk_scale, softcap_log2, sm_scale, causal_off,
+                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ,
+                                 SOFTCAP)
 
     dk = dk * sm_scale
     if PARTIAL:
@@ -218,9 +232,10 @@ def _bwd_dkdv_sum_kernel(PK, PV, DK, DV,
 
 @triton.jit
 def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, desc_k, desc_v, off_b, off_hk,
-                  offs_m, offs_nb, offs_d, lo, hi, N_K, qk_scale,
+                  offs_m, offs_nb, offs_d, lo, hi, N_K, qk_scale, softcap_log2,
                   MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr):
+                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+                  SOFTCAP: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_nb
         if TMA:
@@ -229,7 +244,12 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, d
         else:
             k = load_tile(k_base + offs_n[:, None] * stride_kn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
             v = load_tile(v_base + offs_n[:, None] * stride_vn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
-        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale - lse[:, None])
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if SOFTCAP:
+            s = softcap_log2_scores(s, qk_scale, softcap_log2)
+            p = tl.math.exp2(s - lse[:, None])
+        else:
+            p = tl.math.exp2(s * qk_scale - lse[:, None])
         if MASK:
             valid = offs_n[None, :] < N_K
             if CAUSAL:
@@ -237,12 +257,15 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, d
             p = tl.where(valid, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            t = s / softcap_log2
+            ds = ds * (1.0 - t * t)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
     return dq
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale,
+def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale, softcap_log2,
                    stride_qb, stride_qh, stride_qn, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
@@ -251,7 +274,7 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale
                    H, GROUP, N_Q, N_K, causal_off,
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
-                   TMA: tl.constexpr):
+                   TMA: tl.constexpr, SOFTCAP: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -277,11 +300,11 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale
     v_base = V + off_b * stride_vb + off_hk * stride_vh + offs_d[None, :] * stride_vd
     full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N, causal_off)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
-                       offs_m + causal_off, offs_nb, offs_d, 0, full_hi, N_K, qk_scale,
-                       False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA)
+                       offs_m + causal_off, offs_nb, offs_d, 0, full_hi, N_K, qk_scale, softcap_log2,
+                       False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
-                       offs_m + causal_off, offs_nb, offs_d, full_hi, hi, N_K, qk_scale,
-                       True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA)
+                       offs_m + causal_off, offs_nb, offs_d, full_hi, hi, N_K, qk_scale, softcap_log2,
+                       True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP)
     dq = dq * sm_scale
     store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqn
                + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D)
@@ -289,9 +312,10 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale
 
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                        lse2: torch.Tensor, config: BwdConfig, *, causal: bool, sm_scale: float,
-                       fp32_precision: str = "tf32", compile_only: bool = False, causal_align: str = "top_left"
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the backward kernels with an explicit config on already-checked inputs.
+                       fp32_precision: str = "tf32", compile_only: bool = False, causal_align: str = "top_left",
+                       softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the backward kernels with an explicit config on already-checked inputs
+    (``softcap`` as the forward had it).
 
     ``compile_only``: compile (or queue in triton's AsyncCompileMode) without launching.
 
@@ -335,12 +359,13 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                  if split > 1 else (dk, dv))
         _bwd_dkdv_kernel.run(
             q, k, v, do, parts[0], parts[1], lse2, delta, dq_acc, *(descs_dkdv or (q, do)),
-            *(desc_dqa or (dq_acc,)), sm_scale, sm_scale * LOG2E,
+            *(desc_dqa or (dq_acc,)), sm_scale, *score_scales(sm_scale, softcap),
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
             H, H // H_KV, N_Q, N_K, off, split_h, split_q,
             BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1,
             grid=(cdiv(N_K, config.BLOCK_N1), H_KV * split, B),
-            ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, TMA_DQ=desc_dqa is not None, PARTIAL=split > 1, **launch)
+            ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, TMA_DQ=desc_dqa is not None, PARTIAL=split > 1,
+            SOFTCAP=bool(softcap), **launch)
         if split > 1:
             _sum_partials(parts, dk, dv, int64=int64, compile_only=compile_only)
         if atomic_dq:
@@ -348,7 +373,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                 dq.copy_(dq_acc[..., :D])  # the kernel added dQ already scaled
             return dq, dk, dv
         _launch_dq(q, k, v, do, dq, lse2, delta, config, causal=causal, sm_scale=sm_scale, precision=precision,
-                   int64=int64, compile_only=compile_only, causal_off=off)
+                   int64=int64, compile_only=compile_only, causal_off=off, softcap=softcap)
     return dq, dk, dv
 
 
@@ -375,18 +400,18 @@ def _sum_partials(parts, dk, dv, *, int64: bool, compile_only: bool = False) -> 
 
 
 def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool, sm_scale: float, precision: str,
-               int64: bool, compile_only: bool = False, causal_off: int = 0) -> None:
+               int64: bool, compile_only: bool = False, causal_off: int = 0, softcap: float = 0.0) -> None:
     """The dQ kernel (non-atomic configs), on the current device."""
     B, H, N_Q, D = q.shape
     BLOCK_D = padded_head_dim(D)
     descs_dq = tma_descriptors(config.tma, (k, v), config.BLOCK_N2, BLOCK_D)
     _bwd_dq_kernel.run(
-        q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), sm_scale, sm_scale * LOG2E,
+        q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), sm_scale, *score_scales(sm_scale, softcap),
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         H, H // k.shape[1], N_Q, k.shape[2], causal_off,
         CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
         BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(cdiv(N_Q, config.BLOCK_M2), H, B),
-        TMA=descs_dq is not None, num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
+        TMA=descs_dq is not None, SOFTCAP=bool(softcap), num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
         warmup=compile_only)
 
 

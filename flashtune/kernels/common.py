@@ -42,6 +42,34 @@ def torch_fp32_precision(dtype: torch.dtype) -> str:
     return "tf32" if torch.get_float32_matmul_precision() != "highest" else ACCURATE_FP32
 
 
+def score_scales(sm_scale: float, softcap: float = 0.0) -> tuple[float, float]:
+    """The kernels' two score scalars: without softcap (qk_scale, unused), qk_scale =
+    sm_scale x log2(e), the scores in base-2 units; with it (sm_scale / softcap,
+    softcap x log2(e)) for ``softcap_log2_scores``."""
+    if not softcap:
+        return sm_scale * LOG2E, 0.0
+    return sm_scale / softcap, softcap * LOG2E
+
+
+@triton.jit
+def softcap_log2_scores(qk, tanh_scale, softcap_log2):
+    """``softcap * tanh(sm_scale * qk / softcap)`` in base-2 units, from the raw dot products
+    and ``score_scales``' pair. tanh (Triton has none the interpreter runs): its odd series to
+    x^9 below |x| = 0.3 (next term under 2e-8), else 1 - 2 / (e^(2|x|) + 1) with the sign,
+    which is exact at both ends (e^(2|x|) overflows to inf: 1) and has no cancellation there.
+    A cap far above the scores (tiny x) stays accurate, where the closed form alone would
+    lose x's digits to 1 - 2 / (2 + 2x). The backward's factor is 1 - t^2, t = this /
+    softcap_log2."""
+    x = qk * tanh_scale
+    x2 = x * x
+    series = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * (
+        -0.05396825396825397 + x2 * 0.021869488536155203))))
+    ax = tl.abs(x)
+    closed = 1.0 - 2.0 / (tl.math.exp2(ax * 2.885390081777927) + 1.0)  # e^(2|x|) = 2^(2|x| log2 e)
+    t = tl.where(ax < 0.3, series, tl.where(x < 0, -closed, closed))
+    return t * softcap_log2
+
+
 def dot_precision(dtype: torch.dtype, fp32_precision: str) -> str:
     """The tl.dot input precision: only fp32 inputs have a choice."""
     return fp32_precision if dtype == torch.float32 else "ieee"

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import LOG2E, block_offsets, key_range, needs_int64, on_device, tma_descriptors
+from flashtune.kernels.common import block_offsets, key_range, needs_int64, on_device, score_scales, tma_descriptors
 from flashtune.kernels.config import DECODE_MAX_Q, MAX_SPLITS, FwdConfig, padded_head_dim
 from flashtune.kernels.forward import _fwd_inner
 
@@ -102,7 +102,7 @@ def plan_schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_
 
 
 @triton.jit
-def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale,
+def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
                       stride_qb, stride_qh, stride_qn, stride_qd,
                       stride_kb, stride_kh, stride_kn, stride_kd,
                       stride_vb, stride_vh, stride_vn, stride_vd,
@@ -111,7 +111,7 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale,
                       H_ROWS, M_BLOCKS, PACK, GROUP, N_Q, N_K, CHUNK, causal_off,
                       CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                      INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr):
+                      INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr):
     # program (row block x batch x row head, chunk): axis 0 holds up to 2^31 - 1 programs
     # (CUDA caps axes 1 and 2 at 65535); a row head is a K/V head when packing (PACK =
     # GROUP), else a query head (PACK = 1)
@@ -151,12 +151,12 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale,
     lo_s = split * CHUNK
     hi_s = lo_s + CHUNK
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
-                               q_idx + causal_off, offs_nb, offs_d, lo_s, tl.minimum(hi_s, full_hi), N_K, qk_scale,
-                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE)
+                               q_idx + causal_off, offs_nb, offs_d, lo_s, tl.minimum(hi_s, full_hi), N_K, qk_scale, softcap_log2,
+                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                                q_idx + causal_off, offs_nb, offs_d, tl.maximum(lo_s, full_hi),
-                               tl.minimum(hi_s, hi), N_K, qk_scale,
-                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE)
+                               tl.minimum(hi_s, hi), N_K, qk_scale, softcap_log2,
+                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP)
 
     # a row that saw no key here: output 0 and log-sum-exp -inf (weight 0 in the combine)
     seen = l_i > 0.0
@@ -213,7 +213,7 @@ def _combine_kernel(OP, LSEP, O, LSE, SPLITS, H, N_Q,
 
 def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FwdConfig, schedule: Schedule, *,
                   causal: bool, causal_off: int, sm_scale: float, precision: str,
-                  compile_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  compile_only: bool = False, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward through the split kernel (and the combine kernel when it splits):
     ``(o, lse2)`` as attention_forward returns them."""
     B, H, N_Q, D = q.shape
@@ -240,11 +240,12 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
     grid = (m_blocks * B * h_rows, S)
     with on_device(q):
         _split_fwd_kernel.run(
-            q, k, v, o_part, lse_part, *(descs or (k, v)), sm_scale * LOG2E,
+            q, k, v, o_part, lse_part, *(descs or (k, v)), *score_scales(sm_scale, softcap),
             *q.stride(), *k.stride(), *v.stride(), *o_strides, *l_strides,
             h_rows, m_blocks, pack, group, N_Q, N_K, schedule.chunk, causal_off,
             CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_M=schedule.block_m, BLOCK_N=config.BLOCK_N,
-            PRECISION=precision, INT64=int64, TMA=descs is not None, SCALE_POSITIVE=sm_scale > 0,
+            PRECISION=precision, INT64=int64, TMA=descs is not None, SCALE_POSITIVE=sm_scale > 0 and not softcap,
+            SOFTCAP=bool(softcap),
             num_warps=config.num_warps, num_stages=config.num_stages, grid=grid, warmup=compile_only)
         if S > 1:
             block_s = max(2, 1 << (S - 1).bit_length())

@@ -16,17 +16,18 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (LOG2E, block_offsets, causal_offset, dot_precision, key_range, load_tile,
-                                      needs_int64, on_device, store_tile, tma_descriptors, tma_tile)
+from flashtune.kernels.common import (block_offsets, causal_offset, dot_precision, key_range, load_tile, needs_int64,
+                                      on_device, score_scales, softcap_log2_scores, store_tile, tma_descriptors,
+                                      tma_tile)
 from flashtune.kernels.config import FwdConfig, padded_head_dim
 
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, desc_v, off_b, off_hk,
-               last_key, offs_nb, offs_d, lo, hi, N_K, qk_scale,
+               last_key, offs_nb, offs_d, lo, hi, N_K, qk_scale, softcap_log2,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-               SCALE_POSITIVE: tl.constexpr):
+               SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_nb
         if TMA:
@@ -34,7 +35,9 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
         else:
             k = load_tile(k_base + offs_n[:, None] * stride_kn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        if not SCALE_POSITIVE:
+        if SOFTCAP:  # softcap * tanh(scores / softcap) in log2 units (common.softcap_log2; SCALE_POSITIVE off)
+            qk = softcap_log2_scores(qk, qk_scale, softcap_log2)
+        elif not SCALE_POSITIVE:
             qk = qk * qk_scale
         if MASK:
             valid = offs_n[None, :] < N_K
@@ -70,7 +73,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
 
 
 @triton.jit
-def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale,
+def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -78,7 +81,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale,
                      H, GROUP, N_Q, N_K, causal_off,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                     INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr):
+                     INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         # the last query blocks have the most keys: start them first
@@ -106,11 +109,11 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale,
     # sequence-end mask.
     full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N, causal_off)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
-                               offs_m + causal_off, offs_nb, offs_d, 0, full_hi, N_K, qk_scale,
-                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE)
+                               offs_m + causal_off, offs_nb, offs_d, 0, full_hi, N_K, qk_scale, softcap_log2,
+                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
-                               offs_m + causal_off, offs_nb, offs_d, full_hi, hi, N_K, qk_scale,
-                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE)
+                               offs_m + causal_off, offs_nb, offs_d, full_hi, hi, N_K, qk_scale, softcap_log2,
+                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP)
 
     if CAUSAL:
         # rows that saw no key (bottom-right, Nq > Nk): output 0, log-sum-exp -inf
@@ -126,8 +129,12 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale,
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FwdConfig, *,
                       causal: bool, sm_scale: float, fp32_precision: str = "tf32",
-                      compile_only: bool = False, causal_align: str = "top_left") -> tuple[torch.Tensor, torch.Tensor]:
+                      compile_only: bool = False, causal_align: str = "top_left",
+                      softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel with an explicit config on already-checked inputs.
+
+    ``softcap`` > 0 caps the scaled scores at ``softcap * tanh(scores / softcap)`` (Gemma-2);
+    0 leaves them as they are.
 
     ``causal_align``: "top_left" (SDPA's is_causal) or "bottom_right" (common.causal_offset).
     The split kernel of kernels/decode.py runs instead when the config's schedule asks
@@ -145,7 +152,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     schedule = plan_schedule(config, B, H, k.shape[1], N_Q, N_K, q.device)
     if schedule is not None:
         return split_forward(q, k, v, config, schedule, causal=causal, causal_off=off, sm_scale=sm_scale,
-                             precision=dot_precision(q.dtype, fp32_precision), compile_only=compile_only)
+                             precision=dot_precision(q.dtype, fp32_precision), compile_only=compile_only,
+                             softcap=softcap)
     o = torch.empty_like(q)
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     BLOCK_D = padded_head_dim(D)
@@ -157,13 +165,13 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     grid = (-(-N_Q // config.BLOCK_M), H, B)
     with on_device(q):
         _attn_fwd_kernel.run(
-            q, k, v, o, lse2, *(descs or (k, v)), sm_scale * LOG2E,
+            q, k, v, o, lse2, *(descs or (k, v)), *score_scales(sm_scale, softcap),
             *q.stride(), *k.stride(), *v.stride(), *o.stride(),
             H, H // k.shape[1], N_Q, N_K, off,
             CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D,
             BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
             PRECISION=dot_precision(q.dtype, fp32_precision), INT64=needs_int64(q, k, v, o), TMA=descs is not None,
-            SCALE_POSITIVE=sm_scale > 0,
+            SCALE_POSITIVE=sm_scale > 0 and not softcap, SOFTCAP=bool(softcap),
             num_warps=config.num_warps, num_stages=config.num_stages,
             grid=grid, warmup=compile_only,
         )

@@ -16,6 +16,17 @@ from flashtune.kernels.forward import attention_forward
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def check_softcap(softcap) -> float:
+    """``softcap`` as the kernels take it (0.0: off), or ValueError/TypeError naming it."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap: expected a positive number or None, got {type(softcap).__name__}")
+    if not math.isfinite(softcap) or softcap <= 0:
+        raise ValueError(f"softcap: expected a positive finite number or None, got {softcap!r}")
+    return float(softcap)
+
+
 def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32", causal_align="top_left") -> float:
     """Raise TypeError/ValueError naming the argument for anything the kernels cannot run.
 
@@ -102,11 +113,12 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
 
 class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, causal_align="top_left"):
+    def forward(ctx, q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, causal_align="top_left",
+                softcap=0.0):
         o, lse2 = attention_forward(q, k, v, fwd_config, causal=causal, sm_scale=sm_scale,
-                                    fp32_precision=fp32_precision, causal_align=causal_align)
+                                    fp32_precision=fp32_precision, causal_align=causal_align, softcap=softcap)
         ctx.save_for_backward(q, k, v, o, lse2)
-        ctx.causal, ctx.sm_scale, ctx.causal_align = causal, sm_scale, causal_align
+        ctx.causal, ctx.sm_scale, ctx.causal_align, ctx.softcap = causal, sm_scale, causal_align, softcap
         ctx.bwd_config, ctx.fp32_precision = bwd_config, fp32_precision
         ctx.mark_non_differentiable(lse2)
         ctx.set_materialize_grads(False)  # lse2 has no gradient: no zero tensor per backward
@@ -115,18 +127,18 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _dlse2):
         if do is None:  # o took no part in the loss
-            return (None,) * 9
+            return (None,) * 10
         q, k, v, o, lse2 = ctx.saved_tensors
         dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.bwd_config, causal=ctx.causal,
                                         sm_scale=ctx.sm_scale, fp32_precision=ctx.fp32_precision,
-                                        causal_align=ctx.causal_align)
-        return dq, dk, dv, None, None, None, None, None, None
+                                        causal_align=ctx.causal_align, softcap=ctx.softcap)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               sm_scale: float | None = None, fwd_config: FwdConfig | None = None,
               bwd_config: BwdConfig | None = None, return_lse: bool = False,
-              fp32_precision: str | None = None, causal_align: str = "top_left"):
+              fp32_precision: str | None = None, causal_align: str = "top_left", softcap: float | None = None):
     """FlashAttention, differentiable, in torch SDPA's layout.
 
     q is (batch, heads_q, seq_q, head_dim); k and v are (batch, heads_kv, seq_k, head_dim)
@@ -145,6 +157,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     (see common.torch_fp32_precision). ``fp32_precision`` is one of "tf32", "tf32x3"
     (three tf32 products per dot), "ieee".
 
+    ``softcap`` (a positive number; None: off) caps the scaled scores at
+    ``softcap * tanh(scores / softcap)`` before the softmax, in the forward and backward
+    (Gemma-2's attention logit softcapping); not under torch.compile yet.
+
     Returns o, or (o, lse) with ``return_lse=True``: lse is (batch, heads_q, seq_q) float32,
     the natural-log log-sum-exp of the scaled scores of each query row. Gradients flow
     through o only: lse is returned for inspection and is not differentiable.
@@ -154,6 +170,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         fp32_precision = torch_fp32_precision(q.dtype) if isinstance(q, torch.Tensor) else "tf32"
     scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, fp32_precision="tf32" if fp32_precision is None else fp32_precision,
                          causal_align=causal_align)
+    cap = check_softcap(softcap)
+    if compiling and cap:
+        raise NotImplementedError("softcap: not supported under torch.compile yet (flashtune's compiled operator "
+                                  "has no softcap); call flashtune.attention outside the compiled region")
     if compiling:  # one traceable operator per pass, configs resolved in it on the real shapes (kernels/ops.py)
         from flashtune.kernels.ops import compiled_attention
 
@@ -163,10 +183,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     else:
         fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            o, lse2 = FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision, causal_align)
+            o, lse2 = FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision, causal_align,
+                                                   cap)
         else:  # nothing to differentiate: the launcher alone, without autograd's cost per call
             o, lse2 = attention_forward(q, k, v, fwd, causal=causal, sm_scale=scale, fp32_precision=fp32_precision,
-                                        causal_align=causal_align)
+                                        causal_align=causal_align, softcap=cap)
     if return_lse:
         return o, lse2 * LN2
     return o

@@ -10,8 +10,11 @@ import torch
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                         sm_scale: float | None = None, dtype: torch.dtype = torch.float32,
-                        causal_align: str = "top_left"):
+                        causal_align: str = "top_left", softcap: float | None = None):
     """Return (o, lse) computed as written in the paper, in ``dtype``.
+
+    ``softcap``: the scaled scores become ``softcap * tanh(scores / softcap)`` before the
+    mask and the softmax (Gemma-2's logit softcapping); lse is then over those.
 
     Follows torch SDPA's conventions: grouped-query heads (query head h uses key head
     h // (Hq // Hkv)), causal mask aligned top-left (query i sees keys j <= i), or with
@@ -26,6 +29,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         v = v.repeat_interleave(group, dim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     if causal:
         n_q, n_k = q.shape[2], k.shape[2]
         diagonal = n_k - n_q if causal_align == "bottom_right" else 0

@@ -71,6 +71,7 @@ class Case:
     do_layout: str = "bhnd"
     sm_scale: float | None = None
     causal_align: str = "top_left"
+    softcap: float | None = None
 
     def __str__(self) -> str:
         hq, hkv = self.heads
@@ -93,6 +94,8 @@ class Case:
             parts.append(f"do-{self.do_layout}")
         if self.sm_scale is not None:
             parts.append(f"scale{self.sm_scale:g}")
+        if self.softcap is not None:
+            parts.append(f"softcap{self.softcap:g}")
         return "-".join(parts)
 
 
@@ -148,9 +151,9 @@ class Outputs:
 
 
 def flashtune_outputs(q, k, v, do, *, causal, sm_scale, fwd_config, bwd_config, fp32_precision,
-                      causal_align="top_left") -> Outputs:
+                      causal_align="top_left", softcap=None) -> Outputs:
     o, lse = attention(q, k, v, causal=causal, sm_scale=sm_scale, fwd_config=fwd_config, bwd_config=bwd_config,
-                       return_lse=True, fp32_precision=fp32_precision, causal_align=causal_align)
+                       return_lse=True, fp32_precision=fp32_precision, causal_align=causal_align, softcap=softcap)
     # autograd.grad returns the backward's tensors as they are (no .grad accumulation),
     # so their strides are the kernel's.
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
@@ -161,11 +164,12 @@ def _leaves(q, k, v, dtype):
     return tuple(x.detach().to(dtype).requires_grad_() for x in (q, k, v))
 
 
-def reference_outputs(q, k, v, do, *, causal, sm_scale, dtype=torch.float64, causal_align="top_left") -> Outputs:
+def reference_outputs(q, k, v, do, *, causal, sm_scale, dtype=torch.float64, causal_align="top_left",
+                      softcap=None) -> Outputs:
     """``reference_attention`` in ``dtype`` (float64: the truth), grads through autograd."""
     qr, kr, vr = _leaves(q, k, v, dtype)
     o, lse = reference_attention(qr, kr, vr, causal=causal, sm_scale=sm_scale, dtype=dtype,
-                                 causal_align=causal_align)
+                                 causal_align=causal_align, softcap=softcap)
     dq, dk, dv = torch.autograd.grad(o, (qr, kr, vr), do.to(dtype))
     return Outputs(o.detach(), lse.detach(), dq, dk, dv)
 
@@ -249,15 +253,19 @@ def assert_close_to_reference(name: str, actual: torch.Tensor, truth: torch.Tens
 
 def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None, fwd_config=None,
                     bwd_config=None, check_strides: bool = True, cross_check_reference: bool = True,
-                    causal_align: str = "top_left") -> dict:
+                    causal_align: str = "top_left", softcap=None) -> dict:
     """Run flashtune forward+backward and check O, LSE, dQ, dK, dV and output layouts.
+
+    With ``softcap`` (which SDPA has not) the same-dtype baseline is ``reference_attention``
+    in that dtype, with the cap, instead of SDPA's math backend.
 
     Returns the max errors by name (for reporting).
     """
     dtype, precision = DTYPES[dtype_name]
     tol = tolerance(dtype_name, q.device)
     ours = flashtune_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, fwd_config=fwd_config,
-                             bwd_config=bwd_config, fp32_precision=precision, causal_align=causal_align)
+                             bwd_config=bwd_config, fp32_precision=precision, causal_align=causal_align,
+                             softcap=softcap)
 
     B, Hq, Nq, _ = q.shape
     assert ours.o.dtype == q.dtype and ours.o.shape == q.shape
@@ -269,18 +277,24 @@ def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None
             assert out.stride() == inp.stride(), f"{name}: strides {out.stride()}, expected the input's {inp.stride()}"
 
     align = dict(causal_align=causal_align)
-    truth = reference_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, **align)
-    if cross_check_reference:
+    truth = reference_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, softcap=softcap, **align)
+    if cross_check_reference and not softcap:
         sdpa64 = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, dtype=torch.float64, **align)
         for name in ("o", "dq", "dk", "dv"):
             torch.testing.assert_close(getattr(truth, name), getattr(sdpa64, name), rtol=1e-7, atol=1e-9,
                                        msg=lambda m, name=name: f"reference_attention vs SDPA float64, {name}: {m}")
     tf32 = uses_tf32(dtype, q.device, precision)
-    torch_low = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, dtype=baseline_dtype(dtype, tf32=tf32),
-                             **align)
+    if softcap:
+        torch_low = reference_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, softcap=softcap,
+                                      dtype=baseline_dtype(dtype, tf32=tf32), **align)
+    else:
+        torch_low = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale,
+                                 dtype=baseline_dtype(dtype, tf32=tf32), **align)
 
     errors = {"lse": assert_close_to_reference("lse", ours.lse, truth.lse, torch_low.lse, tol=tol, lse=True)}
     s_max = max_visible_score(q, k, sm_scale, causal, causal_align) if dtype == torch.float32 else 0.0
+    if softcap:
+        s_max = min(s_max, softcap)  # the capped scores are what the backward recomputes
     for name in ("o", "dq", "dk", "dv"):
         slack = 0.0 if name == "o" else recompute_slack(s_max, getattr(truth, name))
         errors[name] = assert_close_to_reference(name, getattr(ours, name), getattr(truth, name),
@@ -314,4 +328,4 @@ def run_case(case: Case, device) -> dict:
     q, k, v, do = case_inputs(case, device)
     return check_attention(q, k, v, do, dtype_name=case.dtype, causal=case.causal, sm_scale=case.sm_scale,
                            fwd_config=case.fwd, bwd_config=case.bwd, check_strides=case.layout in DENSE_LAYOUTS,
-                           causal_align=case.causal_align)
+                           causal_align=case.causal_align, softcap=case.softcap)

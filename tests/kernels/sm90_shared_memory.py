@@ -52,14 +52,15 @@ def compile_shared(item: dict) -> list[int]:
         return f"tensordesc<{pointer[1:]}[1,1,{rows},{padded_head_dim(D)}]>" if tma else pointer
 
     common = {"CAUSAL": item["causal"], "HEAD_DIM": D, "BLOCK_D": padded_head_dim(D),
-              "PRECISION": "tf32" if item["dtype"] == "float32" else "ieee", "INT64": False}
+              "PRECISION": "tf32" if item["dtype"] == "float32" else "ieee", "INT64": False,
+              "SOFTCAP": bool(item.get("softcap"))}
     if item["pass"] == "fwd":
         cfg = FwdConfig.from_dict(item["config"])
         pointers = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32"}
         pointers.update(DescK=desc(cfg.BLOCK_N, cfg.tma), DescV=desc(cfg.BLOCK_N, cfg.tma))
         kernels = [(forward._attn_fwd_kernel, pointers,
                     {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "TMA": bool(cfg.tma),
-                     "SCALE_POSITIVE": True})]
+                     "SCALE_POSITIVE": not item.get("softcap")})]
     else:
         cfg = BwdConfig.from_dict(item["config"])
         pointers = {"Q": p, "K": p, "V": p, "DO": p, "LSE": "*fp32", "DELTA": "*fp32"}
@@ -81,7 +82,8 @@ def compile_shared(item: dict) -> list[int]:
     shared = []
     for fn, pointers, blocks, (warps, stages) in (kernels if item["pass"] != "fwd" else
                                                   [(*k, (cfg.num_warps, cfg.num_stages)) for k in kernels]):
-        src = _source(fn, pointers, {"qk_scale": "fp32", "sm_scale": "fp32"}, {**common, **blocks})
+        src = _source(fn, pointers, {"qk_scale": "fp32", "sm_scale": "fp32", "softcap_log2": "fp32"},
+                      {**common, **blocks})
         compiled = triton.compile(src, target=GPUTarget(*TARGET), options={"num_warps": warps, "num_stages": stages})
         shared.append(int(compiled.metadata.shared))
     return shared

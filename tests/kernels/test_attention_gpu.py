@@ -331,3 +331,21 @@ def check_configs(pass_, configs, *, head_dim, causal, device, shape=SPACE_SHAPE
                f"{len(failures)} failed; compile {t1 - t0:.0f} s, launches and checks "
                f"{time.perf_counter() - t1:.0f} s")
     return summary, failures
+
+
+def _softcaps() -> list[Case]:
+    """Gemma-2's cap (50) on its head dim, a tight cap, decode through the split kernel."""
+    return [Case("bf16", True, 1000, 1000, 256, heads=(8, 4), softcap=50.0),
+            Case("bf16", False, 777, 1024, 128, heads=(8, 2), softcap=5.0,
+                 bwd=BwdConfig(64, 128, 128, 64, 8, 3, atomic_dq=1)),
+            Case("fp16", True, 1024, 1024, 64, heads=(4, 4), softcap=20.0,
+                 bwd=BwdConfig(64, 64, 128, 64, 4, 3, dkdv_split=4)),
+            Case("bf16", False, 1, 8192, 256, heads=(8, 1), softcap=50.0, batch=4)]
+
+
+@pytest.mark.parametrize("case", _softcaps(), ids=str)
+def test_softcap(case):
+    q, k, v, do = case_inputs(case, torch.device("cuda"))
+    errors = check_attention(q, k, v, do, dtype_name=case.dtype, causal=case.causal, fwd_config=case.fwd,
+                             bwd_config=case.bwd, softcap=case.softcap)
+    print(case, {name: f"{e:.2e}" for name, e in errors.items()})

@@ -82,3 +82,25 @@ def test_accepted_configs_fit_sm90_shared_memory():
     assert not too_big, "configs accepted on sm_90 that cannot launch there:\n" + "\n".join(too_big)
     assert not underestimated, "shared_memory() below what the compiled kernels need:\n" + "\n".join(underestimated)
 
+
+
+def test_the_softcap_kernels_compile_for_sm90_within_the_estimate():
+    """The softcap variants (a tanh per score, a derivative factor in the backward) of the
+    sm_90 defaults at D=128/256 and of an atomic-dQ TMA config compile for the H200 without
+    a GPU, and need no more shared memory than validate() allows for."""
+    fwd_table, bwd_table = config_mod.HEURISTICS[(9, 0)]
+    items = [(p, cfg, d) for p, table in (("fwd", fwd_table), ("bwd", bwd_table))
+             for (dtype, d, *rest), cfg in table.items() if dtype == torch.bfloat16 and d in (128, 256) and not rest]
+    items.append(("bwd", BwdConfig(64, 64, 64, 64, 8, 3, atomic_dq=1, tma=1), 128))
+    request = [{"pass": p, "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": True,
+                "softcap": True} for p, cfg, d in items]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(SCRIPT)], input=json.dumps(request), check=False,
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, f"compiling the softcap kernels for sm_90 failed:\n{out.stderr[-3000:]}"
+    results = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    if results and "skip" in results[0]:
+        pytest.skip(results[0]["skip"])
+    assert len(results) == len(items) >= 5
+    for (p, cfg, d), res in zip(items, results):
+        assert max(res["shared"]) <= SM90_SHARED_MEMORY, (p, d, cfg.short(), res["shared"])
