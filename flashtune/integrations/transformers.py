@@ -20,6 +20,7 @@ transformers is an optional dependency: ``pip install flashtune[transformers]``.
 from __future__ import annotations
 
 import functools
+import warnings
 import threading
 
 import torch
@@ -99,12 +100,53 @@ def attention_forward(attention, module: torch.nn.Module, query: torch.Tensor, k
         key, value = key[:, :, :n_q], value[:, :, :n_q]
         if position_bias is not None:
             position_bias = position_bias[..., :n_q]
+    softcap = kwargs.get("softcap")
+    if softcap:  # Gemma-2's logit softcapping, which SDPA has not: never dropped
+        if position_bias is not None:
+            attention_mask = _bias_mask(position_bias, attention_mask, causal, n_q, key.shape[2], query.device)
+            causal = False
+        out = _softcapped(query, key, value, attention_mask, dropout, scaling, causal, float(softcap))
+        return out.transpose(1, 2).contiguous(), None
     if position_bias is not None:  # an additive score bias: a float mask for SDPA
         attention_mask = _bias_mask(position_bias, attention_mask, causal, n_q, key.shape[2], query.device)
         causal = False
     out = attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
                     is_causal=causal, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
+
+
+_WARNED: set[str] = set()
+
+
+def _softcapped(query, key, value, mask, dropout: float, scaling, causal: bool, softcap: float) -> torch.Tensor:
+    """Softcapped attention: flashtune's kernels (``attention(softcap=)``) where there is no
+    mask and no dropout; else the dense computation with the cap, the mask and the dropout
+    (as transformers' eager attention does it), with one warning."""
+    from flashtune.kernels import attention
+
+    if mask is None and not dropout:
+        return attention(query, key, value, causal=causal, sm_scale=scaling, softcap=softcap)
+    reason = "an attention mask" if mask is not None else "dropout"
+    if reason not in _WARNED:
+        _WARNED.add(reason)
+        warnings.warn(f"flashtune runs softcapped attention with {reason} densely in torch (its kernels take a "
+                      "softcap, not a mask or dropout, with it)", stacklevel=3)
+    group = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    scores = softcap * torch.tanh(scores / softcap)
+    # masked scores get the dtype's lowest value, not -inf, as transformers' eager path: a row
+    # with no key (a padded query) stays finite instead of spreading NaN through 0 x NaN
+    lowest = torch.finfo(scores.dtype).min
+    if mask is not None:
+        scores = scores.masked_fill(~mask, lowest) if mask.dtype == torch.bool else scores + mask
+    elif causal:
+        keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~keep, lowest)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = torch.nn.functional.dropout(probs, p=dropout, training=bool(dropout))
+    return torch.matmul(probs, value)
 
 
 def _bias_mask(bias: torch.Tensor, mask: torch.Tensor | None, causal: bool, n_q: int, n_k: int,

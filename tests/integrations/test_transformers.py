@@ -87,9 +87,19 @@ def assert_within_fa_rule(got, sdpa, exact, what: str) -> None:
     assert error <= allowed, f"{what}: max error {error:.3g} against fp64, allowed {allowed:.3g}"
 
 
-def compare(model, ids, dtype, implementation=STRICT, mask=None) -> None:
-    exact = run(twin(model, "sdpa", torch.float64), ids, mask)
-    sdpa = run(twin(model, "sdpa", dtype), ids, mask)
+def gemma2(softcap: float | None = 0.01):
+    """A two-layer Gemma-2 decoder (grouped heads, logit softcapping, a window past the test's
+    lengths); a cap of the size of its (small, freshly initialised) scores, so that it bites."""
+    config = transformers.Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                       max_position_embeddings=128, attention_dropout=0.0, sliding_window=64,
+                                       attn_logit_softcapping=softcap, final_logit_softcapping=None)
+    return transformers.Gemma2ForCausalLM(config)
+
+
+def compare(model, ids, dtype, implementation=STRICT, mask=None, baseline="sdpa") -> None:
+    exact = run(twin(model, baseline, torch.float64), ids, mask)
+    sdpa = run(twin(model, baseline, dtype), ids, mask)
     got = run(twin(model, implementation, dtype), ids, mask)
     assert_within_fa_rule(got[0], sdpa[0], exact[0], "output")
     assert got[1].keys() == exact[1].keys()
@@ -131,6 +141,37 @@ def test_encoder_outputs_and_gradients_match_sdpa(dtype):
     model = bert()
     ids = torch.randint(0, 97, (2, 23), device=DEVICE)
     compare(model, ids, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemma2_softcapping_runs_on_the_kernels_and_matches_eager(dtype):
+    """Gemma-2 passes softcap=attn_logit_softcapping to the attention function: the kernels
+    apply it, so flashtune matches transformers' eager implementation, which applies it."""
+    model = gemma2()
+    ids = torch.randint(0, 97, (2, 19), device=DEVICE)
+    compare(model, ids, dtype, baseline="eager")
+    uncapped = gemma2(softcap=None)
+    uncapped.load_state_dict(model.state_dict())
+    capped, plain = (run(twin(m, "eager", torch.float64), ids)[0] for m in (model, uncapped))
+    assert (capped - plain).abs().max() > 1e-3  # the cap matters here: dropping it would be seen
+
+
+def test_gemma2_softcapping_with_a_padding_mask_is_computed_densely_with_one_warning():
+    model = gemma2()
+    ids = torch.randint(0, 97, (2, 19), device=DEVICE)
+    mask = torch.ones(2, 19, dtype=torch.long, device=DEVICE)
+    mask[0, :5] = 0  # left padding
+    flashtune_hf._WARNED.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = run(twin(model, LENIENT, torch.float32), ids, mask)[0]
+    assert torch.isfinite(got).all()
+    # eager's own padded rows spread NaN here; the truth of each sequence is eager on it alone
+    # (RoPE scores depend on relative positions only, so the left padding's shift does not count)
+    for b, start in ((0, 5), (1, 0)):
+        exact = run(twin(model, "eager", torch.float64), ids[b:b + 1, start:])[0]
+        assert (got[b, start:] - exact[0]).abs().max() < 1e-4
+    assert sum("softcapped attention with an attention mask" in str(w.message) for w in caught) == 1
 
 
 def test_a_padding_mask_goes_to_sdpa_through_the_drop_in_with_one_warning():
