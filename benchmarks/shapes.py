@@ -452,20 +452,12 @@ def bench_row(args, shape: Shape, entries: dict, copy_bw: float, singles: dict |
 def time_singles(args, result: Result, candidates: list, tuned: tuple, q, k, v, do, causal: bool, time_one) -> None:
     """Each candidate config of ``result``'s pass on this row: refused by ``validate()``, or
     failing, or disagreeing with the row's (checked) tuned config by over 2 % relative error
-    gives None; the others are timed interleaved with the tuned config over --rounds (with
-    --graph-singles: replayed from a CUDA graph, the GPU's time without the host's, where the
-    capture works; ``result.singles_timer`` says which)."""
+    gives None; the others are timed interleaved with the tuned config over --rounds. With
+    --graph-singles, where the tuned config's launches capture in a CUDA graph, every config
+    of the row is timed by graph replay (the GPU's time without the host's) and one that does
+    not capture gives None, so a row never compares the two timers; ``result.singles_timer``
+    says which ran."""
     import torch
-
-    if args.graph_singles and q.device.type == "cuda":
-        eager, graphed = time_one, set()
-
-        def time_one(run, pass_):  # noqa: F811 - the graph replay, else the eager timer
-            ms = _graph_pass_ms(run, pass_, q, k, v, do, causal)
-            if ms is None:
-                return eager(run, pass_)
-            graphed.add(pass_)
-            return ms
 
     from flashtune.kernels import ConfigError, attention
 
@@ -497,9 +489,16 @@ def time_singles(args, result: Result, candidates: list, tuned: tuple, q, k, v, 
             continue
         runners[label] = run_with(cfg)
     del want
-    timed = grid_bench.time_rounds(runners, [result.pass_], args.rounds, time_one)
-    result.singles_timer = "cuda-graph replay" if args.graph_singles and q.device.type == "cuda" and graphed \
-        else "eager"
+    timer, result.singles_timer = time_one, "eager"
+    if args.graph_singles and _graph_pass_ms(runners["tuned"], result.pass_, q, k, v, do, causal) is not None:
+        def timer(run, pass_):
+            ms = _graph_pass_ms(run, pass_, q, k, v, do, causal)
+            if ms is None:  # time_rounds leaves this config out of the row
+                raise RuntimeError("CUDA graph capture failed")
+            return ms
+
+        result.singles_timer = "cuda-graph replay"
+    timed = grid_bench.time_rounds(runners, [result.pass_], args.rounds, timer)
     for (label, _), times in timed.items():
         ms = statistics.median(times) if times else None
         if label == "tuned":

@@ -71,15 +71,13 @@ def sdpa(runner: str, query, key, value, *, is_causal: bool = False, scale=None,
     on the CPU of the build machine, 20 against 8 us), which a decode step cannot spare."""
     import torch.nn.functional as F
 
-    want = SDPA_BACKENDS[runner]
-    saved = _backend_flags()
+    want, saved = SDPA_BACKENDS[runner], _backend_flags()
     extra = {"enable_gqa": True} if enable_gqa else {}
-    if saved == want:
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal,
-                                              scale=scale, **extra)
-    _set_backend_flags(want)
+    if saved != want:
+        _set_backend_flags(want)
     try:
         return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal,
                                               scale=scale, **extra)
     finally:
-        _set_backend_flags(saved)
+        if saved != want:
+            _set_backend_flags(saved)

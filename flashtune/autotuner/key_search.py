@@ -265,7 +265,7 @@ class KeySearch:
         common = dict(shape=worker.shapes.get(self.key) or trial_shape(self.key, worker.interpreter),
                       timer="interpreter-wall-clock" if worker.interpreter else "cuda-events")
         finalists = ledger.fastest(budget.finalists)
-        if not finalists and not len(ledger) and ledger.valid:
+        if not len(ledger) and ledger.valid:
             # the key's --timeout ran out before a single config was measured (the first
             # compile of a cold cache can take longer): not a verdict on its configs, so
             # the key is left for a later run, which resumes it

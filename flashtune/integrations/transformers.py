@@ -20,8 +20,8 @@ transformers is an optional dependency: ``pip install flashtune[transformers]``.
 from __future__ import annotations
 
 import functools
-import warnings
 import threading
+import warnings
 
 import torch
 
@@ -100,18 +100,15 @@ def attention_forward(attention, module: torch.nn.Module, query: torch.Tensor, k
         key, value = key[:, :, :n_q], value[:, :, :n_q]
         if position_bias is not None:
             position_bias = position_bias[..., :n_q]
-    softcap = kwargs.get("softcap")
-    if softcap:  # Gemma-2's logit softcapping, which SDPA has not: never dropped
-        if position_bias is not None:
-            attention_mask = _bias_mask(position_bias, attention_mask, causal, n_q, key.shape[2], query.device)
-            causal = False
-        out = _softcapped(query, key, value, attention_mask, dropout, scaling, causal, float(softcap))
-        return out.transpose(1, 2).contiguous(), None
     if position_bias is not None:  # an additive score bias: a float mask for SDPA
         attention_mask = _bias_mask(position_bias, attention_mask, causal, n_q, key.shape[2], query.device)
         causal = False
-    out = attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
-                    is_causal=causal, enable_gqa=query.shape[1] != key.shape[1])
+    softcap = kwargs.get("softcap")
+    if softcap:  # Gemma-2's logit softcapping, which SDPA has not: never dropped
+        out = _softcapped(query, key, value, attention_mask, dropout, scaling, causal, float(softcap))
+    else:
+        out = attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+                        is_causal=causal, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -35,7 +35,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
         else:
             k = load_tile(k_base + offs_n[:, None] * stride_kn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        if SOFTCAP:  # softcap * tanh(scores / softcap) in log2 units (common.softcap_log2; SCALE_POSITIVE off)
+        if SOFTCAP:  # softcap * tanh(scores / softcap) in log2 units (common.softcap_log2_scores; SCALE_POSITIVE off)
             qk = softcap_log2_scores(qk, qk_scale, softcap_log2)
         elif not SCALE_POSITIVE:
             qk = qk * qk_scale
