@@ -13,6 +13,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+import contextlib  # noqa: E402
+
 import pytest  # noqa: E402
 
 
@@ -64,14 +66,24 @@ def _gpu_memory_back_after_gpu_tests(request):
 
 @pytest.fixture
 def gpu_memory_turn(tmp_path_factory):
-    """The memory-heavy GPU tests take turns across pytest-xdist workers (a file lock in the
-    run's shared temporary directory); without xdist the lock is uncontended."""
+    """A context manager factory: ``with gpu_memory_turn(heavy):`` makes the memory-heavy GPU
+    tests take turns across pytest-xdist workers (a file lock in the run's shared temporary
+    directory), while the light ones (``heavy`` false) run side by side. Serialising every
+    case made `pytest -m gpu` run past 5 minutes at 43 % on the H200 (2026-12-02)."""
     import fcntl
 
     shared = tmp_path_factory.getbasetemp().parent  # the same directory for every worker of a run
-    with open(shared / "flashtune-gpu-memory.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
+
+    @contextlib.contextmanager
+    def turn(heavy: bool = True):
+        if not heavy:
             yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            return
+        with open(shared / "flashtune-gpu-memory.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    return turn

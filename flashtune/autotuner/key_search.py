@@ -9,7 +9,7 @@ import time
 
 from flashtune.autotuner.ledger import Ledger
 from flashtune.autotuner.study import KeyStudy
-from flashtune.kernels.config import ConfigError, default_config
+from flashtune.kernels.config import ConfigError, default_config, portfolio
 from flashtune.kernels.space import default_neighbours, valid_candidates
 from flashtune.keys import GpuInfo, TuningKey, key_distance
 from flashtune.outcome import Outcome
@@ -86,7 +86,7 @@ class KeySearch:
 
         self.key, self.bench, self.budget = key, bench, budget
         self.on_trial = on_trial or (lambda search, config, outcome: None)
-        dtype = getattr(torch, key.dtype)
+        self.dtype = dtype = getattr(torch, key.dtype)
         self.ledger = Ledger(valid_candidates(key.pass_, key.head_dim, dtype, bench.device))
         try:
             self.default = default_config(key.pass_, key.head_dim, dtype, bench.device, causal=key.causal,
@@ -158,6 +158,11 @@ class KeySearch:
                     taken += 1
 
         take(first)
+        # the architecture's heuristic entries for other shapes: at most a quarter of the
+        # budget (on the realistic grid, 8 trials from the default alone left the forward
+        # 0.94x of the best single config; docs/shape-tuning.md)
+        take(portfolio(key.pass_, key.head_dim, self.dtype, self.bench.device),
+             cap=max(1, self.budget.trials // 4))
         take([r.config for r in relatives], cap=max(1, self.budget.trials // 8))
         if len(self.ledger.valid) <= self.budget.trials:
             take(self.ledger.valid)  # the valid space fits the budget: measure all of it

@@ -573,6 +573,29 @@ def resolve_device(device=None) -> torch.device:
     return dev
 
 
+def portfolio(pass_: str, head_dim: int, dtype: torch.dtype, device=None) -> list:
+    """The heuristic tables' other entries for the device's architecture and this dtype's
+    class (every head dim, both maskings, decode) that validate for ``head_dim``: configs
+    chosen from measurements on neighbouring shapes, a search's cheap first guesses.
+    Entries of this head dim come first, then the nearest head dims; no duplicates."""
+    import math
+
+    config_class(pass_)
+    cap = device_capability(device)
+    kind = _bf if dtype in (_bf, _fp) else dtype
+    tables = [t[0 if pass_ == "fwd" else 1] for c, t in sorted(HEURISTICS.items(), reverse=True) if c <= cap][:1]
+    entries = [(k, cfg) for table in tables for k, cfg in table.items() if k[0] == kind]
+    entries.sort(key=lambda e: abs(math.log2(e[0][1]) - math.log2(padded_head_dim(head_dim))))
+    out: dict = {}
+    for _, cfg in entries:
+        try:
+            cfg = cfg.validate(head_dim, dtype, device)
+        except ConfigError:
+            continue
+        out.setdefault(cfg.canonical(), cfg)
+    return list(out.values())
+
+
 def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None,
                    seq_q: int | None = None):
     """The heuristic config for a pass ("fwd" or "bwd") on ``device``.

@@ -9,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import optuna
 import pytest
 from autotuner_helpers import (
     FAULT_SPIN,
@@ -52,6 +53,14 @@ def test_an_interrupted_search_resumes_without_measuring_a_config_twice(tmp_path
             search([k], **run)
     assert trials_of(db, k) == []
     assert signal.getsignal(signal.SIGTERM) is sigterm  # the SIGTERM handler is put back
+    # what the first run left waiting in the study's queue: the rest of its warm start (the
+    # default's neighbours, then the heuristic portfolio's entries), not the default itself
+    study = journal_study(tmp_path / "optuna-journal.log", study_name(k, kernel_source_hash(), store_id(db)))
+    waiting = [cid(FwdConfig(**t.system_attrs["fixed_params"])) for t in study.trials
+               if t.state == optuna.trial.TrialState.WAITING]
+    neighbours = [cid(c) for c in default_neighbours(default)]
+    assert waiting[:len(neighbours)] == neighbours and cid(default) not in waiting
+    assert len(waiting) < 3, "the default would not be among the three trials of the next run: the test shows nothing"
 
     # 2. Interrupted after the third trial reached the store, before the study heard of it
     with monkeypatch.context() as m:
@@ -70,8 +79,8 @@ def test_an_interrupted_search_resumes_without_measuring_a_config_twice(tmp_path
     assert len(runs.calls) == 3
     assert sum(rows_per_config(db, k).values()) == 3
     # the default was re-queued although its first trial failed (interrupted), and measured
-    # right after what the first run had left waiting in the queue (its warm-start neighbour)
-    assert [cid(c[1]) for c in runs.calls[:2]] == [cid(c) for c in (*default_neighbours(default), default)]
+    # right after what the first run had left waiting in the queue (the rest of its warm start)
+    assert [cid(c[1]) for c in runs.calls] == [*waiting, cid(default)][:3]
 
     # 3. Run again to the end
     with monkeypatch.context() as m:

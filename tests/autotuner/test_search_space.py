@@ -11,7 +11,7 @@ import pytest
 import torch
 from autotuner_helpers import Spy, cid, journal_study, key, rows_per_config, store_id, tiny_space, trials_of
 
-from flashtune.autotuner import search, study_name
+from flashtune.autotuner import key_search, search, study_name
 from flashtune.autotuner.worker import TrialWorker
 from flashtune.kernels import config as config_mod
 from flashtune.kernels.config import ConfigError, FwdConfig, default_config
@@ -104,6 +104,44 @@ def test_the_default_and_its_other_dq_mode_are_measured_first(tmp_path, monkeypa
     assert {t.config.atomic_dq for t in trials_of(tmp_path / "t.db", k)} == {0, 1}
 
 
+def test_a_fresh_search_measures_the_heuristic_portfolio_right_after_the_default(tmp_path, monkeypatch):
+    """The architecture's heuristic entries for other shapes (kernels.config.portfolio) are
+    queued right after the default and its neighbours: only those that validate for the
+    key, nearest head dim first, at most a quarter of the budget."""
+    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 16384)  # in this process
+    bf16, fp16 = torch.bfloat16, torch.float16
+    fwd, bwd = config_mod.HEURISTICS[(0, 0)]  # the interpreter's table; fp16 keys read bf16's entries
+    table = {k: v for k, v in fwd.items() if k[0] != bf16}
+    table.update({
+        (bf16, 16): fwd[(bf16, 16)],  # the key's default
+        (bf16, 16, False): FwdConfig(128, 128, 8, 4),  # 36 KiB of shared memory at D=16: never measured
+        (bf16, 32): FwdConfig(16, 32, 4, 1),
+        (bf16, 64, "decode"): FwdConfig(64, 16, 8, 2),
+        (bf16, 128): FwdConfig(16, 64, 4, 3),  # valid, but past a quarter of the budget
+    })
+    monkeypatch.setitem(config_mod.HEURISTICS, (0, 0), (table, bwd))
+    k = key("fwd", "float16", seq_len=32, causal=True)  # above DECODE_MAX_Q: the plain default
+    default = default_config("fwd", 16, fp16, "cpu", causal=True, seq_q=32)
+    assert default == fwd[(bf16, 16)]
+    neighbours = default_neighbours(default)
+    portfolio = [table[(bf16, 32)], table[(bf16, 64, "decode")], table[(bf16, 128)]]
+    assert all(_valid(c, dtype=fp16) for c in (default, *neighbours, *portfolio))
+    assert not _valid(table[(bf16, 16, False)], dtype=fp16)
+    runs = Spy(monkeypatch, "run")
+    db, trials = tmp_path / "t.db", 8
+    (r,) = search([k], db=db, trials=trials, seed=5, **FAST).results
+    assert r.status == "tuned" and r.n_trials == trials
+    warm = [cid(c) for c in (default, *neighbours, *portfolio[:trials // 4])]
+    # exactly these were queued (the rest came from the sampler), and measured first, in order
+    study = journal_study(tmp_path / "optuna-journal.log", study_name(k, kernel_source_hash(), store_id(db)))
+    queued = [cid(FwdConfig(**t.system_attrs["fixed_params"])) for t in study.trials
+              if "fixed_params" in t.system_attrs]
+    assert queued == warm
+    measured = [cid(cfg) for (_, cfg, *_) in runs.calls]
+    assert measured[:len(warm)] == warm and len(measured) == len(set(measured)) == trials
+    assert cid(table[(bf16, 16, False)]) not in measured
+
+
 def test_a_time_budget_ends_the_key_early_and_a_rerun_goes_on(tmp_path, monkeypatch):
     runs = Spy(monkeypatch, "run")
     k, db = key("fwd", "float32", seq_len=16, causal=False), tmp_path / "t.db"
@@ -144,6 +182,9 @@ def test_repeated_or_rejected_proposals_are_never_measured_and_the_search_still_
         monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 2 * 16 * (64 + 2 * 3 * 32))
         repeated = [FwdConfig(256, 128, 8, 4)]
         assert not _valid(repeated[0], dtype=torch.float16) and _valid(default, dtype=torch.float16)
+    # no heuristic portfolio in the warm start: with it (the other table entries) the queue
+    # alone fills this budget and the sampler is never asked (this test is about the sampler)
+    monkeypatch.setattr(key_search, "portfolio", lambda *args, **kwargs: [])
     sampler = _Repeating(repeated)
     monkeypatch.setattr(optuna.samplers, "TPESampler", lambda **kwargs: sampler)
     runs = Spy(monkeypatch, "run")
