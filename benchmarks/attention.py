@@ -186,10 +186,22 @@ def environment() -> dict:
 
 
 def _sdpa(backend):
+    """SDPA with one backend. The GPU backends are selected as flashtune's SDPA runners select
+    them (torch's backend switches, flashtune.runners.sdpa), so an anchor and a drop-in call
+    served by that backend pay the same host cost: ``sdpa_kernel`` adds about 12 us a call,
+    which on a 20-100 us row made the anchor look slower than the same backend behind the
+    drop-in (H200, 2026-12-02). The math backend (the interpreter's stand-in) keeps sdpa_kernel."""
     import torch.nn.functional as F
-    from torch.nn.attention import sdpa_kernel
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashtune.runners import sdpa
+
+    name = {SDPBackend.CUDNN_ATTENTION: "sdpa-cudnn", SDPBackend.FLASH_ATTENTION: "sdpa-flash",
+            SDPBackend.EFFICIENT_ATTENTION: "sdpa-efficient"}.get(backend)
 
     def run(q, k, v, causal):
+        if name is not None:
+            return sdpa(name, q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
         with sdpa_kernel([backend]):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
 

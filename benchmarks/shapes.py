@@ -228,15 +228,7 @@ def copy_bandwidth(device, time_one, nbytes: int) -> float:
     return 2 * nbytes / (ms * 1e-3)
 
 
-def _sdpa(backend):
-    import torch.nn.functional as F
-    from torch.nn.attention import sdpa_kernel
-
-    def run(q, k, v, causal):
-        with sdpa_kernel([backend]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
-
-    return run
+_sdpa = grid_bench._sdpa  # one backend, selected as the drop-in's SDPA runners select it
 
 
 def _graph_ms(fn, device, *, grad: bool = False) -> float | None:
@@ -515,6 +507,8 @@ def best_single(results: list[Result], pass_: str) -> dict | None:
     if not rows:
         return None
     labels = list(dict.fromkeys(label for r in rows for label in r.singles_ms))
+    if not labels:  # the store has no other winner of the pass to compare (a pass with one tuned key)
+        return None
     runs_all = [lb for lb in labels if all(r.singles_ms.get(lb) for r in rows)]
     if runs_all:
         pool, common = runs_all, rows

@@ -47,7 +47,8 @@ TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall cl
 @click.option("--trials", type=click.IntRange(min=1), metavar="N",
               help=f"Configs measured per key. [default: {DEFAULT_TRIALS}; interpreter: {DEMO_TRIALS}]")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
-              help="Stop a key's search after this long (with --trials, whichever comes first).")
+              help="Start no trial of a key after this long (with --trials, whichever comes first); a key's "
+              "first trial always runs.")
 @click.option("--trial-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
               metavar="SECONDS", help="A trial that takes longer is killed and recorded as a timeout.")
 @db_option
@@ -316,7 +317,7 @@ def _report(summary, before, as_json: bool) -> None:
         click.echo(f"timings: {timer}" + (f" ({TIMER_NOTES[timer]})" if timer in TIMER_NOTES else ""))
     for r in results:
         message = getattr(r, "message", "")
-        if (r.status.startswith("failed") or r.status == "out_of_time") and message:
+        if r.status.startswith("failed") and message:
             click.echo(f"{r.key.label()} {r.status}: {message.strip().splitlines()[0]}")
     rejected = sum(r.rejected for r in results)
     if rejected:

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from flashtune.kernels.common import block_offsets, key_range, needs_int64, on_device, score_scales, tma_descriptors
+from flashtune.kernels.common import sm_count as common_sm_count
 from flashtune.kernels.config import DECODE_MAX_Q, MAX_SPLITS, FwdConfig, padded_head_dim
 from flashtune.kernels.forward import _fwd_inner
 
@@ -34,6 +35,12 @@ from flashtune.kernels.forward import _fwd_inner
 # (2026-12-01, docs/shapes.md) decode with 8 programs per SM (B=128, Hkv=8) read K/V
 # at the copy bandwidth, with 2 per SM at 0.52-0.68 of it.
 AUTO_PROGRAMS_PER_SM = 4
+# Auto splits give each chunk at least this many keys. A chunk of 256 keys costs a program
+# more in the combine than it saves: decode-mqa-d256-b16-8k (B=16, Hq=8, Hkv=1, Nk=8192,
+# D=256) ran at 0.47 of the copy bandwidth with 16 chunks of 512 keys and 0.24 with the
+# 32 chunks of 256 the auto rule gave (H200, 2026-12-02, docs/shape-tuning.md); and a
+# short call split in two pays a second launch (the combine) on the host for nothing.
+MIN_CHUNK_KEYS = 512
 # SMs assumed by the auto schedule off the GPU (the interpreter): few, so that the small
 # test shapes keep the plain kernel unless they are decode-sized or tiny
 INTERPRETER_SMS = 4
@@ -52,9 +59,7 @@ class Schedule:
 
 @functools.lru_cache(maxsize=None)
 def sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return INTERPRETER_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_SMS if device.type != "cuda" else common_sm_count(device)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -62,13 +67,13 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def auto_splits(programs: int, n_blocks: int, sms: int) -> int:
+def auto_splits(programs: int, n_blocks: int, sms: int, min_chunk_blocks: int = 1) -> int:
     """Chunks per query block so that ``programs`` (query blocks x heads x batch) times the
     chunks give about AUTO_PROGRAMS_PER_SM programs per SM; 1 when they fill the GPU
-    already; never more chunks than key blocks."""
+    already; never a chunk of fewer than ``min_chunk_blocks`` key blocks."""
     if programs >= sms:
         return 1
-    return max(1, min(MAX_SPLITS, n_blocks, _cdiv(AUTO_PROGRAMS_PER_SM * sms, programs)))
+    return max(1, min(MAX_SPLITS, n_blocks // min_chunk_blocks, _cdiv(AUTO_PROGRAMS_PER_SM * sms, programs)))
 
 
 def plan_schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_q: int, n_k: int,
@@ -77,7 +82,7 @@ def plan_schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_
 
     Auto packing (pack_gqa=-1): grouped heads whose queries do not fill a BLOCK_M tile.
     Auto splits (num_splits=0): auto_splits() over the key blocks, chunks of whole key
-    blocks with none empty; the split kernel also runs with one split for decode-sized
+    blocks (at least MIN_CHUNK_KEYS keys) with none empty; the split kernel also runs with one split for decode-sized
     queries (at most DECODE_MAX_Q per head), its row block shrunk to fit them. Explicit
     values are taken as they are, also when they leave chunks empty.
     """
@@ -88,7 +93,7 @@ def plan_schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_
     n_blocks = _cdiv(n_k, config.BLOCK_N)
     if config.num_splits == 0:
         programs = _cdiv(rows, block_m) * (heads_kv if pack else heads_q) * batch
-        splits = auto_splits(programs, n_blocks, sm_count(device))
+        splits = auto_splits(programs, n_blocks, sm_count(device), _cdiv(MIN_CHUNK_KEYS, config.BLOCK_N))
         chunk_blocks = _cdiv(n_blocks, splits)
         splits = _cdiv(n_blocks, chunk_blocks)
         if not pack and splits == 1 and n_q > DECODE_MAX_Q:

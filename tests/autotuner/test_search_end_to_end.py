@@ -6,6 +6,7 @@ import io
 import itertools
 
 import pytest
+import torch
 from autotuner_helpers import GPU, cid, journal_study, key, store_id, trials_of
 from rich.console import Console
 
@@ -13,6 +14,7 @@ from flashtune.autotuner import build_keys, search, study_name
 from flashtune.autotuner.study import default_storage_path
 from flashtune.cli._progress import ProgressBar
 from flashtune.protocol import flops, trial_shape
+from flashtune.kernels.config import default_config
 from flashtune.kernels.space import SPACES
 from flashtune.keys import TuningKey
 from flashtune.provenance import kernel_source_hash
@@ -149,18 +151,20 @@ def test_a_finished_search_is_skipped_when_run_again(searched, monkeypatch, caps
     assert "done" in out.getvalue()
 
 
-def test_a_key_out_of_time_before_any_trial_is_left_for_a_later_run(tmp_path):
-    """--timeout running out before the first config was measured (a cold compile) is no
-    verdict on the configs: the key is not marked done, and the next run tunes it."""
+def test_a_timeout_that_runs_out_at_once_still_measures_the_keys_first_config(tmp_path):
+    """--timeout running out before the first config was measured (a cold compile) must not
+    leave a key with nothing: its first config (the default) is measured and stored, the key
+    is not done for the budget, and the next run measures the rest."""
     db = tmp_path / "tuned.db"
-    first = search(KEYS[:1], db=db, trials=2, device="cpu", timeout=1e-9, finalists=1, rounds=1)
+    first = search(KEYS[:1], db=db, trials=3, device="cpu", timeout=1e-9, finalists=1, rounds=1)
     (r,) = first.results
-    assert (r.status, r.n_trials) == ("out_of_time", 0)
-    assert "--timeout" in r.message and "resumes" in r.message
+    assert (r.status, r.n_trials) == ("tuned", 1)
     with Store(db) as store:
-        assert store.load_table(GPU) == {}
-    (again,) = search(KEYS[:1], db=db, trials=2, device="cpu", finalists=1, rounds=1).results
-    assert again.status == "tuned" and again.n_trials == 2
+        (stored,) = store.load_table(GPU).values()
+    assert stored.config.canonical() == default_config(KEYS[0].pass_, KEYS[0].head_dim, torch.float32, "cpu",
+                                                       causal=KEYS[0].causal, seq_q=KEYS[0].seq_q).canonical()
+    (again,) = search(KEYS[:1], db=db, trials=3, device="cpu", finalists=1, rounds=1).results
+    assert again.status == "tuned" and again.n_trials == 3
 
 
 def test_a_keys_call_shape_is_what_its_trials_run_and_a_foreign_one_is_refused(tmp_path):

@@ -185,6 +185,23 @@ def test_auto_schedule_keeps_filled_shapes_on_the_plain_kernel(h200):
     assert packed.pack and packed.block_m == 128
 
 
+def test_auto_chunks_hold_at_least_min_chunk_keys(h200):
+    """Auto splits never cut the keys finer than decode.MIN_CHUNK_KEYS: the MQA decode row
+    of D=256 ran 2x faster in 16 chunks of 512 keys than in the 32 of 256 it had, and a short
+    call stays on one launch (no combine)."""
+    cpu = torch.device("cpu")
+    mqa = plan_schedule(F(64, 64, 4, 2), 16, 8, 1, 1, 8192, cpu)
+    assert mqa.pack and (mqa.splits, mqa.chunk) == (16, 512)
+    assert plan_schedule(F(64, 64, 4, 2), 1, 1, 1, 128, 128, cpu) is None  # was 2 chunks of 64 keys
+    assert plan_schedule(F(128, 64, 8, 3), 2, 8, 8, 4096, 77, cpu) is None
+    short = plan_schedule(F(64, 128, 4, 2), 1, 32, 8, 1, 1000, cpu)  # 8 key blocks of 128
+    assert (short.splits, short.chunk) == (2, 512)
+    for b, hq, hkv, n_k, d in SHAPES_DECODE:
+        plan = plan_schedule(F(64, 64, 4, 2), b, hq, hkv, 1, n_k, cpu)
+        assert plan.chunk >= decode.MIN_CHUNK_KEYS or plan.splits == 1
+    assert decode.auto_splits(1, 10, 132, min_chunk_blocks=4) == 2 and decode.auto_splits(1, 3, 132, 4) == 1
+
+
 def test_old_stored_configs_load_with_the_auto_schedule():
     old = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "tma": 0}
     cfg = F.from_dict(old)

@@ -57,6 +57,16 @@ def test_table_and_summary(shapes):
     assert summary["fwd all"]["rows"] == 2
 
 
+def test_best_single_with_no_other_winner_of_the_pass_is_none(shapes):
+    """A pass whose rows have their tuned time but no other stored winner to compare (the
+    H200 run of 2026-12-02 crashed here after timing every row)."""
+    r = shapes.Result("gemma2-d256-train-4k", "bwd", {}, 1.0)
+    r.singles_tuned_ms = 2.0
+    assert shapes.best_single([r], "bwd") is None
+    r.singles_ms = {"other": 3.0}
+    assert shapes.best_single([r], "bwd")["tuned_vs_single"] == 1.5
+
+
 def test_runs_under_the_interpreter(tmp_path):
     out = tmp_path / "shapes.json"
     done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--rows", "vit-l16-257",
