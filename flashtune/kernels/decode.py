@@ -82,10 +82,18 @@ def plan_schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_
 
     Auto packing (pack_gqa=-1): grouped heads whose queries do not fill a BLOCK_M tile.
     Auto splits (num_splits=0): auto_splits() over the key blocks, chunks of whole key
-    blocks (at least MIN_CHUNK_KEYS keys) with none empty; the split kernel also runs with one split for decode-sized
-    queries (at most DECODE_MAX_Q per head), its row block shrunk to fit them. Explicit
-    values are taken as they are, also when they leave chunks empty.
+    blocks (at least MIN_CHUNK_KEYS keys) with none empty; the split kernel also runs with
+    one split for decode-sized queries (at most DECODE_MAX_Q per head), its row block shrunk
+    to fit them. Explicit values are taken as they are, also when they leave chunks empty.
+    Remembered per (config, shape, SM count): every forward launch asks (about 6 us of host
+    time per call on the build machine's CPU otherwise).
     """
+    return _schedule(config, batch, heads_q, heads_kv, n_q, n_k, sm_count(device))
+
+
+@functools.lru_cache(maxsize=4096)
+def _schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_q: int, n_k: int,
+              sms: int) -> Schedule | None:
     group = heads_q // heads_kv
     pack = group > 1 and (config.pack_gqa == 1 or (config.pack_gqa == -1 and n_q < config.BLOCK_M))
     rows = n_q * group if pack else n_q
@@ -93,7 +101,7 @@ def plan_schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_
     n_blocks = _cdiv(n_k, config.BLOCK_N)
     if config.num_splits == 0:
         programs = _cdiv(rows, block_m) * (heads_kv if pack else heads_q) * batch
-        splits = auto_splits(programs, n_blocks, sm_count(device), _cdiv(MIN_CHUNK_KEYS, config.BLOCK_N))
+        splits = auto_splits(programs, n_blocks, sms, _cdiv(MIN_CHUNK_KEYS, config.BLOCK_N))
         chunk_blocks = _cdiv(n_blocks, splits)
         splits = _cdiv(n_blocks, chunk_blocks)
         if not pack and splits == 1 and n_q > DECODE_MAX_Q:
