@@ -70,3 +70,17 @@ def test_the_runner_variants_time_a_call_served_by_an_sdpa_backend(tmp_path):
         o = result["overhead"][f"served vs backend {mode}"]
         assert o["extra_us"] == us[f"served {mode}"] - us[f"backend {mode}"]
     assert "served/backend: sdpa-flash" in done.stdout and result["runner"] == "sdpa-flash"
+
+
+def test_the_host_breakdown_times_every_path_without_launching_a_kernel():
+    """benchmarks/host_breakdown.py: each path's host time with the kernels' launches made
+    no-ops. A kernel that still ran under the interpreter would take milliseconds a call;
+    a loop that skipped the call would take well under a microsecond."""
+    script = SCRIPT.parent / "host_breakdown.py"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, str(script), "--seq-len", "16", "--head-dim", "16", "--iters", "20"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = {line[:44].strip(): float(line[44:]) for line in done.stdout.splitlines()[1:]}
+    assert len(rows) == 7 and "drop-in, fwd+bwd" in rows, done.stdout
+    assert all(1.0 < us < 1000.0 for us in rows.values()), rows
