@@ -24,6 +24,10 @@ Each config is checked against the reference before it is timed; one that fails 
     python benchmarks/tuning_bound.py --pass bwd --head-dim 64 128 --seq-len 4096 \\
         --report report.json --out bound.json
     python benchmarks/tuning_bound.py --pass fwd --device cpu --seq-len 33 --space '{"BLOCK_M": [16, 32]}'
+
+--shapes FILE takes the keys of a shape file (`flashtune search --shapes`' format: the rows
+of the pass, each timed at its own batch and heads) instead of the grid's --head-dim /
+--seq-len / --causal, so the bound can be measured on the shapes models run.
 """
 
 from __future__ import annotations
@@ -107,6 +111,27 @@ def search_space_bwd(valid: list, default: BwdConfig, measure: Measured):
     return fastest({c: measure.times[c] for c in candidates})
 
 
+def _keys(args, gpu: str, maskings) -> list:
+    """(key, (batch, heads_q, heads_kv) or None) per key to bound: the shape file's rows of the
+    pass (each key once, at its first row's shape), else the grid's keys."""
+    if not args.shapes:
+        return [(TuningKey(gpu, args.dtype, d, n, causal, args.pass_), None)
+                for d in args.head_dim for causal in maskings for n in args.seq_len]
+    from flashtune.shapes import ShapeError, load_shapes
+
+    try:
+        shapes = load_shapes(args.shapes)
+    except (OSError, ShapeError) as e:
+        sys.exit(f"tuning_bound: --shapes: {e}")
+    out: dict = {}
+    for s in shapes:
+        if args.pass_ in s.passes:
+            out.setdefault(TuningKey.for_shape(gpu, s, args.pass_), (s.batch, s.heads_q, s.heads_kv))
+    if not out:
+        sys.exit(f"tuning_bound: --shapes: no row of {args.shapes} has the pass {args.pass_}")
+    return list(out.items())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), required=True)
@@ -114,6 +139,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, nargs="+", default=[4096])
     ap.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    ap.add_argument("--shapes", metavar="FILE", help="the rows of a shape file (JSON/YAML) instead of the grid")
     ap.add_argument("--single", help="the fixed config, as a JSON object of its fields")
     ap.add_argument("--report", help="tuning_report.py's JSON: its best single config of the pass")
     ap.add_argument("--space", help="JSON object overriding some of the pass's search-space values")
@@ -144,50 +170,48 @@ def main() -> None:
         space.update(override)
         space_mod.SPACES[args.pass_] = (cls, space)
     gpu = GpuInfo.from_device(device) if device.type == "cuda" else GpuInfo.interpreter()
-    dtype = getattr(torch, args.dtype)
     maskings = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
 
     rows = []
-    for d in args.head_dim:
+    for key, shape in _keys(args, gpu.key, maskings):
+        d, n, causal, dtype = key.head_dim, key.seq_q, key.causal, getattr(torch, key.dtype)
         valid = space_mod.valid_candidates(args.pass_, d, dtype, device)
-        for causal in maskings:
-            for n in args.seq_len:
-                key = TuningKey(gpu.key, args.dtype, d, n, causal, args.pass_)
-                bench = KeyBench(key, device)
-                default = default_config(args.pass_, d, dtype, device, causal=causal)
-                measure = Measured(bench, args.threads, args.quick)
-                best = (fastest(measure(valid)) if args.pass_ == "fwd"
-                        else search_space_bwd(valid, default, measure))
-                if best is None:
-                    sys.exit(f"tuning_bound: {key.label()}: no config of the space ran correct here")
-                # the screen's runners-up are re-timed too: its fastest may be so by noise
-                named = {f"finalist{i}": c for i, c in enumerate(leaders(measure.times, args.finalists)) if c != best}
-                named.update(fastest=best, default=default)
-                if single is not None:
-                    try:
-                        named["single"] = single.validate(d, dtype, device)
-                    except ConfigError as e:
-                        print(f"{key.label()}: the fixed config cannot run here: {e}", flush=True)
-                checked = measure(list(named.values()))  # the fixed configs are checked too
-                names = [name for name, c in named.items() if c.canonical() in checked]
-                times = bench.retime([named[name] for name in names], args.rounds)
-                med = {name: statistics.median(t) for name, t in zip(names, times)}
-                # the fastest config is the fastest of the re-timing, not of the screen
-                won = min((n for n in med if n == "fastest" or n.startswith("finalist")), key=med.get)
-                best = named[won]
-                med = {"fastest": med[won], **{n: t for n, t in med.items() if n in ("single", "default")}}
-                row = {"key": key.label(), "head_dim": d, "seq_len": n, "causal": causal,
-                       "measured": len(measure.times), "failed": len(measure.failed),
-                       "fastest": best.to_dict(), "times_ms": med,
-                       "single_vs_fastest": med["single"] / med["fastest"] if "single" in med else None,
-                       "default_vs_fastest": med["default"] / med["fastest"] if "default" in med else None}
-                rows.append(row)
-                print(f"{key.label()}: {row['measured']} configs ok, {row['failed']} failed; fastest {best.short()}"
-                      f"; single / fastest {row['single_vs_fastest'] or float('nan'):.3f}, default / fastest "
-                      f"{row['default_vs_fastest'] or float('nan'):.3f}", flush=True)
-                del bench
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+        bench = KeyBench(key, device, shape)
+        default = default_config(args.pass_, d, dtype, device, causal=causal, seq_q=key.seq_q)
+        measure = Measured(bench, args.threads, args.quick)
+        best = (fastest(measure(valid)) if args.pass_ == "fwd"
+                else search_space_bwd(valid, default, measure))
+        if best is None:
+            sys.exit(f"tuning_bound: {key.label()}: no config of the space ran correct here")
+        # the screen's runners-up are re-timed too: its fastest may be so by noise
+        named = {f"finalist{i}": c for i, c in enumerate(leaders(measure.times, args.finalists)) if c != best}
+        named.update(fastest=best, default=default)
+        if single is not None:
+            try:
+                named["single"] = single.validate(d, dtype, device)
+            except ConfigError as e:
+                print(f"{key.label()}: the fixed config cannot run here: {e}", flush=True)
+        checked = measure(list(named.values()))  # the fixed configs are checked too
+        names = [name for name, c in named.items() if c.canonical() in checked]
+        times = bench.retime([named[name] for name in names], args.rounds)
+        med = {name: statistics.median(t) for name, t in zip(names, times)}
+        # the fastest config is the fastest of the re-timing, not of the screen
+        won = min((n for n in med if n == "fastest" or n.startswith("finalist")), key=med.get)
+        best = named[won]
+        med = {"fastest": med[won], **{n: t for n, t in med.items() if n in ("single", "default")}}
+        row = {"key": key.label(), "head_dim": d, "seq_len": n, "seq_k": key.seq_k, "causal": causal,
+               "shape": [bench.batch, bench.heads, bench.heads_kv],
+               "measured": len(measure.times), "failed": len(measure.failed),
+               "fastest": best.to_dict(), "times_ms": med,
+               "single_vs_fastest": med["single"] / med["fastest"] if "single" in med else None,
+               "default_vs_fastest": med["default"] / med["fastest"] if "default" in med else None}
+        rows.append(row)
+        print(f"{key.label()}: {row['measured']} configs ok, {row['failed']} failed; fastest {best.short()}"
+              f"; single / fastest {row['single_vs_fastest'] or float('nan'):.3f}, default / fastest "
+              f"{row['default_vs_fastest'] or float('nan'):.3f}", flush=True)
+        del bench
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     summary = {"pass": args.pass_, "keys": len(rows), "single": single.to_dict() if single else None,
                "single_vs_fastest": geomean([r["single_vs_fastest"] for r in rows]),
                "default_vs_fastest": geomean([r["default_vs_fastest"] for r in rows])}

@@ -104,3 +104,27 @@ def test_quick_forward_sweep_retimes_its_finalists(tmp_path):
     assert row["measured"] >= 2 and row["failed"] == 0  # the space, and the default it is compared with
     assert row["fastest"]["BLOCK_M"] in (16, 32) and set(row["times_ms"]) == {"fastest", "default"}
     assert row["single_vs_fastest"] is None and row["default_vs_fastest"] > 0
+
+
+def test_shape_file_rows_are_bounded_at_their_own_shape(tmp_path):
+    """--shapes: a shape file's rows of the pass, each key once at its first row's (B, Hq, Hkv);
+    a file without a row of the pass is refused with the file named."""
+    rows = [{"B": 3, "Hq": 4, "Hkv": 2, "Nq": 1, "Nk": 40, "D": 16, "dtype": "float16", "name": "decode"},
+            {"B": 3, "Hq": 4, "Hkv": 2, "Nq": 1, "Nk": 40, "D": 16, "dtype": "float16", "name": "same key"},
+            {"B": 1, "Hq": 2, "Hkv": 2, "Nq": 24, "D": 16, "dtype": "float16", "passes": "bwd", "name": "train"}]
+    shapes = tmp_path / "rows.json"
+    shapes.write_text(json.dumps(rows))
+    out = tmp_path / "bound.json"
+    space = {"BLOCK_M": [16], "BLOCK_N": [16, 32], "num_warps": [4], "num_stages": [1], "tma": [0],
+             "num_splits": [0, 2], "pack_gqa": [-1]}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--pass", "fwd", "--device", "cpu", "--shapes", str(shapes),
+                           "--rounds", "1", "--space", json.dumps(space), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["seq_len"], row["seq_k"], row["shape"]) == (1, 40, [3, 4, 2])
+    assert row["measured"] >= 4 and row["failed"] == 0
+    shapes.write_text(json.dumps(rows[2:]))
+    done = subprocess.run([sys.executable, str(SCRIPT), "--pass", "fwd", "--device", "cpu", "--shapes", str(shapes)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "no row" in done.stderr and "Traceback" not in done.stderr
