@@ -101,7 +101,15 @@ class GluonFwdConfig:
         """The kernel's maxnreg: 3 warp groups (2 consumers, the producer's warp rounded up
         to a group) of 128 threads; the default partition (the first consumer) gets what the
         workers leave of maxnreg x 3 warp groups."""
-        return (2 * self.CONSUMER_REGS + self.PRODUCER_REGS) // 3 // 8 * 8
+        total = 2 * self.CONSUMER_REGS + self.PRODUCER_REGS
+        regs = -(-total // 24) * 8  # rounded up to a multiple of 8: the first consumer gets >= CONSUMER_REGS
+        if 3 * regs > SM90_REGISTERS // 128:
+            regs -= 8
+        return regs
+
+    def default_partition_regs(self) -> int:
+        """Registers per thread the first consumer (the default partition) runs with."""
+        return min(256, 3 * self.maxnreg() - self.CONSUMER_REGS - self.PRODUCER_REGS)
 
     def consumer_registers_needed(self, head_dim: int) -> int:
         """fp32 O and S tiles, 16-bit P, per thread of a consumer warp group, plus spare."""
