@@ -1,0 +1,442 @@
+"""A warp-specialised Hopper (sm_90) attention forward written in Gluon (issue 18).
+
+Not wired into the search space, the dispatcher or ``attention()`` yet: called directly
+through ``gluon_attention_forward`` (tests/kernels/test_gluon_gpu.py, benchmarks/gluon_fwd.py).
+
+Conventions are ``forward.attention_forward``'s: q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D),
+query head h reads key/value head h // (Hq // Hkv); causal is top-left aligned by default
+(query i sees keys j <= i, also when Nq != Nk); returns ``(o, lse2)`` with o in q's layout
+and dtype and lse2 (B, Hq, Nq) float32, the base-2 log-sum-exp of the scaled scores.
+
+Design (one CTA per 2 x BLOCK_M query rows of one (batch, head)):
+
+- a producer partition (1 warp, ``PRODUCER_REGS`` registers) issues the TMA loads: the two
+  Q tiles once, then the K and V blocks into a ring of ``NUM_BUFFERS`` shared-memory slots
+  (per slot a K-ready and a V-ready mbarrier, completed by the copies' byte counts, and
+  an empty mbarrier that both consumers arrive on when done with the slot);
+- two consumer partitions (one warp group each, ``CONSUMER_REGS`` registers; the first
+  is the warp_specialize default partition, whose count follows from the kernel's
+  maxnreg) each own one BLOCK_M-row Q tile and walk the same key blocks:
+  S = Q K^T by an async wgmma from shared memory, online softmax in registers (exp2 of the
+  scores times sm_scale * log2 e), P cast to the input dtype and O += P V by a wgmma with
+  P in registers;
+- ``PINGPONG``: the two consumers take turns issuing their S = Q K^T wgmma (a pair of
+  mbarriers passed back and forth), so one group's softmax runs while the other's
+  matmul occupies the tensor cores (FA3's warp-scheduler barrier, with mbarriers
+  instead of named barriers, which Gluon 3.6 does not expose);
+- causal: key blocks past the CTA's last visible key are never loaded; blocks wholly
+  visible to a consumer's rows run without a mask, only the diagonal ones are masked.
+  Both consumers walk the same blocks (the ring and the turn-taking need the same count),
+  so the first consumer computes one fully masked block where the second one's diagonal
+  lies beyond its own (its p is 0 there).
+
+Everything numeric is unverified until the GPU tests run on an H200: the CPU can only
+compile this kernel (tests/kernels/test_gluon_compile_sm90.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from flashtune.kernels.common import LOG2E, causal_offset, on_device
+from flashtune.kernels.config import ConfigError, device_capability
+
+SM90_SHARED_MEMORY = 232448  # bytes per block, opt-in maximum of the H100/H200 (227 KiB)
+SM90_REGISTERS = 65536  # 32-bit registers per SM (and per block)
+HEAD_DIMS = (64, 128)
+DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+CONSUMER_WARPS = 4  # one warp group per consumer
+PRODUCER_WARPS = 1
+# registers per thread a consumer keeps beside its accumulators (addresses, row statistics,
+# loop state): a config whose O, S and P tiles leave less than this would spill
+_CONSUMER_SPARE_REGS = 32
+_BARRIER_BYTES = 8
+# what triton adds beside the named buffers (alignment, layout-conversion scratch): the
+# compiled kernels of the compile test needed 232 to 288 bytes over the buffers' sum
+_SHARED_SLACK = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class GluonFwdConfig:
+    """Launch config of the Gluon forward; ``validate`` before compiling.
+
+    BLOCK_M: query rows per consumer warp group (a CTA covers 2 x BLOCK_M rows).
+    BLOCK_N: keys per K/V block. NUM_BUFFERS: K/V ring slots in shared memory.
+    PRODUCER_REGS / CONSUMER_REGS: registers per thread of the TMA warp's and of each
+    consumer warp group's (setmaxnreg; warp groups of 128 threads share 65536).
+    PINGPONG: 1 makes the consumers take turns issuing their S matmul.
+    """
+
+    BLOCK_M: int = 64
+    BLOCK_N: int = 128
+    NUM_BUFFERS: int = 2
+    PRODUCER_REGS: int = 24
+    CONSUMER_REGS: int = 240
+    PINGPONG: int = 1
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    def short(self) -> str:
+        return (f"m{self.BLOCK_M}n{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
+                f"{'pp' if self.PINGPONG else ''}")
+
+    def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
+        """Bytes of shared memory: two Q tiles, the K and V rings, the mbarriers."""
+        e = torch.empty((), dtype=dtype).element_size()
+        tiles = 2 * self.BLOCK_M * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_N * head_dim * e
+        barriers = (2 + 3 * self.NUM_BUFFERS + 2) * _BARRIER_BYTES
+        return tiles + barriers + _SHARED_SLACK
+
+    def maxnreg(self) -> int:
+        """The kernel's maxnreg: 3 warp groups (2 consumers, the producer's warp rounded up
+        to a group) of 128 threads; the default partition (the first consumer) gets what the
+        workers leave of maxnreg x 3 warp groups."""
+        total = 2 * self.CONSUMER_REGS + self.PRODUCER_REGS
+        regs = -(-total // 24) * 8  # rounded up to a multiple of 8: the first consumer gets >= CONSUMER_REGS
+        if 3 * regs > SM90_REGISTERS // 128:
+            regs -= 8
+        return regs
+
+    def default_partition_regs(self) -> int:
+        """Registers per thread the first consumer (the default partition) runs with."""
+        return min(256, 3 * self.maxnreg() - self.CONSUMER_REGS - self.PRODUCER_REGS)
+
+    def consumer_registers_needed(self, head_dim: int) -> int:
+        """fp32 O and S tiles, 16-bit P, per thread of a consumer warp group, plus spare."""
+        threads = 32 * CONSUMER_WARPS
+        return (self.BLOCK_M * (head_dim + self.BLOCK_N) + self.BLOCK_M * self.BLOCK_N // 2) // threads \
+            + _CONSUMER_SPARE_REGS
+
+    def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "GluonFwdConfig":
+        """Raise ConfigError naming the field if this config cannot run; return self.
+
+        ``device`` None checks against the sm_90 limits only (compiling without a GPU);
+        a device must be a CUDA device of compute capability 9.0 exactly.
+        """
+        for name in ("BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "PRODUCER_REGS", "CONSUMER_REGS", "PINGPONG"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{name}: expected an integer, got {value!r}")
+        if self.BLOCK_M not in (64, 128):
+            raise ConfigError(f"BLOCK_M: expected 64 or 128 rows per consumer warp group, got {self.BLOCK_M}")
+        if self.BLOCK_N not in (64, 128):
+            raise ConfigError(f"BLOCK_N: expected 64 or 128, got {self.BLOCK_N}")
+        if not 2 <= self.NUM_BUFFERS <= 4:
+            raise ConfigError(f"NUM_BUFFERS: expected 2 to 4 K/V slots, got {self.NUM_BUFFERS}")
+        if self.PINGPONG not in (0, 1):
+            raise ConfigError(f"PINGPONG: expected 0 or 1, got {self.PINGPONG}")
+        for name in ("PRODUCER_REGS", "CONSUMER_REGS"):
+            value = getattr(self, name)
+            if not 24 <= value <= 256 or value % 8:
+                raise ConfigError(f"{name}: expected a multiple of 8 in [24, 256] (setmaxnreg), got {value}")
+        budget = SM90_REGISTERS // 128  # per thread, summed over the 3 warp groups
+        if 2 * self.CONSUMER_REGS + self.PRODUCER_REGS > budget:
+            raise ConfigError(f"CONSUMER_REGS: 2 x {self.CONSUMER_REGS} + PRODUCER_REGS {self.PRODUCER_REGS} "
+                              f"registers per thread exceed the {SM90_REGISTERS} of an SM over 3 warp groups "
+                              f"(at most {budget} in all)")
+        if head_dim not in HEAD_DIMS:
+            raise ConfigError(f"head_dim: the Gluon forward supports {HEAD_DIMS}, got {head_dim}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype: the Gluon forward supports float16/bfloat16, got {dtype}")
+        needed = self.consumer_registers_needed(head_dim)
+        if needed > self.CONSUMER_REGS:
+            raise ConfigError(f"BLOCK_M: {self.BLOCK_M} rows x (head_dim {head_dim} + BLOCK_N {self.BLOCK_N}) need "
+                              f"about {needed} registers per consumer thread, CONSUMER_REGS is "
+                              f"{self.CONSUMER_REGS}; use smaller blocks")
+        smem = self.shared_memory(head_dim, dtype)
+        if smem > SM90_SHARED_MEMORY:
+            raise ConfigError(f"NUM_BUFFERS: needs {smem} bytes of shared memory, sm_90 allows "
+                              f"{SM90_SHARED_MEMORY}; use fewer buffers or smaller blocks")
+        if device is not None:
+            dev = torch.device(device)
+            if dev.type != "cuda":
+                raise ConfigError(f"device: the Gluon forward runs on CUDA sm_90 only, got {dev}")
+            cap = device_capability(dev)
+            if cap != (9, 0):
+                raise ConfigError(f"device: the Gluon forward needs compute capability 9.0 (H100/H200), {dev} has "
+                                  f"{'.'.join(map(str, cap))}")
+        return self
+
+
+def default_gluon_config(head_dim: int, causal: bool = False) -> GluonFwdConfig:
+    """An untuned starting point (FA3's tile shape for the head dim: 2 x 64 query rows)."""
+    if head_dim <= 64:
+        return GluonFwdConfig(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=3)
+    return GluonFwdConfig(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=2)
+
+
+# ----------------------------------------------------------------------------------
+# The kernel
+# ----------------------------------------------------------------------------------
+@gluon.jit
+def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
+              off_b, off_h, off_hk, start_m, n_blocks,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr):
+    # the two Q tiles, once (rows past Nq read as zeros: the descriptor's bounds are per head)
+    for w in gl.static_range(2):
+        mbarrier.expect(q_ready.index(w), desc_q.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [off_b, off_h, start_m + w * BLOCK_M, 0], q_ready.index(w),
+                                        q_smem.index(w))
+    for j in range(n_blocks):
+        s = j % NUM_BUFFERS
+        phase = (j // NUM_BUFFERS) & 1
+        # a fresh mbarrier counts as having completed the phase before its first: the
+        # first lap through the ring does not wait
+        mbarrier.wait(kv_empty.index(s), phase ^ 1)
+        mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_k, [off_b, off_hk, j * BLOCK_N, 0], k_ready.index(s), k_bufs.index(s))
+        mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, j * BLOCK_N, 0], v_ready.index(s), v_bufs.index(s))
+
+
+@gluon.jit
+def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which, rows, lo, hi,
+                    qk_scale, N_K, causal_off,
+                    MASK: gl.constexpr, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
+                    s_layout: gl.constexpr, p_layout: gl.constexpr):
+    """Key blocks [lo, hi) of one consumer: online softmax into (acc, m_i, l_i)."""
+    dtype: gl.constexpr = q.dtype
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    for j in range(lo, hi):
+        s = j % NUM_BUFFERS
+        phase = (j // NUM_BUFFERS) & 1
+        k_smem = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
+        v_smem = v_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
+        mbarrier.wait(k_ready.index(s), phase)
+        if PINGPONG:
+            # consumer 0 goes first: its first wait is on the fresh barrier's completed phase
+            mbarrier.wait(turn.index(which), (j & 1) ^ (1 - which))
+        qk = warpgroup_mma(q, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - which))
+        qk, _q, _k = warpgroup_mma_wait(0, deps=(qk, q, k_smem))
+        qk = qk * qk_scale
+        if MASK:
+            keys = j * BLOCK_N + cols
+            valid = keys[None, :] < N_K
+            if CAUSAL:
+                valid = valid & (keys[None, :] <= rows[:, None] + causal_off)
+            qk = gl.where(valid, qk, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(qk, 1))
+        m_use = m_new
+        if MASK and CAUSAL:
+            # a row that sees no key so far (bottom-right with Nq > Nk) keeps m = -inf:
+            # subtract 0 instead so that p = 0, not NaN
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(qk - m_use[:, None])
+        alpha = gl.exp2(m_i - m_use)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        mbarrier.wait(v_ready.index(s), phase)
+        acc = warpgroup_mma(p16, v_smem, acc, is_async=True)
+        acc, _v = warpgroup_mma_wait(0, deps=(acc, v_smem))
+        # every warp of the group is done with the slot before its one arrival
+        gl.thread_barrier()
+        mbarrier.arrive(kv_empty.index(s))
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _consumer(which, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale,
+              stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, start_m, n_blocks,
+              CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    row0 = start_m + which * BLOCK_M
+    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    # blocks [0, n_full) need no mask for these rows, [n_full, n_blocks) the causal and/or
+    # sequence-end one (n_blocks: the CTA's, the same for both consumers)
+    n_full = N_K // BLOCK_N
+    if CAUSAL:
+        n_full = gl.minimum(n_full, gl.maximum(row0 + causal_off + 1, 0) // BLOCK_N)
+    n_full = gl.minimum(n_full, n_blocks)
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+
+    mbarrier.wait(q_ready.index(which), 0)
+    q = q_smem.index(which).reshape([BLOCK_M, HEAD_DIM])
+    acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which, rows,
+                                    0, n_full, qk_scale, N_K, causal_off, False, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                    NUM_BUFFERS, PINGPONG, s_layout, p_layout)
+    acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which, rows,
+                                    n_full, n_blocks, qk_scale, N_K, causal_off, True, CAUSAL, HEAD_DIM, BLOCK_M,
+                                    BLOCK_N, NUM_BUFFERS, PINGPONG, s_layout, p_layout)
+
+    if CAUSAL:
+        # rows that saw no key (bottom-right, Nq > Nk): output 0, log-sum-exp -inf
+        l_div = gl.where(l_i == 0.0, 1.0, l_i)
+    else:
+        l_div = l_i
+    o = acc / gl.convert_layout(l_div, gl.SliceLayout(1, o_layout))[:, None]
+    o_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    base = O + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+    o_ptrs = base + o_rows.to(gl.int64)[:, None] * stride_on + o_cols[None, :] * stride_od
+    gl.store(o_ptrs, o.to(O.dtype.element_ty), mask=o_rows[:, None] < N_Q)
+    # log-sum-exp in base 2 of the scaled scores
+    lse_ptrs = LSE + (off_b.to(gl.int64) * H + off_h) * N_Q + rows
+    gl.store(lse_ptrs, m_i + gl.log2(l_i), mask=rows < N_Q)
+
+
+@gluon.jit
+def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale,
+                           stride_ob, stride_oh, stride_on, stride_od,
+                           H, GROUP, N_Q, N_K, causal_off,
+                           CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                           BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
+                           PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        # the last query blocks have the most keys: start them first
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    off_h = gl.program_id(1)
+    off_b = gl.program_id(2)
+    off_hk = off_h // GROUP
+    start_m = pid_m * (2 * BLOCK_M)
+
+    # the key blocks this CTA needs: causal stops at its last row's last visible key
+    hi = N_K
+    if CAUSAL:
+        hi = gl.maximum(gl.minimum(start_m + 2 * BLOCK_M + causal_off, N_K), 0)
+    n_blocks = gl.cdiv(hi, BLOCK_N)
+
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
+    k_bufs = gl.allocate_shared_memory(desc_k.dtype, [NUM_BUFFERS] + desc_k.block_type.shape, desc_k.layout)
+    v_bufs = gl.allocate_shared_memory(desc_v.dtype, [NUM_BUFFERS] + desc_v.block_type.shape, desc_v.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(turn.index(i), count=1)
+    for i in gl.static_range(NUM_BUFFERS):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_consumer, (0, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale,
+                     stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, start_m,
+                     n_blocks, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG)),
+        (_consumer, (1, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale,
+                     stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, start_m,
+                     n_blocks, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG)),
+        (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, off_b,
+                     off_h, off_hk, start_m, n_blocks, BLOCK_M, BLOCK_N, NUM_BUFFERS)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
+
+
+# ----------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------
+def tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
+    """The shared layout of a [1, 1, rows, head_dim] TMA tile (one head's rows)."""
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], DTYPES[dtype])
+
+
+def _tma_addressable(t: torch.Tensor) -> bool:
+    e = t.element_size()
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s > 0 and s * e % 16 == 0 for s in t.stride()[:-1])
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    D = t.shape[-1]
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, D], tile_layout(rows, D, t.dtype))
+
+
+def kernel_constexprs(config: GluonFwdConfig, head_dim: int, causal: bool) -> dict:
+    return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
+                NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG),
+                PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS)
+
+
+def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: GluonFwdConfig, *,
+                            causal: bool, sm_scale: float | None = None,
+                            causal_align: str = "top_left") -> tuple[torch.Tensor, torch.Tensor]:
+    """The Gluon forward with an explicit config: ``(o, lse2)`` as ``attention_forward``.
+
+    Inputs the copy engine cannot address (head dim not unit-stride, a base or a stride not
+    16-byte aligned) are made contiguous first; (B, N, H, D) storage viewed as (B, H, N, D)
+    goes through the descriptors as it is. o has q's strides when q is dense.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k, v: expected (B, H, N, D) tensors")
+    B, H, N_Q, D = q.shape
+    Hk, N_K = k.shape[1], k.shape[2]
+    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D or H % Hk:
+        raise ValueError(f"shapes: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise ValueError(f"dtypes: q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    config.validate(D, q.dtype, q.device)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(D)
+    q, k, v = (t if _tma_addressable(t) else t.contiguous() for t in (q, k, v))
+    off = causal_offset(causal_align, N_Q, N_K) if causal else 0
+    o = torch.empty_like(q)
+    if o.stride(-1) != 1:
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    desc_q = _descriptor(q, config.BLOCK_M)
+    desc_k, desc_v = _descriptor(k, config.BLOCK_N), _descriptor(v, config.BLOCK_N)
+    grid = (triton.cdiv(N_Q, 2 * config.BLOCK_M), H, B)
+    with on_device(q):
+        _gluon_attn_fwd_kernel[grid](desc_q, desc_k, desc_v, o, lse2, sm_scale * LOG2E, *o.stride(),
+                                     H, H // Hk, N_Q, N_K, off, **kernel_constexprs(config, D, causal),
+                                     num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
+    return o, lse2
+
+
+# ----------------------------------------------------------------------------------
+# Compiling for sm_90 without a GPU (tests/kernels/gluon_compile_sm90.py)
+# ----------------------------------------------------------------------------------
+def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool):
+    """Compile the kernel for sm_90 (ptxas; no GPU needed) as a launch on contiguous inputs
+    would; returns triton's CompiledKernel (``.metadata.shared``, ``.asm``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _gluon_attn_fwd_kernel
+    el = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+    def desc(rows: int) -> str:
+        return f"tensordesc<{el}[1,1,{rows},{head_dim}],{tile_layout(rows, head_dim, dtype)!r}>"
+
+    constexprs = kernel_constexprs(config, head_dim, causal)
+    types = {"desc_q": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N), "desc_v": desc(config.BLOCK_N),
+             "O": f"*{el}", "LSE": "*fp32", "qk_scale": "fp32"}
+    constexprs["stride_od"] = 1
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        else:
+            signature[name] = types.get(name, "i32")
+            if name in ("O", "LSE") or name.startswith("stride"):
+                attrs[(i, )] = [["tt.divisibility", 16]]
+    src = GluonASTSource(fn, signature, constexprs, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": CONSUMER_WARPS, "maxnreg": config.maxnreg()})

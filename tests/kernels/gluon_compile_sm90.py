@@ -1,0 +1,49 @@
+"""Compile the Gluon forward (kernels/gluon_forward.py) for sm_90 without a GPU.
+
+Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
+"dtype", "causal"} on stdin and prints one JSON line per item with the compiled kernel's
+shared memory in bytes ("shared"), its PTX register cap ("maxnreg"), the setmaxnreg
+values of its partitions ("setmaxnreg") and whether ptxas reported spills ("spills"), or
+one {"skip": ...} line when this triton cannot compile Gluon for sm_90 here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+
+def compile_item(item: dict) -> dict:
+    import torch
+
+    from flashtune.kernels.gluon_forward import GluonFwdConfig, compile_for_sm90
+
+    cfg = GluonFwdConfig(**item["config"])
+    dtype = getattr(torch, item["dtype"])
+    compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"])
+    ptx = compiled.asm["ptx"]
+    maxnreg = re.search(r"\.maxnreg\s+(\d+)", ptx)
+    return {"shared": int(compiled.metadata.shared), "maxnreg": int(maxnreg.group(1)) if maxnreg else None,
+            "setmaxnreg": sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
+            "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor", ptx))}
+
+
+def main() -> int:
+    items = json.load(sys.stdin)
+    try:
+        import triton.backends.nvidia  # noqa: F401
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.experimental.gluon._runtime import GluonASTSource  # noqa: F401
+        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
+    except ImportError as e:
+        print(json.dumps({"skip": f"this triton cannot compile Gluon for sm_90 here: {e}"}))
+        return 0
+    for item in items:
+        print(json.dumps({**item, **compile_item(item)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The Gluon forward compiles for sm_90 (H100/H200) without a GPU, within its budgets.
+
+triton compiles kernels/gluon_forward.py's kernel for sm_90 in a child process
+(gluon_compile_sm90.py, TRITON_INTERPRET unset; ptxas assembles it) for head dims 64 and
+128, causal and full, bf16 and fp16, several configs; each must compile, need no more
+shared memory than the device's 232448 bytes and than GluonFwdConfig.shared_memory()
+estimates, and carry the warp specialisation (setmaxnreg to the config's register
+split). Skipped where this triton cannot compile Gluon for sm_90. Nothing here runs the
+kernel: its numbers are checked by test_gluon_gpu.py on an H200.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+gluon_forward = pytest.importorskip("flashtune.kernels.gluon_forward", reason="this triton has no Gluon")
+GluonFwdConfig = gluon_forward.GluonFwdConfig
+
+SCRIPT = pathlib.Path(__file__).with_name("gluon_compile_sm90.py")
+SM90_SHARED_MEMORY = 232448
+
+C = GluonFwdConfig
+ITEMS = (
+    # (config, head dims); every one for causal and full, bf16 and fp16
+    (C(), (64, 128)),  # 2 x 64 rows, 128 keys, 2 buffers, ping-pong
+    (C(NUM_BUFFERS=3), (64, 128)),  # D=128: 229480 bytes estimated, just under the limit
+    (C(BLOCK_N=64, PINGPONG=0), (64, 128)),
+    (C(BLOCK_M=128, BLOCK_N=64, NUM_BUFFERS=3), (64, )),
+    (C(PRODUCER_REGS=32, CONSUMER_REGS=232), (128, )),
+)
+
+
+def _request():
+    return [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal}
+            for cfg, dims in ITEMS for d in dims for dt in ("bfloat16", "float16") for causal in (False, True)]
+
+
+def _compile_for_sm90(request: list[dict]) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(SCRIPT)], input=json.dumps(request), check=False,
+                         capture_output=True, text=True, env=env, timeout=1800)
+    assert out.returncode == 0, f"compiling the Gluon forward for sm_90 failed:\n{out.stderr[-4000:]}"
+    results = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    if results and "skip" in results[0]:
+        pytest.skip(results[0]["skip"])
+    assert len(results) == len(request)
+    return results
+
+
+def test_gluon_forward_compiles_for_sm90_within_budgets():
+    request = _request()
+    for item in request:  # every config here is one validate() accepts
+        GluonFwdConfig(**item["config"]).validate(item["head_dim"], getattr(torch, item["dtype"]))
+    problems = []
+    for res in _compile_for_sm90(request):
+        cfg = GluonFwdConfig(**res["config"])
+        d, dtype = res["head_dim"], getattr(torch, res["dtype"])
+        estimate = cfg.shared_memory(d, dtype)
+        where = f"{cfg.short()} D={d} {res['dtype']} causal={res['causal']}"
+        print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
+              f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
+        if res["shared"] > SM90_SHARED_MEMORY:
+            problems.append(f"{where}: needs {res['shared']} bytes of shared memory, sm_90 has {SM90_SHARED_MEMORY}")
+        if res["shared"] > estimate:
+            problems.append(f"{where}: shared_memory() estimates {estimate}, the kernel needs {res['shared']}")
+        if res["maxnreg"] != cfg.maxnreg():
+            problems.append(f"{where}: .maxnreg {res['maxnreg']}, expected {cfg.maxnreg()}")
+        # the producer's, the consumer worker's and the default partition's register counts
+        for regs in (cfg.PRODUCER_REGS, cfg.CONSUMER_REGS, cfg.default_partition_regs()):
+            if regs not in res["setmaxnreg"]:
+                problems.append(f"{where}: no setmaxnreg {regs} among {res['setmaxnreg']}")
+        if not res["wgmma"] or not res["tma_loads"]:
+            problems.append(f"{where}: expected wgmma and TMA instructions, got {res['wgmma']} and "
+                            f"{res['tma_loads']}")
+    assert not problems, "\n".join(problems)

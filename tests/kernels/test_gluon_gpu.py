@@ -1,0 +1,136 @@
+"""On an H100/H200: the Gluon forward (kernels/gluon_forward.py) against the references.
+
+Marked ``gpu``; skipped without CUDA and on any GPU but compute capability 9.0 (the
+kernel is sm_90 only). Forward only: o and the base-2 log-sum-exp, checked by
+kernel_checks.py's rule (error vs float64 <= factor x the error of torch in the input
+dtype + slack: fp16 2x + 1e-3, bf16 2x + 1e-2; LSE 2x the fp32 reference's + 1e-3).
+The float64 truth is ``reference_attention``; the baseline for o is SDPA's math backend
+in the input dtype, for the LSE ``reference_attention`` in float32.
+
+Run: ``python -m pytest -m gpu tests/kernels/test_gluon_gpu.py -q``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from kernel_checks import assert_close_to_reference, make_tensor, tolerance, torch_precision
+
+from flashtune.kernels import reference_attention
+from flashtune.kernels.common import LN2
+
+gluon_forward = pytest.importorskip("flashtune.kernels.gluon_forward", reason="this triton has no Gluon")
+GluonFwdConfig = gluon_forward.GluonFwdConfig
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                       reason="the Gluon forward runs on compute capability 9.0 (H100/H200) only"),
+]
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+LENGTHS = [(n, n) for n in (1, 17, 1000, 1024, 4096)] + [(1000, 4096), (4096, 1000)]
+
+
+def _inputs(n_q, n_k, d, dtype, *, heads=(8, 2), batch=2, layout="bhnd", seed=0):
+    gen = torch.Generator().manual_seed(seed * 1000003 + n_q * 7919 + n_k * 31 + d)
+    hq, hkv = heads
+    q = make_tensor((batch, hq, n_q, d), layout=layout, dtype=dtype, device="cuda", gen=gen)
+    k = make_tensor((batch, hkv, n_k, d), layout=layout, dtype=dtype, device="cuda", gen=gen)
+    v = make_tensor((batch, hkv, n_k, d), layout=layout, dtype=dtype, device="cuda", gen=gen)
+    return q, k, v
+
+
+def check_gluon_forward(q, k, v, *, dtype_name, causal, config=None, sm_scale=None, same_strides=True):
+    """Run the Gluon forward and check o and lse against the float64 reference; returns errors."""
+    B, H, n_q, d = q.shape
+    config = config or gluon_forward.default_gluon_config(d, causal)
+    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, config, causal=causal, sm_scale=sm_scale)
+    torch.cuda.synchronize()
+    assert o.shape == q.shape and o.dtype == q.dtype
+    assert lse2.shape == (B, H, n_q) and lse2.dtype == torch.float32
+    if same_strides:  # dense q that the descriptors address as it is: o in its layout
+        assert o.stride() == q.stride(), (o.stride(), q.stride())
+    tol = tolerance(dtype_name, q.device)
+    errors = {}
+    for b in range(B):  # one batch entry at a time: the float64 scores of 4096 x 4096 x 8 heads are 1 GiB
+        qb, kb, vb = q[b:b + 1], k[b:b + 1], v[b:b + 1]
+        o_true, lse_true = reference_attention(qb, kb, vb, causal=causal, sm_scale=sm_scale, dtype=torch.float64)
+        with torch_precision(q.dtype, False):
+            o_base = F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal, scale=sm_scale,
+                                                    enable_gqa=q.shape[1] != k.shape[1])
+        lse_base = reference_attention(qb, kb, vb, causal=causal, sm_scale=sm_scale, dtype=torch.float32)[1]
+        errors[f"o[{b}]"] = assert_close_to_reference(f"o[{b}]", o[b:b + 1], o_true, o_base, tol=tol)
+        errors[f"lse[{b}]"] = assert_close_to_reference(f"lse[{b}]", lse2[b:b + 1].double() * LN2, lse_true,
+                                                        lse_base, tol=tol, lse=True)
+    return errors
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("n_q, n_k", LENGTHS, ids=[f"q{a}k{b}" for a, b in LENGTHS])
+def test_matrix(n_q, n_k, head_dim, causal, dtype_name):
+    """B=2, 8 query heads on 2 key heads (GQA), odd lengths, Nq != Nk both ways."""
+    q, k, v = _inputs(n_q, n_k, head_dim, DTYPES[dtype_name])
+    check_gluon_forward(q, k, v, dtype_name=dtype_name, causal=causal)
+
+
+@pytest.mark.parametrize("layout", ["bnhd", "bhdn", "shifted", "padded"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_layouts(layout, causal):
+    """(B, N, H, D) storage goes through the TMA descriptors as it is; a head dim that is
+    not unit-stride or a base that is not 16-byte aligned is made contiguous first."""
+    q, k, v = _inputs(1000, 1000, 128, torch.bfloat16, layout=layout)
+    check_gluon_forward(q, k, v, dtype_name="bf16", causal=causal, same_strides=layout == "bnhd")
+
+
+CONFIGS = [
+    GluonFwdConfig(),
+    GluonFwdConfig(NUM_BUFFERS=3),
+    GluonFwdConfig(BLOCK_N=64),
+    GluonFwdConfig(PINGPONG=0),
+    GluonFwdConfig(PRODUCER_REGS=32, CONSUMER_REGS=232),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.short())
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_configs(config, head_dim, causal):
+    q, k, v = _inputs(1000, 1000, head_dim, torch.float16, heads=(4, 4), seed=1)
+    check_gluon_forward(q, k, v, dtype_name="fp16", causal=causal, config=config)
+
+
+def test_d64_128_row_tiles():
+    cfg = GluonFwdConfig(BLOCK_M=128, BLOCK_N=64, NUM_BUFFERS=3)
+    for causal in (False, True):
+        q, k, v = _inputs(1000, 777, 64, torch.bfloat16, seed=2)
+        check_gluon_forward(q, k, v, dtype_name="bf16", causal=causal, config=cfg)
+
+
+def test_sm_scale_and_bottom_right_rows_without_keys():
+    q, k, v = _inputs(300, 200, 64, torch.bfloat16, seed=3)
+    check_gluon_forward(q, k, v, dtype_name="bf16", causal=True, sm_scale=0.3)
+    # bottom-right with Nq > Nk: the first 100 queries see no key (o 0, lse -inf)
+    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, GluonFwdConfig(), causal=True, sm_scale=None,
+                                                    causal_align="bottom_right")
+    torch.cuda.synchronize()
+    assert (o[:, :, :100] == 0).all() and torch.isneginf(lse2[:, :, :100]).all()
+    o_true, lse_true = reference_attention(q, k, v, causal=True, dtype=torch.float64, causal_align="bottom_right")
+    torch.testing.assert_close(o[:, :, 100:].double(), o_true[:, :, 100:], atol=2e-2, rtol=0)
+    torch.testing.assert_close(lse2[:, :, 100:].double() * LN2, lse_true[:, :, 100:], atol=2e-3, rtol=0)
+
+
+def test_lse_feeds_flashtune_backward():
+    """The base-2 LSE is the one flashtune's forward returns (the backward reads it)."""
+    from flashtune.kernels import attention_forward, default_config
+    q, k, v = _inputs(1024, 1024, 128, torch.bfloat16, seed=4)
+    for causal in (False, True):
+        sm_scale = 128 ** -0.5
+        _, lse_gluon = gluon_forward.gluon_attention_forward(q, k, v, GluonFwdConfig(), causal=causal,
+                                                             sm_scale=sm_scale)
+        _, lse_triton = attention_forward(q, k, v, default_config("fwd", 128, q.dtype, q.device), causal=causal,
+                                          sm_scale=sm_scale)
+        torch.testing.assert_close(lse_gluon, lse_triton, atol=2e-3, rtol=0)
