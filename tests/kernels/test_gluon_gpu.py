@@ -29,6 +29,33 @@ pytestmark = [
                        reason="the Gluon forward runs on compute capability 9.0 (H100/H200) only"),
 ]
 
+# A kernel with mbarrier rings that has never run can hang rather than fail: one small call
+# runs first in a process of its own, under a timeout, and if it does not come back every test
+# here fails at once with that said, instead of holding the GPU run until its limit.
+SMOKE = """
+import torch
+from flashtune.kernels import gluon_forward as g
+for pingpong in (0, 1):
+    q, k, v = (torch.randn(1, 2, 200, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    g.gluon_attention_forward(q, k, v, g.GluonFwdConfig(PINGPONG=pingpong), causal=True, sm_scale=None)
+    torch.cuda.synchronize()
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _the_kernel_comes_back():
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", SMOKE], capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the Gluon forward did not return within 180 s on a 1x2x200x64 call (a hang: "
+                    "docs/gluon.md says how to tell the ring from the ping-pong)", pytrace=False)
+    if done.returncode != 0:
+        pytest.fail(f"the Gluon forward's smoke call failed:\n{done.stderr[-3000:]}", pytrace=False)
+
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 LENGTHS = [(n, n) for n in (1, 17, 1000, 1024, 4096)] + [(1000, 4096), (4096, 1000)]
 
