@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import block_offsets, key_range, needs_int64, on_device, score_scales, tma_descriptors
+from flashtune.kernels.common import (block_offsets, key_range, needs_int64, on_device, score_scales, tma_descriptors,
+                                      window_range)
 from flashtune.kernels.config import DECODE_MAX_Q, MAX_SPLITS, FwdConfig, padded_head_dim
 from flashtune.kernels.forward import _fwd_inner
 
@@ -108,10 +109,11 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
                       stride_vb, stride_vh, stride_vn, stride_vd,
                       stride_ob, stride_oh, stride_os, stride_on, stride_od,
                       stride_lb, stride_lh, stride_ls,
-                      H_ROWS, M_BLOCKS, PACK, GROUP, N_Q, N_K, CHUNK, causal_off,
+                      H_ROWS, M_BLOCKS, PACK, GROUP, N_Q, N_K, CHUNK, causal_off, win_left, win_right,
                       CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                      INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr):
+                      INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr,
+                      WINDOW: tl.constexpr):
     # program (row block x batch x row head, chunk): axis 0 holds up to 2^31 - 1 programs
     # (CUDA caps axes 1 and 2 at 65535); a row head is a K/V head when packing (PACK =
     # GROUP), else a query head (PACK = 1)
@@ -143,20 +145,36 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # the keys of the whole row block: [0, full_hi) unmasked for every row, up to hi masked
-    # (key_range from the first row's query; the last row's query bounds hi)
+    # (key_range from the first row's query; the last row's query bounds hi); with a window
+    # [lo, full_lo) masked and [full_lo, full_hi) unmasked, nothing outside [lo, hi)
+    # (common.window_blocks over the block's queries); each cut to this split's chunk
     q_first = (pid_m * BLOCK_M) // PACK
     q_last = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, N_Q * PACK - 1) // PACK
-    full_hi, _ = key_range(q_first, N_K, CAUSAL, 1, BLOCK_N, causal_off)
-    _, hi = key_range(q_last, N_K, CAUSAL, 1, BLOCK_N, causal_off)
     lo_s = split * CHUNK
     hi_s = lo_s + CHUNK
+    if WINDOW:
+        lo, full_lo, full_hi, hi = window_range(q_first, q_last, N_K, BLOCK_N, causal_off, win_left, win_right)
+        full_lo, full_hi, hi = full_lo * BLOCK_N, full_hi * BLOCK_N, hi * BLOCK_N
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b,
+                                   off_hk, q_idx + causal_off, offs_nb, offs_d, tl.maximum(lo_s, lo * BLOCK_N),
+                                   tl.minimum(hi_s, full_lo), N_K, qk_scale, softcap_log2, win_left, win_right,
+                                   True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
+                                   WINDOW)
+        full_lo = tl.maximum(lo_s, full_lo)
+    else:
+        full_lo = lo_s
+        full_hi, _ = key_range(q_first, N_K, CAUSAL, 1, BLOCK_N, causal_off)
+        _, hi = key_range(q_last, N_K, CAUSAL, 1, BLOCK_N, causal_off)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
-                               q_idx + causal_off, offs_nb, offs_d, lo_s, tl.minimum(hi_s, full_hi), N_K, qk_scale, softcap_log2,
-                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP)
+                               q_idx + causal_off, offs_nb, offs_d, full_lo, tl.minimum(hi_s, full_hi), N_K, qk_scale,
+                               softcap_log2, win_left, win_right,
+                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
+                               WINDOW)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                                q_idx + causal_off, offs_nb, offs_d, tl.maximum(lo_s, full_hi),
-                               tl.minimum(hi_s, hi), N_K, qk_scale, softcap_log2,
-                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP)
+                               tl.minimum(hi_s, hi), N_K, qk_scale, softcap_log2, win_left, win_right,
+                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
+                               WINDOW)
 
     # a row that saw no key here: output 0 and log-sum-exp -inf (weight 0 in the combine)
     seen = l_i > 0.0
@@ -213,9 +231,11 @@ def _combine_kernel(OP, LSEP, O, LSE, SPLITS, H, N_Q,
 
 def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FwdConfig, schedule: Schedule, *,
                   causal: bool, causal_off: int, sm_scale: float, precision: str,
-                  compile_only: bool = False, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                  compile_only: bool = False, softcap: float = 0.0, window: tuple[int, int] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward through the split kernel (and the combine kernel when it splits):
-    ``(o, lse2)`` as attention_forward returns them."""
+    ``(o, lse2)`` as attention_forward returns them; ``window`` as common.window_bounds
+    gives it."""
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
     group = H // H_KV
@@ -242,10 +262,10 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
         _split_fwd_kernel.run(
             q, k, v, o_part, lse_part, *(descs or (k, v)), *score_scales(sm_scale, softcap),
             *q.stride(), *k.stride(), *v.stride(), *o_strides, *l_strides,
-            h_rows, m_blocks, pack, group, N_Q, N_K, schedule.chunk, causal_off,
+            h_rows, m_blocks, pack, group, N_Q, N_K, schedule.chunk, causal_off, *(window or (0, 0)),
             CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_M=schedule.block_m, BLOCK_N=config.BLOCK_N,
             PRECISION=precision, INT64=int64, TMA=descs is not None, SCALE_POSITIVE=sm_scale > 0 and not softcap,
-            SOFTCAP=bool(softcap),
+            SOFTCAP=bool(softcap), WINDOW=window is not None,
             num_warps=config.num_warps, num_stages=config.num_stages, grid=grid, warmup=compile_only)
         if S > 1:
             block_s = max(2, 1 << (S - 1).bit_length())
