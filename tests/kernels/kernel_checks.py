@@ -78,8 +78,8 @@ class Case:
     def __str__(self) -> str:
         hq, hkv = self.heads
         causal = "causal" if self.causal else "full"
-        if self.causal and self.causal_align == "bottom_right":
-            causal = "causalbr"
+        if self.causal_align == "bottom_right" and (self.causal or self.window is not None):
+            causal += "br"  # a window is aligned too, causal or not
         parts = [self.dtype, causal, f"q{self.n_q}k{self.n_k}", f"d{self.head_dim}",
                  f"b{self.batch}h{hq}" if hq == hkv else f"b{self.batch}h{hq}kv{hkv}"]
         parts.append("fwd" + ("default" if self.fwd is None else f"{self.fwd.BLOCK_M}x{self.fwd.BLOCK_N}"))
