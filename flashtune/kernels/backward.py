@@ -23,9 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (block_offsets, causal_offset, cdiv, dot_precision, key_range, load_tile,
-                                      needs_int64, on_device, score_scales, sm_count, softcap_log2_scores, store_tile,
-                                      tma_descriptors, tma_tile, window_bounds, window_range)
+from flashtune.kernels.common import (WINDOW_SIDES, block_offsets, causal_offset, cdiv, dot_precision, key_range,
+                                      load_tile, needs_int64, on_device, score_scales, sm_count, softcap_log2_scores,
+                                      store_tile, tma_descriptors, tma_tile, window_bounds, window_range)
 from flashtune.kernels.config import BwdConfig, dkdv_split, padded_head_dim
 
 
@@ -115,7 +115,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=WINDOW_SIDES)
 def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQA, sm_scale, qk_scale, softcap_log2,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
@@ -281,7 +281,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, d
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=WINDOW_SIDES)
 def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale, softcap_log2,
                    stride_qb, stride_qh, stride_qn, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
@@ -446,7 +446,8 @@ def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool,
         H, H // k.shape[1], N_Q, k.shape[2], causal_off, *(window or (0, 0)),
         CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
         BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(cdiv(N_Q, config.BLOCK_M2), H, B),
-        TMA=descs_dq is not None, SOFTCAP=bool(softcap), WINDOW=window is not None, num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
+        TMA=descs_dq is not None, SOFTCAP=bool(softcap), WINDOW=window is not None,
+        num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
         warmup=compile_only)
 
 

@@ -183,6 +183,11 @@ def key_range(start_m, N_K, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N
     return n_full * BLOCK_N, hi
 
 
+# The window's sides are runtime ints that triton does not specialise (on 1, or on
+# divisibility by 16): one compiled kernel per config serves every window size.
+WINDOW_SIDES = ("win_left", "win_right")
+
+
 def window_bounds(window_size, causal: bool, n_q: int, n_k: int) -> tuple[int, int] | None:
     """The kernels' (left, right) window for a checked ``window_size`` (FlashAttention's
     convention, -1 an unbounded side), or None when nothing is cut beyond the causal mask.

@@ -18,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (block_offsets, causal_offset, dot_precision, key_range, load_tile, needs_int64,
-                                      on_device, score_scales, softcap_log2_scores, store_tile, tma_descriptors,
-                                      tma_tile, window_bounds, window_range)
+from flashtune.kernels.common import (WINDOW_SIDES, block_offsets, causal_offset, dot_precision, key_range, load_tile,
+                                      needs_int64, on_device, score_scales, softcap_log2_scores, store_tile,
+                                      tma_descriptors, tma_tile, window_blocks, window_bounds, window_range)
 from flashtune.kernels.config import FwdConfig, padded_head_dim
 
 
@@ -79,7 +79,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=WINDOW_SIDES)
 def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
@@ -177,7 +177,11 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     N_K = k.shape[2]
     window = window_bounds(window_size, causal, N_Q, N_K)
     off = causal_offset(causal_align, N_Q, N_K) if causal or window else 0
-    schedule = plan_schedule(config, B, H, k.shape[1], N_Q, N_K, q.device)
+    key_blocks = None
+    if window:  # the split kernel chunks only the key blocks some query reaches
+        lo, _, _, hi = window_blocks(0, N_Q - 1, N_K, config.BLOCK_N, off, *window)
+        key_blocks = (lo, hi)
+    schedule = plan_schedule(config, B, H, k.shape[1], N_Q, N_K, q.device, key_blocks)
     if schedule is not None:
         return split_forward(q, k, v, config, schedule, causal=causal, causal_off=off, sm_scale=sm_scale,
                              precision=dot_precision(q.dtype, fp32_precision), compile_only=compile_only,

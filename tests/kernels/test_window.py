@@ -24,6 +24,7 @@ from kernel_checks import Case, case_inputs, run_case
 
 from flashtune.kernels import BwdConfig, FwdConfig, attention, reference_attention
 from flashtune.kernels.common import causal_offset, window_blocks, window_bounds, window_range
+from flashtune.kernels.decode import plan_schedule
 from flashtune.kernels.reference import attention_mask
 
 F, B = FwdConfig, BwdConfig
@@ -293,3 +294,20 @@ def test_a_bad_window_is_named(window, error, message, kernel_device):
     q = torch.randn(1, 1, 8, 16, device=kernel_device)
     with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
         attention(q, q, q, window_size=window)
+
+
+def test_the_split_kernels_chunks_cut_only_the_window(monkeypatch):
+    """Decode with a window short against the keys: the chunks start at the window's first
+    key block and cover its blocks alone, auto (on the H200's 132 SMs) and explicit splits."""
+    from flashtune.kernels import decode
+    monkeypatch.setattr(decode, "sm_count", lambda device: 132)
+    n_k, left = 32768, 4096
+    lo, _, _, hi = window_blocks(0, 0, n_k, 64, n_k - 1, left, 0)  # one query, bottom-right
+    assert (lo, hi) == (447, 512)
+    for splits in (0, 4):
+        plan = plan_schedule(F(64, 64, 4, 2, num_splits=splits), 1, 32, 8, 1, n_k, torch.device("cpu"), (lo, hi))
+        assert plan.start == lo * 64
+        assert (plan.splits - 1) * plan.chunk < (hi - lo) * 64 <= plan.splits * plan.chunk, plan
+        assert plan.splits == (65 if splits == 0 else 4)
+    # a window that reaches no key: one empty chunk
+    assert plan_schedule(F(64, 64, 4, 2), 1, 4, 4, 1, 100, torch.device("cpu"), (2, 2)).splits == 1
