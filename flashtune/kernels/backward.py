@@ -3,8 +3,9 @@
 Three launches: a preprocess for Delta = rowsum(dO * O); a dK/dV kernel that holds a
 block of keys and walks the queries of every query head sharing that key head
 (grouped-query attention needs no atomics); a dQ kernel that holds a block of queries
-and walks the keys. In each walk, blocks that need no mask (not on the causal diagonal,
-not past the sequence end) run apart from those that do.
+and walks the keys. In each walk, blocks that need no mask (not on the causal diagonal
+or a window's edge, not past the sequence end) run apart from those that do, and blocks
+outside a sliding window are not walked (common.window_blocks).
 
 With S = sm_scale * Q K^T, P = softmax(S), dP = dO V^T, dS = P * (dP - Delta):
 dV = P^T dO, dK = sm_scale * dS^T Q, dQ = sm_scale * dS K.
@@ -22,9 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (block_offsets, causal_offset, cdiv, dot_precision, key_range, load_tile,
-                                      needs_int64, on_device, score_scales, sm_count, softcap_log2_scores, store_tile,
-                                      tma_descriptors, tma_tile)
+from flashtune.kernels.common import (WINDOW_SIDES, block_offsets, causal_offset, cdiv, dot_precision, key_range,
+                                      load_tile, needs_int64, on_device, score_scales, sm_count, softcap_log2_scores,
+                                      store_tile, tma_descriptors, tma_tile, window_bounds, window_range)
 from flashtune.kernels.config import BwdConfig, dkdv_split, padded_head_dim
 
 
@@ -51,9 +52,11 @@ def _bwd_preprocess_kernel(O, DO, DELTA,
 def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_base, delta_base, dqa_base,
                     desc_q, desc_do, desc_dqa, off_b, off_h,
                     offs_n, offs_mb, offs_d, lo, hi, N_Q, N_K, qk_scale, softcap_log2, sm_scale, causal_off,
+                    win_left, win_right,
                     MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
-                    ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, SOFTCAP: tl.constexpr):
+                    ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, SOFTCAP: tl.constexpr,
+                    WINDOW: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_mb
         if TMA:
@@ -75,6 +78,9 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
             valid = (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K)
             if CAUSAL:
                 valid = valid & (offs_n[:, None] <= offs_m[None, :] + causal_off)
+            if WINDOW:
+                valid = valid & (offs_n[:, None] >= offs_m[None, :] + causal_off - win_left) \
+                    & (offs_n[:, None] <= offs_m[None, :] + causal_off + win_right)
             p_t = tl.where(valid, p_t, 0.0)
         if TMA:
             do = tma_tile(desc_do, off_b, off_h, start_m, BLOCK_M, BLOCK_D)
@@ -109,7 +115,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=WINDOW_SIDES)
 def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQA, sm_scale, qk_scale, softcap_log2,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
@@ -117,11 +123,11 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
                      stride_dob, stride_doh, stride_don, stride_dod,
                      stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                      stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                     H, GROUP, N_Q, N_K, causal_off, SPLIT_H, SPLIT_Q,
+                     H, GROUP, N_Q, N_K, causal_off, win_left, win_right, SPLIT_H, SPLIT_Q,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
                      ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, PARTIAL: tl.constexpr,
-                     SOFTCAP: tl.constexpr):
+                     SOFTCAP: tl.constexpr, WINDOW: tl.constexpr):
     # axis 1 runs over (K/V head, split): split s of a key block takes the query heads
     # [s_h * GROUP / SPLIT_H, ...) of the group and the s_q-th of SPLIT_Q chunks of its
     # query blocks; with PARTIAL its dK/dV go to fp32 slot s of DK/DV, summed afterwards
@@ -142,15 +148,22 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
 
     # Query blocks (aligned to BLOCK_M): [first, diag_end) straddle the causal diagonal,
     # [diag_end, tail) need no mask, [tail, n_blocks) cross the end of the sequence.
-    # (query i sees keys j <= i + causal_off; clamped at 0 before dividing)
-    n_blocks = tl.cdiv(N_Q, BLOCK_M)
-    if CAUSAL:
-        first = tl.maximum(start_n - causal_off, 0) // BLOCK_M
-        diag_end = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - causal_off, 0), BLOCK_M), n_blocks)
+    # (query i sees keys j <= i + causal_off; clamped at 0 before dividing). With a window:
+    # [first, diag_end) and [tail, n_blocks) hold its edges, and the query blocks outside
+    # [first, n_blocks) are skipped (common.window_blocks, the keys' view: query i sees key
+    # j iff j - right - causal_off <= i <= j + left - causal_off).
+    if WINDOW:
+        first, diag_end, tail, n_blocks = window_range(start_n, tl.minimum(start_n + BLOCK_N, N_K) - 1, N_Q, BLOCK_M,
+                                                       -causal_off, win_right, win_left)
     else:
-        first = 0
-        diag_end = 0
-    tail = tl.maximum(diag_end, N_Q // BLOCK_M)
+        n_blocks = tl.cdiv(N_Q, BLOCK_M)
+        if CAUSAL:
+            first = tl.maximum(start_n - causal_off, 0) // BLOCK_M
+            diag_end = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - causal_off, 0), BLOCK_M), n_blocks)
+        else:
+            first = 0
+            diag_end = 0
+        tail = tl.maximum(diag_end, N_Q // BLOCK_M)
     if SPLIT_Q > 1:
         # this split's chunk [lo, hi) of the query blocks [first, n_blocks), each segment clamped to it
         chunk = tl.cdiv(n_blocks - first, SPLIT_Q)
@@ -172,21 +185,21 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
                                  dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
                                  offs_n, offs_mb, offs_d, first * BLOCK_M, diag_end * BLOCK_M, N_Q, N_K,
-                                 qk_scale, softcap_log2, sm_scale, causal_off,
+                                 qk_scale, softcap_log2, sm_scale, causal_off, win_left, win_right,
                                  True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ,
-                                 SOFTCAP)
+                                 SOFTCAP, WINDOW)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
                                  dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
                                  offs_n, offs_mb, offs_d, diag_end * BLOCK_M, tail * BLOCK_M, N_Q, N_K,
-                                 qk_scale, softcap_log2, sm_scale, causal_off,
+                                 qk_scale, softcap_log2, sm_scale, causal_off, win_left, win_right,
                                  False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ,
-                                 SOFTCAP)
+                                 SOFTCAP, WINDOW)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
                                  dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
                                  offs_n, offs_mb, offs_d, tail * BLOCK_M, n_blocks * BLOCK_M, N_Q, N_K,
-                                 qk_scale, softcap_log2, sm_scale, causal_off,
+                                 qk_scale, softcap_log2, sm_scale, causal_off, win_left, win_right,
                                  True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ,
-                                 SOFTCAP)
+                                 SOFTCAP, WINDOW)
 
     dk = dk * sm_scale
     if PARTIAL:
@@ -232,10 +245,11 @@ def _bwd_dkdv_sum_kernel(PK, PV, DK, DV,
 
 @triton.jit
 def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, desc_k, desc_v, off_b, off_hk,
-                  offs_m, offs_nb, offs_d, lo, hi, N_K, qk_scale, softcap_log2,
+                  diag, offs_nb, offs_d, lo, hi, N_K, qk_scale, softcap_log2, win_left, win_right,
                   MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-                  SOFTCAP: tl.constexpr):
+                  SOFTCAP: tl.constexpr, WINDOW: tl.constexpr):
+    # diag: each query's diagonal key (its query index + causal_off)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_nb
         if TMA:
@@ -253,7 +267,10 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, d
         if MASK:
             valid = offs_n[None, :] < N_K
             if CAUSAL:
-                valid = valid & (offs_n[None, :] <= offs_m[:, None])
+                valid = valid & (offs_n[None, :] <= diag[:, None])
+            if WINDOW:
+                valid = valid & (offs_n[None, :] >= diag[:, None] - win_left) \
+                    & (offs_n[None, :] <= diag[:, None] + win_right)
             p = tl.where(valid, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
@@ -264,17 +281,17 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, d
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=WINDOW_SIDES)
 def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale, softcap_log2,
                    stride_qb, stride_qh, stride_qn, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
                    stride_dob, stride_doh, stride_don, stride_dod,
                    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
-                   H, GROUP, N_Q, N_K, causal_off,
+                   H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
-                   TMA: tl.constexpr, SOFTCAP: tl.constexpr):
+                   TMA: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -298,13 +315,27 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale
 
     k_base = K + off_b * stride_kb + off_hk * stride_kh + offs_d[None, :] * stride_kd
     v_base = V + off_b * stride_vb + off_hk * stride_vh + offs_d[None, :] * stride_vd
-    full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N, causal_off)
+    # key blocks as the forward walks them (with a window: its left edge [lo, full_lo) masked
+    # first, nothing outside [lo, hi), common.window_blocks)
+    if WINDOW:
+        lo, full_lo, full_hi, hi = window_range(start_m, tl.minimum(start_m + BLOCK_M, N_Q) - 1, N_K, BLOCK_N,
+                                                causal_off, win_left, win_right)
+        dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
+                           offs_m + causal_off, offs_nb, offs_d, lo * BLOCK_N, full_lo * BLOCK_N, N_K, qk_scale,
+                           softcap_log2, win_left, win_right,
+                           True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP, WINDOW)
+        full_lo, full_hi, hi = full_lo * BLOCK_N, full_hi * BLOCK_N, hi * BLOCK_N
+    else:
+        full_lo = 0
+        full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N, causal_off)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
-                       offs_m + causal_off, offs_nb, offs_d, 0, full_hi, N_K, qk_scale, softcap_log2,
-                       False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP)
+                       offs_m + causal_off, offs_nb, offs_d, full_lo, full_hi, N_K, qk_scale, softcap_log2,
+                       win_left, win_right,
+                       False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP, WINDOW)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                        offs_m + causal_off, offs_nb, offs_d, full_hi, hi, N_K, qk_scale, softcap_log2,
-                       True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP)
+                       win_left, win_right,
+                       True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP, WINDOW)
     dq = dq * sm_scale
     store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqn
                + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D)
@@ -313,9 +344,10 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                        lse2: torch.Tensor, config: BwdConfig, *, causal: bool, sm_scale: float,
                        fp32_precision: str = "tf32", compile_only: bool = False, causal_align: str = "top_left",
-                       softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       softcap: float = 0.0, window_size: tuple[int, int] | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the backward kernels with an explicit config on already-checked inputs
-    (``softcap`` as the forward had it).
+    (``softcap`` and ``window_size`` as the forward had them).
 
     ``compile_only``: compile (or queue in triton's AsyncCompileMode) without launching.
 
@@ -328,7 +360,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     """
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
-    off = causal_offset(causal_align, N_Q, N_K) if causal else 0
+    window = window_bounds(window_size, causal, N_Q, N_K)
+    off = causal_offset(causal_align, N_Q, N_K) if causal or window else 0
     BLOCK_D = padded_head_dim(D)
     precision = dot_precision(q.dtype, fp32_precision)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -361,11 +394,11 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             q, k, v, do, parts[0], parts[1], lse2, delta, dq_acc, *(descs_dkdv or (q, do)),
             *(desc_dqa or (dq_acc,)), sm_scale, *score_scales(sm_scale, softcap),
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-            H, H // H_KV, N_Q, N_K, off, split_h, split_q,
+            H, H // H_KV, N_Q, N_K, off, *(window or (0, 0)), split_h, split_q,
             BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1,
             grid=(cdiv(N_K, config.BLOCK_N1), H_KV * split, B),
             ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, TMA_DQ=desc_dqa is not None, PARTIAL=split > 1,
-            SOFTCAP=bool(softcap), **launch)
+            SOFTCAP=bool(softcap), WINDOW=window is not None, **launch)
         if split > 1:
             _sum_partials(parts, dk, dv, int64=int64, compile_only=compile_only)
         if atomic_dq:
@@ -373,7 +406,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                 dq.copy_(dq_acc[..., :D])  # the kernel added dQ already scaled
             return dq, dk, dv
         _launch_dq(q, k, v, do, dq, lse2, delta, config, causal=causal, sm_scale=sm_scale, precision=precision,
-                   int64=int64, compile_only=compile_only, causal_off=off, softcap=softcap)
+                   int64=int64, compile_only=compile_only, causal_off=off, softcap=softcap, window=window)
     return dq, dk, dv
 
 
@@ -400,18 +433,21 @@ def _sum_partials(parts, dk, dv, *, int64: bool, compile_only: bool = False) -> 
 
 
 def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool, sm_scale: float, precision: str,
-               int64: bool, compile_only: bool = False, causal_off: int = 0, softcap: float = 0.0) -> None:
-    """The dQ kernel (non-atomic configs), on the current device."""
+               int64: bool, compile_only: bool = False, causal_off: int = 0, softcap: float = 0.0,
+               window: tuple[int, int] | None = None) -> None:
+    """The dQ kernel (non-atomic configs), on the current device (``window`` as
+    common.window_bounds gives it)."""
     B, H, N_Q, D = q.shape
     BLOCK_D = padded_head_dim(D)
     descs_dq = tma_descriptors(config.tma, (k, v), config.BLOCK_N2, BLOCK_D)
     _bwd_dq_kernel.run(
         q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), sm_scale, *score_scales(sm_scale, softcap),
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        H, H // k.shape[1], N_Q, k.shape[2], causal_off,
+        H, H // k.shape[1], N_Q, k.shape[2], causal_off, *(window or (0, 0)),
         CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
         BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(cdiv(N_Q, config.BLOCK_M2), H, B),
-        TMA=descs_dq is not None, SOFTCAP=bool(softcap), num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
+        TMA=descs_dq is not None, SOFTCAP=bool(softcap), WINDOW=window is not None,
+        num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
         warmup=compile_only)
 
 

@@ -183,6 +183,66 @@ def key_range(start_m, N_K, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N
     return n_full * BLOCK_N, hi
 
 
+# The window's sides are runtime ints that triton does not specialise (on 1, or on
+# divisibility by 16): one compiled kernel per config serves every window size.
+WINDOW_SIDES = ("win_left", "win_right")
+
+
+def window_bounds(window_size, causal: bool, n_q: int, n_k: int) -> tuple[int, int] | None:
+    """The kernels' (left, right) window for a checked ``window_size`` (FlashAttention's
+    convention, -1 an unbounded side), or None when nothing is cut beyond the causal mask.
+    Causal caps right at 0. An unbounded side becomes n_q + n_k, and larger sides are
+    clamped to it: no diagonal is that far from a key (|diag - j| < n_q + n_k, see
+    causal_offset), so the bound never cuts, and the kernels' ints stay in int32."""
+    if window_size is None:
+        return None
+    left, right = window_size
+    if causal:
+        right = 0  # the diagonal
+        if left < 0:
+            return None  # the causal mask alone
+    if left < 0 and right < 0:
+        return None
+    far = n_q + n_k
+    return (far if left < 0 else min(left, far)), (far if right < 0 else min(right, far))
+
+
+def window_blocks(first: int, last: int, n: int, block: int, off: int, left: int, right: int
+                  ) -> tuple[int, int, int, int]:
+    """Blocks of ``block`` positions along an axis of length ``n`` that rows [first, last]
+    reach through a window: row i sees positions [i + off - left, i + off + right] of [0, n).
+    Returns block indices lo <= full_lo <= full_hi <= hi: blocks [lo, hi) hold a position
+    some row sees (every other block is skipped, not masked), [full_lo, full_hi) only
+    positions every row sees (no mask), the rest need the mask. The union of the rows'
+    windows is the interval [first + off - left, last + off + right]: the range is tight.
+
+    The kernels' ``window_range`` is this formula in tl code, line for line (the tests
+    compare the two). The forward and the dQ kernel call it for a block of queries over
+    the keys (off the diagonal offset); the dK/dV kernel for a block of keys over the
+    queries, with off negated and left and right swapped (query i sees key j iff
+    j - right - off <= i <= j + left - off). Division only of non-negative values: triton's
+    integer division truncates toward zero, Python's floors."""
+    lo_pos = max(first + off - left, 0)
+    hi_pos = min(last + off + right + 1, n)
+    lo = lo_pos // block
+    hi = -(-hi_pos // block) if hi_pos > lo_pos else lo
+    full_lo = min(max(-(-max(last + off - left, 0) // block), lo), hi)
+    full_hi = min(max(max(min(first + off + right + 1, n), 0) // block, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def window_range(first, last, n, BLOCK: tl.constexpr, off, left, right):
+    """``window_blocks`` in tl code (see there): block indices (lo, full_lo, full_hi, hi)."""
+    lo_pos = tl.maximum(first + off - left, 0)
+    hi_pos = tl.minimum(last + off + right + 1, n)
+    lo = lo_pos // BLOCK
+    hi = tl.where(hi_pos > lo_pos, tl.cdiv(tl.maximum(hi_pos, 0), BLOCK), lo)
+    full_lo = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(last + off - left, 0), BLOCK), lo), hi)
+    full_hi = tl.minimum(tl.maximum(tl.maximum(tl.minimum(first + off + right + 1, n), 0) // BLOCK, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
 @triton.jit
 def load_tile(ptrs, rows, n_rows, cols, CHECK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """Load a [rows, BLOCK_D] tile, zero-filling rows past n_rows and the head-dim padding."""

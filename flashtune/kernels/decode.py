@@ -11,6 +11,7 @@ the Hq / Hkv query heads of a group read the same K/V once each. Here:
   chunk, each writing its normalised partial output and base-2 log-sum-exp (fp32); the
   combine kernel merges them exactly: lse = log2(sum_s 2^lse_s), O = sum_s 2^(lse_s - lse) O_s.
   A chunk a row sees no key of (an empty chunk, or causal) has lse_s = -inf and weight 0.
+  With a sliding window the chunks cut only the key blocks some query reaches.
 
 With one split the kernel writes O and the log-sum-exp directly. The log-sum-exp handed
 to the backward is the merged one, in the plain forward's layout (B, Hq, Nq).
@@ -25,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import block_offsets, key_range, needs_int64, on_device, score_scales, tma_descriptors
-from flashtune.kernels.common import sm_count as common_sm_count
+from flashtune.kernels.common import (WINDOW_SIDES, block_offsets, key_range, needs_int64, on_device, score_scales,
+                                      tma_descriptors, window_range)
 from flashtune.kernels.config import DECODE_MAX_Q, MAX_SPLITS, FwdConfig, padded_head_dim
 from flashtune.kernels.forward import _fwd_inner
 
@@ -49,17 +50,21 @@ INTERPRETER_SMS = 4
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     """How the split kernel runs a call: ``pack`` (query heads of a group as rows of one
-    tile), ``block_m`` rows per tile, ``splits`` chunks of ``chunk`` keys each."""
+    tile), ``block_m`` rows per tile, ``splits`` chunks of ``chunk`` keys each, from key
+    ``start`` (a sliding window's first reachable key block; else 0)."""
 
     pack: bool
     block_m: int
     splits: int
     chunk: int
+    start: int = 0
 
 
 @functools.lru_cache(maxsize=None)
 def sm_count(device: torch.device) -> int:
-    return INTERPRETER_SMS if device.type != "cuda" else common_sm_count(device)
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -77,8 +82,12 @@ def auto_splits(programs: int, n_blocks: int, sms: int, min_chunk_blocks: int = 
 
 
 def plan_schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_q: int, n_k: int,
-                  device: torch.device) -> Schedule | None:
+                  device: torch.device, key_blocks: tuple[int, int] | None = None) -> Schedule | None:
     """The split kernel's schedule for this call, or None when the plain forward runs.
+
+    ``key_blocks``: the key blocks [lo, hi) that some query reaches (a sliding window,
+    common.window_blocks over all the queries); the chunks cut those alone, so that none
+    falls outside the window. None: every key block.
 
     Auto packing (pack_gqa=-1): grouped heads whose queries do not fill a BLOCK_M tile.
     Auto splits (num_splits=0): auto_splits() over the key blocks, chunks of whole key
@@ -88,17 +97,18 @@ def plan_schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_
     Remembered per (config, shape, SM count): every forward launch asks (about 6 us of host
     time per call on the build machine's CPU otherwise).
     """
-    return _schedule(config, batch, heads_q, heads_kv, n_q, n_k, sm_count(device))
+    return _schedule(config, batch, heads_q, heads_kv, n_q, n_k, sm_count(device), key_blocks)
 
 
 @functools.lru_cache(maxsize=4096)
 def _schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_q: int, n_k: int,
-              sms: int) -> Schedule | None:
+              sms: int, key_blocks: tuple[int, int] | None) -> Schedule | None:
     group = heads_q // heads_kv
     pack = group > 1 and (config.pack_gqa == 1 or (config.pack_gqa == -1 and n_q < config.BLOCK_M))
     rows = n_q * group if pack else n_q
     block_m = min(config.BLOCK_M, max(16, 1 << (rows - 1).bit_length()))
-    n_blocks = _cdiv(n_k, config.BLOCK_N)
+    first, end = key_blocks or (0, _cdiv(n_k, config.BLOCK_N))
+    n_blocks = max(end - first, 1)  # a window that reaches no key: one (empty) chunk
     if config.num_splits == 0:
         programs = _cdiv(rows, block_m) * (heads_kv if pack else heads_q) * batch
         splits = auto_splits(programs, n_blocks, sms, _cdiv(MIN_CHUNK_KEYS, config.BLOCK_N))
@@ -111,20 +121,21 @@ def _schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_q: i
         if not pack and splits == 1:
             return None
         chunk_blocks = _cdiv(n_blocks, splits)
-    return Schedule(pack, block_m, splits, chunk_blocks * config.BLOCK_N)
+    return Schedule(pack, block_m, splits, chunk_blocks * config.BLOCK_N, first * config.BLOCK_N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=WINDOW_SIDES)
 def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
                       stride_qb, stride_qh, stride_qn, stride_qd,
                       stride_kb, stride_kh, stride_kn, stride_kd,
                       stride_vb, stride_vh, stride_vn, stride_vd,
                       stride_ob, stride_oh, stride_os, stride_on, stride_od,
                       stride_lb, stride_lh, stride_ls,
-                      H_ROWS, M_BLOCKS, PACK, GROUP, N_Q, N_K, CHUNK, causal_off,
+                      H_ROWS, M_BLOCKS, PACK, GROUP, N_Q, N_K, CHUNK, KEY_START, causal_off, win_left, win_right,
                       CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                      INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr):
+                      INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr,
+                      WINDOW: tl.constexpr):
     # program (row block x batch x row head, chunk): axis 0 holds up to 2^31 - 1 programs
     # (CUDA caps axes 1 and 2 at 65535); a row head is a K/V head when packing (PACK =
     # GROUP), else a query head (PACK = 1)
@@ -156,20 +167,36 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # the keys of the whole row block: [0, full_hi) unmasked for every row, up to hi masked
-    # (key_range from the first row's query; the last row's query bounds hi)
+    # (key_range from the first row's query; the last row's query bounds hi); with a window
+    # [lo, full_lo) masked and [full_lo, full_hi) unmasked, nothing outside [lo, hi)
+    # (common.window_blocks over the block's queries); each cut to this split's chunk
     q_first = (pid_m * BLOCK_M) // PACK
     q_last = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, N_Q * PACK - 1) // PACK
-    full_hi, _ = key_range(q_first, N_K, CAUSAL, 1, BLOCK_N, causal_off)
-    _, hi = key_range(q_last, N_K, CAUSAL, 1, BLOCK_N, causal_off)
-    lo_s = split * CHUNK
+    lo_s = KEY_START + split * CHUNK
     hi_s = lo_s + CHUNK
+    if WINDOW:
+        lo, full_lo, full_hi, hi = window_range(q_first, q_last, N_K, BLOCK_N, causal_off, win_left, win_right)
+        full_lo, full_hi, hi = full_lo * BLOCK_N, full_hi * BLOCK_N, hi * BLOCK_N
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b,
+                                   off_hk, q_idx + causal_off, offs_nb, offs_d, tl.maximum(lo_s, lo * BLOCK_N),
+                                   tl.minimum(hi_s, full_lo), N_K, qk_scale, softcap_log2, win_left, win_right,
+                                   True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
+                                   WINDOW)
+        full_lo = tl.maximum(lo_s, full_lo)
+    else:
+        full_lo = lo_s
+        full_hi, _ = key_range(q_first, N_K, CAUSAL, 1, BLOCK_N, causal_off)
+        _, hi = key_range(q_last, N_K, CAUSAL, 1, BLOCK_N, causal_off)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
-                               q_idx + causal_off, offs_nb, offs_d, lo_s, tl.minimum(hi_s, full_hi), N_K, qk_scale, softcap_log2,
-                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP)
+                               q_idx + causal_off, offs_nb, offs_d, full_lo, tl.minimum(hi_s, full_hi), N_K, qk_scale,
+                               softcap_log2, win_left, win_right,
+                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
+                               WINDOW)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                                q_idx + causal_off, offs_nb, offs_d, tl.maximum(lo_s, full_hi),
-                               tl.minimum(hi_s, hi), N_K, qk_scale, softcap_log2,
-                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP)
+                               tl.minimum(hi_s, hi), N_K, qk_scale, softcap_log2, win_left, win_right,
+                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
+                               WINDOW)
 
     # a row that saw no key here: output 0 and log-sum-exp -inf (weight 0 in the combine)
     seen = l_i > 0.0
@@ -226,9 +253,11 @@ def _combine_kernel(OP, LSEP, O, LSE, SPLITS, H, N_Q,
 
 def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FwdConfig, schedule: Schedule, *,
                   causal: bool, causal_off: int, sm_scale: float, precision: str,
-                  compile_only: bool = False, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                  compile_only: bool = False, softcap: float = 0.0, window: tuple[int, int] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward through the split kernel (and the combine kernel when it splits):
-    ``(o, lse2)`` as attention_forward returns them."""
+    ``(o, lse2)`` as attention_forward returns them; ``window`` as common.window_bounds
+    gives it."""
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
     group = H // H_KV
@@ -255,10 +284,11 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
         _split_fwd_kernel.run(
             q, k, v, o_part, lse_part, *(descs or (k, v)), *score_scales(sm_scale, softcap),
             *q.stride(), *k.stride(), *v.stride(), *o_strides, *l_strides,
-            h_rows, m_blocks, pack, group, N_Q, N_K, schedule.chunk, causal_off,
+            h_rows, m_blocks, pack, group, N_Q, N_K, schedule.chunk, schedule.start, causal_off,
+            *(window or (0, 0)),
             CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_M=schedule.block_m, BLOCK_N=config.BLOCK_N,
             PRECISION=precision, INT64=int64, TMA=descs is not None, SCALE_POSITIVE=sm_scale > 0 and not softcap,
-            SOFTCAP=bool(softcap),
+            SOFTCAP=bool(softcap), WINDOW=window is not None,
             num_warps=config.num_warps, num_stages=config.num_stages, grid=grid, warmup=compile_only)
         if S > 1:
             block_s = max(2, 1 << (S - 1).bit_length())

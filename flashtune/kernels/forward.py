@@ -7,7 +7,9 @@ is aligned to the top-left corner, also when Nq != Nk); ``causal_align="bottom_r
 aligns it to the bottom-right corner (common.causal_offset). The K and V tiles load
 through pointers or, with ``config.tma``, through TMA descriptors (common.tma_descriptors).
 Shapes whose query blocks do not fill the GPU (decode) run the split kernel of
-kernels/decode.py instead (FwdConfig's num_splits and pack_gqa).
+kernels/decode.py instead (FwdConfig's num_splits and pack_gqa). A sliding window
+(``window_size``, the WINDOW variants) walks only the key blocks inside it, masking its
+edge blocks as causal masks its diagonal (common.window_blocks).
 """
 
 from __future__ import annotations
@@ -16,18 +18,19 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (block_offsets, causal_offset, dot_precision, key_range, load_tile, needs_int64,
-                                      on_device, score_scales, softcap_log2_scores, store_tile, tma_descriptors,
-                                      tma_tile)
+from flashtune.kernels.common import (WINDOW_SIDES, block_offsets, causal_offset, dot_precision, key_range, load_tile,
+                                      needs_int64, on_device, score_scales, softcap_log2_scores, store_tile,
+                                      tma_descriptors, tma_tile, window_blocks, window_bounds, window_range)
 from flashtune.kernels.config import FwdConfig, padded_head_dim
 
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, desc_v, off_b, off_hk,
-               last_key, offs_nb, offs_d, lo, hi, N_K, qk_scale, softcap_log2,
+               diag, offs_nb, offs_d, lo, hi, N_K, qk_scale, softcap_log2, win_left, win_right,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-               SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr):
+               SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr):
+    # diag: each row's diagonal key (causal: its last; the window's centre)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_nb
         if TMA:
@@ -42,17 +45,21 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
         if MASK:
             valid = offs_n[None, :] < N_K
             if CAUSAL:
-                valid = valid & (offs_n[None, :] <= last_key[:, None])
+                valid = valid & (offs_n[None, :] <= diag[:, None])
+            if WINDOW:
+                valid = valid & (offs_n[None, :] >= diag[:, None] - win_left) \
+                    & (offs_n[None, :] <= diag[:, None] + win_right)
             qk = tl.where(valid, qk, float("-inf"))
         if SCALE_POSITIVE:
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         else:
             m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_use = m_new
-        if MASK and CAUSAL:
-            # a row that sees no key of the blocks so far (bottom-right with Nq > Nk, or a
-            # chunk of the split kernel) keeps m = -inf: subtract 0 instead, so p = 0, not NaN.
-            # Unmasked blocks and the top-left mask's first block give every row a key.
+        if MASK and (CAUSAL or WINDOW):
+            # a row that sees no key of the blocks so far (bottom-right with Nq > Nk, a window's
+            # first block, or a chunk of the split kernel) keeps m = -inf: subtract 0 instead,
+            # so p = 0, not NaN. Unmasked blocks and the top-left mask's first block give every
+            # row a key.
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         if SCALE_POSITIVE:
             # a positive scale commutes with the row max: scale the max, then one
@@ -72,16 +79,17 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=WINDOW_SIDES)
 def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
                      stride_ob, stride_oh, stride_on, stride_od,
-                     H, GROUP, N_Q, N_K, causal_off,
+                     H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                     INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr):
+                     INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr,
+                     WINDOW: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         # the last query blocks have the most keys: start them first
@@ -105,18 +113,34 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    # Key blocks [0, full_hi) need no mask; [full_hi, hi) need the causal and/or
-    # sequence-end mask.
-    full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N, causal_off)
+    # Key blocks [full_lo, full_hi) need no mask; [full_hi, hi) need the causal and/or
+    # sequence-end mask; with a window [lo, full_lo) its left edge, and the blocks outside
+    # [lo, hi) are never visited (common.window_blocks).
+    if WINDOW:
+        lo, full_lo, full_hi, hi = window_range(start_m, tl.minimum(start_m + BLOCK_M, N_Q) - 1, N_K, BLOCK_N,
+                                                causal_off, win_left, win_right)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b,
+                                   off_hk, offs_m + causal_off, offs_nb, offs_d, lo * BLOCK_N, full_lo * BLOCK_N, N_K,
+                                   qk_scale, softcap_log2, win_left, win_right,
+                                   True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
+                                   WINDOW)
+        full_lo, full_hi, hi = full_lo * BLOCK_N, full_hi * BLOCK_N, hi * BLOCK_N
+    else:
+        full_lo = 0
+        full_hi, hi = key_range(start_m, N_K, CAUSAL, BLOCK_M, BLOCK_N, causal_off)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
-                               offs_m + causal_off, offs_nb, offs_d, 0, full_hi, N_K, qk_scale, softcap_log2,
-                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP)
+                               offs_m + causal_off, offs_nb, offs_d, full_lo, full_hi, N_K, qk_scale, softcap_log2,
+                               win_left, win_right,
+                               False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
+                               WINDOW)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                                offs_m + causal_off, offs_nb, offs_d, full_hi, hi, N_K, qk_scale, softcap_log2,
-                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP)
+                               win_left, win_right,
+                               True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
+                               WINDOW)
 
-    if CAUSAL:
-        # rows that saw no key (bottom-right, Nq > Nk): output 0, log-sum-exp -inf
+    if CAUSAL or WINDOW:
+        # rows that saw no key (bottom-right or a window, Nq > Nk): output 0, log-sum-exp -inf
         acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     else:
         acc = acc / l_i[:, None]
@@ -130,11 +154,14 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FwdConfig, *,
                       causal: bool, sm_scale: float, fp32_precision: str = "tf32",
                       compile_only: bool = False, causal_align: str = "top_left",
-                      softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                      softcap: float = 0.0, window_size: tuple[int, int] | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel with an explicit config on already-checked inputs.
 
     ``softcap`` > 0 caps the scaled scores at ``softcap * tanh(scores / softcap)`` (Gemma-2);
-    0 leaves them as they are.
+    0 leaves them as they are. ``window_size`` (left, right), FlashAttention's sliding window
+    (-1: unbounded; None: none), in causal_align's frame (common.window_bounds): the key
+    blocks outside it are skipped.
 
     ``causal_align``: "top_left" (SDPA's is_causal) or "bottom_right" (common.causal_offset).
     The split kernel of kernels/decode.py runs instead when the config's schedule asks
@@ -148,12 +175,17 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     """
     B, H, N_Q, D = q.shape
     N_K = k.shape[2]
-    off = causal_offset(causal_align, N_Q, N_K) if causal else 0
-    schedule = plan_schedule(config, B, H, k.shape[1], N_Q, N_K, q.device)
+    window = window_bounds(window_size, causal, N_Q, N_K)
+    off = causal_offset(causal_align, N_Q, N_K) if causal or window else 0
+    key_blocks = None
+    if window:  # the split kernel chunks only the key blocks some query reaches
+        lo, _, _, hi = window_blocks(0, N_Q - 1, N_K, config.BLOCK_N, off, *window)
+        key_blocks = (lo, hi)
+    schedule = plan_schedule(config, B, H, k.shape[1], N_Q, N_K, q.device, key_blocks)
     if schedule is not None:
         return split_forward(q, k, v, config, schedule, causal=causal, causal_off=off, sm_scale=sm_scale,
                              precision=dot_precision(q.dtype, fp32_precision), compile_only=compile_only,
-                             softcap=softcap)
+                             softcap=softcap, window=window)
     o = torch.empty_like(q)
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     BLOCK_D = padded_head_dim(D)
@@ -167,11 +199,11 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
         _attn_fwd_kernel.run(
             q, k, v, o, lse2, *(descs or (k, v)), *score_scales(sm_scale, softcap),
             *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-            H, H // k.shape[1], N_Q, N_K, off,
+            H, H // k.shape[1], N_Q, N_K, off, *(window or (0, 0)),
             CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D,
             BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
             PRECISION=dot_precision(q.dtype, fp32_precision), INT64=needs_int64(q, k, v, o), TMA=descs is not None,
-            SCALE_POSITIVE=sm_scale > 0 and not softcap, SOFTCAP=bool(softcap),
+            SCALE_POSITIVE=sm_scale > 0 and not softcap, SOFTCAP=bool(softcap), WINDOW=window is not None,
             num_warps=config.num_warps, num_stages=config.num_stages,
             grid=grid, warmup=compile_only,
         )

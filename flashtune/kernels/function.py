@@ -27,6 +27,25 @@ def check_softcap(softcap) -> float:
     return float(softcap)
 
 
+def check_window(window_size) -> tuple[int, int] | None:
+    """``window_size`` as the kernels take it, FlashAttention's (left, right) with -1 an
+    unbounded side (None: (-1, -1), no window), or ValueError/TypeError naming it."""
+    if window_size is None:
+        return None
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        got = f"{type(window_size).__name__} of length {len(window_size)}" \
+            if isinstance(window_size, (tuple, list)) else type(window_size).__name__
+        raise TypeError(f"window_size: expected a (left, right) pair of ints or None, got {got}")
+    for side, size in zip(("left", "right"), window_size):
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+            raise TypeError(f"window_size: expected a (left, right) pair of ints or None, got {type(size).__name__} "
+                            f"for {side}")
+        if size < -1:
+            raise ValueError(f"window_size: expected sizes >= 0, or -1 for an unbounded side, got {side} {size}")
+    left, right = (int(size) for size in window_size)
+    return None if (left, right) == (-1, -1) else (left, right)
+
+
 def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32", causal_align="top_left") -> float:
     """Raise TypeError/ValueError naming the argument for anything the kernels cannot run.
 
@@ -114,11 +133,13 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
 class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, causal_align="top_left",
-                softcap=0.0):
+                softcap=0.0, window_size=None):
         o, lse2 = attention_forward(q, k, v, fwd_config, causal=causal, sm_scale=sm_scale,
-                                    fp32_precision=fp32_precision, causal_align=causal_align, softcap=softcap)
+                                    fp32_precision=fp32_precision, causal_align=causal_align, softcap=softcap,
+                                    window_size=window_size)
         ctx.save_for_backward(q, k, v, o, lse2)
         ctx.causal, ctx.sm_scale, ctx.causal_align, ctx.softcap = causal, sm_scale, causal_align, softcap
+        ctx.window_size = window_size
         ctx.bwd_config, ctx.fp32_precision = bwd_config, fp32_precision
         ctx.mark_non_differentiable(lse2)
         ctx.set_materialize_grads(False)  # lse2 has no gradient: no zero tensor per backward
@@ -127,18 +148,20 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _dlse2):
         if do is None:  # o took no part in the loss
-            return (None,) * 10
+            return (None,) * 11
         q, k, v, o, lse2 = ctx.saved_tensors
         dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.bwd_config, causal=ctx.causal,
                                         sm_scale=ctx.sm_scale, fp32_precision=ctx.fp32_precision,
-                                        causal_align=ctx.causal_align, softcap=ctx.softcap)
-        return dq, dk, dv, None, None, None, None, None, None, None
+                                        causal_align=ctx.causal_align, softcap=ctx.softcap,
+                                        window_size=ctx.window_size)
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               sm_scale: float | None = None, fwd_config: FwdConfig | None = None,
               bwd_config: BwdConfig | None = None, return_lse: bool = False,
-              fp32_precision: str | None = None, causal_align: str = "top_left", softcap: float | None = None):
+              fp32_precision: str | None = None, causal_align: str = "top_left", softcap: float | None = None,
+              window_size: tuple[int, int] | None = None):
     """FlashAttention, differentiable, in torch SDPA's layout.
 
     q is (batch, heads_q, seq_q, head_dim); k and v are (batch, heads_kv, seq_k, head_dim)
@@ -161,6 +184,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     ``softcap * tanh(scores / softcap)`` before the softmax, in the forward and backward
     (Gemma-2's attention logit softcapping); not under torch.compile yet.
 
+    ``window_size=(left, right)`` is FlashAttention's sliding window (Mistral's, Gemma-2's
+    local layers): query i sees key j iff diag - left <= j <= diag + right, diag being i's
+    diagonal in the ``causal_align`` frame (i, or i + seq_k - seq_q bottom-right); -1 leaves
+    a side unbounded, None or (-1, -1) is no window. With ``causal`` right is capped at 0.
+    Key blocks outside the window are skipped, not masked; queries that see no key get 0
+    as above. Not under torch.compile yet.
+
     Returns o, or (o, lse) with ``return_lse=True``: lse is (batch, heads_q, seq_q) float32,
     the natural-log log-sum-exp of the scaled scores of each query row. Gradients flow
     through o only: lse is returned for inspection and is not differentiable.
@@ -171,9 +201,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, fp32_precision="tf32" if fp32_precision is None else fp32_precision,
                          causal_align=causal_align)
     cap = check_softcap(softcap)
+    window = check_window(window_size)
     if compiling and cap:
         raise NotImplementedError("softcap: not supported under torch.compile yet (flashtune's compiled operator "
                                   "has no softcap); call flashtune.attention outside the compiled region")
+    if compiling and window:
+        raise NotImplementedError("window_size: not supported under torch.compile yet (flashtune's compiled "
+                                  "operator has no window); call flashtune.attention outside the compiled region")
     if compiling:  # one traceable operator per pass, configs resolved in it on the real shapes (kernels/ops.py)
         from flashtune.kernels.ops import compiled_attention
 
@@ -184,10 +218,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             o, lse2 = FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision, causal_align,
-                                                   cap)
+                                                   cap, window)
         else:  # nothing to differentiate: the launcher alone, without autograd's cost per call
             o, lse2 = attention_forward(q, k, v, fwd, causal=causal, sm_scale=scale, fp32_precision=fp32_precision,
-                                        causal_align=causal_align, softcap=cap)
+                                        causal_align=causal_align, softcap=cap, window_size=window)
     if return_lse:
         return o, lse2 * LN2
     return o

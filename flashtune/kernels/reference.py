@@ -8,10 +8,38 @@ import warnings
 import torch
 
 
+def attention_mask(n_q: int, n_k: int, *, causal: bool = False, causal_align: str = "top_left",
+                   window_size: tuple[int, int] | None = None, device=None) -> torch.Tensor | None:
+    """The (n_q, n_k) bool mask of the keys each query sees (None: all), built densely and
+    on its own (not from the kernels' helpers): causal keeps j <= diag, a window
+    (FlashAttention's (left, right), -1 unbounded) diag - left <= j <= diag + right, where
+    query i's diagonal is i, or i + n_k - n_q with ``causal_align="bottom_right"``."""
+    window = window_size is not None and tuple(window_size) != (-1, -1)
+    if not causal and not window:
+        return None
+    diagonal = n_k - n_q if causal_align == "bottom_right" else 0
+    keep = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+    if causal:
+        keep = keep.tril(diagonal)
+    if window:
+        left, right = window_size
+        # key minus diagonal, per (query, key)
+        dist = torch.arange(n_k, device=device)[None, :] - torch.arange(n_q, device=device)[:, None] - diagonal
+        if left >= 0:
+            keep &= dist >= -left
+        if right >= 0:
+            keep &= dist <= right
+    return keep
+
+
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                         sm_scale: float | None = None, dtype: torch.dtype = torch.float32,
-                        causal_align: str = "top_left", softcap: float | None = None):
+                        causal_align: str = "top_left", softcap: float | None = None,
+                        window_size: tuple[int, int] | None = None):
     """Return (o, lse) computed as written in the paper, in ``dtype``.
+
+    ``window_size``: FlashAttention's sliding window (left, right), -1 unbounded, in the
+    ``causal_align`` frame, also with causal (attention_mask).
 
     ``softcap``: the scaled scores become ``softcap * tanh(scores / softcap)`` before the
     mask and the softmax (Gemma-2's logit softcapping); lse is then over those.
@@ -19,7 +47,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     Follows torch SDPA's conventions: grouped-query heads (query head h uses key head
     h // (Hq // Hkv)), causal mask aligned top-left (query i sees keys j <= i), or with
     ``causal_align="bottom_right"`` query i sees keys j <= i + Nk - Nq (a query that sees
-    no key gets o = 0 and lse = -inf; its gradients are not defined here).
+    no key, there or through a window, gets o = 0, lse = -inf and gradients 0).
     lse is the natural-log log-sum-exp of the scaled scores, (B, Hq, Nq).
     """
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
@@ -31,15 +59,23 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
-    if causal:
-        n_q, n_k = q.shape[2], k.shape[2]
-        diagonal = n_k - n_q if causal_align == "bottom_right" else 0
-        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(diagonal)
+    keep = attention_mask(q.shape[2], k.shape[2], causal=causal, causal_align=causal_align,
+                          window_size=window_size, device=q.device)
+    empty = None
+    if keep is not None:
         s = s.masked_fill(~keep, float("-inf"))
+        empty = ~keep.any(dim=-1, keepdim=True)
+        if empty.any():
+            # rows without a key: scores 0 until the end, where p and lse are set, so that no
+            # exp(-inf - -inf) = NaN enters the forward or autograd's backward
+            s = s.masked_fill(empty, 0.0)
+        else:
+            empty = None
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None])
-    if causal and not keep.any(dim=-1).all():
-        p = p.masked_fill(~keep, 0.0)  # rows without a key: exp(-inf - -inf) is NaN
+    if empty is not None:
+        p = p.masked_fill(~keep, 0.0)
+        lse = lse.masked_fill(empty[..., 0], float("-inf"))
     return torch.matmul(p, v), lse
 
 

@@ -26,6 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from flashtune.kernels import BwdConfig, FwdConfig, attention, reference_attention
+from flashtune.kernels.reference import attention_mask
 from flashtune.tolerance import Tolerance, baseline_dtype, uses_tf32
 from flashtune.tolerance import tolerance as shared_tolerance
 
@@ -72,12 +73,13 @@ class Case:
     sm_scale: float | None = None
     causal_align: str = "top_left"
     softcap: float | None = None
+    window: tuple[int, int] | None = None  # window_size
 
     def __str__(self) -> str:
         hq, hkv = self.heads
         causal = "causal" if self.causal else "full"
-        if self.causal and self.causal_align == "bottom_right":
-            causal = "causalbr"
+        if self.causal_align == "bottom_right" and (self.causal or self.window is not None):
+            causal += "br"  # a window is aligned too, causal or not
         parts = [self.dtype, causal, f"q{self.n_q}k{self.n_k}", f"d{self.head_dim}",
                  f"b{self.batch}h{hq}" if hq == hkv else f"b{self.batch}h{hq}kv{hkv}"]
         parts.append("fwd" + ("default" if self.fwd is None else f"{self.fwd.BLOCK_M}x{self.fwd.BLOCK_N}"))
@@ -96,6 +98,8 @@ class Case:
             parts.append(f"scale{self.sm_scale:g}")
         if self.softcap is not None:
             parts.append(f"softcap{self.softcap:g}")
+        if self.window is not None:
+            parts.append(f"window{self.window[0]}.{self.window[1]}")
         return "-".join(parts)
 
 
@@ -151,9 +155,10 @@ class Outputs:
 
 
 def flashtune_outputs(q, k, v, do, *, causal, sm_scale, fwd_config, bwd_config, fp32_precision,
-                      causal_align="top_left", softcap=None) -> Outputs:
+                      causal_align="top_left", softcap=None, window=None) -> Outputs:
     o, lse = attention(q, k, v, causal=causal, sm_scale=sm_scale, fwd_config=fwd_config, bwd_config=bwd_config,
-                       return_lse=True, fp32_precision=fp32_precision, causal_align=causal_align, softcap=softcap)
+                       return_lse=True, fp32_precision=fp32_precision, causal_align=causal_align, softcap=softcap,
+                       window_size=window)
     # autograd.grad returns the backward's tensors as they are (no .grad accumulation),
     # so their strides are the kernel's.
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
@@ -165,11 +170,11 @@ def _leaves(q, k, v, dtype):
 
 
 def reference_outputs(q, k, v, do, *, causal, sm_scale, dtype=torch.float64, causal_align="top_left",
-                      softcap=None) -> Outputs:
+                      softcap=None, window=None) -> Outputs:
     """``reference_attention`` in ``dtype`` (float64: the truth), grads through autograd."""
     qr, kr, vr = _leaves(q, k, v, dtype)
     o, lse = reference_attention(qr, kr, vr, causal=causal, sm_scale=sm_scale, dtype=dtype,
-                                 causal_align=causal_align, softcap=softcap)
+                                 causal_align=causal_align, softcap=softcap, window_size=window)
     dq, dk, dv = torch.autograd.grad(o, (qr, kr, vr), do.to(dtype))
     return Outputs(o.detach(), lse.detach(), dq, dk, dv)
 
@@ -193,21 +198,27 @@ def torch_precision(dtype: torch.dtype, tf32: bool):
         setattr(matmul, setting, matmul_prev)
 
 
-def sdpa_outputs(q, k, v, do, *, causal, sm_scale, dtype, tf32=False, causal_align="top_left") -> Outputs:
+def sdpa_outputs(q, k, v, do, *, causal, sm_scale, dtype, tf32=False, causal_align="top_left",
+                 window=None) -> Outputs:
     """torch SDPA (math backend) in ``dtype``; lse from ``reference_attention`` in fp32.
-    Bottom-right causal through torch's ``causal_lower_right`` mask."""
+    Bottom-right causal through torch's ``causal_lower_right`` mask; a window (which SDPA
+    has not) through reference.attention_mask's boolean mask (SDPA's math backend gives
+    rows without a key 0, and gradients 0)."""
     qs, ks, vs = _leaves(q, k, v, dtype)
-    mask = None
-    if causal and causal_align == "bottom_right":
-        mask, causal = causal_lower_right(q.shape[2], k.shape[2]), False
+    mask, is_causal = None, causal
+    if window is not None:
+        mask, is_causal = attention_mask(q.shape[2], k.shape[2], causal=causal, causal_align=causal_align,
+                                         window_size=window, device=q.device), False
+    elif causal and causal_align == "bottom_right":
+        mask, is_causal = causal_lower_right(q.shape[2], k.shape[2]), False
     with torch_precision(dtype, tf32):
-        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=sm_scale, attn_mask=mask,
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=is_causal, scale=sm_scale, attn_mask=mask,
                                            enable_gqa=q.shape[1] != k.shape[1])
         dq, dk, dv = torch.autograd.grad(o, (qs, ks, vs), do.to(dtype))
         lse = None
         if dtype != torch.float64:
-            lse = reference_attention(q.detach(), k.detach(), v.detach(), causal=causal or mask is not None,
-                                      sm_scale=sm_scale, dtype=torch.float32, causal_align=causal_align)[1]
+            lse = reference_attention(q.detach(), k.detach(), v.detach(), causal=causal, sm_scale=sm_scale,
+                                      dtype=torch.float32, causal_align=causal_align, window_size=window)[1]
     return Outputs(o.detach(), lse, dq, dk, dv)
 
 
@@ -253,11 +264,13 @@ def assert_close_to_reference(name: str, actual: torch.Tensor, truth: torch.Tens
 
 def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None, fwd_config=None,
                     bwd_config=None, check_strides: bool = True, cross_check_reference: bool = True,
-                    causal_align: str = "top_left", softcap=None) -> dict:
+                    causal_align: str = "top_left", softcap=None, window=None) -> dict:
     """Run flashtune forward+backward and check O, LSE, dQ, dK, dV and output layouts.
 
     With ``softcap`` (which SDPA has not) the same-dtype baseline is ``reference_attention``
-    in that dtype, with the cap, instead of SDPA's math backend.
+    in that dtype, with the cap, instead of SDPA's math backend. A ``window`` (window_size)
+    goes to SDPA as a boolean mask. Rows that see no key (a window or bottom-right with
+    Nq > Nk) must have log-sum-exp -inf, as the reference's; the others are compared.
 
     Returns the max errors by name (for reporting).
     """
@@ -265,7 +278,7 @@ def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None
     tol = tolerance(dtype_name, q.device)
     ours = flashtune_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, fwd_config=fwd_config,
                              bwd_config=bwd_config, fp32_precision=precision, causal_align=causal_align,
-                             softcap=softcap)
+                             softcap=softcap, window=window)
 
     B, Hq, Nq, _ = q.shape
     assert ours.o.dtype == q.dtype and ours.o.shape == q.shape
@@ -276,7 +289,7 @@ def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None
         for name, out, inp in (("o", ours.o, q), ("dq", ours.dq, q), ("dk", ours.dk, k), ("dv", ours.dv, v)):
             assert out.stride() == inp.stride(), f"{name}: strides {out.stride()}, expected the input's {inp.stride()}"
 
-    align = dict(causal_align=causal_align)
+    align = dict(causal_align=causal_align, window=window)
     truth = reference_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, softcap=softcap, **align)
     if cross_check_reference and not softcap:
         sdpa64 = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, dtype=torch.float64, **align)
@@ -291,8 +304,11 @@ def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None
         torch_low = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale,
                                  dtype=baseline_dtype(dtype, tf32=tf32), **align)
 
-    errors = {"lse": assert_close_to_reference("lse", ours.lse, truth.lse, torch_low.lse, tol=tol, lse=True)}
-    s_max = max_visible_score(q, k, sm_scale, causal, causal_align) if dtype == torch.float32 else 0.0
+    empty = torch.isneginf(truth.lse)  # rows that see no key
+    assert torch.equal(torch.isneginf(ours.lse), empty), "lse: -inf exactly on the rows that see no key"
+    errors = {"lse": assert_close_to_reference("lse", *(x.masked_fill(empty, 0.0) for x in
+                                                        (ours.lse, truth.lse, torch_low.lse)), tol=tol, lse=True)}
+    s_max = max_visible_score(q, k, sm_scale, causal, causal_align, window) if dtype == torch.float32 else 0.0
     if softcap:
         s_max = min(s_max, softcap)  # the capped scores are what the backward recomputes
     for name in ("o", "dq", "dk", "dv"):
@@ -302,7 +318,7 @@ def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None
     return errors
 
 
-def max_visible_score(q, k, sm_scale, causal, causal_align="top_left") -> float:
+def max_visible_score(q, k, sm_scale, causal, causal_align="top_left", window=None) -> float:
     """max |S| over the scores a query sees, exact on small (CPU) shapes; 0 on large ones,
     where the Cauchy-Schwarz bound would be loose and the scores are small anyway."""
     if q.shape[2] * k.shape[2] * q.shape[0] * q.shape[1] > 1 << 22:
@@ -310,9 +326,10 @@ def max_visible_score(q, k, sm_scale, causal, causal_align="top_left") -> float:
     scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
     kk = k.detach().double().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     s = (q.detach().double() @ kk.transpose(-1, -2)).abs() * abs(scale)
-    if causal:
-        diagonal = k.shape[2] - q.shape[2] if causal_align == "bottom_right" else 0
-        s = s * torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=s.device).tril(diagonal)
+    keep = attention_mask(q.shape[2], k.shape[2], causal=causal, causal_align=causal_align, window_size=window,
+                          device=s.device)
+    if keep is not None:
+        s = s * keep
     return s.max().item()
 
 
@@ -328,4 +345,4 @@ def run_case(case: Case, device) -> dict:
     q, k, v, do = case_inputs(case, device)
     return check_attention(q, k, v, do, dtype_name=case.dtype, causal=case.causal, sm_scale=case.sm_scale,
                            fwd_config=case.fwd, bwd_config=case.bwd, check_strides=case.layout in DENSE_LAYOUTS,
-                           causal_align=case.causal_align, softcap=case.softcap)
+                           causal_align=case.causal_align, softcap=case.softcap, window=case.window)

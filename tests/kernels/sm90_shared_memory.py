@@ -2,7 +2,7 @@
 
 Run as a script with TRITON_INTERPRET unset (the interpreter replaces the kernels by
 Python functions). Reads a JSON list of {"pass", "config", "head_dim", "dtype",
-"causal"} on stdin and prints one JSON line per item with the compiled kernels'
+"causal"} (optionally "softcap", "window": the SOFTCAP/WINDOW variants) on stdin and prints one JSON line per item with the compiled kernels'
 shared memory in bytes ("shared": one number per kernel), or "skip" when this triton
 cannot compile for sm_90 here. The launches' specialisations are mimicked for
 contiguous tensors: unit head-dim strides, 16-byte aligned pointers and strides.
@@ -53,7 +53,7 @@ def compile_shared(item: dict) -> list[int]:
 
     common = {"CAUSAL": item["causal"], "HEAD_DIM": D, "BLOCK_D": padded_head_dim(D),
               "PRECISION": "tf32" if item["dtype"] == "float32" else "ieee", "INT64": False,
-              "SOFTCAP": bool(item.get("softcap"))}
+              "SOFTCAP": bool(item.get("softcap")), "WINDOW": bool(item.get("window"))}
     if item["pass"] == "fwd":
         cfg = FwdConfig.from_dict(item["config"])
         pointers = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32"}

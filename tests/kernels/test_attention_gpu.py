@@ -354,3 +354,37 @@ def test_softcap(case):
     errors = check_attention(q, k, v, do, dtype_name=case.dtype, causal=case.causal, fwd_config=case.fwd,
                              bwd_config=case.bwd, softcap=case.softcap)
     print(case, {name: f"{e:.2e}" for name, e in errors.items()})
+
+
+def _windows() -> list[Case]:
+    """Sliding windows at real sizes: 256 to the left, causal and not, both sides, Mistral's
+    4096 at N=8192, bottom-right chunked prefill, rows that see no key (top-left, Nq > Nk),
+    TMA with atomic dQ, a split dK/dV, decode through the split kernel."""
+    d128 = BwdConfig(64, 128, 128, 64, 8, 3, 8, 3)
+    return [Case("bf16", False, 1000, 1000, 64, heads=(8, 2), batch=2, window=(256, -1)),
+            Case("bf16", True, 1000, 1000, 64, heads=(8, 2), batch=2, window=(256, -1)),
+            Case("bf16", True, 4096, 4096, 128, heads=(8, 2), batch=2, window=(256, -1)),
+            Case("bf16", False, 4096, 4096, 128, heads=(8, 8), batch=2, window=(256, 256)),
+            Case("bf16", True, 8192, 8192, 128, heads=(8, 2), batch=1, window=(4096, -1)),  # Mistral
+            Case("bf16", True, 1000, 4096, 64, heads=(8, 2), batch=2, causal_align="bottom_right",
+                 window=(256, -1)),
+            Case("fp16", False, 4096, 1000, 64, heads=(8, 2), batch=2, window=(100, 100)),
+            Case("bf16", True, 4096, 4096, 128, heads=(8, 2), batch=2, window=(256, -1),
+                 fwd=FwdConfig(128, 64, 8, 3, tma=1), bwd=replace(d128, atomic_dq=1, tma=1)),
+            Case("bf16", True, 4096, 4096, 128, heads=(8, 1), batch=1, window=(512, -1),
+                 bwd=replace(d128, dkdv_split=8)),
+            Case("bf16", True, 1, 8192, 128, heads=(32, 8), batch=4, causal_align="bottom_right",
+                 window=(4096, -1)),
+            Case("bf16", False, 4, 8192, 128, heads=(32, 8), batch=2, causal_align="bottom_right",
+                 window=(1000, -1), fwd=FwdConfig(64, 64, 4, 3, num_splits=16, pack_gqa=1))]
+
+
+@pytest.mark.parametrize("case", _windows(), ids=str)
+def test_window(case, gpu_memory_turn):
+    heavy = case.batch * case.heads[0] * case.n_q * case.n_k >= HEAVY_SCORES
+    with gpu_memory_turn(heavy):
+        q, k, v, do = case_inputs(case, torch.device("cuda"))
+        errors = check_attention(q, k, v, do, dtype_name=case.dtype, causal=case.causal, fwd_config=case.fwd,
+                                 bwd_config=case.bwd, causal_align=case.causal_align, window=case.window,
+                                 cross_check_reference=case.n_q * case.n_k <= CROSS_CHECK_MAX_SCORES)
+    print(case, {name: f"{e:.2e}" for name, e in errors.items()})

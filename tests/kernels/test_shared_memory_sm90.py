@@ -103,3 +103,20 @@ def test_the_softcap_kernels_compile_for_sm90_within_the_estimate():
                                   "causal": True, "softcap": True} for p, cfg, d in items])
     for (p, cfg, d), res in zip(items, results):
         assert max(res["shared"]) <= SM90_SHARED_MEMORY, (p, d, cfg.short(), res["shared"])
+
+
+def test_the_window_kernels_compile_for_sm90_within_the_estimate():
+    """The sliding-window variants (window_range's loop bounds, a third walk for the
+    window's left edge, the edge masks) of the sm_90 defaults at D=128/256 and of an
+    atomic-dQ TMA config compile for the H200 without a GPU, causal and not, with softcap
+    too, and need no more shared memory than validate() allows for."""
+    fwd_table, bwd_table = config_mod.HEURISTICS[(9, 0)]
+    items = [(p, cfg, d) for p, table in (("fwd", fwd_table), ("bwd", bwd_table))
+             for (dtype, d, *rest), cfg in table.items() if dtype == torch.bfloat16 and d in (128, 256) and not rest]
+    items.append(("bwd", BwdConfig(64, 64, 64, 64, 8, 3, atomic_dq=1, tma=1), 128))
+    assert len(items) >= 5
+    request = [{"pass": p, "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": i % 2 == 0,
+                "window": True, "softcap": i % 3 == 0} for i, (p, cfg, d) in enumerate(items)]
+    results = _compile_for_sm90(request)
+    for (p, cfg, d), res in zip(items, results):
+        assert max(res["shared"]) <= SM90_SHARED_MEMORY, (p, d, cfg.short(), res["shared"])
