@@ -346,3 +346,26 @@ def run_case(case: Case, device) -> dict:
     return check_attention(q, k, v, do, dtype_name=case.dtype, causal=case.causal, sm_scale=case.sm_scale,
                            fwd_config=case.fwd, bwd_config=case.bwd, check_strides=case.layout in DENSE_LAYOUTS,
                            causal_align=case.causal_align, softcap=case.softcap, window=case.window)
+
+
+def compile_for_sm90(script, request: list[dict], *, timeout: float, what: str) -> list[dict]:
+    """The result line per requested item of a script that compiles kernels for sm_90 without
+    a GPU (sm90_shared_memory.py, gluon_compile_sm90.py: JSON items on stdin, one JSON line
+    each on stdout), run with the interpreter off; skips the test where this triton cannot
+    compile for sm_90 here (the script's first line then says why)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(script)], input=json.dumps(request), check=False,
+                         capture_output=True, text=True, env=env, timeout=timeout)
+    assert out.returncode == 0, f"compiling {what} for sm_90 failed:\n{out.stderr[-4000:]}"
+    results = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    if results and "skip" in results[0]:
+        pytest.skip(results[0]["skip"])
+    assert len(results) == len(request)
+    return results

@@ -11,14 +11,11 @@ kernel: its numbers are checked by test_gluon_gpu.py on an H200.
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
+from kernel_checks import compile_for_sm90
 
 gluon_forward = pytest.importorskip("flashtune.kernels.gluon_forward", reason="this triton has no Gluon")
 GluonFwdConfig = gluon_forward.GluonFwdConfig
@@ -43,15 +40,7 @@ def _request():
 
 
 def _compile_for_sm90(request: list[dict]) -> list[dict]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, str(SCRIPT)], input=json.dumps(request), check=False,
-                         capture_output=True, text=True, env=env, timeout=1800)
-    assert out.returncode == 0, f"compiling the Gluon forward for sm_90 failed:\n{out.stderr[-4000:]}"
-    results = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
-    if results and "skip" in results[0]:
-        pytest.skip(results[0]["skip"])
-    assert len(results) == len(request)
-    return results
+    return compile_for_sm90(SCRIPT, request, timeout=1800, what="the Gluon forward")
 
 
 def test_gluon_forward_compiles_for_sm90_within_budgets():

@@ -10,14 +10,11 @@ configs whose estimate must be an upper bound of the compiled kernels' need.
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
+from kernel_checks import compile_for_sm90
 
 from flashtune.kernels import BwdConfig, FwdConfig
 from flashtune.kernels import config as config_mod
@@ -54,17 +51,7 @@ def _items():
 
 
 def _compile_for_sm90(request: list[dict]) -> list[dict]:
-    """SCRIPT's result line per requested item (skips the test where triton cannot compile
-    for sm_90 here)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, str(SCRIPT)], input=json.dumps(request), check=False,
-                         capture_output=True, text=True, env=env, timeout=900)
-    assert out.returncode == 0, f"compiling for sm_90 failed:\n{out.stderr[-3000:]}"
-    results = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
-    if results and "skip" in results[0]:
-        pytest.skip(results[0]["skip"])
-    assert len(results) == len(request)
-    return results
+    return compile_for_sm90(SCRIPT, request, timeout=900, what="flashtune's kernels")
 
 
 def test_accepted_configs_fit_sm90_shared_memory():
