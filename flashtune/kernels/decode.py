@@ -36,11 +36,12 @@ from flashtune.kernels.forward import _fwd_inner
 # (2026-12-01, docs/shapes.md) decode with 8 programs per SM (B=128, Hkv=8) read K/V
 # at the copy bandwidth, with 2 per SM at 0.52-0.68 of it.
 AUTO_PROGRAMS_PER_SM = 4
-# Auto splits give each chunk at least this many keys. A chunk of 256 keys costs a program
-# more in the combine than it saves: decode-mqa-d256-b16-8k (B=16, Hq=8, Hkv=1, Nk=8192,
-# D=256) ran at 0.47 of the copy bandwidth with 16 chunks of 512 keys and 0.24 with the
-# 32 chunks of 256 the auto rule gave (H200, 2026-12-02, docs/shape-tuning.md); and a
-# short call split in two pays a second launch (the combine) on the host for nothing.
+# Auto splits give each chunk at least this many keys: a short call split in two (128 keys
+# in two chunks of 64 at B=1, H=1) paid a second launch (the combine) and a partials buffer
+# on the host for a few microseconds of GPU time. Where it changes a measured row, it did
+# not cost: decode-mqa-d256-b16-8k (B=16, Hq=8, Hkv=1, Nk=8192, D=256) timed 16 chunks of
+# 512 keys (the search's winner) at 1.005x the auto 32 chunks of 256 in one run (H200,
+# 2026-12-02, docs/shape-tuning.md). The rule's effect on the GPU is not measured otherwise.
 MIN_CHUNK_KEYS = 512
 # SMs assumed by the auto schedule off the GPU (the interpreter): few, so that the small
 # test shapes keep the plain kernel unless they are decode-sized or tiny
