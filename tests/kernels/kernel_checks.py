@@ -385,10 +385,11 @@ class VarlenCase:
             parts.append("default")
         else:
             fwd, bwd = self.configs
-            parts.append(f"fwd{fwd.BLOCK_M}x{fwd.BLOCK_N}-bwd{bwd.BLOCK_M1}x{bwd.BLOCK_N1}.{bwd.BLOCK_M2}x{bwd.BLOCK_N2}")
+            parts.append(f"fwd{fwd.BLOCK_M}x{fwd.BLOCK_N}-"
+                         f"bwd{bwd.BLOCK_M1}x{bwd.BLOCK_N1}.{bwd.BLOCK_M2}x{bwd.BLOCK_N2}")
             if bwd.atomic_dq:
                 parts.append("atomic")
-            if fwd.tma or fwd.num_splits > 1 or bwd.dkdv_split > 1:
+            if fwd.tma or fwd.num_splits > 1 or bwd.tma or bwd.dkdv_split > 1:
                 parts.append("ignored-fields")
         if self.window is not None:
             parts.append("window{}.{}".format(*self.window))

@@ -3,8 +3,8 @@
 Run as a script with TRITON_INTERPRET unset (the interpreter replaces the kernels by
 Python functions). Reads a JSON list of {"pass", "config", "head_dim", "dtype",
 "causal"} (optionally "softcap", "window", "varlen": the SOFTCAP/WINDOW/VARLEN variants) on
-stdin and prints one JSON line per item with the compiled kernels' shared memory in bytes ("shared": one number per kernel), or "skip" when this triton
-cannot compile for sm_90 here. The launches' specialisations are mimicked for
+stdin and prints one JSON line per item with the compiled kernels' shared memory in bytes
+("shared": one number per kernel), or "skip" when this triton cannot compile for sm_90 here. The launches' specialisations are mimicked for
 contiguous tensors: unit head-dim strides, 16-byte aligned pointers and strides.
 """
 
