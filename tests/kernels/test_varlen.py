@@ -9,14 +9,19 @@ lengths, empty sequences (no queries, no keys, both), grouped heads, causal and 
 window, a softcap, several configs (those whose split, TMA or dK/dV-split fields varlen
 ignores included). Also: equal lengths give exactly flashtune.attention's padded batch;
 NaN in the memory around the pack and in the head-dim padding never reaches a result
-(nothing outside a sequence's rows is read); bad input is refused with an error naming
-the argument, before any kernel runs.
+(nothing outside a sequence's rows is read); a sequence starting past 2^31 elements is
+addressed in 64 bits; bad input is refused with an error naming the argument, before any
+kernel runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -193,6 +198,56 @@ def test_without_grad_and_lse(kernel_device):
     from_strided = attention_varlen(q, k, v, strided, strided, 33, 33, causal=True, fp32_precision="ieee")
     for other in (longer, with_grad.detach(), from_strided):
         assert torch.equal(plain, other)
+
+
+# In a child process: a wrong 32-bit offset reads unmapped memory, which kills the process.
+LARGE_OFFSET_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    from flashtune.kernels import BwdConfig, FwdConfig, attention_varlen, reference_attention
+
+    device, dtype = sys.argv[1], getattr(torch, sys.argv[2])
+    N, D, STRIDE = 80, 16, 1 << 25  # rows 2^25 elements apart: the second sequence starts 70 * 2^25 > 2^31 in
+    lens = (70, 10)
+    gen = torch.Generator().manual_seed(0)
+
+    def strided():
+        # the untouched storage between the rows is never committed
+        storage = torch.empty(N * STRIDE, dtype=dtype, device=device)
+        t = torch.as_strided(storage, (N, 1, D), (STRIDE, STRIDE, 1))
+        return t.copy_(torch.randn(N, 1, D, generator=gen)).requires_grad_()
+
+    q, v = strided(), strided()
+    k = torch.randn(N, 1, D, generator=gen).to(device, dtype).requires_grad_()
+    do = torch.randn(N, 1, D, generator=gen).to(device, dtype)
+    cu = torch.tensor([0, 70, 80], dtype=torch.int32, device=device)
+    o = attention_varlen(q, k, v, cu, cu, 70, 70, causal=True, fwd_config=FwdConfig(16, 16, 4, 1),
+                         bwd_config=BwdConfig(16, 16, 16, 16, 4, 1))
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    ref = torch.cat([reference_attention(*(x[a:b].transpose(0, 1)[None] for x in leaves), causal=True,
+                                         dtype=torch.float64)[0][0].transpose(0, 1) for a, b in ((0, 70), (70, 80))])
+    ref_grads = torch.autograd.grad(ref, leaves, do.double())
+    for name, a, b in zip(("o", "dq", "dk", "dv"), (o, *grads), (ref, *ref_grads)):
+        err = (a.double() - b).abs().max().item()
+        print(name, err)
+        assert err < 2e-2, (name, err)
+    print("OK")
+""")
+
+
+def test_offsets_beyond_int32(kernel_device):
+    """A packed sequence whose first row sits past 2^31 elements (rows 2^25 apart): its
+    start ``cu_seqlens[b] * stride`` must be computed in 64 bits (common.packed_sequence)."""
+    dtype = "float16" if kernel_device.type == "cpu" else "bfloat16"
+    env = dict(os.environ)
+    if kernel_device.type == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    out = subprocess.run([sys.executable, "-c", LARGE_OFFSET_SCRIPT, kernel_device.type, dtype],
+                         check=False, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0 and "OK" in out.stdout, (
+        f"attention_varlen with a sequence past 2^31 elements failed: exit code {out.returncode}"
+        f"{' (SIGSEGV)' if out.returncode == -11 else ''}\nstdout: {out.stdout[-2000:]}\nstderr: {out.stderr[-2000:]}")
 
 
 def test_exported():
