@@ -15,6 +15,11 @@ kept in one file as the forward's are, STYLE.md's "one file per operation".)
 
 The walked tiles (Q and dO in the dK/dV kernel, K and V in the dQ kernel) load through
 pointers or, with ``config.tma``, through TMA descriptors (common.tma_descriptors).
+
+Packed variable-length sequences (VARLEN, ``varlen``): the dK/dV kernel runs over (key
+block, K/V head, sequence), the dQ kernel over (query block, head, sequence), each reading
+its sequence's rows from the cumulative offsets (common.Varlen); the preprocess runs over
+the packed rows; the log-sum-exp and Delta are (Hq, total_q).
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (WINDOW_SIDES, block_offsets, causal_offset, cdiv, dot_precision, key_range,
-                                      load_tile, needs_int64, on_device, score_scales, sm_count, softcap_log2_scores,
-                                      store_tile, tma_descriptors, tma_tile, window_bounds, window_range)
+from flashtune.kernels.common import (VARLEN_SIZES, WINDOW_SIDES, Varlen, block_offsets, causal_offset, cdiv,
+                                      dot_precision, kernel_strides, key_range, load_tile, needs_int64, on_device,
+                                      packed_sequence, score_scales, sm_count, softcap_log2_scores, store_tile,
+                                      tma_descriptors, tma_tile, window_bounds, window_range)
 from flashtune.kernels.config import BwdConfig, dkdv_split, padded_head_dim
 
 
@@ -115,19 +121,20 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
     return dk, dv
 
 
-@triton.jit(do_not_specialize=WINDOW_SIDES)
-def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQA, sm_scale, qk_scale, softcap_log2,
+@triton.jit(do_not_specialize=WINDOW_SIDES + VARLEN_SIZES)
+def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQA, CU_Q, CU_K, sm_scale, qk_scale,
+                     softcap_log2,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
                      stride_dob, stride_doh, stride_don, stride_dod,
                      stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                      stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                     H, GROUP, N_Q, N_K, causal_off, win_left, win_right, SPLIT_H, SPLIT_Q,
+                     H, GROUP, N_Q, N_K, causal_off, win_left, win_right, SPLIT_H, SPLIT_Q, TOTAL_Q,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
                      ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, PARTIAL: tl.constexpr,
-                     SOFTCAP: tl.constexpr, WINDOW: tl.constexpr):
+                     SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, VARLEN: tl.constexpr):
     # axis 1 runs over (K/V head, split): split s of a key block takes the query heads
     # [s_h * GROUP / SPLIT_H, ...) of the group and the s_q-th of SPLIT_Q chunks of its
     # query blocks; with PARTIAL its dK/dV go to fp32 slot s of DK/DV, summed afterwards
@@ -135,13 +142,28 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
     off_hk = (tl.program_id(1) // (SPLIT_H * SPLIT_Q)).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
     start_n = tl.program_id(0) * BLOCK_N
+    if VARLEN:
+        # sequence off_b of a packed batch (common.Varlen, as the forward kernel); a
+        # sequence without queries still writes its keys' zero dK and dV
+        tl.static_assert(not (TMA or TMA_DQ or PARTIAL), "varlen: pointer loads, no split")
+        q_start, N_Q = packed_sequence(CU_Q, off_b, INT64)
+        k_start, N_K = packed_sequence(CU_K, off_b, INT64)
+        causal_off = N_K - N_Q
+        if start_n >= N_K:
+            return
+        q_off, do_off = q_start * stride_qn, q_start * stride_don
+        k_off, v_off, dk_off, dv_off = (k_start * stride_kn, k_start * stride_vn, k_start * stride_dkn,
+                                        k_start * stride_dvn)
+    else:
+        q_off, do_off = off_b * stride_qb, off_b * stride_dob
+        k_off, v_off, dk_off, dv_off = off_b * stride_kb, off_b * stride_vb, off_b * stride_dkb, off_b * stride_dvb
     offs_n = block_offsets(start_n, BLOCK_N, INT64)
     offs_mb = block_offsets(0, BLOCK_M, INT64)
     offs_d = block_offsets(0, BLOCK_D, INT64)
 
-    k = load_tile(K + off_b * stride_kb + off_hk * stride_kh + offs_n[:, None] * stride_kn
+    k = load_tile(K + k_off + off_hk * stride_kh + offs_n[:, None] * stride_kn
                   + offs_d[None, :] * stride_kd, offs_n, N_K, offs_d, True, HEAD_DIM, BLOCK_D)
-    v = load_tile(V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None] * stride_vn
+    v = load_tile(V + v_off + off_hk * stride_vh + offs_n[:, None] * stride_vn
                   + offs_d[None, :] * stride_vd, offs_n, N_K, offs_d, True, HEAD_DIM, BLOCK_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -178,9 +200,12 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
 
     for g in range(g_lo, g_lo + heads):
         off_h = off_hk * GROUP + g
-        q_base = Q + off_b * stride_qb + off_h * stride_qh + offs_d[None, :] * stride_qd
-        do_base = DO + off_b * stride_dob + off_h * stride_doh + offs_d[None, :] * stride_dod
-        row = (off_b * H + off_h) * N_Q
+        q_base = Q + q_off + off_h * stride_qh + offs_d[None, :] * stride_qd
+        do_base = DO + do_off + off_h * stride_doh + offs_d[None, :] * stride_dod
+        if VARLEN:
+            row = off_h * TOTAL_Q + q_start  # LSE, Delta (H, TOTAL_Q); atomic dQ (H, TOTAL_Q, BLOCK_D)
+        else:
+            row = (off_b * H + off_h) * N_Q
         dqa_base = DQA + row * BLOCK_D
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
                                  dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
@@ -210,10 +235,10 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
         tl.store(DK + ptrs, dk, mask=offs_n[:, None] < N_K)
         tl.store(DV + ptrs, dv, mask=offs_n[:, None] < N_K)
     else:
-        store_tile(DK + off_b * stride_dkb + off_hk * stride_dkh + offs_n[:, None] * stride_dkn
+        store_tile(DK + dk_off + off_hk * stride_dkh + offs_n[:, None] * stride_dkn
                    + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), offs_n, N_K, offs_d, HEAD_DIM,
                    BLOCK_D)
-        store_tile(DV + off_b * stride_dvb + off_hk * stride_dvh + offs_n[:, None] * stride_dvn
+        store_tile(DV + dv_off + off_hk * stride_dvh + offs_n[:, None] * stride_dvn
                    + offs_d[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), offs_n, N_K, offs_d, HEAD_DIM,
                    BLOCK_D)
 
@@ -281,40 +306,53 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, d
     return dq
 
 
-@triton.jit(do_not_specialize=WINDOW_SIDES)
-def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale, softcap_log2,
+@triton.jit(do_not_specialize=WINDOW_SIDES + VARLEN_SIZES)
+def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, CU_Q, CU_K, sm_scale, qk_scale, softcap_log2,
                    stride_qb, stride_qh, stride_qn, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
                    stride_dob, stride_doh, stride_don, stride_dod,
                    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
-                   H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
+                   H, GROUP, N_Q, N_K, causal_off, win_left, win_right, TOTAL_Q,
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
-                   TMA: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr):
+                   TMA: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, VARLEN: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
     off_h = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
-    pid_bh = off_b * H + off_h
     off_hk = off_h // GROUP
     start_m = pid_m * BLOCK_M
+    if VARLEN:
+        # sequence off_b of a packed batch (common.Varlen, as the forward kernel)
+        tl.static_assert(not TMA, "varlen loads through pointers")
+        q_start, N_Q = packed_sequence(CU_Q, off_b, INT64)
+        k_start, N_K = packed_sequence(CU_K, off_b, INT64)
+        causal_off = N_K - N_Q
+        if start_m >= N_Q:
+            return
+        q_off, do_off, dq_off = q_start * stride_qn, q_start * stride_don, q_start * stride_dqn
+        k_off, v_off = k_start * stride_kn, k_start * stride_vn
+        row = off_h * TOTAL_Q + q_start  # LSE, Delta (H, TOTAL_Q)
+    else:
+        q_off, do_off, dq_off = off_b * stride_qb, off_b * stride_dob, off_b * stride_dqb
+        k_off, v_off = off_b * stride_kb, off_b * stride_vb
+        row = (off_b * H + off_h) * N_Q
     offs_m = block_offsets(start_m, BLOCK_M, INT64)
     offs_nb = block_offsets(0, BLOCK_N, INT64)
     offs_d = block_offsets(0, BLOCK_D, INT64)
 
-    q = load_tile(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qn
+    q = load_tile(Q + q_off + off_h * stride_qh + offs_m[:, None] * stride_qn
                   + offs_d[None, :] * stride_qd, offs_m, N_Q, offs_d, True, HEAD_DIM, BLOCK_D)
-    do = load_tile(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don
+    do = load_tile(DO + do_off + off_h * stride_doh + offs_m[:, None] * stride_don
                    + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, True, HEAD_DIM, BLOCK_D)
-    row = pid_bh * N_Q
     lse = tl.load(LSE + row + offs_m, mask=offs_m < N_Q, other=0.0)
     delta = tl.load(DELTA + row + offs_m, mask=offs_m < N_Q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    k_base = K + off_b * stride_kb + off_hk * stride_kh + offs_d[None, :] * stride_kd
-    v_base = V + off_b * stride_vb + off_hk * stride_vh + offs_d[None, :] * stride_vd
+    k_base = K + k_off + off_hk * stride_kh + offs_d[None, :] * stride_kd
+    v_base = V + v_off + off_hk * stride_vh + offs_d[None, :] * stride_vd
     # key blocks as the forward walks them (with a window: its left edge [lo, full_lo) masked
     # first, nothing outside [lo, hi), common.window_blocks)
     if WINDOW:
@@ -337,17 +375,21 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, sm_scale, qk_scale
                        win_left, win_right,
                        True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP, WINDOW)
     dq = dq * sm_scale
-    store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqn
+    store_tile(DQ + dq_off + off_h * stride_dqh + offs_m[:, None] * stride_dqn
                + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D)
 
 
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                        lse2: torch.Tensor, config: BwdConfig, *, causal: bool, sm_scale: float,
                        fp32_precision: str = "tf32", compile_only: bool = False, causal_align: str = "top_left",
-                       softcap: float = 0.0, window_size: tuple[int, int] | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       softcap: float = 0.0, window_size: tuple[int, int] | None = None,
+                       varlen: Varlen | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the backward kernels with an explicit config on already-checked inputs
-    (``softcap`` and ``window_size`` as the forward had them).
+    (``softcap``, ``window_size`` and ``varlen`` as the forward had them).
+
+    ``varlen`` (common.Varlen): packed (total, heads, D) tensors as forward.attention_forward
+    takes them, lse2 (Hq, total_q); pointer loads only (the config's tma is ignored) and
+    one program per key block (dkdv_split is ignored); atomic dQ works as without it.
 
     ``compile_only``: compile (or queue in triton's AsyncCompileMode) without launching.
 
@@ -358,60 +400,76 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     a zeroed buffer, cast at the end; with ``config.tma`` on sm_90+ one TMA bulk reduce-add
     per tile) and the dQ kernel does not run, unless torch's deterministic algorithms are on.
     """
-    B, H, N_Q, D = q.shape
-    H_KV, N_K = k.shape[1], k.shape[2]
+    if varlen is None:
+        B, H, N_Q, D = q.shape
+        H_KV, N_K = k.shape[1], k.shape[2]
+    else:  # the grid covers the longest sequence; the kernels read each one's bounds
+        _, H, D = q.shape
+        H_KV = k.shape[1]
+        B, N_Q, N_K = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
     window = window_bounds(window_size, causal, N_Q, N_K)
-    off = causal_offset(causal_align, N_Q, N_K) if causal or window else 0
+    off = causal_offset(causal_align, N_Q, N_K) if (causal or window) and varlen is None else 0
     BLOCK_D = padded_head_dim(D)
     precision = dot_precision(q.dtype, fp32_precision)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    delta = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    # Delta in the log-sum-exp's layout: (B, H, N_Q), or (H, total_q) packed
+    rows = (B, H, N_Q) if varlen is None else (H, q.shape[0])
+    delta = torch.empty(rows, device=q.device, dtype=torch.float32)
     atomic_dq = bool(config.atomic_dq) and not torch.are_deterministic_algorithms_enabled()
     # dQ accumulator of the atomic mode, padded to BLOCK_D so the adds need no column mask
     # (without atomics the kernel never touches it: any fp32 pointer will do, no allocation)
-    dq_acc = torch.zeros((B, H, N_Q, BLOCK_D), device=q.device, dtype=torch.float32) if atomic_dq else delta
+    dq_acc = torch.zeros((*rows, BLOCK_D), device=q.device, dtype=torch.float32) if atomic_dq else delta
 
     # the walked tiles (dK/dV: Q and dO; dQ: K and V) through TMA descriptors when the
     # config asks and the copy engine can address the tensors, else through pointers
-    descs_dkdv = tma_descriptors(config.tma, (q, do), config.BLOCK_M1, BLOCK_D)
+    tma = bool(config.tma) and varlen is None
+    descs_dkdv = tma_descriptors(tma, (q, do), config.BLOCK_M1, BLOCK_D)
     # atomic dQ with tma: each tile's adds go as one bulk reduce-add through a descriptor
     # over the accumulator (ours, so always addressable), instead of one atomic per element
     # (GPU only: the interpreter has no descriptor reduce)
-    desc_dqa = (tma_descriptors(config.tma, (dq_acc,), config.BLOCK_M1, BLOCK_D)
+    desc_dqa = (tma_descriptors(tma, (dq_acc,), config.BLOCK_M1, BLOCK_D)
                 if atomic_dq and q.device.type == "cuda" else None)
     int64 = needs_int64(q, k, v, o, do, dq, dk, dv, dq_acc)
+    cu = (delta, delta) if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k)  # unused without varlen
     with on_device(q):
-        _preprocess(o, do, delta, int64=int64, compile_only=compile_only)
+        if varlen is None:
+            _preprocess(o, do, delta, int64=int64, compile_only=compile_only)
+        else:  # over the packed rows: (1, H, total_q, D) views, Delta (1, H, total_q)
+            _preprocess(o.unsqueeze(0).transpose(1, 2), do.unsqueeze(0).transpose(1, 2), delta.unsqueeze(0),
+                        int64=int64, compile_only=compile_only)
         launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
                       num_warps=config.num_warps, num_stages=config.num_stages, warmup=compile_only)
-        split_h, split_q = dkdv_split(config, batch=B, heads_q=H, heads_kv=H_KV, n_q=N_Q, n_k=N_K,
-                                      sm_count=sm_count(q.device))
+        split_h, split_q = (dkdv_split(config, batch=B, heads_q=H, heads_kv=H_KV, n_q=N_Q, n_k=N_K,
+                                       sm_count=sm_count(q.device)) if varlen is None else (1, 1))
         split = split_h * split_q
         # a split key block's programs write fp32 partials, summed in a fixed order afterwards
         parts = (torch.empty((2, split, B, H_KV, N_K, BLOCK_D), device=q.device, dtype=torch.float32)
                  if split > 1 else (dk, dv))
         _bwd_dkdv_kernel.run(
             q, k, v, do, parts[0], parts[1], lse2, delta, dq_acc, *(descs_dkdv or (q, do)),
-            *(desc_dqa or (dq_acc,)), sm_scale, *score_scales(sm_scale, softcap),
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-            H, H // H_KV, N_Q, N_K, off, *(window or (0, 0)), split_h, split_q,
+            *(desc_dqa or (dq_acc,)), *cu, sm_scale, *score_scales(sm_scale, softcap),
+            *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
+            *kernel_strides(do, varlen), *kernel_strides(dk, varlen), *kernel_strides(dv, varlen),
+            H, H // H_KV, N_Q, N_K, off, *(window or (0, 0)), split_h, split_q, rows[-1],
             BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1,
             grid=(cdiv(N_K, config.BLOCK_N1), H_KV * split, B),
             ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, TMA_DQ=desc_dqa is not None, PARTIAL=split > 1,
-            SOFTCAP=bool(softcap), WINDOW=window is not None, **launch)
+            SOFTCAP=bool(softcap), WINDOW=window is not None, VARLEN=varlen is not None, **launch)
         if split > 1:
             _sum_partials(parts, dk, dv, int64=int64, compile_only=compile_only)
         if atomic_dq:
-            if not compile_only:
-                dq.copy_(dq_acc[..., :D])  # the kernel added dQ already scaled
+            if not compile_only:  # the kernel added dQ already scaled
+                dq.copy_(dq_acc[..., :D] if varlen is None else dq_acc[..., :D].transpose(0, 1))
             return dq, dk, dv
         _launch_dq(q, k, v, do, dq, lse2, delta, config, causal=causal, sm_scale=sm_scale, precision=precision,
-                   int64=int64, compile_only=compile_only, causal_off=off, softcap=softcap, window=window)
+                   int64=int64, compile_only=compile_only, causal_off=off, softcap=softcap, window=window,
+                   varlen=varlen)
     return dq, dk, dv
 
 
 def _preprocess(o, do, delta, *, int64: bool, compile_only: bool = False) -> None:
-    """Delta = rowsum(dO * O) into ``delta``, on the current device."""
+    """Delta = rowsum(dO * O) into ``delta`` (B, H, N_Q) for (B, H, N_Q, D) o and do, on
+    the current device."""
     B, H, N_Q, D = o.shape
     BLOCK_D = padded_head_dim(D)
     block = max(16, min(128, 8192 // BLOCK_D))
@@ -434,19 +492,27 @@ def _sum_partials(parts, dk, dv, *, int64: bool, compile_only: bool = False) -> 
 
 def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool, sm_scale: float, precision: str,
                int64: bool, compile_only: bool = False, causal_off: int = 0, softcap: float = 0.0,
-               window: tuple[int, int] | None = None) -> None:
+               window: tuple[int, int] | None = None, varlen: Varlen | None = None) -> None:
     """The dQ kernel (non-atomic configs), on the current device (``window`` as
-    common.window_bounds gives it)."""
-    B, H, N_Q, D = q.shape
+    common.window_bounds gives it; ``varlen`` as attention_backward takes it)."""
+    if varlen is None:
+        B, H, N_Q, D = q.shape
+        N_K = k.shape[2]
+        cu = (delta, delta)  # unused
+    else:
+        _, H, D = q.shape
+        B, N_Q, N_K = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
+        cu = (varlen.cu_seqlens_q, varlen.cu_seqlens_k)
     BLOCK_D = padded_head_dim(D)
-    descs_dq = tma_descriptors(config.tma, (k, v), config.BLOCK_N2, BLOCK_D)
+    descs_dq = tma_descriptors(config.tma and varlen is None, (k, v), config.BLOCK_N2, BLOCK_D)
     _bwd_dq_kernel.run(
-        q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), sm_scale, *score_scales(sm_scale, softcap),
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        H, H // k.shape[1], N_Q, k.shape[2], causal_off, *(window or (0, 0)),
+        q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), *cu, sm_scale, *score_scales(sm_scale, softcap),
+        *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
+        *kernel_strides(do, varlen), *kernel_strides(dq, varlen),
+        H, H // k.shape[1], N_Q, N_K, causal_off, *(window or (0, 0)), lse2.shape[-1],
         CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
         BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(cdiv(N_Q, config.BLOCK_M2), H, B),
-        TMA=descs_dq is not None, SOFTCAP=bool(softcap), WINDOW=window is not None,
+        TMA=descs_dq is not None, SOFTCAP=bool(softcap), WINDOW=window is not None, VARLEN=varlen is not None,
         num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
         warmup=compile_only)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -154,6 +155,45 @@ def block_offsets(start, BLOCK: tl.constexpr, INT64: tl.constexpr):
     return offs
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Varlen:
+    """A packed batch of variable-length sequences, FlashAttention's varlen convention:
+    sequence b holds the rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of the packed q (and
+    o), and [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k and v (int32 tensors of batch + 1
+    entries on the tensors' device, checked by function.check_varlen_inputs); the max
+    lengths size the grid. The kernels read each program's sequence bounds from the
+    cu_seqlens tensors themselves."""
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    @property
+    def batch(self) -> int:
+        return self.cu_seqlens_q.shape[0] - 1
+
+
+def kernel_strides(t: torch.Tensor, varlen: Varlen | None) -> tuple[int, int, int, int]:
+    """The kernels' (batch, head, row, head-dim) strides of ``t``: a (B, H, N, D) tensor's
+    own, or for a packed (total, H, D) tensor (``varlen``) batch 0 (a sequence's first row
+    comes from cu_seqlens) and its (row, head, head-dim) strides in that order."""
+    if varlen is None:
+        return t.stride()
+    return 0, t.stride(1), t.stride(0), t.stride(2)
+
+
+@triton.jit
+def packed_sequence(CU, b, INT64: tl.constexpr):
+    """(first row, length) of sequence ``b`` of a packed batch, read from its cumulative
+    lengths ``CU`` (Varlen); the first row in int64 when offsets may pass int32."""
+    start = tl.load(CU + b)
+    n = tl.load(CU + b + 1) - start
+    if INT64:
+        start = start.to(tl.int64)
+    return start, n
+
+
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
 
 
@@ -186,6 +226,8 @@ def key_range(start_m, N_K, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N
 # The window's sides are runtime ints that triton does not specialise (on 1, or on
 # divisibility by 16): one compiled kernel per config serves every window size.
 WINDOW_SIDES = ("win_left", "win_right")
+# likewise a packed batch's total of query rows (the varlen kernels' LSE row stride)
+VARLEN_SIZES = ("TOTAL_Q",)
 
 
 def window_bounds(window_size, causal: bool, n_q: int, n_k: int) -> tuple[int, int] | None:

@@ -9,7 +9,10 @@ through pointers or, with ``config.tma``, through TMA descriptors (common.tma_de
 Shapes whose query blocks do not fill the GPU (decode) run the split kernel of
 kernels/decode.py instead (FwdConfig's num_splits and pack_gqa). A sliding window
 (``window_size``, the WINDOW variants) walks only the key blocks inside it, masking its
-edge blocks as causal masks its diagonal (common.window_blocks).
+edge blocks as causal masks its diagonal (common.window_blocks). Packed variable-length
+sequences (the VARLEN variant, ``varlen``: q (total_q, Hq, D), k and v (total_k, Hkv, D))
+run one program per (query block, head, sequence), each reading its sequence's rows from
+the cumulative offsets (common.Varlen) and stopping at once past its end.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (WINDOW_SIDES, block_offsets, causal_offset, dot_precision, key_range, load_tile,
-                                      needs_int64, on_device, score_scales, softcap_log2_scores, store_tile,
-                                      tma_descriptors, tma_tile, window_blocks, window_bounds, window_range)
+from flashtune.kernels.common import (VARLEN_SIZES, WINDOW_SIDES, Varlen, block_offsets, causal_offset, dot_precision,
+                                      kernel_strides, key_range, load_tile, needs_int64, on_device, packed_sequence,
+                                      score_scales, softcap_log2_scores, store_tile, tma_descriptors, tma_tile,
+                                      window_blocks, window_bounds, window_range)
 from flashtune.kernels.config import FwdConfig, padded_head_dim
 
 
@@ -79,34 +83,49 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=WINDOW_SIDES)
-def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
+@triton.jit(do_not_specialize=WINDOW_SIDES + VARLEN_SIZES)
+def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, qk_scale, softcap_log2,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
                      stride_ob, stride_oh, stride_on, stride_od,
-                     H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
+                     H, GROUP, N_Q, N_K, causal_off, win_left, win_right, TOTAL_Q,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                      INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr,
-                     WINDOW: tl.constexpr):
+                     WINDOW: tl.constexpr, VARLEN: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         # the last query blocks have the most keys: start them first
         pid_m = tl.num_programs(0) - 1 - pid_m
     off_h = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
-    pid_bh = off_b * H + off_h
     off_hk = off_h // GROUP
-
     start_m = pid_m * BLOCK_M
+
+    if VARLEN:
+        # sequence off_b of a packed batch (common.Varlen): its rows of Q and O from
+        # CU_Q, of K and V from CU_K; causal and a window aligned bottom-right in it;
+        # the grid covers the longest sequence, the blocks past this one's end stop here
+        tl.static_assert(not TMA, "varlen loads through pointers")
+        q_start, N_Q = packed_sequence(CU_Q, off_b, INT64)
+        k_start, N_K = packed_sequence(CU_K, off_b, INT64)
+        causal_off = N_K - N_Q
+        if start_m >= N_Q:
+            return
+        q_off, k_off, v_off, o_off = q_start * stride_qn, k_start * stride_kn, k_start * stride_vn, q_start * stride_on
+        lse_row = off_h * TOTAL_Q + q_start  # LSE (H, TOTAL_Q)
+    else:
+        q_off, k_off, v_off, o_off = off_b * stride_qb, off_b * stride_kb, off_b * stride_vb, off_b * stride_ob
+        lse_row = (off_b * H + off_h) * N_Q  # LSE (B, H, N_Q)
+
     offs_m = block_offsets(start_m, BLOCK_M, INT64)
     offs_nb = block_offsets(0, BLOCK_N, INT64)
     offs_d = block_offsets(0, BLOCK_D, INT64)
 
-    q_base = Q + off_b * stride_qb + off_h * stride_qh + offs_d[None, :] * stride_qd
-    k_base = K + off_b * stride_kb + off_hk * stride_kh + offs_d[None, :] * stride_kd
-    v_base = V + off_b * stride_vb + off_hk * stride_vh + offs_d[None, :] * stride_vd
+    q_base = Q + q_off + off_h * stride_qh + offs_d[None, :] * stride_qd
+    k_base = K + k_off + off_hk * stride_kh + offs_d[None, :] * stride_kd
+    v_base = V + v_off + off_hk * stride_vh + offs_d[None, :] * stride_vd
     q = load_tile(q_base + offs_m[:, None] * stride_qn, offs_m, N_Q, offs_d, True, HEAD_DIM, BLOCK_D)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -139,23 +158,24 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
                                True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
                                WINDOW)
 
-    if CAUSAL or WINDOW:
-        # rows that saw no key (bottom-right or a window, Nq > Nk): output 0, log-sum-exp -inf
+    if CAUSAL or WINDOW or VARLEN:
+        # rows that saw no key (bottom-right or a window, Nq > Nk; a packed sequence
+        # without keys): output 0, log-sum-exp -inf
         acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     else:
         acc = acc / l_i[:, None]
-    o_ptrs = O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    o_ptrs = O + o_off + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     store_tile(o_ptrs, acc.to(O.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D)
     # log-sum-exp in base 2 units of the scaled scores: lse2 = log2(sum_j 2^(s_j))
-    lse_ptrs = LSE + pid_bh * N_Q + offs_m
+    lse_ptrs = LSE + lse_row + offs_m
     tl.store(lse_ptrs, m_i + tl.math.log2(l_i), mask=offs_m < N_Q)
 
 
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FwdConfig, *,
                       causal: bool, sm_scale: float, fp32_precision: str = "tf32",
                       compile_only: bool = False, causal_align: str = "top_left",
-                      softcap: float = 0.0, window_size: tuple[int, int] | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      softcap: float = 0.0, window_size: tuple[int, int] | None = None,
+                      varlen: Varlen | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel with an explicit config on already-checked inputs.
 
     ``softcap`` > 0 caps the scaled scores at ``softcap * tanh(scores / softcap)`` (Gemma-2);
@@ -167,43 +187,57 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     The split kernel of kernels/decode.py runs instead when the config's schedule asks
     for it on this shape (decode.plan_schedule).
 
+    ``varlen`` (common.Varlen): q is a packed (total_q, Hq, D) batch of sequences, k and v
+    (total_k, Hkv, D); causal and the window align bottom-right in each sequence
+    (``causal_align`` is ignored); always the plain kernel through pointer loads (the
+    config's num_splits, pack_gqa and tma are ignored).
+
     ``compile_only`` compiles (or, inside triton's AsyncCompileMode, queues the compile
     of) the kernel without launching it; the outputs are then left uninitialised.
 
     Returns ``(o, lse2)``: o in q's layout and dtype, lse2 (B, Hq, Nq) float32 holding
-    the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for natural log).
+    the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for natural log);
+    with ``varlen``, (Hq, total_q).
     """
-    B, H, N_Q, D = q.shape
-    N_K = k.shape[2]
+    if varlen is None:
+        B, H, N_Q, D = q.shape
+        N_K = k.shape[2]
+    else:  # the grid covers the longest sequence; the kernel reads each one's bounds
+        _, H, D = q.shape
+        B, N_Q, N_K = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
     window = window_bounds(window_size, causal, N_Q, N_K)
-    off = causal_offset(causal_align, N_Q, N_K) if causal or window else 0
+    off = causal_offset(causal_align, N_Q, N_K) if (causal or window) and varlen is None else 0
     key_blocks = None
-    if window:  # the split kernel chunks only the key blocks some query reaches
+    if window and varlen is None:  # the split kernel chunks only the key blocks some query reaches
         lo, _, _, hi = window_blocks(0, N_Q - 1, N_K, config.BLOCK_N, off, *window)
         key_blocks = (lo, hi)
-    schedule = plan_schedule(config, B, H, k.shape[1], N_Q, N_K, q.device, key_blocks)
+    schedule = plan_schedule(config, B, H, k.shape[1], N_Q, N_K, q.device, key_blocks) if varlen is None else None
     if schedule is not None:
         return split_forward(q, k, v, config, schedule, causal=causal, causal_off=off, sm_scale=sm_scale,
                              precision=dot_precision(q.dtype, fp32_precision), compile_only=compile_only,
                              softcap=softcap, window=window)
     o = torch.empty_like(q)
-    lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    lse_shape = (B, H, N_Q) if varlen is None else (H, q.shape[0])
+    lse2 = torch.empty(lse_shape, device=q.device, dtype=torch.float32)
     BLOCK_D = padded_head_dim(D)
     # K and V tiles through TMA descriptors when the config asks and the copy engine can
     # address the tensors; otherwise (or for the unused arguments) the pointer loads
-    descs = tma_descriptors(config.tma, (k, v), config.BLOCK_N, BLOCK_D)
+    descs = tma_descriptors(config.tma and varlen is None, (k, v), config.BLOCK_N, BLOCK_D)
+    cu = (lse2, lse2) if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k)  # unused without varlen
     # CUDA caps grid y and z at 65535; plain int division: triton.cdiv is a jit function,
     # ~10 us of host time per call through its wrapper
     grid = (-(-N_Q // config.BLOCK_M), H, B)
     with on_device(q):
         _attn_fwd_kernel.run(
-            q, k, v, o, lse2, *(descs or (k, v)), *score_scales(sm_scale, softcap),
-            *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-            H, H // k.shape[1], N_Q, N_K, off, *(window or (0, 0)),
+            q, k, v, o, lse2, *(descs or (k, v)), *cu, *score_scales(sm_scale, softcap),
+            *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
+            *kernel_strides(o, varlen),
+            H, H // k.shape[1], N_Q, N_K, off, *(window or (0, 0)), lse2.shape[-1],
             CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D,
             BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
             PRECISION=dot_precision(q.dtype, fp32_precision), INT64=needs_int64(q, k, v, o), TMA=descs is not None,
             SCALE_POSITIVE=sm_scale > 0 and not softcap, SOFTCAP=bool(softcap), WINDOW=window is not None,
+            VARLEN=varlen is not None,
             num_warps=config.num_warps, num_stages=config.num_stages,
             grid=grid, warmup=compile_only,
         )

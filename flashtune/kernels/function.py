@@ -9,7 +9,7 @@ import numbers
 import torch
 
 from flashtune.kernels.backward import attention_backward
-from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, torch_fp32_precision
+from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, Varlen, torch_fp32_precision
 from flashtune.kernels.config import DECODE_MAX_Q, MAX_HEAD_DIM, BwdConfig, FwdConfig, default_config
 from flashtune.kernels.forward import attention_forward
 
@@ -110,11 +110,13 @@ def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device
     return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=1 if decode else None)
 
 
-def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = False) -> tuple[FwdConfig, BwdConfig]:
+def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = False, *, varlen: bool = False
+                    ) -> tuple[FwdConfig, BwdConfig]:
     """The configs to launch with: the given ones, validated, or the heuristic defaults
-    (the forward's decode entry for at most DECODE_MAX_Q queries)."""
+    (the forward's decode entry for at most DECODE_MAX_Q queries; never for a packed
+    ``varlen`` q, which runs the plain forward kernel)."""
     D, dtype, device = q.shape[-1], q.dtype, q.device
-    decode = q.shape[2] <= DECODE_MAX_Q
+    decode = not varlen and q.shape[2] <= DECODE_MAX_Q
     resolved = []
     for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
                                   ("bwd_config", bwd_config, BwdConfig, "bwd")):
@@ -133,13 +135,13 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
 class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, causal_align="top_left",
-                softcap=0.0, window_size=None):
+                softcap=0.0, window_size=None, varlen=None):
         o, lse2 = attention_forward(q, k, v, fwd_config, causal=causal, sm_scale=sm_scale,
                                     fp32_precision=fp32_precision, causal_align=causal_align, softcap=softcap,
-                                    window_size=window_size)
+                                    window_size=window_size, varlen=varlen)
         ctx.save_for_backward(q, k, v, o, lse2)
         ctx.causal, ctx.sm_scale, ctx.causal_align, ctx.softcap = causal, sm_scale, causal_align, softcap
-        ctx.window_size = window_size
+        ctx.window_size, ctx.varlen = window_size, varlen
         ctx.bwd_config, ctx.fp32_precision = bwd_config, fp32_precision
         ctx.mark_non_differentiable(lse2)
         ctx.set_materialize_grads(False)  # lse2 has no gradient: no zero tensor per backward
@@ -148,13 +150,13 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _dlse2):
         if do is None:  # o took no part in the loss
-            return (None,) * 11
+            return (None,) * 12
         q, k, v, o, lse2 = ctx.saved_tensors
         dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.bwd_config, causal=ctx.causal,
                                         sm_scale=ctx.sm_scale, fp32_precision=ctx.fp32_precision,
                                         causal_align=ctx.causal_align, softcap=ctx.softcap,
-                                        window_size=ctx.window_size)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+                                        window_size=ctx.window_size, varlen=ctx.varlen)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -222,6 +224,129 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         else:  # nothing to differentiate: the launcher alone, without autograd's cost per call
             o, lse2 = attention_forward(q, k, v, fwd, causal=causal, sm_scale=scale, fp32_precision=fp32_precision,
                                         causal_align=causal_align, softcap=cap, window_size=window)
+    if return_lse:
+        return o, lse2 * LN2
+    return o
+
+
+# CUDA caps grid z (the varlen kernels' sequence axis) at 65535
+MAX_VARLEN_BATCH = 65535
+
+
+def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                        sm_scale=None, fp32_precision="tf32") -> tuple[float, Varlen]:
+    """Raise TypeError/ValueError naming the argument for a packed batch the varlen kernels
+    cannot run (attention_varlen's inputs); else return the softmax scale and the Varlen.
+
+    The cumulative lengths are checked on the host: one ``.tolist()`` of each (a device
+    sync for CUDA tensors), the price of a clear error instead of reads out of bounds.
+    """
+    for name, t, rows in (("q", q, "total_q"), ("k", k, "total_k"), ("v", v, "total_k")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name}: expected a 3-D packed tensor ({rows}, heads, head_dim), got shape "
+                             f"{tuple(t.shape)}")
+        if t.numel() == 0:
+            raise ValueError(f"{name}: expected at least one token, head and head_dim entry, got shape "
+                             f"{tuple(t.shape)}")
+    if v.shape != k.shape:
+        raise ValueError(f"v: expected the shape of k (total_k, heads, head_dim) {tuple(k.shape)}, got "
+                         f"{tuple(v.shape)}")
+    # dtypes, devices, head dims, grouped heads, causal, sm_scale: as a batch of one sequence
+    scale = check_inputs(*(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)), causal=causal, sm_scale=sm_scale,
+                         fp32_precision=fp32_precision)
+    batch = None
+    for name, cu, t, tensor in (("cu_seqlens_q", cu_seqlens_q, q, "q"), ("cu_seqlens_k", cu_seqlens_k, k, "k")):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor of int32, got {type(cu).__name__}")
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name}: expected dtype int32, got {cu.dtype}")
+        if cu.dim() != 1:
+            raise ValueError(f"{name}: expected a 1-D tensor of batch + 1 offsets, got shape {tuple(cu.shape)}")
+        if cu.device != q.device:
+            raise ValueError(f"{name}: expected the device of q ({q.device}), got {cu.device}")
+        if batch is None:
+            if cu.numel() < 2:
+                raise ValueError(f"{name}: expected batch + 1 >= 2 offsets, got {cu.numel()}")
+            batch = cu.numel() - 1
+            if batch > MAX_VARLEN_BATCH:
+                raise ValueError(f"{name}: expected at most {MAX_VARLEN_BATCH} sequences, got {batch}")
+        elif cu.numel() != batch + 1:
+            raise ValueError(f"{name}: expected batch + 1 = {batch + 1} offsets like cu_seqlens_q, got {cu.numel()}")
+        offsets = cu.tolist()
+        if offsets[0] != 0:
+            raise ValueError(f"{name}: expected 0 as the first offset, got {offsets[0]}")
+        for i in range(1, len(offsets)):
+            if offsets[i] < offsets[i - 1]:
+                raise ValueError(f"{name}: expected non-decreasing offsets, got {offsets[i - 1]} then {offsets[i]} "
+                                 f"at index {i}")
+        if offsets[-1] != t.shape[0]:
+            raise ValueError(f"{name}: expected the last offset to be {tensor}'s total tokens {t.shape[0]} "
+                             f"({tensor}.shape[0]), got {offsets[-1]}")
+        longest = max(b - a for a, b in zip(offsets, offsets[1:]))
+        max_name, given = ("max_seqlen_q", max_seqlen_q) if tensor == "q" else ("max_seqlen_k", max_seqlen_k)
+        if isinstance(given, bool) or not isinstance(given, numbers.Integral):
+            raise TypeError(f"{max_name}: expected an int, got {type(given).__name__}")
+        if not longest <= given < 2**31:
+            raise ValueError(f"{max_name}: expected at least the longest sequence of {name} ({longest}) and below "
+                             f"2**31, got {given}")
+    # the kernels read offset b at CU + b: a strided view is copied
+    return scale, Varlen(cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), int(max_seqlen_q), int(max_seqlen_k))
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+                     sm_scale: float | None = None, fwd_config: FwdConfig | None = None,
+                     bwd_config: BwdConfig | None = None, return_lse: bool = False,
+                     fp32_precision: str | None = None, softcap: float | None = None,
+                     window_size: tuple[int, int] | None = None):
+    """FlashAttention over packed variable-length sequences, differentiable, in
+    FlashAttention's varlen layout (``flash_attn_varlen_func``).
+
+    q is (total_q, heads_q, head_dim), k and v (total_k, heads_kv, head_dim), heads_q a
+    multiple of heads_kv (grouped-query attention), any strides. ``cu_seqlens_q`` and
+    ``cu_seqlens_k`` are int32 tensors of batch + 1 offsets on q's device, starting at 0,
+    non-decreasing, ending at total_q (total_k): sequence b is the rows
+    [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q attending to the rows
+    [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k and v, and nothing else. ``max_seqlen_q``
+    and ``max_seqlen_k`` are at least the longest sequence's lengths (they size the
+    grid). Sequences may be empty: no query, no output; queries with no key get 0.
+
+    ``causal`` follows FlashAttention's varlen convention, aligned bottom-right in each
+    sequence: query i of a sequence with lq queries and lk keys sees keys j <= i + lk - lq
+    (lq = lk: j <= i; queries with i < lq - lk see no key and get 0).
+    ``window_size=(left, right)`` (-1 unbounded) is FlashAttention's sliding window in that
+    same frame: query i sees keys [i + lk - lq - left, i + lk - lq + right], right capped
+    at 0 with causal. ``softcap``, ``sm_scale``, ``fp32_precision``, the configs: as
+    ``attention``; the forward always runs the plain kernel (the config's num_splits and
+    pack_gqa are ignored), both passes load through pointers (tma is ignored) and the
+    dK/dV kernel is never split (dkdv_split is ignored); atomic_dq works.
+
+    Bad input raises TypeError/ValueError naming the argument (check_varlen_inputs; the
+    offsets are checked on the host, one device sync per call). Not under torch.compile.
+
+    Returns o (total_q, heads_q, head_dim) in q's dtype, or (o, lse) with
+    ``return_lse=True``: lse is (heads_q, total_q) float32 (FlashAttention's varlen
+    layout), the natural-log log-sum-exp of each query row's scaled scores, -inf for a
+    row without keys; not differentiable.
+    """
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("attention_varlen: not supported under torch.compile yet (it checks the "
+                                  "cu_seqlens offsets on the host); call it outside the compiled region")
+    if fp32_precision is None:
+        fp32_precision = torch_fp32_precision(q.dtype) if isinstance(q, torch.Tensor) else "tf32"
+    scale, varlen = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                        causal=causal, sm_scale=sm_scale, fp32_precision=fp32_precision)
+    cap = check_softcap(softcap)
+    window = check_window(window_size)
+    fwd, bwd = resolve_configs(q.unsqueeze(0).transpose(1, 2), fwd_config, bwd_config, causal, varlen=True)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        o, lse2 = FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision, "bottom_right",
+                                               cap, window, varlen)
+    else:
+        o, lse2 = attention_forward(q, k, v, fwd, causal=causal, sm_scale=scale, fp32_precision=fp32_precision,
+                                    causal_align="bottom_right", softcap=cap, window_size=window, varlen=varlen)
     if return_lse:
         return o, lse2 * LN2
     return o

@@ -12,12 +12,16 @@ a small absolute slack. NaN or Inf always fails.
   return) it is ``reference_attention`` in float32: our kernels keep the LSE in fp32.
 - The float64 truth is ``flashtune.kernels.reference_attention`` in float64, itself
   checked against torch SDPA (math backend) in float64 on every case.
+- Packed variable-length batches (``attention_varlen``, ``check_varlen``): truth and
+  baseline are ``reference_attention`` looped over the sequences (``loop_reference``),
+  in float64 and in the input's precision.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import zlib
 
 import torch
@@ -25,7 +29,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from flashtune.kernels import BwdConfig, FwdConfig, attention, reference_attention
+from flashtune.kernels import BwdConfig, FwdConfig, attention, attention_varlen, reference_attention
 from flashtune.kernels.reference import attention_mask
 from flashtune.tolerance import Tolerance, baseline_dtype, uses_tf32
 from flashtune.tolerance import tolerance as shared_tolerance
@@ -369,3 +373,146 @@ def compile_for_sm90(script, request: list[dict], *, timeout: float, what: str) 
         pytest.skip(results[0]["skip"])
     assert len(results) == len(request)
     return results
+
+
+# ----------------------------------------------------------------------------------
+# Packed variable-length sequences (attention_varlen): a loop over the sequences
+# ----------------------------------------------------------------------------------
+def offsets(lengths, device="cpu") -> torch.Tensor:
+    """cu_seqlens of ``lengths``: int32, 0 first."""
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return torch.tensor(cu, dtype=torch.int32, device=device)
+
+
+@dataclasses.dataclass(frozen=True)
+class VarlenCase:
+    """One attention_varlen call to check: the sequence lengths of the pack, dtype,
+    masking, configs."""
+
+    dtype: str
+    causal: bool
+    lens_q: tuple[int, ...]
+    lens_k: tuple[int, ...]
+    head_dim: int
+    heads: tuple[int, int] = (4, 2)
+    configs: tuple[FwdConfig, BwdConfig] | None = None  # None: the defaults
+    window: tuple[int, int] | None = None
+    softcap: float | None = None
+
+    def __str__(self) -> str:
+        parts = [self.dtype, "causal" if self.causal else "full", "q" + ".".join(map(str, self.lens_q)),
+                 "k" + ".".join(map(str, self.lens_k)), f"d{self.head_dim}", "h{}kv{}".format(*self.heads)]
+        if self.configs is None:
+            parts.append("default")
+        else:
+            fwd, bwd = self.configs
+            parts.append(f"fwd{fwd.BLOCK_M}x{fwd.BLOCK_N}-"
+                         f"bwd{bwd.BLOCK_M1}x{bwd.BLOCK_N1}.{bwd.BLOCK_M2}x{bwd.BLOCK_N2}")
+            if bwd.atomic_dq:
+                parts.append("atomic")
+            if fwd.tma or fwd.num_splits > 1 or bwd.tma or bwd.dkdv_split > 1:
+                parts.append("ignored-fields")
+        if self.window is not None:
+            parts.append("window{}.{}".format(*self.window))
+        if self.softcap is not None:
+            parts.append(f"softcap{self.softcap:g}")
+        return "-".join(parts)
+
+
+def varlen_inputs(case: VarlenCase, device):
+    """Leaf packed q, k, v (requiring grad) and dO for a case, seeded by its name."""
+    gen = torch.Generator().manual_seed(zlib.crc32(str(case).encode()))
+    dtype = DTYPES[case.dtype][0]
+    hq, hkv = case.heads
+    tq, tk, d = sum(case.lens_q), sum(case.lens_k), case.head_dim
+    scale = 3.0 if case.softcap else 1.0  # scores past the cap
+    q, k, v, do = (torch.randn(n, h, d, generator=gen) * s for n, h, s in
+                   ((tq, hq, scale), (tk, hkv, scale), (tk, hkv, 1.0), (tq, hq, 1.0)))
+    q, k, v, do = (x.to(device=device, dtype=dtype) for x in (q, k, v, do))
+    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do
+
+
+def _heads_first(t: torch.Tensor) -> torch.Tensor:
+    """(n, H, D) rows of one sequence as a (1, H, n, D) batch."""
+    return t.transpose(0, 1).unsqueeze(0)
+
+
+def loop_reference(q, k, v, do, lens_q, lens_k, *, causal, sm_scale=None, dtype=torch.float64, window=None,
+                   softcap=None, grads: bool = True) -> Outputs:
+    """reference_attention per sequence (bottom-right), in ``dtype``, concatenated; lse
+    (Hq, total_q). A sequence without queries adds nothing; queries without keys get o 0,
+    lse -inf and dq 0; keys without queries dk = dv = 0. ``grads=False``: o and lse only
+    (the gradients None)."""
+    qr, kr, vr = (x.detach().to(dtype).requires_grad_(grads) for x in (q, k, v))
+    cq, ck = offsets(lens_q).tolist(), offsets(lens_k).tolist()
+    outs, lses = [], []
+    for b, (nq, nk) in enumerate(zip(lens_q, lens_k)):
+        if nq == 0:
+            continue
+        if nk == 0:
+            outs.append(torch.zeros(nq, q.shape[1], q.shape[2], dtype=dtype, device=q.device))
+            lses.append(torch.full((q.shape[1], nq), -math.inf, dtype=dtype, device=q.device))
+            continue
+        o, lse = reference_attention(*(_heads_first(x[c[b]:c[b + 1]]) for x, c in ((qr, cq), (kr, ck), (vr, ck))),
+                                     causal=causal, sm_scale=sm_scale, dtype=dtype, causal_align="bottom_right",
+                                     window_size=window, softcap=softcap)
+        outs.append(o[0].transpose(0, 1))
+        lses.append(lse[0])
+    o, lse = torch.cat(outs), torch.cat(lses, dim=1)
+    if not grads:
+        return Outputs(o.detach(), lse.detach(), None, None, None)
+    g = torch.autograd.grad(o, (qr, kr, vr), do.to(dtype), allow_unused=True)
+    dq, dk, dv = (torch.zeros_like(x) if g_x is None else g_x for g_x, x in zip(g, (qr, kr, vr)))
+    return Outputs(o.detach(), lse.detach(), dq, dk, dv)
+
+
+def _max_score(q, k, case: VarlenCase) -> float:
+    """max |S| a query sees over the sequences (fp32 cases; kernel_checks.recompute_slack)."""
+    cq, ck = offsets(case.lens_q).tolist(), offsets(case.lens_k).tolist()
+    scores = [max_visible_score(_heads_first(q[cq[b]:cq[b + 1]]), _heads_first(k[ck[b]:ck[b + 1]]), None,
+                                case.causal, "bottom_right", case.window)
+              for b, (nq, nk) in enumerate(zip(case.lens_q, case.lens_k)) if nq and nk]
+    return max(scores, default=0.0)
+
+
+def check_varlen(case: VarlenCase, device) -> dict:
+    """attention_varlen forward and backward against ``loop_reference`` by the rule of
+    ``check_attention``: float64 truth, the same loop in the input's dtype as baseline
+    (float16 for tf32 dots), for the log-sum-exp (kept in fp32 by the kernels) in float32;
+    the log-sum-exp (Hq, total_q) -inf exactly on the rows without keys. Returns the max
+    errors by name."""
+    q, k, v, do = varlen_inputs(case, device)
+    dtype, precision = DTYPES[case.dtype]
+    fwd, bwd = case.configs or (None, None)
+    o, lse = attention_varlen(q, k, v, offsets(case.lens_q, device), offsets(case.lens_k, device),
+                              max(case.lens_q), max(case.lens_k), causal=case.causal, fwd_config=fwd, bwd_config=bwd,
+                              return_lse=True, fp32_precision=precision, window_size=case.window,
+                              softcap=case.softcap)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    hq = case.heads[0]
+    assert o.shape == q.shape and o.dtype == q.dtype
+    assert lse.shape == (hq, q.shape[0]) and lse.dtype == torch.float32, (lse.shape, lse.dtype)
+    for grad, x in ((dq, q), (dk, k), (dv, v)):
+        assert grad.shape == x.shape and grad.dtype == x.dtype
+
+    args = dict(causal=case.causal, window=case.window, softcap=case.softcap)
+    truth = loop_reference(q, k, v, do, case.lens_q, case.lens_k, **args)
+    low = loop_reference(q, k, v, do, case.lens_q, case.lens_k,
+                         dtype=baseline_dtype(dtype, tf32=uses_tf32(dtype, device, precision)), **args)
+    lse32 = low.lse if low.o.dtype == torch.float32 else \
+        loop_reference(q, k, v, do, case.lens_q, case.lens_k, dtype=torch.float32, grads=False, **args).lse
+    tol = tolerance(case.dtype, device)
+    empty = torch.isneginf(truth.lse)
+    assert torch.equal(torch.isneginf(lse), empty), "lse: -inf exactly on the rows that see no key"
+    errors = {"lse": assert_close_to_reference("lse", *(x.masked_fill(empty, 0.0) for x in (lse, truth.lse, lse32)),
+                                               tol=tol, lse=True)}
+    s_max = _max_score(q, k, case) if dtype == torch.float32 else 0.0
+    if case.softcap:
+        s_max = min(s_max, case.softcap)
+    for name, ours in (("o", o), ("dq", dq), ("dk", dk), ("dv", dv)):
+        slack = 0.0 if name == "o" else recompute_slack(s_max, getattr(truth, name))
+        errors[name] = assert_close_to_reference(name, ours, getattr(truth, name), getattr(low, name), tol=tol,
+                                                 extra=slack)
+    return errors

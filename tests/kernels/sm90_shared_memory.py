@@ -2,9 +2,9 @@
 
 Run as a script with TRITON_INTERPRET unset (the interpreter replaces the kernels by
 Python functions). Reads a JSON list of {"pass", "config", "head_dim", "dtype",
-"causal"} (optionally "softcap", "window": the SOFTCAP/WINDOW variants) on stdin and prints one JSON line per item with the compiled kernels'
-shared memory in bytes ("shared": one number per kernel), or "skip" when this triton
-cannot compile for sm_90 here. The launches' specialisations are mimicked for
+"causal"} (optionally "softcap", "window", "varlen": the SOFTCAP/WINDOW/VARLEN variants) on
+stdin and prints one JSON line per item with the compiled kernels' shared memory in bytes
+("shared": one number per kernel), or "skip" when this triton cannot compile for sm_90 here. The launches' specialisations are mimicked for
 contiguous tensors: unit head-dim strides, 16-byte aligned pointers and strides.
 """
 
@@ -51,34 +51,39 @@ def compile_shared(item: dict) -> list[int]:
         # a TMA config's descriptor argument (4-d, one [rows, BLOCK_D] tile of a head); else the pointer
         return f"tensordesc<{pointer[1:]}[1,1,{rows},{padded_head_dim(D)}]>" if tma else pointer
 
+    varlen = bool(item.get("varlen"))  # packed sequences: pointer loads (tma ignored), no split dK/dV
     common = {"CAUSAL": item["causal"], "HEAD_DIM": D, "BLOCK_D": padded_head_dim(D),
               "PRECISION": "tf32" if item["dtype"] == "float32" else "ieee", "INT64": False,
-              "SOFTCAP": bool(item.get("softcap")), "WINDOW": bool(item.get("window"))}
+              "SOFTCAP": bool(item.get("softcap")), "WINDOW": bool(item.get("window")), "VARLEN": varlen}
+    cu = dict.fromkeys(("CU_Q", "CU_K"), "*i32" if varlen else "*fp32")  # unused without varlen
     if item["pass"] == "fwd":
         cfg = FwdConfig.from_dict(item["config"])
-        pointers = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32"}
-        pointers.update(DescK=desc(cfg.BLOCK_N, cfg.tma), DescV=desc(cfg.BLOCK_N, cfg.tma))
+        tma = cfg.tma and not varlen
+        pointers = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32", **cu}
+        pointers.update(DescK=desc(cfg.BLOCK_N, tma), DescV=desc(cfg.BLOCK_N, tma))
         kernels = [(forward._attn_fwd_kernel, pointers,
-                    {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "TMA": bool(cfg.tma),
+                    {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "TMA": bool(tma),
                      "SCALE_POSITIVE": not item.get("softcap")})]
     else:
         cfg = BwdConfig.from_dict(item["config"])
-        pointers = {"Q": p, "K": p, "V": p, "DO": p, "LSE": "*fp32", "DELTA": "*fp32"}
-        desc1, desc2 = desc(cfg.BLOCK_M1, cfg.tma), desc(cfg.BLOCK_N2, cfg.tma)
-        tma_dq = cfg.atomic_dq and cfg.tma  # dQ's bulk reduce-adds through a descriptor
+        tma = cfg.tma and not varlen
+        pointers = {"Q": p, "K": p, "V": p, "DO": p, "LSE": "*fp32", "DELTA": "*fp32", **cu}
+        desc1, desc2 = desc(cfg.BLOCK_M1, tma), desc(cfg.BLOCK_N2, tma)
+        tma_dq = cfg.atomic_dq and tma  # dQ's bulk reduce-adds through a descriptor
         dkdv = {**pointers, "DQA": "*fp32", "DescQ": desc1, "DescDO": desc1,
                 "DescDQA": desc(cfg.BLOCK_M1, tma_dq, "*fp32")}
         dkdv_blocks = {"BLOCK_M": cfg.BLOCK_M1, "BLOCK_N": cfg.BLOCK_N1, "ATOMIC_DQ": bool(cfg.atomic_dq),
-                       "TMA": bool(cfg.tma), "TMA_DQ": bool(tma_dq)}
-        # the dK/dV kernel storing dK/dV, and (dkdv_split) storing fp32 partials
+                       "TMA": bool(tma), "TMA_DQ": bool(tma_dq)}
+        # the dK/dV kernel storing dK/dV, and (dkdv_split, never with varlen) storing fp32 partials
         kernels = [(backward._bwd_dkdv_kernel, {**dkdv, "DK": p, "DV": p}, {**dkdv_blocks, "PARTIAL": False},
-                    (cfg.num_warps, cfg.num_stages)),
-                   (backward._bwd_dkdv_kernel, {**dkdv, "DK": "*fp32", "DV": "*fp32"},
-                    {**dkdv_blocks, "PARTIAL": True}, (cfg.num_warps, cfg.num_stages)),
-                   # the dQ kernel also runs for an atomic config under deterministic mode
-                   (backward._bwd_dq_kernel, {**pointers, "DQ": p, "DescK": desc2, "DescV": desc2},
-                    {"BLOCK_M": cfg.BLOCK_M2, "BLOCK_N": cfg.BLOCK_N2, "TMA": bool(cfg.tma)},
-                    (cfg.dq_num_warps, cfg.dq_num_stages))]
+                    (cfg.num_warps, cfg.num_stages))]
+        if not varlen:
+            kernels.append((backward._bwd_dkdv_kernel, {**dkdv, "DK": "*fp32", "DV": "*fp32"},
+                            {**dkdv_blocks, "PARTIAL": True}, (cfg.num_warps, cfg.num_stages)))
+        # the dQ kernel also runs for an atomic config under deterministic mode
+        kernels.append((backward._bwd_dq_kernel, {**pointers, "DQ": p, "DescK": desc2, "DescV": desc2},
+                        {"BLOCK_M": cfg.BLOCK_M2, "BLOCK_N": cfg.BLOCK_N2, "TMA": bool(tma)},
+                        (cfg.dq_num_warps, cfg.dq_num_stages)))
     shared = []
     for fn, pointers, blocks, (warps, stages) in (kernels if item["pass"] != "fwd" else
                                                   [(*k, (cfg.num_warps, cfg.num_stages)) for k in kernels]):

@@ -23,9 +23,11 @@ import pytest
 import torch
 from kernel_checks import (
     Case,
+    VarlenCase,
     assert_close_to_reference,
     case_inputs,
     check_attention,
+    check_varlen,
     reference_outputs,
     sdpa_outputs,
     tolerance,
@@ -387,4 +389,38 @@ def test_window(case, gpu_memory_turn):
         errors = check_attention(q, k, v, do, dtype_name=case.dtype, causal=case.causal, fwd_config=case.fwd,
                                  bwd_config=case.bwd, causal_align=case.causal_align, window=case.window,
                                  cross_check_reference=case.n_q * case.n_k <= CROSS_CHECK_MAX_SCORES)
+    print(case, {name: f"{e:.2e}" for name, e in errors.items()})
+
+
+# documents of a packed batch, 100..3000 tokens, odd lengths (and one of a single token)
+DOCS = (100, 3000, 517, 1999, 1, 2048, 777, 1234)
+# chunked prefill: new queries over their documents' cached keys; a document without new
+# queries, one without keys, one decode step
+CHUNKS_Q = (100, 0, 300, 1, 512, 64, 2000, 7)
+CHUNKS_K = (1000, 50, 300, 1024, 512, 3000, 2000, 0)
+
+
+def _varlen() -> list[VarlenCase]:
+    """Packed variable-length batches at real sizes (attention_varlen): 8 documents of
+    100..3000 tokens, D=64/128, grouped heads, causal and not, the default configs and an
+    atomic-dQ one (whose tma varlen ignores), chunked prefill (fewer queries than keys,
+    empty sequences), a sliding window, a softcap, fp16."""
+    atomic = (FwdConfig(128, 64, 8, 3), BwdConfig(64, 128, 128, 64, 8, 3, 8, 3, atomic_dq=1, tma=1))
+    return [VarlenCase("bf16", True, DOCS, DOCS, 128, heads=(32, 8)),
+            VarlenCase("bf16", False, DOCS, DOCS, 128, heads=(32, 8)),
+            VarlenCase("bf16", True, DOCS, DOCS, 64, heads=(16, 2)),
+            VarlenCase("bf16", False, DOCS, DOCS, 64, heads=(8, 8)),
+            VarlenCase("bf16", True, DOCS, DOCS, 128, heads=(32, 8), configs=atomic),
+            VarlenCase("bf16", True, CHUNKS_Q, CHUNKS_K, 128, heads=(16, 2)),
+            VarlenCase("bf16", False, CHUNKS_Q, CHUNKS_K, 64, heads=(8, 1)),
+            VarlenCase("bf16", True, DOCS, DOCS, 128, heads=(32, 8), window=(256, -1)),
+            VarlenCase("bf16", True, DOCS, DOCS, 128, heads=(16, 8), softcap=50.0),
+            VarlenCase("fp16", True, DOCS, DOCS, 64, heads=(8, 2))]
+
+
+@pytest.mark.parametrize("case", _varlen(), ids=str)
+def test_varlen(case, gpu_memory_turn):
+    # the float64 loop holds one document's scores at a time: a few GiB at most
+    with gpu_memory_turn(True):
+        errors = check_varlen(case, torch.device("cuda"))
     print(case, {name: f"{e:.2e}" for name, e in errors.items()})

@@ -107,3 +107,23 @@ def test_the_window_kernels_compile_for_sm90_within_the_estimate():
     results = _compile_for_sm90(request)
     for (p, cfg, d), res in zip(items, results):
         assert max(res["shared"]) <= SM90_SHARED_MEMORY, (p, d, cfg.short(), res["shared"])
+
+
+def test_the_varlen_kernels_compile_for_sm90_within_the_estimate():
+    """The packed variable-length variants (VARLEN: each program's sequence bounds read
+    from cu_seqlens, an early exit past its end, pointer loads only, no split dK/dV) of the
+    sm_90 defaults at D=64/128/256 and of an atomic-dQ config compile for the H200 without a
+    GPU, causal and not, with a window and softcap on some, and need no more shared memory
+    than validate() allows for."""
+    fwd_table, bwd_table = config_mod.HEURISTICS[(9, 0)]
+    items = [(p, cfg, d) for p, table in (("fwd", fwd_table), ("bwd", bwd_table))
+             for (dtype, d, *rest), cfg in table.items() if dtype == torch.bfloat16 and d in (64, 128, 256)
+             and not rest]
+    items.append(("bwd", BwdConfig(64, 64, 64, 64, 8, 3, atomic_dq=1, tma=1), 128))  # tma ignored
+    assert len(items) >= 7
+    request = [{"pass": p, "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": i % 2 == 0,
+                "window": i % 3 == 1, "softcap": i % 4 == 3, "varlen": True} for i, (p, cfg, d) in enumerate(items)]
+    results = _compile_for_sm90(request)
+    for (p, cfg, d), res in zip(items, results):
+        assert len(res["shared"]) == (1 if p == "fwd" else 2)  # no partial-sum dK/dV kernel
+        assert max(res["shared"]) <= SM90_SHARED_MEMORY, (p, d, cfg.short(), res["shared"])
