@@ -184,14 +184,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     ``softcap`` (a positive number; None: off) caps the scaled scores at
     ``softcap * tanh(scores / softcap)`` before the softmax, in the forward and backward
-    (Gemma-2's attention logit softcapping); not under torch.compile yet.
+    (Gemma-2's attention logit softcapping).
 
     ``window_size=(left, right)`` is FlashAttention's sliding window (Mistral's, Gemma-2's
     local layers): query i sees key j iff diag - left <= j <= diag + right, diag being i's
     diagonal in the ``causal_align`` frame (i, or i + seq_k - seq_q bottom-right); -1 leaves
     a side unbounded, None or (-1, -1) is no window. With ``causal`` right is capped at 0.
     Key blocks outside the window are skipped, not masked; queries that see no key get 0
-    as above. Not under torch.compile yet.
+    as above.
 
     Returns o, or (o, lse) with ``return_lse=True``: lse is (batch, heads_q, seq_q) float32,
     the natural-log log-sum-exp of the scaled scores of each query row. Gradients flow
@@ -204,18 +204,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                          causal_align=causal_align)
     cap = check_softcap(softcap)
     window = check_window(window_size)
-    if compiling and cap:
-        raise NotImplementedError("softcap: not supported under torch.compile yet (flashtune's compiled operator "
-                                  "has no softcap); call flashtune.attention outside the compiled region")
-    if compiling and window:
-        raise NotImplementedError("window_size: not supported under torch.compile yet (flashtune's compiled "
-                                  "operator has no window); call flashtune.attention outside the compiled region")
     if compiling:  # one traceable operator per pass, configs resolved in it on the real shapes (kernels/ops.py)
         from flashtune.kernels.ops import compiled_attention
 
         o, lse2 = compiled_attention(q, k, v, causal=causal, sm_scale=scale, fwd_config=fwd_config,
                                      bwd_config=bwd_config, fp32_precision="" if fp32_precision is None else fp32_precision,
-                                     causal_align=causal_align)
+                                     causal_align=causal_align, softcap=cap, window_size=window)
     else:
         fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):

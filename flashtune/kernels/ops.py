@@ -73,16 +73,24 @@ def table_token(attention) -> str:
 
 @torch.library.custom_op("flashtune::attention", mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float,
-                 fwd_config: str, bwd_config: str, fp32_precision: str, causal_align: str, table: str
+                 fwd_config: str, bwd_config: str, fp32_precision: str, causal_align: str, table: str,
+                 softcap: float = 0.0, window_left: int = -1, window_right: int = -1
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward: (o, lse2), lse2 the base-2 log-sum-exp the backward takes."""
+    """Forward: (o, lse2), lse2 the base-2 log-sum-exp the backward takes. ``softcap`` 0: none;
+    the window's sides as ``flashtune.attention``'s window_size, (-1, -1): none."""
     fwd, _ = _configs(q, k, v, causal, sm_scale, fwd_config, bwd_config, table)
     return attention_forward(q, k, v, fwd, causal=causal, sm_scale=sm_scale,
-                             fp32_precision=fp32_precision or torch_fp32_precision(q.dtype), causal_align=causal_align)
+                             fp32_precision=fp32_precision or torch_fp32_precision(q.dtype), causal_align=causal_align,
+                             softcap=softcap, window_size=_window(window_left, window_right))
+
+
+def _window(left: int, right: int) -> tuple[int, int] | None:
+    return None if (left, right) == (-1, -1) else (left, right)
 
 
 @attention_op.register_fake
-def _attention_fake(q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, causal_align, table):
+def _attention_fake(q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, causal_align, table,
+                    softcap=0.0, window_left=-1, window_right=-1):
     # the launcher's outputs: o like q (its strides too), lse2 (B, Hq, Nq) contiguous fp32
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
@@ -90,18 +98,20 @@ def _attention_fake(q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_prec
 @torch.library.custom_op("flashtune::attention_backward", mutates_args=())
 def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                           lse2: torch.Tensor, causal: bool, sm_scale: float, fwd_config: str, bwd_config: str,
-                          fp32_precision: str, causal_align: str, table: str
+                          fp32_precision: str, causal_align: str, table: str, softcap: float = 0.0,
+                          window_left: int = -1, window_right: int = -1
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward: (dq, dk, dv) in the layouts of q, k and v."""
     _, bwd = _configs(q, k, v, causal, sm_scale, fwd_config, bwd_config, table)
     return attention_backward(do, q, k, v, o, lse2, bwd, causal=causal, sm_scale=sm_scale,
                               fp32_precision=fp32_precision or torch_fp32_precision(q.dtype),
-                              causal_align=causal_align)
+                              causal_align=causal_align, softcap=softcap,
+                              window_size=_window(window_left, window_right))
 
 
 @attention_backward_op.register_fake
 def _attention_backward_fake(do, q, k, v, o, lse2, causal, sm_scale, fwd_config, bwd_config, fp32_precision,
-                             causal_align, table):
+                             causal_align, table, softcap=0.0, window_left=-1, window_right=-1):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -109,7 +119,7 @@ def _setup_context(ctx, inputs, output) -> None:
     q, k, v, *arguments = inputs
     o, lse2 = output
     ctx.save_for_backward(q, k, v, o, lse2)
-    ctx.arguments = tuple(arguments)  # causal ... table: the backward operator's arguments after lse2
+    ctx.arguments = tuple(arguments)  # causal ... window_right: the backward operator's arguments after lse2
     ctx.mark_non_differentiable(lse2)
 
 
@@ -123,10 +133,13 @@ attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def compiled_attention(q, k, v, *, causal: bool, sm_scale: float, fwd_config, bwd_config, fp32_precision: str,
-                       causal_align: str = "top_left", table: str = "") -> tuple[torch.Tensor, torch.Tensor]:
-    """The operator call for checked inputs and configs (None: chosen, and validated, at run time)."""
+                       causal_align: str = "top_left", table: str = "", softcap: float = 0.0,
+                       window_size: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The operator call for checked inputs, configs (None: chosen, and validated, at run time),
+    softcap (0: none) and window (check_window's form)."""
     for name, config, cls in (("fwd_config", fwd_config, FwdConfig), ("bwd_config", bwd_config, BwdConfig)):
         if config is not None and not isinstance(config, cls):
             raise TypeError(f"{name}: expected a {cls.__name__} or None, got {type(config).__name__}")
+    left, right = window_size or (-1, -1)
     return attention_op(q, k, v, causal, sm_scale, config_json(fwd_config), config_json(bwd_config),
-                        fp32_precision, causal_align, table)
+                        fp32_precision, causal_align, table, softcap, left, right)

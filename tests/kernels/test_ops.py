@@ -58,6 +58,35 @@ def test_operators_pass_opcheck(causal):
                            "top_left", ""))
 
 
+def test_operators_with_softcap_and_a_window_pass_opcheck():
+    q, k, v = qkv(requires_grad=True)
+    config = ops.config_json(FwdConfig(16, 16, 4, 1))
+    args = (q, k, v, True, 0.25, config, "", "ieee", "top_left", "", 5.0, 6, 0)
+    torch.library.opcheck(torch.ops.flashtune.attention.default, args)
+    o, lse2 = torch.ops.flashtune.attention(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
+    torch.library.opcheck(torch.ops.flashtune.attention_backward.default,
+                          (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o, lse2, True, 0.25, config, "",
+                           "ieee", "top_left", "", 5.0, 6, 0))
+
+
+def test_softcap_and_a_window_compile_whole_and_match_eager():
+    """A Gemma-2-style layer (softcap, a local window) under torch.compile(fullgraph=True):
+    the operator carries both; the numbers are eager's, for outputs and gradients."""
+    check_compiled_training(TwoLayers(lambda q, k, v: flashtune.attention(q, k, v, causal=True, softcap=3.0,
+                                                                          window_size=(9, 0))))
+    # and the window and the cap really apply: a compiled call differs from one without them
+    q, k, v = (x * 4 for x in qkv(n_q=40, n_k=40))
+    plain = torch.compile(lambda q, k, v: flashtune.attention(q, k, v, causal=True), fullgraph=True,
+                          backend=BACKEND)(q, k, v)
+    torch._dynamo.reset()
+    capped = torch.compile(lambda q, k, v: flashtune.attention(q, k, v, causal=True, softcap=3.0, window_size=(9, 0)),
+                           fullgraph=True, backend=BACKEND)(q, k, v)
+    ref, _ = flashtune.kernels.reference_attention(q, k, v, causal=True, softcap=3.0, window_size=(9, 0),
+                                                   dtype=torch.float64)
+    torch.testing.assert_close(capped.double(), ref, atol=2e-2 if DTYPE == torch.bfloat16 else 1e-4, rtol=0)
+    assert (plain - capped).abs().max() > 0.1
+
+
 def test_the_operator_runs_the_config_it_is_given(operator_forward_configs):
     seen = operator_forward_configs
     q, k, v = qkv()
