@@ -129,8 +129,9 @@ class KeySearch:
 
     def warm_start(self) -> list:
         """The default and the stored winners of the key's family first (nearest seq len
-        first), the default's structural neighbours, then a few winners of related keys;
-        all of the valid space when it fits the budget."""
+        first), the default's structural neighbours, the architecture's heuristic entries for
+        other shapes (``portfolio``), then a few winners of related keys; all of the valid
+        space when it fits the budget."""
         from flashtune.store import ResultFilter
 
         store, key = self.bench.store, self.key

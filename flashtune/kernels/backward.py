@@ -28,10 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (VARLEN_SIZES, WINDOW_SIDES, Varlen, block_offsets, causal_offset, cdiv,
+from flashtune.kernels.common import (VARLEN_SIZES, WINDOW_SIDES, Varlen, block_offsets, call_geometry, cdiv,
                                       dot_precision, kernel_strides, key_range, load_tile, needs_int64, on_device,
                                       packed_sequence, score_scales, sm_count, softcap_log2_scores, store_tile,
-                                      tma_descriptors, tma_tile, window_bounds, window_range)
+                                      tma_descriptors, tma_tile, window_range)
 from flashtune.kernels.config import BwdConfig, dkdv_split, padded_head_dim
 
 
@@ -400,15 +400,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     a zeroed buffer, cast at the end; with ``config.tma`` on sm_90+ one TMA bulk reduce-add
     per tile) and the dQ kernel does not run, unless torch's deterministic algorithms are on.
     """
-    if varlen is None:
-        B, H, N_Q, D = q.shape
-        H_KV, N_K = k.shape[1], k.shape[2]
-    else:  # the grid covers the longest sequence; the kernels read each one's bounds
-        _, H, D = q.shape
-        H_KV = k.shape[1]
-        B, N_Q, N_K = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
-    window = window_bounds(window_size, causal, N_Q, N_K)
-    off = causal_offset(causal_align, N_Q, N_K) if (causal or window) and varlen is None else 0
+    B, H, H_KV, N_Q, N_K, D, window, off = call_geometry(q, k, varlen, causal, causal_align, window_size)
     BLOCK_D = padded_head_dim(D)
     precision = dot_precision(q.dtype, fp32_precision)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

@@ -249,6 +249,23 @@ def window_bounds(window_size, causal: bool, n_q: int, n_k: int) -> tuple[int, i
     return (far if left < 0 else min(left, far)), (far if right < 0 else min(right, far))
 
 
+def call_geometry(q: torch.Tensor, k: torch.Tensor, varlen: Varlen | None, causal: bool, causal_align: str,
+                  window_size) -> tuple[int, int, int, int, int, int, tuple[int, int] | None, int]:
+    """What both passes' launchers derive from a call: (B, H, H_KV, N_Q, N_K, D, the
+    kernels' window (window_bounds), the diagonal offset). With ``varlen`` the lengths are
+    the longest sequence's (the grid's) and the offset 0: the kernels align each sequence
+    bottom-right from its own lengths."""
+    if varlen is None:
+        B, H, N_Q, D = q.shape
+        N_K = k.shape[2]
+    else:
+        _, H, D = q.shape
+        B, N_Q, N_K = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
+    window = window_bounds(window_size, causal, N_Q, N_K)
+    off = causal_offset(causal_align, N_Q, N_K) if (causal or window) and varlen is None else 0
+    return B, H, k.shape[1], N_Q, N_K, D, window, off
+
+
 def window_blocks(first: int, last: int, n: int, block: int, off: int, left: int, right: int
                   ) -> tuple[int, int, int, int]:
     """Blocks of ``block`` positions along an axis of length ``n`` that rows [first, last]

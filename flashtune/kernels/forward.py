@@ -21,10 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (VARLEN_SIZES, WINDOW_SIDES, Varlen, block_offsets, causal_offset, dot_precision,
+from flashtune.kernels.common import (VARLEN_SIZES, WINDOW_SIDES, Varlen, block_offsets, call_geometry, dot_precision,
                                       kernel_strides, key_range, load_tile, needs_int64, on_device, packed_sequence,
                                       score_scales, softcap_log2_scores, store_tile, tma_descriptors, tma_tile,
-                                      window_blocks, window_bounds, window_range)
+                                      window_blocks, window_range)
 from flashtune.kernels.config import FwdConfig, padded_head_dim
 
 
@@ -199,14 +199,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for natural log);
     with ``varlen``, (Hq, total_q).
     """
-    if varlen is None:
-        B, H, N_Q, D = q.shape
-        N_K = k.shape[2]
-    else:  # the grid covers the longest sequence; the kernel reads each one's bounds
-        _, H, D = q.shape
-        B, N_Q, N_K = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
-    window = window_bounds(window_size, causal, N_Q, N_K)
-    off = causal_offset(causal_align, N_Q, N_K) if (causal or window) and varlen is None else 0
+    B, H, _, N_Q, N_K, D, window, off = call_geometry(q, k, varlen, causal, causal_align, window_size)
     key_blocks = None
     if window and varlen is None:  # the split kernel chunks only the key blocks some query reaches
         lo, _, _, hi = window_blocks(0, N_Q - 1, N_K, config.BLOCK_N, off, *window)

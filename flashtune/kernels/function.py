@@ -212,15 +212,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                                      causal_align=causal_align, softcap=cap, window_size=window)
     else:
         fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal)
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            o, lse2 = FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision, causal_align,
-                                                   cap, window)
-        else:  # nothing to differentiate: the launcher alone, without autograd's cost per call
-            o, lse2 = attention_forward(q, k, v, fwd, causal=causal, sm_scale=scale, fp32_precision=fp32_precision,
-                                        causal_align=causal_align, softcap=cap, window_size=window)
+        o, lse2 = _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, causal_align, cap, window)
     if return_lse:
         return o, lse2 * LN2
     return o
+
+
+def _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, causal_align, cap, window, varlen=None):
+    """(o, lse2) of checked inputs and configs: through autograd where a gradient is wanted,
+    else the launcher alone, without autograd's cost per call."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision, causal_align, cap,
+                                            window, varlen)
+    return attention_forward(q, k, v, fwd, causal=causal, sm_scale=scale, fp32_precision=fp32_precision,
+                             causal_align=causal_align, softcap=cap, window_size=window, varlen=varlen)
 
 
 # CUDA caps grid z (the varlen kernels' sequence axis) at 65535
@@ -335,12 +340,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     cap = check_softcap(softcap)
     window = check_window(window_size)
     fwd, bwd = resolve_configs(q.unsqueeze(0).transpose(1, 2), fwd_config, bwd_config, causal, varlen=True)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        o, lse2 = FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision, "bottom_right",
-                                               cap, window, varlen)
-    else:
-        o, lse2 = attention_forward(q, k, v, fwd, causal=causal, sm_scale=scale, fp32_precision=fp32_precision,
-                                    causal_align="bottom_right", softcap=cap, window_size=window, varlen=varlen)
+    o, lse2 = _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, "bottom_right", cap, window, varlen)
     if return_lse:
         return o, lse2 * LN2
     return o
