@@ -15,7 +15,7 @@ _KERNEL_DIR = Path(__file__).parent / "kernels"
 # heuristic tables, search space, input checks and reference live beside them and may
 # change without making stored results stale. (A change to how a stored config maps to
 # a launch, e.g. a config field's default in config.py, shows in the launchers too.)
-KERNEL_FILES = ("common.py", "forward.py", "backward.py", "decode.py")
+KERNEL_FILES = ("common.py", "forward.py", "backward.py", "decode.py", "gluon_forward.py")
 
 
 @functools.lru_cache(maxsize=1)

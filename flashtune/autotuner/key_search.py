@@ -9,7 +9,7 @@ import time
 
 from flashtune.autotuner.ledger import Ledger
 from flashtune.autotuner.study import KeyStudy
-from flashtune.kernels.config import ConfigError, default_config, portfolio
+from flashtune.kernels.config import ConfigError, default_config, family_defaults, portfolio
 from flashtune.kernels.space import default_neighbours, valid_candidates
 from flashtune.keys import GpuInfo, TuningKey, key_distance
 from flashtune.outcome import Outcome
@@ -141,6 +141,7 @@ class KeySearch:
         first += [r.config for r in family]
         if self.default is not None:
             first += default_neighbours(self.default)
+        first += family_defaults(key.pass_, key.head_dim, self.dtype, self.bench.device)  # the Gluon kernel's
         # Winners of related keys (same GPU, dtype and pass; the other masking first, then
         # other head dims; nearest seq len first): one key's winner is often near the best
         # of another, and a few trials settle it. At most an eighth of the budget.

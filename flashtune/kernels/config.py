@@ -232,6 +232,16 @@ class FwdConfig(_ConfigBase):
     With either in effect the split kernel runs; its row block is BLOCK_M, shrunk to the
     power of two (at least 16) that covers the packed rows. Configs stored before these
     fields existed load with the auto defaults, which run their shapes as before.
+
+    The kernel family, ``family``: 0 (the default) the Triton kernel above; 1 the Gluon
+    warp-specialised kernel for sm_90 (kernels/gluon_forward.py: a TMA producer warp and
+    two consumer warp groups, each of BLOCK_M query rows, so a program covers 2 x BLOCK_M
+    rows; num_stages is its K/V ring's slot count; ``pingpong`` 1 makes the consumers take
+    turns issuing their QK^T). A Gluon config validates only for head dims 64 and 128,
+    float16/bfloat16 and a device of compute capability 9.0, so the search never tries it
+    and the dispatcher never serves it anywhere else; num_warps, tma and the schedule do
+    not apply to it (its canonical form fixes them). A call the Gluon kernel cannot run
+    (a window, a softcap, packed sequences) runs the Triton kernel with the same blocks.
     """
 
     BLOCK_M: int
@@ -241,17 +251,41 @@ class FwdConfig(_ConfigBase):
     tma: int = 0
     num_splits: int = 0
     pack_gqa: int = -1
+    family: int = 0
+    pingpong: int = 1
 
     PASS: ClassVar[str] = "fwd"
 
     def __post_init__(self) -> None:
-        self._flags_as_ints("tma", "pack_gqa")
+        self._flags_as_ints("tma", "pack_gqa", "family", "pingpong")
 
     def label(self) -> str:
-        """Compact: ``BLOCK_MxBLOCK_N wW sS``, `` tma`` when tiles load through TMA."""
-        shown = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma")
+        """Compact: ``BLOCK_MxBLOCK_N wW sS``, `` tma`` when tiles load through TMA; a Gluon
+        config ``gluon 2xBLOCK_MxBLOCK_N bB``, `` pp`` with ping-pong."""
+        if self.family:
+            return f"gluon 2x{self.BLOCK_M}x{self.BLOCK_N} b{self.num_stages}{' pp' if self.pingpong else ''}"
+        shown = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma", "pingpong")
         return (f"{self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{' tma' if self.tma else ''}"
                 + self._extra_label(shown))
+
+    def canonical(self) -> "FwdConfig":
+        """The Triton kernel has no ping-pong (1 here); the Gluon kernel has a fixed warp count
+        (4 here), its own TMA loads (0 here) and no split schedule (1 split, no packing)."""
+        if self.family:
+            return dataclasses.replace(self, num_warps=4, tma=0, num_splits=1, pack_gqa=0)
+        return self if self.pingpong == 1 else dataclasses.replace(self, pingpong=1)
+
+    def gluon(self):
+        """The Gluon kernel's own config class for this config (kernels/gluon_forward.py)."""
+        from flashtune.kernels.gluon_forward import GluonFwdConfig
+
+        return GluonFwdConfig(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, NUM_BUFFERS=self.num_stages,
+                              PINGPONG=self.pingpong)
+
+    def as_triton(self) -> "FwdConfig":
+        """The Triton kernel's config with these blocks and stages (for a call the Gluon
+        kernel cannot run): 4 warps, pointer loads, the auto schedule."""
+        return dataclasses.replace(self, family=0, num_warps=4, tma=0, num_splits=0, pack_gqa=-1, pingpong=1)
 
     def check_fields(self) -> None:
         _check_block("BLOCK_M", self.BLOCK_M)
@@ -264,6 +298,8 @@ class FwdConfig(_ConfigBase):
                               f"got {self.num_splits!r}")
         if not isinstance(self.pack_gqa, int) or isinstance(self.pack_gqa, bool) or self.pack_gqa not in (-1, 0, 1):
             raise ConfigError(f"pack_gqa: expected -1 (auto), 0 or 1, got {self.pack_gqa!r}")
+        _check_flag("family", self.family)
+        _check_flag("pingpong", self.pingpong)
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         d, e = padded_head_dim(head_dim), _element_size(dtype)
@@ -276,8 +312,15 @@ class FwdConfig(_ConfigBase):
         return e * d * (self.BLOCK_M + 2 * self.num_stages * self.BLOCK_N) + 1024 * self.tma
 
     def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "FwdConfig":
-        """Raise ConfigError naming the field if this config cannot run; return self."""
+        """Raise ConfigError naming the field if this config cannot run; return self.
+
+        A Gluon config (``family=1``) is checked by GluonFwdConfig.validate on the device
+        (None: the current CUDA device, else the CPU), which must be a CUDA sm_90 one."""
         self.check_fields()
+        if self.family:
+            # no device: the current one, as device_capability reads it (the CPU without a GPU)
+            self.gluon().validate(head_dim, dtype, device if device is not None else resolve_device())
+            return self
         if self.tma:
             _check_tma(head_dim, dtype, device)
         _check_smem("FwdConfig", self.shared_memory(head_dim, dtype), device)
@@ -594,6 +637,24 @@ def portfolio(pass_: str, head_dim: int, dtype: torch.dtype, device=None) -> lis
             continue
         out.setdefault(cfg.canonical(), cfg)
     return list(out.values())
+
+
+def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) -> list:
+    """The starting config of each other kernel family that runs this head dim and dtype on
+    the device: the Gluon forward's default (gluon_forward.default_gluon_config) on sm_90.
+    The search times these first (key_search.warm_start), so the family is chosen per key
+    by measurement."""
+    config_class(pass_)
+    if pass_ != "fwd" or device_capability(device) != (9, 0) or dtype not in (_bf, _fp) or head_dim not in (64, 128):
+        return []
+    from flashtune.kernels.gluon_forward import default_gluon_config
+
+    g = default_gluon_config(head_dim)
+    cfg = FwdConfig(g.BLOCK_M, g.BLOCK_N, 4, g.NUM_BUFFERS, family=1, pingpong=g.PINGPONG).canonical()
+    try:
+        return [cfg.validate(head_dim, dtype, device)]
+    except ConfigError:
+        return []
 
 
 def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None,

@@ -199,6 +199,11 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for natural log);
     with ``varlen``, (Hq, total_q).
     """
+    if config.family:
+        if window_size is None and not softcap and varlen is None:
+            return _gluon_forward(q, k, v, config, causal=causal, sm_scale=sm_scale, compile_only=compile_only,
+                                  causal_align=causal_align)
+        config = config.as_triton()  # what the Gluon kernel lacks runs on the Triton kernel, same blocks
     B, H, _, N_Q, N_K, D, window, off = call_geometry(q, k, varlen, causal, causal_align, window_size)
     key_blocks = None
     if window and varlen is None:  # the split kernel chunks only the key blocks some query reaches
@@ -235,6 +240,19 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
             grid=grid, warmup=compile_only,
         )
     return o, lse2
+
+
+def _gluon_forward(q, k, v, config: FwdConfig, *, causal: bool, sm_scale: float, compile_only: bool,
+                   causal_align: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Gluon config's launch (kernels/gluon_forward.py, imported on first use: it loads
+    triton's Gluon). ``compile_only`` leaves the compile to the first launch: Gluon's
+    launcher has no warmup entry (the outputs are uninitialised either way)."""
+    from flashtune.kernels.gluon_forward import gluon_attention_forward
+
+    if compile_only:
+        return torch.empty_like(q), torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    return gluon_attention_forward(q, k, v, config.gluon(), causal=causal, sm_scale=sm_scale,
+                                   causal_align=causal_align)
 
 
 # The split kernel walks the keys with _fwd_inner above: imported once this module is whole.

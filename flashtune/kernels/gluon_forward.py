@@ -394,7 +394,8 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     config.validate(D, q.dtype, q.device)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
-    q, k, v = (t if _tma_addressable(t) else t.contiguous() for t in (q, k, v))
+    # a fresh copy: .contiguous() of a dense tensor off a 16-byte boundary is the same tensor
+    q, k, v = (t if _tma_addressable(t) else t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
     off = causal_offset(causal_align, N_Q, N_K) if causal else 0
     o = torch.empty_like(q)
     if o.stride(-1) != 1:

@@ -69,3 +69,92 @@ def test_register_split():
     odd = GluonFwdConfig(PRODUCER_REGS=32, CONSUMER_REGS=232)  # 496 / 3 rounds up to 168
     assert odd.maxnreg() == 168 and odd.default_partition_regs() >= odd.CONSUMER_REGS
     assert 3 * odd.maxnreg() <= 512
+
+
+# ----------------------------------------------------------------------------------
+# The Gluon kernel as a family of FwdConfig (family=1): the search's tunable
+# ----------------------------------------------------------------------------------
+from flashtune.kernels import config as config_mod  # noqa: E402
+from flashtune.kernels import forward, reference_attention  # noqa: E402
+from flashtune.kernels.config import FwdConfig, family_defaults  # noqa: E402
+from flashtune.kernels.space import candidates, valid_candidates  # noqa: E402
+
+
+def test_a_gluon_fwd_config_round_trips_and_labels_itself():
+    cfg = FwdConfig(64, 128, 4, 3, family=1, pingpong=0)
+    assert FwdConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.label() == "gluon 2x64x128 b3"
+    assert cfg.gluon() == GluonFwdConfig(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=3, PINGPONG=0)
+    # fields the Gluon kernel does not read are fixed in the canonical form; the Triton
+    # kernel has no ping-pong
+    assert FwdConfig(64, 128, 8, 3, tma=1, num_splits=4, family=1).canonical() == \
+        FwdConfig(64, 128, 4, 3, num_splits=1, pack_gqa=0, family=1)
+    assert FwdConfig(64, 64, 4, 2, pingpong=0).canonical() == FwdConfig(64, 64, 4, 2)
+    # a config stored before the fields existed is the Triton kernel's
+    old = {f: v for f, v in FwdConfig(64, 64, 4, 2).to_dict().items() if f not in ("family", "pingpong")}
+    assert FwdConfig.from_dict(old).family == 0
+
+
+@pytest.mark.parametrize("field, value", [("family", 2), ("pingpong", -1), ("family", 0.5)])
+def test_bad_family_fields_are_named(field, value):
+    with pytest.raises(ConfigError, match=rf"^{field}:"):
+        FwdConfig.from_dict({**FwdConfig(64, 64, 4, 2).to_dict(), field: value})
+
+
+def test_the_search_space_has_both_families_and_the_cpu_only_the_triton_one():
+    every = candidates("fwd")
+    assert {c.family for c in every} == {0, 1}
+    assert len({c for c in every if c.family}) == len([c for c in every if c.family])  # canonical: no repeats
+    assert all(c.family == 0 for c in valid_candidates("fwd", 128, torch.bfloat16, "cpu"))
+    with pytest.raises(ConfigError, match=r"^device:"):
+        FwdConfig(64, 128, 4, 2, family=1).validate(128, torch.float16, "cpu")
+    if not torch.cuda.is_available():  # no device: the current one, here the CPU
+        with pytest.raises(ConfigError, match=r"^device:"):
+            FwdConfig(64, 128, 4, 2, family=1).validate(128, torch.float16)
+    assert family_defaults("fwd", 128, torch.float16, "cpu") == []
+
+
+def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
+    monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(gluon_forward, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)  # the H200's
+    (cfg,) = family_defaults("fwd", 128, torch.bfloat16, "cuda")
+    assert cfg.family == 1 and cfg.gluon() == gluon_forward.default_gluon_config(128)
+    assert family_defaults("fwd", 96, torch.bfloat16, "cuda") == []  # the Gluon kernel: D 64 and 128
+    assert family_defaults("fwd", 128, torch.float32, "cuda") == []
+    assert family_defaults("bwd", 128, torch.bfloat16, "cuda") == []
+    valid = valid_candidates("fwd", 64, torch.bfloat16, "cuda")
+    assert any(c.family for c in valid) and any(not c.family for c in valid)
+    with pytest.raises(ConfigError, match=r"^head_dim:"):
+        FwdConfig(64, 128, 4, 2, family=1).validate(96, torch.bfloat16, "cuda")
+
+
+@pytest.mark.parametrize("variant", [dict(softcap=2.0), dict(window_size=(5, 0))])
+def test_a_call_the_gluon_kernel_cannot_run_runs_the_triton_kernel_with_its_blocks(monkeypatch, variant):
+    if torch.cuda.is_available():
+        pytest.skip("the CPU interpreter's check: on a GPU the Triton kernel would compile")
+    launched = []
+    real = forward._attn_fwd_kernel.run
+
+    def spy(*args, **kwargs):
+        launched.append((kwargs["BLOCK_M"], kwargs["BLOCK_N"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(forward._attn_fwd_kernel, "run", spy)
+    monkeypatch.setattr(forward, "_gluon_forward", lambda *a, **k: pytest.fail("the Gluon kernel has no " + str(variant)))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 37, 64, generator=gen) for _ in range(3))
+    o, _ = forward.attention_forward(q, k, v, FwdConfig(16, 32, 4, 2, family=1), causal=True, sm_scale=0.125,
+                                     **variant)
+    ref, _ = reference_attention(q, k, v, causal=True, sm_scale=0.125, dtype=torch.float64, **variant)
+    torch.testing.assert_close(o.double(), ref, atol=1e-4, rtol=0)
+    assert launched == [(16, 32)]
+
+
+def test_a_gluon_config_goes_to_the_gluon_kernel(monkeypatch):
+    seen = []
+    monkeypatch.setattr(forward, "_gluon_forward", lambda q, k, v, config, **kw: seen.append((config, kw)) or "o")
+    q = torch.randn(1, 2, 8, 64)
+    cfg = FwdConfig(64, 128, 4, 2, family=1)
+    assert forward.attention_forward(q, q, q, cfg, causal=True, sm_scale=0.5, causal_align="bottom_right") == "o"
+    assert seen == [(cfg, dict(causal=True, sm_scale=0.5, compile_only=False, causal_align="bottom_right"))]

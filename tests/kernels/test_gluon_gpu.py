@@ -161,3 +161,23 @@ def test_lse_feeds_flashtune_backward():
         _, lse_triton = attention_forward(q, k, v, default_config("fwd", 128, q.dtype, q.device), causal=causal,
                                           sm_scale=sm_scale)
         torch.testing.assert_close(lse_gluon, lse_triton, atol=2e-3, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_gluon_fwd_config_trains_through_attention(causal, head_dim, monkeypatch):
+    """FwdConfig(family=1) through flashtune.attention: the Gluon forward, then flashtune's
+    backward on its output and LSE; the output, LSE and every gradient against the reference."""
+    from kernel_checks import check_attention
+
+    from flashtune.kernels.config import FwdConfig, family_defaults
+
+    q, k, v = _inputs(777, 1000, head_dim, torch.bfloat16, seed=5)
+    do = torch.randn_like(q)
+    (cfg,) = family_defaults("fwd", head_dim, q.dtype, q.device)
+    assert cfg == FwdConfig(64, 128, 4, cfg.num_stages, num_splits=1, pack_gqa=0, family=1)
+    seen = []
+    real = gluon_forward.gluon_attention_forward
+    monkeypatch.setattr(gluon_forward, "gluon_attention_forward", lambda *a, **kw: seen.append(1) or real(*a, **kw))
+    check_attention(q, k, v, do, dtype_name="bf16", causal=causal, fwd_config=cfg)
+    assert seen == [1]

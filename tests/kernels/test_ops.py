@@ -83,7 +83,9 @@ def test_softcap_and_a_window_compile_whole_and_match_eager():
                            fullgraph=True, backend=BACKEND)(q, k, v)
     ref, _ = flashtune.kernels.reference_attention(q, k, v, causal=True, softcap=3.0, window_size=(9, 0),
                                                    dtype=torch.float64)
-    torch.testing.assert_close(capped.double(), ref, atol=2e-2 if DTYPE == torch.bfloat16 else 1e-4, rtol=0)
+    # bf16 rounds the output (|o| up to ~8 with these inputs) to 2^-8 relative: a relative bound
+    bf16 = DTYPE == torch.bfloat16
+    torch.testing.assert_close(capped.double(), ref, atol=2e-2 if bf16 else 1e-4, rtol=1.6e-2 if bf16 else 0)
     assert (plain - capped).abs().max() > 0.1
 
 

@@ -266,6 +266,9 @@ def no_launch(monkeypatch):
 
     monkeypatch.setattr(function, "attention_forward", launched)
     monkeypatch.setattr(function.FlashAttentionFunction, "apply", launched)
+    # the bad inputs are CPU tensors; with a GPU (interpreter off) they would all be
+    # refused as CPU tensors first, before the check each case is about
+    monkeypatch.setattr(function, "INTERPRETER", True)
 
 
 def _good():
