@@ -1,17 +1,29 @@
 """Time the Gluon forward (kernels/gluon_forward.py) against flashtune's Triton forward
-(its default config) and SDPA's cuDNN backend on an H100/H200; print the ratios.
+(its heuristic default config), SDPA's cuDNN backend and SDPA's FlashAttention-2 backend
+on an H100/H200, in one process; print the ratios and, with --out, write them as JSON.
 
-    python benchmarks/gluon_fwd.py [--configs all] [--dtype bf16]
+    python benchmarks/gluon_fwd.py                    # three large shapes
+    python benchmarks/gluon_fwd.py --grid --realistic # the standard grid (D 64/128) and the
+                                                      # compute-bound rows of SHAPES.md
+    python benchmarks/gluon_fwd.py --configs all      # the Gluon default and a few neighbours
 
-Forward only, triton.testing.do_bench (median ms); TFLOP/s counts 4 x B x H x Nq x Nk x D
-(halved for causal). "gluon/cudnn" > 1 means the Gluon kernel is slower. Nothing is
-tuned: the Gluon configs are the default and a few neighbours (--configs all).
+Forward only. For every shape each kernel's output is first checked against cuDNN's
+(max |diff| within 4x FlashAttention-2's own distance from cuDNN, and at most 0.05);
+a kernel that fails is reported and not timed. Then each is timed with
+triton.testing.do_bench (median), in --rounds interleaved rounds, each figure the median
+of its rounds. Ratios are speed ratios: "gluon/cudnn" 1.10 means the Gluon kernel is
+1.10x as fast as cuDNN. TFLOP/s counts 4 x B x Hq x Nq x Nk x D (halved for causal).
+Nothing is tuned: the Gluon configs are the default (gluon_forward.default_gluon_config)
+and, with --configs all, a few neighbours; "gluon" in the summary is the best of those.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import math
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -20,54 +32,135 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashtune.kernels import attention_forward, default_config
 from flashtune.kernels.gluon_forward import GluonFwdConfig, default_gluon_config, gluon_attention_forward
+from flashtune.protocol import GRID_SEQ_LENS, geomean, grid_shape
 
-SHAPES = [  # (B, H, N, D)
-    (4, 16, 4096, 128),
-    (4, 16, 4096, 64),
-    (2, 16, 8192, 128),
+LARGE = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal or None for both)
+    ("4x16x4k-d128", 4, 16, 16, 4096, 4096, 128, None),
+    ("4x16x4k-d64", 4, 16, 16, 4096, 4096, 64, None),
+    ("2x16x8k-d128", 2, 16, 16, 8192, 8192, 128, None),
 ]
 NEIGHBOURS = [GluonFwdConfig(NUM_BUFFERS=3), GluonFwdConfig(PINGPONG=0), GluonFwdConfig(BLOCK_N=64),
               GluonFwdConfig(BLOCK_M=128, BLOCK_N=64, NUM_BUFFERS=3)]
 
 
-def bench(fn) -> float:
-    fn()  # compile outside the timing
-    return triton.testing.do_bench(fn, warmup=50, rep=200)
+def shapes(args) -> list[tuple]:
+    out = []
+    if args.grid:
+        for d in (64, 128):
+            for n in GRID_SEQ_LENS:
+                b, h = grid_shape(d, n)
+                out.append((f"grid-d{d}-{n}", b, h, h, n, n, d, None))
+    if args.realistic:
+        from flashtune.shapes import REALISTIC_GRID
+
+        out += [(s.name, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, s.head_dim, s.causal)
+                for s in REALISTIC_GRID if s.head_dim in (64, 128) and s.seq_q >= 1024]
+    return out or LARGE
+
+
+def sdpa(backend, q, k, v, causal, scale):
+    with sdpa_kernel([backend]):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                              enable_gqa=q.shape[1] != k.shape[1])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     ap.add_argument("--configs", choices=("default", "all"), default="default")
+    ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
+    ap.add_argument("--realistic", action="store_true", help="SHAPES.md's rows with D 64/128 and Nq >= 1024")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
+    ap.add_argument("--out", metavar="FILE.json")
     args = ap.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         raise SystemExit("needs an sm_90 GPU (H100/H200)")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, {args.dtype}")
-    print(f"{'shape':>22} {'mask':>6} {'config':>22} {'gluon ms':>9} {'TFLOP/s':>8} {'triton ms':>9} "
-          f"{'cudnn ms':>9} {'g/triton':>8} {'g/cudnn':>8}")
-    for B, H, N, D in SHAPES:
-        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
+    env = (f"{datetime.date.today()} {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+           f"{triton.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, {args.dtype}")
+    print(env)
+    print(f"{'shape':>28} {'mask':>6} {'gluon cfg':>20} {'gluon ms':>9} {'TFLOP/s':>8} {'triton':>8} {'cudnn':>8} "
+          f"{'flash':>8} {'g/triton':>8} {'g/cudnn':>8} {'g/flash':>8} {'t/cudnn':>8}")
+    rows = []
+    for name, B, Hq, Hkv, Nq, Nk, D, causal_of in shapes(args):
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=gen)
+        k, v = (torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
         scale = 1 / math.sqrt(D)
-        for causal in (False, True):
-            flops = 4 * B * H * N * N * D / (2 if causal else 1)
-            fwd_cfg = default_config("fwd", D, dtype, q.device, causal=causal, seq_q=N)
-            t_triton = bench(lambda: attention_forward(q, k, v, fwd_cfg, causal=causal, sm_scale=scale))
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                t_cudnn = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale))
+        for causal in ((False, True) if causal_of is None else (causal_of,)):
+            flops = 4 * B * Hq * Nq * Nk * D / (2 if causal else 1)
+            ref = sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, scale)
+            base_err = (sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal, scale).float() - ref.float()).abs().max()
+            bound = min(0.05, max(4 * base_err.item(), 1e-2))
+            fwd_cfg = default_config("fwd", D, dtype, q.device, causal=causal, seq_q=Nq)
+            fns = {
+                "triton": lambda: attention_forward(q, k, v, fwd_cfg, causal=causal, sm_scale=scale)[0],
+                "cudnn": lambda: sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, scale),
+                "flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal, scale),
+            }
             configs = [default_gluon_config(D, causal)]
             if args.configs == "all":
                 configs += [c for c in NEIGHBOURS if c not in configs]
+            errors = {}
             for cfg in configs:
                 try:
                     cfg.validate(D, dtype, q.device)
                 except Exception as e:  # noqa: BLE001 - report and go on
-                    print(f"{cfg.short()}: {e}")
+                    errors[cfg.short()] = f"invalid: {e}"
                     continue
-                t = bench(lambda: gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=scale))
-                print(f"{str((B, H, N, D)):>22} {'causal' if causal else 'full':>6} {cfg.short():>22} {t:9.3f} "
-                      f"{flops / t / 1e9:8.1f} {t_triton:9.3f} {t_cudnn:9.3f} {t / t_triton:8.3f} {t / t_cudnn:8.3f}",
-                      flush=True)
+                fns[f"gluon {cfg.short()}"] = (lambda cfg=cfg: gluon_attention_forward(q, k, v, cfg, causal=causal,
+                                                                                        sm_scale=scale)[0])
+            for label in list(fns):
+                err = (fns[label]().float() - ref.float()).abs().max().item()
+                if not err <= bound:
+                    errors[label] = f"max |diff| to cuDNN {err:.4g} > {bound:.4g}"
+                    del fns[label]
+            times = {label: [] for label in fns}
+            for _ in range(args.rounds):
+                for label, fn in fns.items():
+                    times[label].append(triton.testing.do_bench(fn, warmup=25, rep=args.rep, return_mode="median"))
+            ms = {label: statistics.median(t) for label, t in times.items()}
+            gluon = {label: t for label, t in ms.items() if label.startswith("gluon")}
+            best = min(gluon, key=gluon.get) if gluon else None
+            row = dict(name=name, B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, causal=causal, ms=ms, errors=errors,
+                       gluon_best=best)
+
+            def speed(a, b):
+                return ms[b] / ms[a] if a in ms and b in ms else None
+
+            row.update({f"gluon/{x}": speed(best, x) for x in ("triton", "cudnn", "flash")},
+                       **{"triton/cudnn": speed("triton", "cudnn")})
+            rows.append(row)
+            for label, msg in errors.items():
+                print(f"{name:>28} {'causal' if causal else 'full':>6} {label}: {msg}")
+
+            def f(x):
+                return f"{x:8.3f}" if x is not None else f"{'-':>8}"
+
+            g_ms = ms.get(best)
+            print(f"{name:>28} {'causal' if causal else 'full':>6} {(best or '-')[6:]:>20} "
+                  f"{g_ms if g_ms else float('nan'):9.3f} {flops / g_ms / 1e9 if g_ms else float('nan'):8.1f} "
+                  f"{f(ms.get('triton'))} {f(ms.get('cudnn'))} {f(ms.get('flash'))} {f(row['gluon/triton'])} "
+                  f"{f(row['gluon/cudnn'])} {f(row['gluon/flash'])} {f(row['triton/cudnn'])}", flush=True)
+    summary = {}
+    for d in (64, 128):
+        for causal in (False, True):
+            sel = [r for r in rows if r["D"] == d and r["causal"] == causal and r["gluon/cudnn"]]
+            if sel:
+                summary[f"d{d}-{'causal' if causal else 'full'}"] = {
+                    x: geomean([r[x] for r in sel]) for x in ("gluon/cudnn", "gluon/triton", "gluon/flash",
+                                                             "triton/cudnn")} | {"rows": len(sel)}
+    d128 = [r["gluon/cudnn"] for r in rows if r["D"] == 128 and r["gluon/cudnn"]]
+    if d128:
+        summary["d128"] = {"gluon/cudnn": geomean(d128), "rows": len(d128)}
+    print("geometric means (speed ratios):")
+    for group, vals in summary.items():
+        print(f"  {group:>12}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                            for k, v in vals.items()))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"env": env, "rows": rows, "summary": summary}, fh, indent=1)
     return 0
 
 

@@ -188,6 +188,12 @@ class _ConfigBase:
             if isinstance(getattr(self, name), bool):
                 object.__setattr__(self, name, int(getattr(self, name)))
 
+    def validate_anywhere(self, head_dim: int, dtype: torch.dtype):
+        """Raise ConfigError if this config runs on no device (the device-independent rules of
+        ``validate``, as the CPU's interpreter applies them); return self. What a store checks
+        before it keeps a config."""
+        return self.validate(head_dim, dtype, "cpu")
+
     def canonical(self):
         """The config's identity: the same kernel launch with the fields it does not use
         set to fixed values (hashable; two configs that launch alike are equal here)."""
@@ -267,6 +273,14 @@ class FwdConfig(_ConfigBase):
         shown = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma", "pingpong")
         return (f"{self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{' tma' if self.tma else ''}"
                 + self._extra_label(shown))
+
+    def validate_anywhere(self, head_dim: int, dtype: torch.dtype) -> "FwdConfig":
+        """A Gluon config: against sm_90's limits, the one architecture it runs on."""
+        if not self.family:
+            return super().validate_anywhere(head_dim, dtype)
+        self.check_fields()
+        self.gluon().validate(head_dim, dtype, None)
+        return self
 
     def canonical(self) -> "FwdConfig":
         """The Triton kernel has no ping-pong (1 here); the Gluon kernel has a fixed warp count

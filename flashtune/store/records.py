@@ -238,7 +238,7 @@ def check_runs(key: TuningKey, config: Any) -> None:
     from flashtune.kernels.config import ConfigError
 
     try:
-        config.validate(key.head_dim, getattr(torch, key.dtype), "cpu")
+        config.validate_anywhere(key.head_dim, getattr(torch, key.dtype))
     except ConfigError as e:
         raise ValueError(f"config: {e}") from e
 

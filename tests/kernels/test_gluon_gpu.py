@@ -172,7 +172,7 @@ def test_a_gluon_fwd_config_trains_through_attention(causal, head_dim, monkeypat
 
     from flashtune.kernels.config import FwdConfig, family_defaults
 
-    q, k, v = _inputs(777, 1000, head_dim, torch.bfloat16, seed=5)
+    q, k, v = (t.requires_grad_() for t in _inputs(777, 1000, head_dim, torch.bfloat16, seed=5))
     do = torch.randn_like(q)
     (cfg,) = family_defaults("fwd", head_dim, q.dtype, q.device)
     assert cfg == FwdConfig(64, 128, 4, cfg.num_stages, num_splits=1, pack_gqa=0, family=1)

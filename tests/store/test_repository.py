@@ -46,6 +46,16 @@ def test_save_result_round_trips_every_field(store):
     assert loaded.speedup == pytest.approx(2.0)
 
 
+def test_a_gluon_config_is_stored_whatever_the_host(store):
+    """A Gluon forward config (family=1) runs on sm_90 only; the store checks it against
+    sm_90's limits, not the host's device (a CPU-only host imports an H200's table)."""
+    saved = dataclasses.replace(result(key(head_dim=128)), config=FwdConfig(64, 128, 4, 2, num_splits=1, pack_gqa=0,
+                                                                            family=1))
+    assert store.save_result(saved) is True
+    [loaded] = store.list_results()
+    assert loaded.config == saved.config and loaded.config.family == 1
+
+
 def test_save_result_keeps_the_faster_unless_replace(store):
     k = key()
     assert store.save_result(result(k, 1.0, block=64))
@@ -114,6 +124,8 @@ def test_filter_rejects_unknown_dtype_and_pass():
         ({"n_trials": -1}, "n_trials"),
         ({"config": BwdConfig(32, 64, 64, 32, 4, 2)}, "config"),  # a bwd config on a fwd key
         ({"config": FwdConfig(64, 48, 4, 2)}, "BLOCK_N"),
+        ({"config": FwdConfig(32, 128, 4, 2, family=1)}, "BLOCK_M"),  # the Gluon kernel: 64 or 128 rows
+        ({"config": FwdConfig(64, 128, 4, 2, family=1), "key": key(dtype="float32")}, "dtype"),
         ({"gpu": A100}, "gpu"),
     ],
 )
