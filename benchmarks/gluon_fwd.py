@@ -39,8 +39,8 @@ LARGE = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal or None for both)
     ("4x16x4k-d64", 4, 16, 16, 4096, 4096, 64, None),
     ("2x16x8k-d128", 2, 16, 16, 8192, 8192, 128, None),
 ]
-NEIGHBOURS = [GluonFwdConfig(NUM_BUFFERS=3), GluonFwdConfig(PINGPONG=0), GluonFwdConfig(BLOCK_N=64),
-              GluonFwdConfig(BLOCK_M=128, BLOCK_N=64, NUM_BUFFERS=3)]
+NEIGHBOURS = [GluonFwdConfig(OVERLAP=0), GluonFwdConfig(NUM_BUFFERS=3), GluonFwdConfig(PINGPONG=0),
+              GluonFwdConfig(BLOCK_N=64)]
 
 
 def shapes(args) -> list[tuple]:
@@ -143,6 +143,8 @@ def main() -> int:
                   f"{g_ms if g_ms else float('nan'):9.3f} {flops / g_ms / 1e9 if g_ms else float('nan'):8.1f} "
                   f"{f(ms.get('triton'))} {f(ms.get('cudnn'))} {f(ms.get('flash'))} {f(row['gluon/triton'])} "
                   f"{f(row['gluon/cudnn'])} {f(row['gluon/flash'])} {f(row['triton/cudnn'])}", flush=True)
+            if len(gluon) > 1:  # every Gluon config's time, as a speed ratio to cuDNN
+                print(f"{'':>36}" + ", ".join(f"{label[6:]} {ms['cudnn'] / t:.3f}" for label, t in gluon.items()))
     summary = {}
     for d in (64, 128):
         for causal in (False, True):

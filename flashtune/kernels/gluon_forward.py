@@ -82,13 +82,14 @@ class GluonFwdConfig:
     PRODUCER_REGS: int = 24
     CONSUMER_REGS: int = 240
     PINGPONG: int = 1
+    OVERLAP: int = 1
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
     def short(self) -> str:
         return (f"m{self.BLOCK_M}n{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
-                f"{'pp' if self.PINGPONG else ''}")
+                f"{'pp' if self.PINGPONG else ''}{'' if self.OVERLAP else 'seq'}")
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         """Bytes of shared memory: two Q tiles, the K and V rings, the mbarriers."""
@@ -112,9 +113,11 @@ class GluonFwdConfig:
         return min(256, 3 * self.maxnreg() - self.CONSUMER_REGS - self.PRODUCER_REGS)
 
     def consumer_registers_needed(self, head_dim: int) -> int:
-        """fp32 O and S tiles, 16-bit P, per thread of a consumer warp group, plus spare."""
+        """fp32 O and S tiles, 16-bit P (two with OVERLAP: the previous block's, read by its PV
+        wgmma, and this block's), per thread of a consumer warp group, plus spare."""
         threads = 32 * CONSUMER_WARPS
-        return (self.BLOCK_M * (head_dim + self.BLOCK_N) + self.BLOCK_M * self.BLOCK_N // 2) // threads \
+        p_tiles = 2 if self.OVERLAP else 1
+        return (self.BLOCK_M * (head_dim + self.BLOCK_N) + p_tiles * self.BLOCK_M * self.BLOCK_N // 2) // threads \
             + _CONSUMER_SPARE_REGS
 
     def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "GluonFwdConfig":
@@ -123,7 +126,7 @@ class GluonFwdConfig:
         ``device`` None checks against the sm_90 limits only (compiling without a GPU);
         a device must be a CUDA device of compute capability 9.0 exactly.
         """
-        for name in ("BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "PRODUCER_REGS", "CONSUMER_REGS", "PINGPONG"):
+        for name in ("BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "PRODUCER_REGS", "CONSUMER_REGS", "PINGPONG", "OVERLAP"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigError(f"{name}: expected an integer, got {value!r}")
@@ -135,6 +138,8 @@ class GluonFwdConfig:
             raise ConfigError(f"NUM_BUFFERS: expected 2 to 4 K/V slots, got {self.NUM_BUFFERS}")
         if self.PINGPONG not in (0, 1):
             raise ConfigError(f"PINGPONG: expected 0 or 1, got {self.PINGPONG}")
+        if self.OVERLAP not in (0, 1):
+            raise ConfigError(f"OVERLAP: expected 0 or 1, got {self.OVERLAP}")
         for name in ("PRODUCER_REGS", "CONSUMER_REGS"):
             value = getattr(self, name)
             if not 24 <= value <= 256 or value % 8:
@@ -251,10 +256,95 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
 
 
 @gluon.jit
+def _softmax_block(qk, m_i, l_i, rows, cols, j, n_full, qk_scale, N_K, causal_off,
+                   CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Block j's scores into probabilities (online softmax, base 2): (p, alpha, m, l). Blocks
+    from n_full on get the causal and/or sequence-end mask."""
+    qk = qk * qk_scale
+    if j >= n_full:
+        keys = j * BLOCK_N + cols
+        valid = keys[None, :] < N_K
+        if CAUSAL:
+            valid = valid & (keys[None, :] <= rows[:, None] + causal_off)
+        qk = gl.where(valid, qk, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(qk, 1))
+    m_use = m_new
+    if CAUSAL:
+        # a row that sees no key so far (bottom-right with Nq > Nk) keeps m = -inf:
+        # subtract 0 instead so that p = 0, not NaN
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(qk - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which, rows, n_full,
+                        n_blocks, qk_scale, N_K, causal_off,
+                        CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                        BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
+                        s_layout: gl.constexpr, p_layout: gl.constexpr):
+    """All key blocks of one consumer, software-pipelined within the warp group (FA3's
+    intra-warpgroup overlap): block j's S = QK^T and block j-1's O += PV are issued
+    together, and block j's softmax runs while that PV wgmma is in flight. A slot is
+    released once its PV is done; a turn (PINGPONG) covers the two issues."""
+    dtype: gl.constexpr = q.dtype
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    if n_blocks > 0:
+        # block 0: S, then its softmax (no PV before it)
+        k_smem = k_bufs.index(0).reshape([BLOCK_N, HEAD_DIM])
+        mbarrier.wait(k_ready.index(0), 0)
+        if PINGPONG:
+            mbarrier.wait(turn.index(which), 1 - which)
+        qk = warpgroup_mma(q, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - which))
+        qk, _q, _k = warpgroup_mma_wait(0, deps=(qk, q, k_smem))
+        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, 0, n_full, qk_scale, N_K, causal_off,
+                                            CAUSAL, BLOCK_N)
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(1, n_blocks):
+            s = j % NUM_BUFFERS
+            sp = (j - 1) % NUM_BUFFERS
+            k_smem = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
+            v_prev = v_bufs.index(sp).reshape([BLOCK_N, HEAD_DIM])
+            mbarrier.wait(k_ready.index(s), (j // NUM_BUFFERS) & 1)
+            mbarrier.wait(v_ready.index(sp), ((j - 1) // NUM_BUFFERS) & 1)
+            if PINGPONG:
+                mbarrier.wait(turn.index(which), (j & 1) ^ (1 - which))
+            qk = warpgroup_mma(q, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p16, v_prev, acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - which))
+            # S (issued first) done; the PV wgmma may still run under this softmax
+            qk, _q, _k = warpgroup_mma_wait(1, deps=(qk, q, k_smem))
+            p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, n_full, qk_scale, N_K, causal_off,
+                                                CAUSAL, BLOCK_N)
+            acc, _p, _v = warpgroup_mma_wait(0, deps=(acc, p16, v_prev))
+            # every warp of the group is done with slot j-1 before its one arrival
+            gl.thread_barrier()
+            mbarrier.arrive(kv_empty.index(sp))
+            # O so far is relative to the previous row max: rescale to this block's
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+            p16 = gl.convert_layout(p.to(dtype), p_layout)
+        # the last block's PV
+        sl = (n_blocks - 1) % NUM_BUFFERS
+        v_last = v_bufs.index(sl).reshape([BLOCK_N, HEAD_DIM])
+        mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // NUM_BUFFERS) & 1)
+        acc = warpgroup_mma(p16, v_last, acc, is_async=True)
+        acc, _p, _v = warpgroup_mma_wait(0, deps=(acc, p16, v_last))
+        gl.thread_barrier()
+        mbarrier.arrive(kv_empty.index(sl))
+    return acc, m_i, l_i
+
+
+@gluon.jit
 def _consumer(which, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale,
               stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, start_m, n_blocks,
               CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr):
+              NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -276,12 +366,17 @@ def _consumer(which, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty
 
     mbarrier.wait(q_ready.index(which), 0)
     q = q_smem.index(which).reshape([BLOCK_M, HEAD_DIM])
-    acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which, rows,
-                                    0, n_full, qk_scale, N_K, causal_off, False, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                    NUM_BUFFERS, PINGPONG, s_layout, p_layout)
-    acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which, rows,
-                                    n_full, n_blocks, qk_scale, N_K, causal_off, True, CAUSAL, HEAD_DIM, BLOCK_M,
-                                    BLOCK_N, NUM_BUFFERS, PINGPONG, s_layout, p_layout)
+    if OVERLAP:
+        acc, m_i, l_i = _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn,
+                                            which, rows, n_full, n_blocks, qk_scale, N_K, causal_off, CAUSAL,
+                                            HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, s_layout, p_layout)
+    else:
+        acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
+                                        rows, 0, n_full, qk_scale, N_K, causal_off, False, CAUSAL, HEAD_DIM, BLOCK_M,
+                                        BLOCK_N, NUM_BUFFERS, PINGPONG, s_layout, p_layout)
+        acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
+                                        rows, n_full, n_blocks, qk_scale, N_K, causal_off, True, CAUSAL, HEAD_DIM,
+                                        BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, s_layout, p_layout)
 
     if CAUSAL:
         # rows that saw no key (bottom-right, Nq > Nk): output 0, log-sum-exp -inf
@@ -305,7 +400,7 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale,
                            H, GROUP, N_Q, N_K, causal_off,
                            CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                            BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
-                           PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                           OVERLAP: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     pid_m = gl.program_id(0)
     if CAUSAL:
         # the last query blocks have the most keys: start them first
@@ -341,10 +436,10 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale,
     gl.warp_specialize([
         (_consumer, (0, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale,
                      stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, start_m,
-                     n_blocks, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG)),
+                     n_blocks, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale,
                      stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, start_m,
-                     n_blocks, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG)),
+                     n_blocks, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, off_b,
                      off_h, off_hk, start_m, n_blocks, BLOCK_M, BLOCK_N, NUM_BUFFERS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
@@ -370,7 +465,7 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 def kernel_constexprs(config: GluonFwdConfig, head_dim: int, causal: bool) -> dict:
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
-                NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG),
+                NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG), OVERLAP=bool(config.OVERLAP),
                 PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS)
 
 

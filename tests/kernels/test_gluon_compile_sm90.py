@@ -31,6 +31,7 @@ ITEMS = (
     (C(BLOCK_N=64, PINGPONG=0), (64, 128)),
     (C(BLOCK_M=128, BLOCK_N=64, NUM_BUFFERS=3), (64, )),
     (C(PRODUCER_REGS=32, CONSUMER_REGS=232), (128, )),
+    (C(OVERLAP=0), (64, 128)),  # S and PV of a block one after the other (no intra-warpgroup overlap)
 )
 
 

@@ -119,6 +119,8 @@ CONFIGS = [
     GluonFwdConfig(BLOCK_N=64),
     GluonFwdConfig(PINGPONG=0),
     GluonFwdConfig(PRODUCER_REGS=32, CONSUMER_REGS=232),
+    GluonFwdConfig(OVERLAP=0),
+    GluonFwdConfig(OVERLAP=0, PINGPONG=0),
 ]
 
 
