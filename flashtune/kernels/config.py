@@ -40,6 +40,9 @@ TMA_MAX_HEAD_DIM = 128
 MAX_SPLITS = 128
 # calls with at most this many queries per head take the decode entries of the heuristic tables
 DECODE_MAX_Q = 16
+# Forward calls with at least this many queries per head read a table's "long" entry first
+# (the Gluon kernel on sm_90 at D=128)
+LONG_MIN_Q = 4096
 
 # Shared memory per block (opt-in maximum) by compute capability, used when torch
 # cannot tell (older torch, or the interpreter).
@@ -243,7 +246,8 @@ class FwdConfig(_ConfigBase):
     warp-specialised kernel for sm_90 (kernels/gluon_forward.py: a TMA producer warp and
     two consumer warp groups, each of BLOCK_M query rows, so a program covers 2 x BLOCK_M
     rows; num_stages is its K/V ring's slot count; ``pingpong`` 1 makes the consumers take
-    turns issuing their QK^T). A Gluon config validates only for head dims 64 and 128,
+    turns issuing their matmuls; ``overlap`` 1 pipelines each consumer's blocks, the
+    softmax of one under the PV matmul of the one before). A Gluon config validates only for head dims 64 and 128,
     float16/bfloat16 and a device of compute capability 9.0, so the search never tries it
     and the dispatcher never serves it anywhere else; num_warps, tma and the schedule do
     not apply to it (its canonical form fixes them). A call the Gluon kernel cannot run
@@ -259,18 +263,20 @@ class FwdConfig(_ConfigBase):
     pack_gqa: int = -1
     family: int = 0
     pingpong: int = 1
+    overlap: int = 1
 
     PASS: ClassVar[str] = "fwd"
 
     def __post_init__(self) -> None:
-        self._flags_as_ints("tma", "pack_gqa", "family", "pingpong")
+        self._flags_as_ints("tma", "pack_gqa", "family", "pingpong", "overlap")
 
     def label(self) -> str:
         """Compact: ``BLOCK_MxBLOCK_N wW sS``, `` tma`` when tiles load through TMA; a Gluon
         config ``gluon 2xBLOCK_MxBLOCK_N bB``, `` pp`` with ping-pong."""
         if self.family:
-            return f"gluon 2x{self.BLOCK_M}x{self.BLOCK_N} b{self.num_stages}{' pp' if self.pingpong else ''}"
-        shown = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma", "pingpong")
+            return (f"gluon 2x{self.BLOCK_M}x{self.BLOCK_N} b{self.num_stages}{' pp' if self.pingpong else ''}"
+                    f"{'' if self.overlap else ' seq'}")
+        shown = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma", "pingpong", "overlap")
         return (f"{self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{' tma' if self.tma else ''}"
                 + self._extra_label(shown))
 
@@ -283,23 +289,25 @@ class FwdConfig(_ConfigBase):
         return self
 
     def canonical(self) -> "FwdConfig":
-        """The Triton kernel has no ping-pong (1 here); the Gluon kernel has a fixed warp count
-        (4 here), its own TMA loads (0 here) and no split schedule (1 split, no packing)."""
+        """The Triton kernel has no ping-pong nor overlap (1 here); the Gluon kernel has a fixed
+        warp count (4 here), its own TMA loads (0 here) and no split schedule (1 split, no
+        packing)."""
         if self.family:
             return dataclasses.replace(self, num_warps=4, tma=0, num_splits=1, pack_gqa=0)
-        return self if self.pingpong == 1 else dataclasses.replace(self, pingpong=1)
+        return self if self.pingpong == self.overlap == 1 else dataclasses.replace(self, pingpong=1, overlap=1)
 
     def gluon(self):
         """The Gluon kernel's own config class for this config (kernels/gluon_forward.py)."""
         from flashtune.kernels.gluon_forward import GluonFwdConfig
 
         return GluonFwdConfig(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, NUM_BUFFERS=self.num_stages,
-                              PINGPONG=self.pingpong)
+                              PINGPONG=self.pingpong, OVERLAP=self.overlap)
 
     def as_triton(self) -> "FwdConfig":
         """The Triton kernel's config with these blocks and stages (for a call the Gluon
         kernel cannot run): 4 warps, pointer loads, the auto schedule."""
-        return dataclasses.replace(self, family=0, num_warps=4, tma=0, num_splits=0, pack_gqa=-1, pingpong=1)
+        return dataclasses.replace(self, family=0, num_warps=4, tma=0, num_splits=0, pack_gqa=-1, pingpong=1,
+                                   overlap=1)
 
     def check_fields(self) -> None:
         _check_block("BLOCK_M", self.BLOCK_M)
@@ -314,6 +322,7 @@ class FwdConfig(_ConfigBase):
             raise ConfigError(f"pack_gqa: expected -1 (auto), 0 or 1, got {self.pack_gqa!r}")
         _check_flag("family", self.family)
         _check_flag("pingpong", self.pingpong)
+        _check_flag("overlap", self.overlap)
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         d, e = padded_head_dim(head_dim), _element_size(dtype)
@@ -581,6 +590,13 @@ for _d in (16, 32, 64, 128):
     _SM90_FWD[(_bf, _d, "decode")] = _F(64, 128, 4, 2)
     _SM90_FWD[(_f32, _d, "decode")] = _F(32, 64, 4, 2)
 _SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 2)
+# D=128 from LONG_MIN_Q queries: the Gluon kernel (2 x 64 rows, 128 keys, 3 buffers, ping-pong,
+# overlap), 1.03-1.32x the Triton defaults on every such row of the standard grid and of
+# SHAPES.md (4k..16k, causal and not, llama3-8b-train-8k 1.18x, llama3-70b-tp8-train-4k
+# 1.11x) and slower below (0.62-0.95x at N <= 2k, llama3-8b-prefill-2k 0.63x):
+# benchmarks/gluon_fwd.py --grid --realistic --configs all, H200, 2026-12-02 (docs/gluon.md).
+# Other devices: it does not validate, and the entries after it serve.
+_SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, num_splits=1, pack_gqa=0, family=1)
 _SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
 _GENERIC_FWD = {(_bf, d): _F(64, 32, 4, 2) for d in (16, 32, 64, 128, 256)}
 _GENERIC_FWD.update({(_bf, d, "decode"): _F(32, 64, 4, 2) for d in (16, 32, 64, 128, 256)})
@@ -664,7 +680,8 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
     from flashtune.kernels.gluon_forward import default_gluon_config
 
     g = default_gluon_config(head_dim)
-    cfg = FwdConfig(g.BLOCK_M, g.BLOCK_N, 4, g.NUM_BUFFERS, family=1, pingpong=g.PINGPONG).canonical()
+    cfg = FwdConfig(g.BLOCK_M, g.BLOCK_N, 4, g.NUM_BUFFERS, family=1, pingpong=g.PINGPONG,
+                    overlap=g.OVERLAP).canonical()
     try:
         return [cfg.validate(head_dim, dtype, device)]
     except ConfigError:
@@ -678,7 +695,8 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     Walks the tables from the device's architecture down to the generic one and
     returns the first entry that validates on the device; within a table an entry for
     decode ((dtype, head_dim, "decode"), forward calls with ``seq_q`` at most
-    DECODE_MAX_Q) comes first, then one for this masking ((dtype, head_dim, causal)),
+    DECODE_MAX_Q) or for long queries ((dtype, head_dim, "long"), at least LONG_MIN_Q)
+    comes first, then one for this masking ((dtype, head_dim, causal)),
     then the one for both.
     """
     config_class(pass_)  # a bad pass raises ValueError
@@ -687,6 +705,8 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     keys = [key] if causal is None else [(*key, bool(causal)), key]
     if pass_ == "fwd" and seq_q is not None and seq_q <= DECODE_MAX_Q:
         keys.insert(0, (*key, "decode"))
+    if pass_ == "fwd" and seq_q is not None and seq_q >= LONG_MIN_Q:
+        keys.insert(0, (*key, "long"))
     candidates = [tables[0 if pass_ == "fwd" else 1].get(k)
                   for c, tables in sorted(HEURISTICS.items(), reverse=True) if c <= cap for k in keys]
     candidates.append(_SMALLEST_FWD if pass_ == "fwd" else _SMALLEST_BWD)

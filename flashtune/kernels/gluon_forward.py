@@ -174,10 +174,15 @@ class GluonFwdConfig:
 
 
 def default_gluon_config(head_dim: int, causal: bool = False) -> GluonFwdConfig:
-    """An untuned starting point (FA3's tile shape for the head dim: 2 x 64 query rows)."""
+    """The starting point per head dim (FA3's tile shape: 2 x 64 query rows, 128 keys): the
+    best of five configs on most rows of the standard grid and SHAPES.md's compute-bound
+    rows (benchmarks/gluon_fwd.py --configs all, H200, 2026-12-02, docs/gluon.md). D=128:
+    3 buffers with the intra-warpgroup overlap (0.96-1.00x cuDNN from N=4k, against
+    0.93-0.99 without the overlap and 0.87-0.93 with 2 buffers); D=64: 2 buffers without
+    the overlap (best on 11 of 12 grid rows; 0.01-0.05 of cuDNN's speed over the others)."""
     if head_dim <= 64:
-        return GluonFwdConfig(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=3)
-    return GluonFwdConfig(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=2)
+        return GluonFwdConfig(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=2, OVERLAP=0)
+    return GluonFwdConfig(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=3)
 
 
 # ----------------------------------------------------------------------------------

@@ -158,3 +158,23 @@ def test_a_gluon_config_goes_to_the_gluon_kernel(monkeypatch):
     cfg = FwdConfig(64, 128, 4, 2, family=1)
     assert forward.attention_forward(q, q, q, cfg, causal=True, sm_scale=0.5, causal_align="bottom_right") == "o"
     assert seen == [(cfg, dict(causal=True, sm_scale=0.5, compile_only=False, causal_align="bottom_right"))]
+
+
+@pytest.mark.parametrize("capability", [(9, 0), (10, 0)])
+def test_long_d128_forward_calls_default_to_the_gluon_kernel_on_sm90_only(monkeypatch, capability):
+    from flashtune.kernels.config import LONG_MIN_Q, default_config
+
+    monkeypatch.setattr(config_mod, "device_capability", lambda device: capability)
+    monkeypatch.setattr(gluon_forward, "device_capability", lambda device: capability)
+    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)
+    bf16 = torch.bfloat16
+    long = default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=LONG_MIN_Q)
+    assert long.family == (capability == (9, 0))
+    if long.family:
+        assert long.gluon() == gluon_forward.default_gluon_config(128)
+    # below the threshold, another head dim or dtype, unknown length, the backward: Triton's
+    for cfg in (default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=LONG_MIN_Q // 2),
+                default_config("fwd", 64, bf16, "cuda", causal=False, seq_q=16384),
+                default_config("fwd", 128, torch.float32, "cuda", causal=False, seq_q=16384),
+                default_config("fwd", 128, bf16, "cuda", causal=True)):
+        assert cfg.family == 0
