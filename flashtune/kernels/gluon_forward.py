@@ -232,22 +232,8 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
         if PINGPONG:
             mbarrier.arrive(turn.index(1 - which))
         qk, _q, _k = warpgroup_mma_wait(0, deps=(qk, q, k_smem))
-        qk = qk * qk_scale
-        if MASK:
-            keys = j * BLOCK_N + cols
-            valid = keys[None, :] < N_K
-            if CAUSAL:
-                valid = valid & (keys[None, :] <= rows[:, None] + causal_off)
-            qk = gl.where(valid, qk, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(qk, 1))
-        m_use = m_new
-        if MASK and CAUSAL:
-            # a row that sees no key so far (bottom-right with Nq > Nk) keeps m = -inf:
-            # subtract 0 instead so that p = 0, not NaN
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(qk - m_use[:, None])
-        alpha = gl.exp2(m_i - m_use)
-        l_i = l_i * alpha + gl.sum(p, 1)
+        p, alpha, m_new, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, 0, qk_scale, N_K, causal_off,
+                                              MASK, CAUSAL, BLOCK_N)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         mbarrier.wait(v_ready.index(s), phase)
@@ -261,20 +247,30 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
 
 
 @gluon.jit
+def _masked(qk, rows, cols, j, N_K, causal_off, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Block j's scores with the keys past the sequence end (and, causal, past each row's
+    diagonal) at -inf."""
+    keys = j * BLOCK_N + cols
+    valid = keys[None, :] < N_K
+    if CAUSAL:
+        valid = valid & (keys[None, :] <= rows[:, None] + causal_off)
+    return gl.where(valid, qk, float("-inf"))
+
+
+@gluon.jit
 def _softmax_block(qk, m_i, l_i, rows, cols, j, n_full, qk_scale, N_K, causal_off,
-                   CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Block j's scores into probabilities (online softmax, base 2): (p, alpha, m, l). Blocks
-    from n_full on get the causal and/or sequence-end mask."""
+                   MASK: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Block j's scores into probabilities (online softmax, base 2): (p, alpha, m, l). The
+    causal and/or sequence-end mask: MASK 0 none, 1 always, 2 from block n_full on."""
     qk = qk * qk_scale
-    if j >= n_full:
-        keys = j * BLOCK_N + cols
-        valid = keys[None, :] < N_K
-        if CAUSAL:
-            valid = valid & (keys[None, :] <= rows[:, None] + causal_off)
-        qk = gl.where(valid, qk, float("-inf"))
+    if MASK == 1:
+        qk = _masked(qk, rows, cols, j, N_K, causal_off, CAUSAL, BLOCK_N)
+    elif MASK == 2:
+        if j >= n_full:
+            qk = _masked(qk, rows, cols, j, N_K, causal_off, CAUSAL, BLOCK_N)
     m_new = gl.maximum(m_i, gl.max(qk, 1))
     m_use = m_new
-    if CAUSAL:
+    if CAUSAL and MASK != 0:
         # a row that sees no key so far (bottom-right with Nq > Nk) keeps m = -inf:
         # subtract 0 instead so that p = 0, not NaN
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -308,7 +304,7 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_e
             mbarrier.arrive(turn.index(1 - which))
         qk, _q, _k = warpgroup_mma_wait(0, deps=(qk, q, k_smem))
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, 0, n_full, qk_scale, N_K, causal_off,
-                                            CAUSAL, BLOCK_N)
+                                            2, CAUSAL, BLOCK_N)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, n_blocks):
             s = j % NUM_BUFFERS
@@ -326,7 +322,7 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_e
             # S (issued first) done; the PV wgmma may still run under this softmax
             qk, _q, _k = warpgroup_mma_wait(1, deps=(qk, q, k_smem))
             p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, n_full, qk_scale, N_K, causal_off,
-                                                CAUSAL, BLOCK_N)
+                                                2, CAUSAL, BLOCK_N)
             acc, _p, _v = warpgroup_mma_wait(0, deps=(acc, p16, v_prev))
             # every warp of the group is done with slot j-1 before its one arrival
             gl.thread_barrier()
@@ -377,10 +373,10 @@ def _consumer(which, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty
                                             HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, s_layout, p_layout)
     else:
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
-                                        rows, 0, n_full, qk_scale, N_K, causal_off, False, CAUSAL, HEAD_DIM, BLOCK_M,
+                                        rows, 0, n_full, qk_scale, N_K, causal_off, 0, CAUSAL, HEAD_DIM, BLOCK_M,
                                         BLOCK_N, NUM_BUFFERS, PINGPONG, s_layout, p_layout)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
-                                        rows, n_full, n_blocks, qk_scale, N_K, causal_off, True, CAUSAL, HEAD_DIM,
+                                        rows, n_full, n_blocks, qk_scale, N_K, causal_off, 1, CAUSAL, HEAD_DIM,
                                         BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, s_layout, p_layout)
 
     if CAUSAL:
