@@ -109,8 +109,8 @@ def gemma2(softcap: float | None = 0.01, sliding_window: int = 64):
     lengths); a cap of the size of its (small, freshly initialised) scores, so that it bites."""
     config = transformers.Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                       max_position_embeddings=128, attention_dropout=0.0, sliding_window=sliding_window,
-                                       attn_logit_softcapping=softcap, final_logit_softcapping=None)
+                                       max_position_embeddings=128, attention_dropout=0.0,
+                                       sliding_window=sliding_window, attn_logit_softcapping=softcap, final_logit_softcapping=None)
     return transformers.Gemma2ForCausalLM(config)
 
 
