@@ -100,7 +100,8 @@ class _LazyAttention:
 def padding_noting_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
                         attention_mask: torch.Tensor | None = None, **kwargs):
     """transformers' ``sdpa_mask``, the 4-D mask it builds noting which query rows the 2-D
-    padding mask marks valid (``QUERY_VALID``, (batch, q_length) bool), for the varlen path."""
+    padding mask marks valid (``QUERY_VALID``, (batch, q_length) bool), for the varlen path;
+    read only for causal self-attention, where the padding mask's positions are the queries'."""
     from transformers.masking_utils import prepare_padding_mask, sdpa_mask
 
     mask = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
@@ -122,6 +123,8 @@ def attention_forward(attention, module: torch.nn.Module, query: torch.Tensor, k
                       position_bias: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: (B, H, N, D) inputs, (B, N, H, D) output.
 
+    A padding or packing mask, restarting ``position_ids`` or FlashAttention's varlen kwargs
+    run on attention_varlen where the plan is exact (module docstring); the rest as follows.
     The model's causal flag holds only where the model built no mask and the query is longer
     than one token: a one-token query (a decode step) sees every cached key, which is the
     bottom-right causal row. With no mask, a causal query block longer than one token and
@@ -167,7 +170,9 @@ def _varlen_plan(query, key, value, mask, causal: bool, kwargs) -> packing.Varle
     if kwargs.get("sliding_window") is not None and window is None:
         return None  # a window this path does not plan (two-sided, or not an int)
     if isinstance(mask, torch.Tensor):
-        valid = getattr(mask, QUERY_VALID, None)
+        # the 2-D padding names the query rows of causal self-attention only: a cross-attention
+        # mask carries the encoder's padding (its full rows are planned from the 4-D mask alone)
+        valid = getattr(mask, QUERY_VALID, None) if causal else None
         plan = packing.cached(mask, ("mask", causal, window),
                               lambda: packing.plan_from_mask(mask, valid, causal, window))
     elif mask is not None or query.shape[0] != 1:

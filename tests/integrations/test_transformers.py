@@ -105,19 +105,24 @@ def assert_within_fa_rule(got, sdpa, exact, what: str) -> None:
 
 
 def gemma2(softcap: float | None = 0.01, sliding_window: int = 64):
-    """A two-layer Gemma-2 decoder (grouped heads, logit softcapping, a window past the test's
-    lengths); a cap of the size of its (small, freshly initialised) scores, so that it bites."""
+    """A two-layer Gemma-2 decoder (grouped heads, logit softcapping, by default a window past the
+    tests' lengths); a cap of the size of its (small, freshly initialised) scores, so that it bites."""
     config = transformers.Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                        max_position_embeddings=128, attention_dropout=0.0,
-                                       sliding_window=sliding_window, attn_logit_softcapping=softcap, final_logit_softcapping=None)
+                                       sliding_window=sliding_window, attn_logit_softcapping=softcap,
+                                       final_logit_softcapping=None)
     return transformers.Gemma2ForCausalLM(config)
 
 
-def compare(model, ids, dtype, implementation=STRICT, mask=None, baseline="sdpa", valid=None) -> None:
-    exact = run(twin(model, baseline, torch.float64), ids, mask, valid)
-    sdpa = run(twin(model, baseline, dtype), ids, mask, valid)
-    got = run(twin(model, implementation, dtype), ids, mask, valid)
+def compare(model, ids, dtype, implementation=STRICT, mask=None, baseline="sdpa", valid=None, **inputs) -> None:
+    """``run`` of flashtune and of SDPA in ``dtype`` and in fp64 (float ``inputs`` cast to each)."""
+    def cast(to):
+        return {name: x.to(to) if torch.is_tensor(x) and x.is_floating_point() else x for name, x in inputs.items()}
+
+    exact = run(twin(model, baseline, torch.float64), ids, mask, valid, **cast(torch.float64))
+    sdpa = run(twin(model, baseline, dtype), ids, mask, valid, **cast(dtype))
+    got = run(twin(model, implementation, dtype), ids, mask, valid, **cast(dtype))
     assert_within_fa_rule(got[0], sdpa[0], exact[0], "output")
     assert got[1].keys() == exact[1].keys()
     for name in exact[1]:
@@ -226,9 +231,28 @@ def test_a_padded_encoder_runs_on_varlen_and_matches_sdpa(dtype, varlen_calls):
     ids = torch.randint(0, 97, (3, 11), device=DEVICE)
     mask = torch.ones_like(ids)
     mask[1, 7:], mask[2, :3] = 0, 0  # right and left padding
-    compare(model, ids, dtype, mask=mask, valid=mask)
-    cu = [0, 11, 18, 26]
-    assert [(c["cu_q"], c["cu_k"], c["causal"]) for c in varlen_calls] == [(cu, cu, False)] * 2
+    compare(model, ids, dtype, mask=mask)  # every position: the padding rows see the valid keys, as in SDPA
+    keys = [0, 11, 18, 26]  # the valid keys; every query row (the 2-D padding names causal masks' queries only)
+    assert [(c["cu_q"], c["cu_k"], c["causal"]) for c in varlen_calls] == [([0, 11, 22, 33], keys, False)] * 2
+
+
+def test_cross_attention_with_encoder_padding_keeps_every_decoder_row(varlen_calls):
+    """A decoder's cross-attention mask carries the encoder's padding: it must not be read as
+    the decoder's (its rows would be dropped); self-attention drops the decoder's padding."""
+    config = transformers.BertConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                     num_attention_heads=4, max_position_embeddings=128, hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0, is_decoder=True, add_cross_attention=True)
+    model = transformers.BertModel(config)
+    ids = torch.randint(0, 97, (2, 7), device=DEVICE)
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    encoder_mask = torch.ones_like(ids)
+    encoder_mask[0, 2:] = 0
+    encoder = torch.randn(2, 7, 64, device=DEVICE)
+    compare(model, ids, torch.float32, mask=mask, valid=mask, encoder_hidden_states=encoder,
+            encoder_attention_mask=encoder_mask, use_cache=False)
+    assert [(c["cu_q"], c["cu_k"], c["causal"]) for c in varlen_calls] == \
+        [([0, 7, 12], [0, 7, 12], True), ([0, 7, 14], [0, 2, 9], False)]
 
 
 DOCUMENTS = (5, 3, 6)
