@@ -173,8 +173,13 @@ def _varlen_plan(query, key, value, mask, causal: bool, kwargs) -> packing.Varle
         # the 2-D padding names the query rows of causal self-attention only: a cross-attention
         # mask carries the encoder's padding (its full rows are planned from the 4-D mask alone)
         valid = getattr(mask, QUERY_VALID, None) if causal else None
-        plan = packing.cached(mask, ("mask", causal, window),
-                              lambda: packing.plan_from_mask(mask, valid, causal, window))
+        batch = query.shape[0]
+        if mask.dim() == 4 and mask.shape[0] == 1 < batch:  # one mask for every batch row
+            plan = packing.cached(mask, ("mask", causal, window, batch), lambda: packing.plan_from_mask(
+                mask.expand(batch, *mask.shape[1:]), valid, causal, window))
+        else:
+            plan = packing.cached(mask, ("mask", causal, window),
+                                  lambda: packing.plan_from_mask(mask, valid, causal, window))
     elif mask is not None or query.shape[0] != 1:
         return None
     elif all(kwargs.get(name) is not None for name in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
