@@ -46,8 +46,10 @@ def check_window(window_size) -> tuple[int, int] | None:
     return None if (left, right) == (-1, -1) else (left, right)
 
 
-def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32", causal_align="top_left") -> float:
+def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32", causal_align="top_left",
+                 dtypes=SUPPORTED_DTYPES) -> float:
     """Raise TypeError/ValueError naming the argument for anything the kernels cannot run.
+    ``dtypes``: those accepted (fp8.check_fp8_inputs passes the fp8 ones, checked first).
 
     Returns the softmax scale to use.
     """
@@ -57,7 +59,7 @@ def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32",
         if t.dim() != 4:
             raise ValueError(f"{name}: expected a 4-D tensor (batch, heads, seq_len, head_dim), "
                              f"got shape {tuple(t.shape)}")
-        if t.dtype not in SUPPORTED_DTYPES:
+        if t.dtype not in dtypes:
             raise TypeError(f"{name}: expected dtype float16, bfloat16 or float32, got {t.dtype}")
         if t.numel() == 0:
             raise ValueError(f"{name}: expected a non-empty tensor, got shape {tuple(t.shape)}")
