@@ -12,5 +12,6 @@ from flashtune.kernels.reference import reference_attention, reference_with_grad
 __all__ = [
     "BwdConfig", "ConfigError", "FlashAttentionFunction", "FwdConfig", "attention", "attention_backward",
     "attention_forward", "attention_fp8", "attention_varlen", "check_fp8_inputs", "check_inputs",
-    "check_varlen_inputs", "default_config", "padded_head_dim", "reference_attention", "reference_with_grads", "resolve_configs",
+    "check_varlen_inputs", "default_config", "padded_head_dim", "reference_attention", "reference_with_grads",
+    "resolve_configs",
 ]
