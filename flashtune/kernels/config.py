@@ -274,9 +274,10 @@ class FwdConfig(_ConfigBase):
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         d, e = padded_head_dim(head_dim, dtype), _element_size(dtype)
-        # fp8 tiles take one byte an element: half of a 16-bit config's need (not yet
-        # compared with what triton allocates on the H200; compiled for sm_90 it is within
-        # the estimate, tests/kernels/test_fp8.py).
+        # fp8 tiles take one byte an element: half of a 16-bit config's need. Equal to what
+        # triton 3.6 allocated compiling the fp8 defaults for sm_90 (D=64/128/256, V's keys
+        # contiguous; less with V's head dim contiguous: V then skips the pipeline),
+        # tests/kernels/test_fp8.py, 2026-12-02.
         # Q tile + num_stages buffers of K and V: equal to what Triton 3.6 allocated for
         # every config of the space at D=64 bf16 with num_stages >= 2 (an upper bound
         # at num_stages=1), measured on the H200 with benchmarks/sweep_space.py. TMA

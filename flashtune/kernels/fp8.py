@@ -69,16 +69,22 @@ def check_fp8_inputs(q, k, v, *, q_descale, k_descale, v_descale, out_dtype, cau
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype: expected torch.float16 or torch.bfloat16, got {out_dtype!r}")
     scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, causal_align=causal_align, dtypes=FP8_DTYPES)
-    if q.device.type == "cuda":
-        capability = torch.cuda.get_device_capability(q.device)
-        if capability < MIN_CAPABILITY:
-            raise ValueError(f"q: {q.dtype} attention needs fp8 tensor cores, compute capability "
-                             f"{'.'.join(map(str, MIN_CAPABILITY))} or newer (Ada, Hopper); "
-                             f"{torch.cuda.get_device_name(q.device)} ({q.device}) has "
-                             f"{'.'.join(map(str, capability))}")
+    check_fp8_device(q.dtype, q.device)
     descales = tuple(check_descale(name, d) for name, d in
                      (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)))
     return scale, descales
+
+
+def check_fp8_device(dtype: torch.dtype, device: torch.device) -> None:
+    """ValueError naming the dtype and the GPU when ``device`` is a CUDA device without fp8
+    tensor cores (compute capability below 8.9); the CPU (the interpreter) passes."""
+    if device.type != "cuda":
+        return
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_CAPABILITY:
+        raise ValueError(f"q: {dtype} attention needs fp8 tensor cores, compute capability "
+                         f"{'.'.join(map(str, MIN_CAPABILITY))} or newer (Ada, Hopper); "
+                         f"{torch.cuda.get_device_name(device)} ({device}) has {'.'.join(map(str, capability))}")
 
 
 def keys_contiguous(v: torch.Tensor) -> torch.Tensor:
