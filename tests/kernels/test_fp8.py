@@ -307,7 +307,8 @@ def test_fp8_descales_scale_the_result(kernel_device):
     ({"q_descale": torch.tensor(-2.0)}, ValueError, "q_descale: expected a positive finite descale, got -2.0"),
     ({"q_descale": "1"}, ValueError, "q_descale: expected a positive finite number or a 1-element tensor, got str"),
     ({"k_descale": True}, ValueError, "k_descale: expected a positive finite number or a 1-element tensor, got bool"),
-    ({"out_dtype": torch.float32}, ValueError, "out_dtype: expected torch.float16 or torch.bfloat16, got torch.float32"),
+    ({"out_dtype": torch.float32}, ValueError, "out_dtype: expected torch.float16 or torch.bfloat16, got "
+                                               "torch.float32"),
     ({"out_dtype": E4M3}, ValueError, "out_dtype: expected torch.float16 or torch.bfloat16"),
     ({"q": "half"}, ValueError, "q: expected dtype float8_e4m3fn or float8_e5m2, got torch.float16"),
     ({"k": "half"}, ValueError, "k: expected the dtype of q (torch.float8_e4m3fn), got torch.float16"),
