@@ -224,7 +224,8 @@ class FwdConfig(_ConfigBase):
     capability 9.0 or newer; the estimated shared memory (the Q tile plus num_stages
     buffers of a K and a V tile) within the device's limit. fp8 inputs (kernels/fp8.py):
     BLOCK_N at least 32 and tma=0; num_splits and pack_gqa are ignored (the plain kernel
-    always runs).
+    always runs); BLOCK_M below 64 runs but compiles to fp16 mma.sync on sm_90, not fp8
+    wgmma (docs/fp8.md).
 
     The schedule (kernels/decode.py), for shapes whose query blocks do not fill the GPU:
     - ``num_splits``: the keys of each query block are cut into this many chunks, each

@@ -196,7 +196,8 @@ def check_fp8(case: Fp8Case, device) -> dict:
     worst = int(ratio.argmax())
     idx = np.unravel_index(worst, tuple(err.shape))
     rms, rms_allowed = err.pow(2).mean().sqrt().item(), 2 * var.mean().sqrt().item() + 1e-12
-    figures = {"max_err": err.max().item(), "mean_err": err.mean().item(), "worst_ratio": ratio.max().item(),
+    figures = {"max_err": err.max().item(), "mean_err": err.mean().item(), "mean_abs_o": o_ref.abs().mean().item(),
+               "worst_ratio": ratio.max().item(),
                "rms": rms, "rms_allowed": rms_allowed, "over_bound": int((ratio > 1).sum())}
     print(case, figures)
     assert torch.isfinite(o).all()
