@@ -19,7 +19,7 @@ import torch
 from flashtune.kernels.common import LN2
 from flashtune.kernels.config import FP8_DTYPES, FwdConfig
 from flashtune.kernels.forward import attention_forward
-from flashtune.kernels.function import _default, check_inputs, check_softcap, check_window
+from flashtune.kernels.function import _default, _validated, check_inputs, check_softcap, check_window
 
 OUT_DTYPES = (torch.float16, torch.bfloat16)
 # fp8 tensor cores: Ada (8.9) and Hopper (9.0) and newer
@@ -143,7 +143,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_descal
     elif not isinstance(config, FwdConfig):
         raise TypeError(f"config: expected a FwdConfig or None, got {type(config).__name__}")
     else:
-        config = config.validate(D, q.dtype, q.device)
+        config = _validated(config, D, q.dtype, q.device)
     if relayout_v and v.stride(2) != 1 and v.shape[2] > 1:
         v = keys_contiguous(v)
     o, lse2 = attention_forward(q, k, v, config, causal=causal, sm_scale=scale * q_scale * k_scale,

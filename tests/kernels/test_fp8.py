@@ -13,9 +13,10 @@ output element (query i, column d), with P the exact softmax and v the dequantiz
     |o - o_ref| <= u (P |v|)_id + eta max_j P_ij sum_j |v_jd| + r |o_ref| + fp32 slack,
 
 r the output's rounding (fp16 2^-11; bf16 2^-7, the interpreter truncates) and the slack
-(D 2^-24 x the largest |score| term sum, twice, for the scores; (Nk + 16) 2^-24 for the
-accumulations and exp2) far below the rest. Every element must be within it (the worst is
-printed). The errors of different keys are independent with variance at most u^2 p^2 / 3
+(D a x the largest |score| term sum, twice, for the scores, a = 2^-24 for fp32 and 2^-13 on
+a GPU, whose fp8 tensor cores accumulate with about 14 bits (DeepSeek-V3's report, section
+3.3.2); (Nk + 16) 2^-24 for the accumulations and exp2) far below the rest. Every element
+must be within it (the worst is printed). The errors of different keys are independent with variance at most u^2 p^2 / 3
 (e: eta^2 / 3), so the root-mean-square error must also stay within twice the
 root-mean-square of that per-element deviation: a bias (truncation instead of rounding, a
 wrong descale) fails it even where the worst-case bound is loose.
@@ -155,13 +156,14 @@ def probabilities(q, k, *, sm_scale, causal, causal_align="top_left", softcap=No
     return torch.softmax(s, dim=-1).nan_to_num(0.0)
 
 
-def fp8_error_bound(p, v_abs, *, dtype, out_dtype, o_ref, score_terms, n_k):
+def fp8_error_bound(p, v_abs, *, dtype, out_dtype, o_ref, score_terms, n_k, gpu: bool):
     """(per-element bound, per-element rms deviation) of the fp8 kernel's output (module doc)."""
     u, eta, r = UNIT[dtype], HALF_SUBNORMAL[dtype], OUT_ROUNDING[out_dtype]
+    score_unit = 2.0 ** -13 if gpu else 2.0 ** -24
     pv = p @ v_abs
     p_max = p.amax(dim=-1, keepdim=True)
     v_sum = p.new_ones(p.shape) @ v_abs  # sum_j |v_jd| per row
-    fp32 = 2 * score_terms * 2.0 ** -24 + (n_k + 16) * 2.0 ** -24
+    fp32 = 2 * score_terms * score_unit + (n_k + 16) * 2.0 ** -24
     bound = u * pv + eta * p_max * v_sum + r * o_ref.abs() + fp32 * pv + 1e-30
     var = (u ** 2 / 3) * ((p ** 2) @ v_abs ** 2) + (eta ** 2 / 3) * p_max ** 2 * (p.new_ones(p.shape) @ v_abs ** 2) \
         + (r * o_ref) ** 2 / 3
@@ -190,7 +192,7 @@ def check_fp8(case: Fp8Case, device) -> dict:
     # the largest sum of |score terms| per query row (the fp32 rounding of the scores)
     score_terms = case.head_dim * sm_scale * (q64.abs() @ k_abs.transpose(-1, -2)).amax(dim=-1, keepdim=True)
     bound, var = fp8_error_bound(p, v_abs, dtype=case.dtype, out_dtype=case.out_dtype, o_ref=o_ref,
-                                 score_terms=score_terms, n_k=case.n_k)
+                                 score_terms=score_terms, n_k=case.n_k, gpu=o.is_cuda)
     err = (o.cpu().double() - o_ref).abs()
     ratio = err / bound
     worst = int(ratio.argmax())
@@ -266,7 +268,7 @@ def test_fp8_is_close_to_attention_on_the_16_bit_inputs(kernel_device):
         score_terms = D * sm_scale * (qd.abs() @ kd.abs().repeat_interleave(group, dim=1).transpose(-1, -2)).amax(
             dim=-1, keepdim=True)
         kernel_bound, _ = fp8_error_bound(p8, vd.abs().repeat_interleave(group, dim=1), dtype=E4M3, out_dtype=dtype,
-                                          o_ref=o_ref, score_terms=score_terms, n_k=N)
+                                          o_ref=o_ref, score_terms=score_terms, n_k=N, gpu=o8.is_cuda)
         ds = (sm_scale * (qd @ kd.repeat_interleave(group, dim=1).transpose(-1, -2)
                           - q64 @ k64.repeat_interleave(group, dim=1).transpose(-1, -2))).abs()
         ds_row = ds.masked_fill(p == 0, 0).amax(dim=-1, keepdim=True)
@@ -277,6 +279,25 @@ def test_fp8_is_close_to_attention_on_the_16_bit_inputs(kernel_device):
         print(f"causal={causal}: max error {err.max().item():.4g} mean {err.mean().item():.4g}, "
               f"max error / allowed {(err / allowed).max().item():.3f}, mean |o| {o16.float().abs().mean().item():.3g}")
         assert (err <= allowed).all(), f"max error / allowed {(err / allowed).max().item():.3f}"
+
+
+def test_fp8_relays_v_out_keys_contiguous_unless_told(kernel_device, monkeypatch):
+    """relayout_v (default): a V with the head dim contiguous reaches the kernel with the keys
+    contiguous (same values); one already so, or relayout_v=False, is passed as it is."""
+    from flashtune.kernels import fp8
+
+    seen = []
+    real = fp8.attention_forward
+    monkeypatch.setattr(fp8, "attention_forward", lambda q, k, v, cfg, **kw: seen.append(v) or real(q, k, v, cfg, **kw))
+    q, k, v = fp8_inputs(Fp8Case(E4M3, False, 8, 40, 32), kernel_device)
+    descales = {"q_descale": 1.0, "k_descale": 1.0, "v_descale": 1.0}
+    o = attention_fp8(q, k, v, **descales)
+    assert seen[-1].stride(2) == 1 and torch.equal(seen[-1].float(), v.float()) and v.stride(3) == 1
+    keys = fp8.keys_contiguous(v)
+    assert torch.equal(attention_fp8(q, k, keys, **descales), o) and seen[-1] is keys
+    # another compiled kernel (V's tiles loaded otherwise): the same sums, maybe in another order on a GPU
+    torch.testing.assert_close(attention_fp8(q, k, v, relayout_v=False, **descales), o, rtol=2 ** -7, atol=1e-3)
+    assert seen[-1] is v
 
 
 def test_fp8_descales_scale_the_result(kernel_device):
