@@ -300,6 +300,13 @@ def test_fp8_relays_v_out_keys_contiguous_unless_told(kernel_device, monkeypatch
     assert seen[-1] is v
 
 
+def test_attention_points_fp8_inputs_to_attention_fp8(kernel_device):
+    q, k, v = fp8_inputs(Fp8Case(E5M2, False, 8, 8, 32), kernel_device)
+    with pytest.raises(TypeError, match=r"q: expected dtype float16, bfloat16 or float32, got torch.float8_e5m2 "
+                                        r"\(fp8 inputs: flashtune.attention_fp8, forward only\)"):
+        attention(q, k, v)
+
+
 def test_fp8_descales_scale_the_result(kernel_device):
     """Halving v_descale halves the output; scaling q_descale by 2 and k_descale by 1/2 changes
     nothing (only their product enters); the defaults: 1/sqrt(D), bf16 output."""
