@@ -540,13 +540,13 @@ for _d in (16, 32, 64, 128):
     _SM90_FWD[(_bf, _d, "decode")] = _F(64, 128, 4, 2)
     _SM90_FWD[(_f32, _d, "decode")] = _F(32, 64, 4, 2)
 _SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 2)
+_SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
 # fp8 forward: untuned, never measured; chosen by analogy with the bf16 entries and
 # Triton's fused-attention tutorial's fp8 configs (128x128, 8 warps, 3 stages at D=128:
 # 112 KiB of shared memory in one-byte tiles). D=256 keeps BLOCK_N 64, 2 stages (96 KiB).
 # Decode-sized fp8 calls take these too: fp8 runs the plain kernel only.
 _SM90_FWD.update({(_f8, d): _F(128, 128, 8, 3) for d in (32, 64, 128)})
 _SM90_FWD[(_f8, 256)] = _F(128, 64, 8, 2)
-_SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
 _GENERIC_FWD = {(_bf, d): _F(64, 32, 4, 2) for d in (16, 32, 64, 128, 256)}
 _GENERIC_FWD.update({(_bf, d, "decode"): _F(32, 64, 4, 2) for d in (16, 32, 64, 128, 256)})
 _GENERIC_FWD.update({(_f32, d, "decode"): _F(32, 32, 4, 2) for d in (16, 32, 64, 128, 256)})

@@ -1,13 +1,14 @@
 """Compile flashtune's kernels for sm_90 (H100/H200) without a GPU; print shared memory.
 
 Run as a script with TRITON_INTERPRET unset (the interpreter replaces the kernels by
-Python functions). Reads a JSON list of {"pass", "config", "head_dim", "dtype",
-"causal"} (optionally "softcap", "window", "varlen": the SOFTCAP/WINDOW/VARLEN variants; for an fp8
+Python functions). Reads a JSON list of {"pass", "config", "head_dim", "dtype", "causal"}
+(optionally "softcap", "window", "varlen": the SOFTCAP/WINDOW/VARLEN variants; for an fp8
 forward "v_keys_contiguous": V with unit key stride instead of unit head-dim stride) on
 stdin and prints one JSON line per item with the compiled kernels' shared memory in bytes
 ("shared": one number per kernel) and their async global-to-shared copies in the TTGIR
-("async_copies"), or "skip" when this triton cannot compile for sm_90 here. The launches' specialisations are mimicked for
-contiguous tensors: unit head-dim strides, 16-byte aligned pointers and strides.
+("async_copies"), or "skip" when this triton cannot compile for sm_90 here. The launches'
+specialisations are mimicked for contiguous tensors: unit head-dim strides, 16-byte
+aligned pointers and strides.
 """
 
 from __future__ import annotations
