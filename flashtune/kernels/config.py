@@ -43,6 +43,10 @@ DECODE_MAX_Q = 16
 # Forward calls with at least this many queries per head read a table's "long" entry first
 # (the Gluon kernel on sm_90 at D=128)
 LONG_MIN_Q = 4096
+# fp8 inputs (kernels/fp8.py): the forward only. Triton's fp8 dots need a reduction of at
+# least 32 (the tensor cores' fp8 K step): the head dim pads to 32, BLOCK_N (P @ V's K) >= 32.
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_MIN_K = 32
 
 # Shared memory per block (opt-in maximum) by compute capability, used when torch
 # cannot tell (older torch, or the interpreter).
@@ -54,9 +58,10 @@ class ConfigError(ValueError):
     """A config that the kernel cannot run; the message names the field."""
 
 
-def padded_head_dim(head_dim: int) -> int:
-    """The tile width the kernels use for a head dim: next power of two, at least 16."""
-    return max(MIN_BLOCK, 1 << (int(head_dim) - 1).bit_length())
+def padded_head_dim(head_dim: int, dtype: torch.dtype | None = None) -> int:
+    """The tile width the kernels use for a head dim: next power of two, at least 16 (at
+    least FP8_MIN_K for an fp8 ``dtype``)."""
+    return max(FP8_MIN_K if dtype in FP8_DTYPES else MIN_BLOCK, 1 << (int(head_dim) - 1).bit_length())
 
 
 def shared_memory_limit(device: torch.device | str | None) -> int:
@@ -226,7 +231,10 @@ class FwdConfig(_ConfigBase):
     and BLOCK_N powers of two in [16, 256]; num_warps in {1, 2, 4, 8, 16}; num_stages in
     [1, 8]; tma 0 or 1, 1 only for 16-bit dtypes, head dims up to 128 and compute
     capability 9.0 or newer; the estimated shared memory (the Q tile plus num_stages
-    buffers of a K and a V tile) within the device's limit.
+    buffers of a K and a V tile) within the device's limit. fp8 inputs (kernels/fp8.py):
+    BLOCK_N at least 32 and tma=0; num_splits and pack_gqa are ignored (the plain kernel
+    always runs); BLOCK_M below 64 runs but compiles to fp16 mma.sync on sm_90, not fp8
+    wgmma (docs/fp8.md).
 
     The schedule (kernels/decode.py), for shapes whose query blocks do not fill the GPU:
     - ``num_splits``: the keys of each query block are cut into this many chunks, each
@@ -325,7 +333,11 @@ class FwdConfig(_ConfigBase):
         _check_flag("overlap", self.overlap)
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
-        d, e = padded_head_dim(head_dim), _element_size(dtype)
+        d, e = padded_head_dim(head_dim, dtype), _element_size(dtype)
+        # fp8 tiles take one byte an element: half of a 16-bit config's need. Equal to what
+        # triton 3.6 allocated compiling the fp8 defaults for sm_90 (D=64/128/256, V's keys
+        # contiguous; less with V's head dim contiguous: V then skips the pipeline),
+        # tests/kernels/test_fp8.py, 2026-12-02.
         # Q tile + num_stages buffers of K and V: equal to what Triton 3.6 allocated for
         # every config of the space at D=64 bf16 with num_stages >= 2 (an upper bound
         # at num_stages=1), measured on the H200 with benchmarks/sweep_space.py. TMA
@@ -346,6 +358,9 @@ class FwdConfig(_ConfigBase):
             return self
         if self.tma:
             _check_tma(head_dim, dtype, device)
+        if dtype in FP8_DTYPES and self.BLOCK_N < FP8_MIN_K:
+            raise ConfigError(f"BLOCK_N: expected at least {FP8_MIN_K} for {dtype} inputs (the fp8 dot P @ V "
+                              f"reduces over BLOCK_N keys, and fp8 dots need at least {FP8_MIN_K}), got {self.BLOCK_N}")
         _check_smem("FwdConfig", self.shared_memory(head_dim, dtype), device)
         return self
 
@@ -535,6 +550,7 @@ def dkdv_split(config: BwdConfig, *, batch: int, heads_q: int, heads_kv: int, n_
 # ----------------------------------------------------------------------------------
 _F, _B = FwdConfig, BwdConfig
 _bf, _fp, _f32 = torch.bfloat16, torch.float16, torch.float32
+_f8 = torch.float8_e4m3fn  # the key of both fp8 dtypes (e5m2 shares e4m3's entries)
 
 # Starting point: PyTorch FlexAttention's H100 forward table, Triton's fused-attention
 # tutorial for the backward; revised by measurement on the H200 (docs/benchmarks.md).
@@ -598,10 +614,19 @@ _SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 2)
 # Other devices: it does not validate, and the entries after it serve.
 _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, num_splits=1, pack_gqa=0, family=1)
 _SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
+# fp8 forward: untuned, never measured; chosen by analogy with the bf16 entries and
+# Triton's fused-attention tutorial's fp8 configs (128x128, 8 warps, 3 stages at D=128:
+# 112 KiB of shared memory in one-byte tiles). D=256 keeps BLOCK_N 64, 2 stages (96 KiB).
+# Decode-sized fp8 calls take these too: fp8 runs the plain kernel only.
+_SM90_FWD.update({(_f8, d): _F(128, 128, 8, 3) for d in (32, 64, 128)})
+_SM90_FWD[(_f8, 256)] = _F(128, 64, 8, 2)
 _GENERIC_FWD = {(_bf, d): _F(64, 32, 4, 2) for d in (16, 32, 64, 128, 256)}
 _GENERIC_FWD.update({(_bf, d, "decode"): _F(32, 64, 4, 2) for d in (16, 32, 64, 128, 256)})
 _GENERIC_FWD.update({(_f32, d, "decode"): _F(32, 32, 4, 2) for d in (16, 32, 64, 128, 256)})
 _GENERIC_FWD.update({(_f32, d): _F(32, 32, 4, 2) for d in (16, 32, 64, 128, 256)})
+# fp8 off Hopper (Ada, sm_89, ~100 KiB of shared memory) and the interpreter: untuned
+_GENERIC_FWD.update({(_f8, d): _F(64, 64, 4, 2) for d in (32, 64, 128)})
+_GENERIC_FWD[(_f8, 256)] = _F(64, 32, 4, 2)
 _GENERIC_BWD = {(_bf, d): _B(32, 32, 32, 32, 4, 2) for d in (16, 32, 64, 128, 256)}
 _GENERIC_BWD.update({(_f32, d): _B(16, 32, 32, 16, 4, 1) for d in (16, 32, 64, 128, 256)})
 
@@ -701,7 +726,7 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     """
     config_class(pass_)  # a bad pass raises ValueError
     cap = device_capability(device)
-    key = (_bf if dtype == _fp else dtype, padded_head_dim(head_dim))
+    key = (_bf if dtype == _fp else _f8 if dtype in FP8_DTYPES else dtype, padded_head_dim(head_dim, dtype))
     keys = [key] if causal is None else [(*key, bool(causal)), key]
     if pass_ == "fwd" and seq_q is not None and seq_q <= DECODE_MAX_Q:
         keys.insert(0, (*key, "decode"))

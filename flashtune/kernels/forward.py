@@ -12,7 +12,9 @@ kernels/decode.py instead (FwdConfig's num_splits and pack_gqa). A sliding windo
 edge blocks as causal masks its diagonal (common.window_blocks). Packed variable-length
 sequences (the VARLEN variant, ``varlen``: q (total_q, Hq, D), k and v (total_k, Hkv, D))
 run one program per (query block, head, sequence), each reading its sequence's rows from
-the cumulative offsets (common.Varlen) and stopping at once past its end.
+the cumulative offsets (common.Varlen) and stopping at once past its end. fp8 inputs (the
+FP8 variant, kernels/fp8.py): both dots in fp8 with fp32 accumulation, P cast to V's fp8
+type, the descales of Q and K folded into qk_scale and V's applied once to the output.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from flashtune.kernels.common import (VARLEN_SIZES, WINDOW_SIDES, Varlen, block_
                                       kernel_strides, key_range, load_tile, needs_int64, on_device, packed_sequence,
                                       score_scales, softcap_log2_scores, store_tile, tma_descriptors, tma_tile,
                                       window_blocks, window_range)
-from flashtune.kernels.config import FwdConfig, padded_head_dim
+from flashtune.kernels.config import FP8_DTYPES, FwdConfig, padded_head_dim
 
 
 @triton.jit
@@ -84,7 +86,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
 
 
 @triton.jit(do_not_specialize=WINDOW_SIDES + VARLEN_SIZES)
-def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, qk_scale, softcap_log2,
+def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, qk_scale, softcap_log2, v_descale,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -93,7 +95,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, qk_scale, softca
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                      INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr,
-                     WINDOW: tl.constexpr, VARLEN: tl.constexpr):
+                     WINDOW: tl.constexpr, VARLEN: tl.constexpr, FP8: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         # the last query blocks have the most keys: start them first
@@ -158,6 +160,8 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, qk_scale, softca
                                True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
                                WINDOW)
 
+    if FP8:  # P @ V ran on the quantized V: its descale, once per output element
+        acc = acc * v_descale
     if CAUSAL or WINDOW or VARLEN:
         # rows that saw no key (bottom-right or a window, Nq > Nk; a packed sequence
         # without keys): output 0, log-sum-exp -inf
@@ -175,7 +179,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
                       causal: bool, sm_scale: float, fp32_precision: str = "tf32",
                       compile_only: bool = False, causal_align: str = "top_left",
                       softcap: float = 0.0, window_size: tuple[int, int] | None = None,
-                      varlen: Varlen | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      varlen: Varlen | None = None, v_descale: float = 1.0,
+                      out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel with an explicit config on already-checked inputs.
 
     ``softcap`` > 0 caps the scaled scores at ``softcap * tanh(scores / softcap)`` (Gemma-2);
@@ -192,42 +197,50 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     (``causal_align`` is ignored); always the plain kernel through pointer loads (the
     config's num_splits, pack_gqa and tma are ignored).
 
+    fp8 inputs (float8_e4m3fn or float8_e5m2, checked by fp8.check_fp8_inputs): ``sm_scale``
+    already carries q_descale * k_descale, ``v_descale`` multiplies the output, which comes in
+    ``out_dtype`` (fp16 or bf16); always the plain kernel (the config's num_splits and pack_gqa
+    are ignored), never varlen. P @ V reads V fastest with the keys contiguous on Hopper
+    (fp8.attention_fp8's ``relayout_v``); any strides work.
+
     ``compile_only`` compiles (or, inside triton's AsyncCompileMode, queues the compile
     of) the kernel without launching it; the outputs are then left uninitialised.
 
-    Returns ``(o, lse2)``: o in q's layout and dtype, lse2 (B, Hq, Nq) float32 holding
-    the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for natural log);
-    with ``varlen``, (Hq, total_q).
+    Returns ``(o, lse2)``: o in q's layout and dtype (``out_dtype`` if given), lse2 (B, Hq,
+    Nq) float32 holding the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for
+    natural log); with ``varlen``, (Hq, total_q).
     """
     if config.family:
-        if window_size is None and not softcap and varlen is None:
+        if window_size is None and not softcap and varlen is None and q.dtype not in FP8_DTYPES:
             return _gluon_forward(q, k, v, config, causal=causal, sm_scale=sm_scale, compile_only=compile_only,
                                   causal_align=causal_align)
-        config = config.as_triton()  # what the Gluon kernel lacks runs on the Triton kernel, same blocks
+        config = config.as_triton()  # what the Gluon kernel lacks (fp8 too) runs on the Triton kernel, same blocks
     B, H, _, N_Q, N_K, D, window, off = call_geometry(q, k, varlen, causal, causal_align, window_size)
     key_blocks = None
     if window and varlen is None:  # the split kernel chunks only the key blocks some query reaches
         lo, _, _, hi = window_blocks(0, N_Q - 1, N_K, config.BLOCK_N, off, *window)
         key_blocks = (lo, hi)
-    schedule = plan_schedule(config, B, H, k.shape[1], N_Q, N_K, q.device, key_blocks) if varlen is None else None
+    fp8 = q.dtype in FP8_DTYPES
+    schedule = None if varlen is not None or fp8 else plan_schedule(config, B, H, k.shape[1], N_Q, N_K, q.device,
+                                                                    key_blocks)
     if schedule is not None:
         return split_forward(q, k, v, config, schedule, causal=causal, causal_off=off, sm_scale=sm_scale,
                              precision=dot_precision(q.dtype, fp32_precision), compile_only=compile_only,
                              softcap=softcap, window=window)
-    o = torch.empty_like(q)
+    o = torch.empty_like(q, dtype=out_dtype or q.dtype)
     lse_shape = (B, H, N_Q) if varlen is None else (H, q.shape[0])
     lse2 = torch.empty(lse_shape, device=q.device, dtype=torch.float32)
-    BLOCK_D = padded_head_dim(D)
+    BLOCK_D = padded_head_dim(D, q.dtype)
     # K and V tiles through TMA descriptors when the config asks and the copy engine can
     # address the tensors; otherwise (or for the unused arguments) the pointer loads
-    descs = tma_descriptors(config.tma and varlen is None, (k, v), config.BLOCK_N, BLOCK_D)
+    descs = tma_descriptors(config.tma and varlen is None and not fp8, (k, v), config.BLOCK_N, BLOCK_D)
     cu = (lse2, lse2) if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k)  # unused without varlen
     # CUDA caps grid y and z at 65535; plain int division: triton.cdiv is a jit function,
     # ~10 us of host time per call through its wrapper
     grid = (-(-N_Q // config.BLOCK_M), H, B)
     with on_device(q):
         _attn_fwd_kernel.run(
-            q, k, v, o, lse2, *(descs or (k, v)), *cu, *score_scales(sm_scale, softcap),
+            q, k, v, o, lse2, *(descs or (k, v)), *cu, *score_scales(sm_scale, softcap), v_descale,
             *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
             *kernel_strides(o, varlen),
             H, H // k.shape[1], N_Q, N_K, off, *(window or (0, 0)), lse2.shape[-1],
@@ -235,7 +248,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
             BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
             PRECISION=dot_precision(q.dtype, fp32_precision), INT64=needs_int64(q, k, v, o), TMA=descs is not None,
             SCALE_POSITIVE=sm_scale > 0 and not softcap, SOFTCAP=bool(softcap), WINDOW=window is not None,
-            VARLEN=varlen is not None,
+            VARLEN=varlen is not None, FP8=fp8,
             num_warps=config.num_warps, num_stages=config.num_stages,
             grid=grid, warmup=compile_only,
         )

@@ -10,7 +10,7 @@ import torch
 
 from flashtune.kernels.backward import attention_backward
 from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, Varlen, torch_fp32_precision
-from flashtune.kernels.config import DECODE_MAX_Q, MAX_HEAD_DIM, BwdConfig, FwdConfig, default_config
+from flashtune.kernels.config import DECODE_MAX_Q, FP8_DTYPES, MAX_HEAD_DIM, BwdConfig, FwdConfig, default_config
 from flashtune.kernels.forward import attention_forward
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -46,8 +46,10 @@ def check_window(window_size) -> tuple[int, int] | None:
     return None if (left, right) == (-1, -1) else (left, right)
 
 
-def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32", causal_align="top_left") -> float:
+def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32", causal_align="top_left",
+                 dtypes=SUPPORTED_DTYPES) -> float:
     """Raise TypeError/ValueError naming the argument for anything the kernels cannot run.
+    ``dtypes``: those accepted (fp8.check_fp8_inputs passes the fp8 ones, checked first).
 
     Returns the softmax scale to use.
     """
@@ -57,8 +59,9 @@ def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32",
         if t.dim() != 4:
             raise ValueError(f"{name}: expected a 4-D tensor (batch, heads, seq_len, head_dim), "
                              f"got shape {tuple(t.shape)}")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name}: expected dtype float16, bfloat16 or float32, got {t.dtype}")
+        if t.dtype not in dtypes:
+            hint = " (fp8 inputs: flashtune.attention_fp8, forward only)" if t.dtype in FP8_DTYPES else ""
+            raise TypeError(f"{name}: expected dtype float16, bfloat16 or float32, got {t.dtype}{hint}")
         if t.numel() == 0:
             raise ValueError(f"{name}: expected a non-empty tensor, got shape {tuple(t.shape)}")
     for name, t in (("k", k), ("v", v)):

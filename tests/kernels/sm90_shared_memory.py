@@ -1,11 +1,14 @@
 """Compile flashtune's kernels for sm_90 (H100/H200) without a GPU; print shared memory.
 
 Run as a script with TRITON_INTERPRET unset (the interpreter replaces the kernels by
-Python functions). Reads a JSON list of {"pass", "config", "head_dim", "dtype",
-"causal"} (optionally "softcap", "window", "varlen": the SOFTCAP/WINDOW/VARLEN variants) on
+Python functions). Reads a JSON list of {"pass", "config", "head_dim", "dtype", "causal"}
+(optionally "softcap", "window", "varlen": the SOFTCAP/WINDOW/VARLEN variants; for an fp8
+forward "v_keys_contiguous": V with unit key stride instead of unit head-dim stride) on
 stdin and prints one JSON line per item with the compiled kernels' shared memory in bytes
-("shared": one number per kernel), or "skip" when this triton cannot compile for sm_90 here. The launches' specialisations are mimicked for
-contiguous tensors: unit head-dim strides, 16-byte aligned pointers and strides.
+("shared": one number per kernel) and their async global-to-shared copies in the TTGIR
+("async_copies"), or "skip" when this triton cannot compile for sm_90 here. The launches'
+specialisations are mimicked for contiguous tensors: unit head-dim strides, 16-byte
+aligned pointers and strides.
 """
 
 from __future__ import annotations
@@ -14,16 +17,19 @@ import json
 import sys
 
 TARGET = ("cuda", 90, 32)
-POINTER_TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
+POINTER_TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "float8_e4m3fn": "*fp8e4nv",
+                 "float8_e5m2": "*fp8e5"}
 
 
-def _source(fn, pointers: dict, scalars: dict, constexprs: dict):
+def _source(fn, pointers: dict, scalars: dict, constexprs: dict, v_keys_contiguous: bool = False):
     from triton.compiler import ASTSource
 
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
-        if name.startswith("stride") and name.endswith("d"):
+        if name.startswith("stride") and name.endswith("d") and not (v_keys_contiguous and name == "stride_vd"):
             constexprs[name] = 1  # contiguous head dim: triton specialises a stride of 1
+        if v_keys_contiguous and name == "stride_vn":
+            constexprs[name] = 1  # V's keys contiguous (fp8.keys_contiguous)
         if name in constexprs:
             signature[name] = "constexpr"
         elif name in pointers:
@@ -37,33 +43,36 @@ def _source(fn, pointers: dict, scalars: dict, constexprs: dict):
     return ASTSource(fn, signature, constexprs, attrs)
 
 
-def compile_shared(item: dict) -> list[int]:
+def compile_shared(item: dict) -> tuple[list[int], list[int]]:
+    import torch
     import triton
     from triton.backends.compiler import GPUTarget
 
     from flashtune.kernels import backward, forward
-    from flashtune.kernels.config import BwdConfig, FwdConfig, padded_head_dim
+    from flashtune.kernels.config import FP8_DTYPES, BwdConfig, FwdConfig, padded_head_dim
 
     p = POINTER_TYPES[item["dtype"]]
     D = item["head_dim"]
+    fp8 = getattr(torch, item["dtype"]) in FP8_DTYPES
+    block_d = padded_head_dim(D, getattr(torch, item["dtype"]))
 
     def desc(rows: int, tma: int, pointer: str = p) -> str:
         # a TMA config's descriptor argument (4-d, one [rows, BLOCK_D] tile of a head); else the pointer
-        return f"tensordesc<{pointer[1:]}[1,1,{rows},{padded_head_dim(D)}]>" if tma else pointer
+        return f"tensordesc<{pointer[1:]}[1,1,{rows},{block_d}]>" if tma else pointer
 
     varlen = bool(item.get("varlen"))  # packed sequences: pointer loads (tma ignored), no split dK/dV
-    common = {"CAUSAL": item["causal"], "HEAD_DIM": D, "BLOCK_D": padded_head_dim(D),
+    common = {"CAUSAL": item["causal"], "HEAD_DIM": D, "BLOCK_D": block_d,
               "PRECISION": "tf32" if item["dtype"] == "float32" else "ieee", "INT64": False,
               "SOFTCAP": bool(item.get("softcap")), "WINDOW": bool(item.get("window")), "VARLEN": varlen}
     cu = dict.fromkeys(("CU_Q", "CU_K"), "*i32" if varlen else "*fp32")  # unused without varlen
     if item["pass"] == "fwd":
         cfg = FwdConfig.from_dict(item["config"])
         tma = cfg.tma and not varlen
-        pointers = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32", **cu}
+        pointers = {"Q": p, "K": p, "V": p, "O": "*bf16" if fp8 else p, "LSE": "*fp32", **cu}
         pointers.update(DescK=desc(cfg.BLOCK_N, tma), DescV=desc(cfg.BLOCK_N, tma))
         kernels = [(forward._attn_fwd_kernel, pointers,
                     {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "TMA": bool(tma),
-                     "SCALE_POSITIVE": not item.get("softcap")})]
+                     "SCALE_POSITIVE": not item.get("softcap"), "FP8": fp8})]
     else:
         cfg = BwdConfig.from_dict(item["config"])
         tma = cfg.tma and not varlen
@@ -84,14 +93,15 @@ def compile_shared(item: dict) -> list[int]:
         kernels.append((backward._bwd_dq_kernel, {**pointers, "DQ": p, "DescK": desc2, "DescV": desc2},
                         {"BLOCK_M": cfg.BLOCK_M2, "BLOCK_N": cfg.BLOCK_N2, "TMA": bool(tma)},
                         (cfg.dq_num_warps, cfg.dq_num_stages)))
-    shared = []
+    shared, copies = [], []
     for fn, pointers, blocks, (warps, stages) in (kernels if item["pass"] != "fwd" else
                                                   [(*k, (cfg.num_warps, cfg.num_stages)) for k in kernels]):
-        src = _source(fn, pointers, {"qk_scale": "fp32", "sm_scale": "fp32", "softcap_log2": "fp32"},
-                      {**common, **blocks})
+        src = _source(fn, pointers, {"qk_scale": "fp32", "sm_scale": "fp32", "softcap_log2": "fp32",
+                                     "v_descale": "fp32"}, {**common, **blocks}, bool(item.get("v_keys_contiguous")))
         compiled = triton.compile(src, target=GPUTarget(*TARGET), options={"num_warps": warps, "num_stages": stages})
         shared.append(int(compiled.metadata.shared))
-    return shared
+        copies.append(compiled.asm["ttgir"].count("ttg.async_copy_global_to_local"))
+    return shared, copies
 
 
 def main() -> int:
@@ -104,7 +114,8 @@ def main() -> int:
         print(json.dumps({"skip": f"this triton cannot compile for sm_90 here: {e}"}))
         return 0
     for item in items:
-        print(json.dumps({**item, "shared": compile_shared(item)}), flush=True)
+        shared, copies = compile_shared(item)
+        print(json.dumps({**item, "shared": shared, "async_copies": copies}), flush=True)
     return 0
 
 
