@@ -265,7 +265,7 @@ class FwdConfig(_ConfigBase):
         if not isinstance(self.pack_gqa, int) or isinstance(self.pack_gqa, bool) or self.pack_gqa not in (-1, 0, 1):
             raise ConfigError(f"pack_gqa: expected -1 (auto), 0 or 1, got {self.pack_gqa!r}")
 
-    def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
+    def shared_memory(self, head_dim: int, dtype: torch.dtype, dropout: bool = False) -> int:
         d, e = padded_head_dim(head_dim), _element_size(dtype)
         # Q tile + num_stages buffers of K and V: equal to what Triton 3.6 allocated for
         # every config of the space at D=64 bf16 with num_stages >= 2 (an upper bound
@@ -273,14 +273,20 @@ class FwdConfig(_ConfigBase):
         # loads add their barriers and alignment: at most 1 KiB over the pointer kernel in
         # all 72 D=128 bf16 configs of BLOCK_M 64..256, BLOCK_N 32..128, 4/8 warps, 1..4
         # stages, compiled for sm_90 (2026-11-30).
-        return e * d * (self.BLOCK_M + 2 * self.num_stages * self.BLOCK_N) + 1024 * self.tma
+        # The DROPOUT kernel converts the mask's [BLOCK_M, BLOCK_N] tile (one byte an element)
+        # into the scores' layout through shared memory: exactly BLOCK_M * BLOCK_N bytes more
+        # in 7 configs compiled for sm_90 with triton 3.6 (BLOCK_M 64-256 x BLOCK_N 32-128,
+        # bf16 and fp32, D=64-256, with and without TMA, 2026-12-02).
+        return e * d * (self.BLOCK_M + 2 * self.num_stages * self.BLOCK_N) + 1024 * self.tma \
+            + self.BLOCK_M * self.BLOCK_N * bool(dropout)
 
-    def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "FwdConfig":
-        """Raise ConfigError naming the field if this config cannot run; return self."""
+    def validate(self, head_dim: int, dtype: torch.dtype, device=None, dropout: bool = False) -> "FwdConfig":
+        """Raise ConfigError naming the field if this config cannot run (``dropout``: its
+        DROPOUT kernel); return self."""
         self.check_fields()
         if self.tma:
             _check_tma(head_dim, dtype, device)
-        _check_smem("FwdConfig", self.shared_memory(head_dim, dtype), device)
+        _check_smem("FwdConfig", self.shared_memory(head_dim, dtype, dropout), device)
         return self
 
 

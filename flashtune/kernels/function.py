@@ -10,7 +10,7 @@ import torch
 
 from flashtune.kernels.backward import attention_backward
 from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, Dropout, Varlen, torch_fp32_precision
-from flashtune.kernels.config import DECODE_MAX_Q, MAX_HEAD_DIM, BwdConfig, FwdConfig, default_config
+from flashtune.kernels.config import DECODE_MAX_Q, MAX_HEAD_DIM, BwdConfig, ConfigError, FwdConfig, default_config
 from flashtune.kernels.forward import attention_forward
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -145,8 +145,20 @@ def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32",
 
 
 @functools.lru_cache(maxsize=1024)
-def _validated(config, head_dim: int, dtype: torch.dtype, device: torch.device):
-    return config.validate(head_dim, dtype, device)
+def _validated(config, head_dim: int, dtype: torch.dtype, device: torch.device, dropout: bool = False):
+    return config.validate(head_dim, dtype, device, dropout=True) if dropout else config.validate(head_dim, dtype, device)
+
+
+@functools.lru_cache(maxsize=1024)
+def dropout_fwd_config(config: FwdConfig, head_dim: int, dtype: torch.dtype, device: torch.device,
+                       causal: bool) -> FwdConfig:
+    """A forward config (tuned for the call without dropout) whose DROPOUT kernel fits the
+    device: ``config`` itself, or the heuristic default where the mask's extra shared memory
+    (FwdConfig.shared_memory) would not fit."""
+    try:
+        return config.validate(head_dim, dtype, device, dropout=True)
+    except ConfigError:
+        return _default("fwd", head_dim, dtype, device, causal, False)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -154,13 +166,14 @@ def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device
     return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=1 if decode else None)
 
 
-def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = False, *, varlen: bool = False
-                    ) -> tuple[FwdConfig, BwdConfig]:
-    """The configs to launch with: the given ones, validated, or the heuristic defaults
-    (the forward's decode entry for at most DECODE_MAX_Q queries; never for a packed
-    ``varlen`` q, which runs the plain forward kernel)."""
+def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = False, *, varlen: bool = False,
+                    dropout: bool = False) -> tuple[FwdConfig, BwdConfig]:
+    """The configs to launch with: the given ones, validated (the forward's for its DROPOUT
+    kernel with ``dropout``), or the heuristic defaults (the forward's decode entry for at
+    most DECODE_MAX_Q queries; never for a packed ``varlen`` q or with dropout, which run the
+    plain forward kernel)."""
     D, dtype, device = q.shape[-1], q.dtype, q.device
-    decode = not varlen and q.shape[2] <= DECODE_MAX_Q
+    decode = not varlen and not dropout and q.shape[2] <= DECODE_MAX_Q
     resolved = []
     for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
                                   ("bwd_config", bwd_config, BwdConfig, "bwd")):
@@ -169,10 +182,11 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
         elif not isinstance(cfg, cls):
             raise TypeError(f"{name}: expected a {cls.__name__} or None, got {type(cfg).__name__}")
         else:
+            drop = dropout and pass_ == "fwd"
             try:
-                resolved.append(_validated(cfg, D, dtype, device))
+                resolved.append(_validated(cfg, D, dtype, device, drop))
             except TypeError:  # an unhashable field: validate() names it
-                resolved.append(cfg.validate(D, dtype, device))
+                resolved.append(cfg.validate(D, dtype, device, dropout=True) if drop else cfg.validate(D, dtype, device))
     return resolved[0], resolved[1]
 
 
@@ -267,7 +281,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                                      bwd_config=bwd_config, fp32_precision="" if fp32_precision is None else fp32_precision,
                                      causal_align=causal_align, softcap=cap, window_size=window, dropout=dropout)
     else:
-        fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal)
+        fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal, dropout=dropout is not None)
         o, lse2 = _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, causal_align, cap, window, dropout=dropout)
     if return_lse:
         return o, lse2 * LN2
@@ -398,7 +412,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     cap = check_softcap(softcap)
     window = check_window(window_size)
     dropout = check_dropout(dropout_p, dropout_seed, q.device)
-    fwd, bwd = resolve_configs(q.unsqueeze(0).transpose(1, 2), fwd_config, bwd_config, causal, varlen=True)
+    fwd, bwd = resolve_configs(q.unsqueeze(0).transpose(1, 2), fwd_config, bwd_config, causal, varlen=True,
+                               dropout=dropout is not None)
     o, lse2 = _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, "bottom_right", cap, window, varlen, dropout)
     if return_lse:
         return o, lse2 * LN2

@@ -2,7 +2,7 @@
 
 Run as a script with TRITON_INTERPRET unset (the interpreter replaces the kernels by
 Python functions). Reads a JSON list of {"pass", "config", "head_dim", "dtype",
-"causal"} (optionally "softcap", "window", "varlen": the SOFTCAP/WINDOW/VARLEN variants) on
+"causal"} (optionally "softcap", "window", "varlen", "dropout": the SOFTCAP/WINDOW/VARLEN/DROPOUT variants) on
 stdin and prints one JSON line per item with the compiled kernels' shared memory in bytes
 ("shared": one number per kernel), or "skip" when this triton cannot compile for sm_90 here. The launches' specialisations are mimicked for
 contiguous tensors: unit head-dim strides, 16-byte aligned pointers and strides.
@@ -54,8 +54,10 @@ def compile_shared(item: dict) -> list[int]:
     varlen = bool(item.get("varlen"))  # packed sequences: pointer loads (tma ignored), no split dK/dV
     common = {"CAUSAL": item["causal"], "HEAD_DIM": D, "BLOCK_D": padded_head_dim(D),
               "PRECISION": "tf32" if item["dtype"] == "float32" else "ieee", "INT64": False,
-              "SOFTCAP": bool(item.get("softcap")), "WINDOW": bool(item.get("window")), "VARLEN": varlen}
+              "SOFTCAP": bool(item.get("softcap")), "WINDOW": bool(item.get("window")), "VARLEN": varlen,
+              "DROPOUT": bool(item.get("dropout"))}
     cu = dict.fromkeys(("CU_Q", "CU_K"), "*i32" if varlen else "*fp32")  # unused without varlen
+    cu["RNG"] = "*i64" if item.get("dropout") else "*fp32"  # the dropout's (seed, offset); else unused
     if item["pass"] == "fwd":
         cfg = FwdConfig.from_dict(item["config"])
         tma = cfg.tma and not varlen
@@ -87,7 +89,7 @@ def compile_shared(item: dict) -> list[int]:
     shared = []
     for fn, pointers, blocks, (warps, stages) in (kernels if item["pass"] != "fwd" else
                                                   [(*k, (cfg.num_warps, cfg.num_stages)) for k in kernels]):
-        src = _source(fn, pointers, {"qk_scale": "fp32", "sm_scale": "fp32", "softcap_log2": "fp32"},
+        src = _source(fn, pointers, {"qk_scale": "fp32", "sm_scale": "fp32", "softcap_log2": "fp32", "drop_scale": "fp32"},
                       {**common, **blocks})
         compiled = triton.compile(src, target=GPUTarget(*TARGET), options={"num_warps": warps, "num_stages": stages})
         shared.append(int(compiled.metadata.shared))
