@@ -328,7 +328,8 @@ class TunedAttention:
         needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
         runner = plan.choice.train_runner if needs_grad else plan.choice.runner
         dropout = Dropout(float(dropout_p), draw_rng(query.device)) if dropout_p else None
-        if runner != "triton" and dropout is None:  # (dropout: the kernels; the runner was timed without it)  # an SDPA backend the search measured faster for this key
+        # an SDPA backend the search measured faster for this key (timed without dropout: dropout runs the kernels)
+        if runner != "triton" and dropout is None:
             try:
                 return runners.sdpa(runner, query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
                                     enable_gqa=enable_gqa)

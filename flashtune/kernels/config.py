@@ -422,8 +422,10 @@ class BwdConfig(_ConfigBase):
         # pointer kernels (32 D=128 bf16 configs compiled for sm_90, 2026-11-30)
         return max(dkdv, dq) + 1024 * self.tma
 
-    def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "BwdConfig":
-        """Raise ConfigError naming the field if this config cannot run; return self."""
+    def validate(self, head_dim: int, dtype: torch.dtype, device=None, dropout: bool = False) -> "BwdConfig":
+        """Raise ConfigError naming the field if this config cannot run; return self. The
+        estimate covers the DROPOUT kernels as they are (``dropout`` changes nothing: compiled
+        for sm_90, tests/kernels/test_shared_memory_sm90.py)."""
         self.check_fields()
         if self.atomic_dq and padded_head_dim(head_dim) > ATOMIC_DQ_MAX_HEAD_DIM:
             raise ConfigError(f"atomic_dq: supported up to head_dim {ATOMIC_DQ_MAX_HEAD_DIM}, got head_dim {head_dim}; "

@@ -244,7 +244,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     rng, drop_threshold, drop_scale = dropout_args(dropout, lse2)
     with on_device(q):
         _attn_fwd_kernel.run(
-            q, k, v, o, lse2, *(descs or (k, v)), *cu, rng, *score_scales(sm_scale, softcap), drop_threshold, drop_scale,
+            q, k, v, o, lse2, *(descs or (k, v)), *cu, rng, *score_scales(sm_scale, softcap), drop_threshold,
+            drop_scale,
             *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
             *kernel_strides(o, varlen),
             H, H // k.shape[1], N_Q, N_K, off, *(window or (0, 0)), lse2.shape[-1],

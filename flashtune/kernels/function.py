@@ -146,7 +146,7 @@ def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32",
 
 @functools.lru_cache(maxsize=1024)
 def _validated(config, head_dim: int, dtype: torch.dtype, device: torch.device, dropout: bool = False):
-    return config.validate(head_dim, dtype, device, dropout=True) if dropout else config.validate(head_dim, dtype, device)
+    return config.validate(head_dim, dtype, device, dropout=dropout)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -182,11 +182,11 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
         elif not isinstance(cfg, cls):
             raise TypeError(f"{name}: expected a {cls.__name__} or None, got {type(cfg).__name__}")
         else:
-            drop = dropout and pass_ == "fwd"
+            drop = bool(dropout)
             try:
                 resolved.append(_validated(cfg, D, dtype, device, drop))
             except TypeError:  # an unhashable field: validate() names it
-                resolved.append(cfg.validate(D, dtype, device, dropout=True) if drop else cfg.validate(D, dtype, device))
+                resolved.append(cfg.validate(D, dtype, device, dropout=drop))
     return resolved[0], resolved[1]
 
 
@@ -390,8 +390,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     same frame: query i sees keys [i + lk - lq - left, i + lk - lq + right], right capped
     at 0 with causal. ``softcap``, ``sm_scale``, ``fp32_precision``, ``dropout_p`` and
     ``dropout_seed``, the configs: as ``attention`` (the dropout mask's rows numbered (query
-    head, packed query row), its keys within the sequence, common.Dropout); the forward always runs the plain kernel (the config's num_splits and
-    pack_gqa are ignored), both passes load through pointers (tma is ignored) and the
+    head, packed query row), its keys within the sequence, common.Dropout); the forward
+    always runs the plain kernel (the config's num_splits and pack_gqa are ignored), both passes load through pointers (tma is ignored) and the
     dK/dV kernel is never split (dkdv_split is ignored); atomic_dq works.
 
     Bad input raises TypeError/ValueError naming the argument (check_varlen_inputs; the

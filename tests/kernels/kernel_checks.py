@@ -464,9 +464,9 @@ def _heads_first(t: torch.Tensor) -> torch.Tensor:
 def loop_reference(q, k, v, do, lens_q, lens_k, *, causal, sm_scale=None, dtype=torch.float64, window=None,
                    softcap=None, grads: bool = True, dropout=None, mask=None) -> Outputs:
     """reference_attention per sequence (bottom-right), in ``dtype``, concatenated; lse
-    (Hq, total_q); ``dropout`` (p) with its (Hq, total_q, max_seqlen_k) ``mask``. A sequence without queries adds nothing; queries without keys get o 0,
-    lse -inf and dq 0; keys without queries dk = dv = 0. ``grads=False``: o and lse only
-    (the gradients None)."""
+    (Hq, total_q); ``dropout`` (p) with its (Hq, total_q, max_seqlen_k) ``mask``. A sequence
+    without queries adds nothing; queries without keys get o 0, lse -inf and dq 0; keys
+    without queries dk = dv = 0. ``grads=False``: o and lse only (the gradients None)."""
     qr, kr, vr = (x.detach().to(dtype).requires_grad_(grads) for x in (q, k, v))
     cq, ck = offsets(lens_q).tolist(), offsets(lens_k).tolist()
     outs, lses = [], []

@@ -2,7 +2,8 @@
 
 Run as a script with TRITON_INTERPRET unset (the interpreter replaces the kernels by
 Python functions). Reads a JSON list of {"pass", "config", "head_dim", "dtype",
-"causal"} (optionally "softcap", "window", "varlen", "dropout": the SOFTCAP/WINDOW/VARLEN/DROPOUT variants) on
+"causal"} (optionally "softcap", "window", "varlen", "dropout": the SOFTCAP/WINDOW/VARLEN/
+DROPOUT variants) on
 stdin and prints one JSON line per item with the compiled kernels' shared memory in bytes
 ("shared": one number per kernel), or "skip" when this triton cannot compile for sm_90 here. The launches' specialisations are mimicked for
 contiguous tensors: unit head-dim strides, 16-byte aligned pointers and strides.
@@ -89,8 +90,8 @@ def compile_shared(item: dict) -> list[int]:
     shared = []
     for fn, pointers, blocks, (warps, stages) in (kernels if item["pass"] != "fwd" else
                                                   [(*k, (cfg.num_warps, cfg.num_stages)) for k in kernels]):
-        src = _source(fn, pointers, {"qk_scale": "fp32", "sm_scale": "fp32", "softcap_log2": "fp32", "drop_scale": "fp32"},
-                      {**common, **blocks})
+        scalars = {"qk_scale": "fp32", "sm_scale": "fp32", "softcap_log2": "fp32", "drop_scale": "fp32"}
+        src = _source(fn, pointers, scalars, {**common, **blocks})
         compiled = triton.compile(src, target=GPUTarget(*TARGET), options={"num_warps": warps, "num_stages": stages})
         shared.append(int(compiled.metadata.shared))
     return shared
