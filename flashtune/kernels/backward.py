@@ -161,7 +161,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
         drop_words = tl.cdiv(N_K, 4)
         rng_seed, rng_offset = tl.load(RNG), tl.load(RNG + 1)
     else:
-        drop_words, rng_seed, rng_offset = 0, 0, 0
+        drop_words, rng_seed = 0, 0
     if VARLEN:
         # sequence off_b of a packed batch (common.Varlen, as the forward kernel); a
         # sequence without queries still writes its keys' zero dK and dV
@@ -227,7 +227,10 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
         else:
             row = (off_b * H + off_h) * N_Q
         dqa_base = DQA + row * BLOCK_D
-        drop_base = rng_offset + row * drop_words  # query row 0's first counter (common.dropout_rows)
+        if DROPOUT:
+            drop_base = rng_offset + row * drop_words  # query row 0's first counter (common.dropout_rows)
+        else:
+            drop_base = 0
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
                                  dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
                                  offs_n, offs_mb, offs_d, first * BLOCK_M, diag_end * BLOCK_M, N_Q, N_K,
@@ -410,12 +413,12 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, CU_Q, CU_K, RNG, s
                        offs_m + causal_off, offs_nb, offs_d, full_lo, full_hi, N_K, qk_scale, softcap_log2,
                        win_left, win_right,
                        False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP, WINDOW,
-                           rng_seed, drop_base, drop_threshold, drop_scale, DROPOUT)
+                       rng_seed, drop_base, drop_threshold, drop_scale, DROPOUT)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                        offs_m + causal_off, offs_nb, offs_d, full_hi, hi, N_K, qk_scale, softcap_log2,
                        win_left, win_right,
                        True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP, WINDOW,
-                           rng_seed, drop_base, drop_threshold, drop_scale, DROPOUT)
+                       rng_seed, drop_base, drop_threshold, drop_scale, DROPOUT)
     dq = dq * sm_scale
     store_tile(DQ + dq_off + off_h * stride_dqh + offs_m[:, None] * stride_dqn
                + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D)

@@ -258,9 +258,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     (common.Dropout), is regenerated in the backward and never stored, and depends on the
     seed, the element's (batch, head, query, key) and the shape only, not on the configs.
     ``dropout_seed``: None draws the seed from torch's generator of q's device (so
-    ``torch.manual_seed`` repeats a run); an int fixes it (the same int, the same mask); an
-    int64 tensor (seed, offset) of two on q's device is read when the kernels run (for CUDA
-    graphs). Decode-sized calls with dropout run the plain forward kernel, not the split one.
+    ``torch.manual_seed`` repeats a run, and a captured CUDA graph draws anew per replay);
+    an int fixes it (the same int, the same mask; a host-to-device copy per call, which CUDA
+    graph capture refuses); an int64 tensor (seed, offset) of two on q's device is read when
+    the kernels run (for CUDA graphs). Decode-sized calls with dropout run the plain forward kernel, not the split one.
 
     Returns o, or (o, lse) with ``return_lse=True``: lse is (batch, heads_q, seq_q) float32,
     the natural-log log-sum-exp of the scaled scores of each query row. Gradients flow
