@@ -92,8 +92,9 @@ def test_dropout_compiles_whole_and_matches_eager_for_a_seed():
     for run in (torch.compile(seeded, fullgraph=True, backend=BACKEND), seeded):
         o = run(q, k, v)
         results.append((o.detach(), *torch.autograd.grad(o.float().square().sum(), (q, k, v))))
+    tolerance = dict(atol=2e-2, rtol=2e-2) if DTYPE == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
     for a, b in zip(*results):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a, b, **tolerance)
     q, k, v = qkv()
     drawn = torch.compile(lambda q, k, v: flashtune.attention(q, k, v, dropout_p=0.5), fullgraph=True,
                           backend=BACKEND)
