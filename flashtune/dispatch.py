@@ -21,7 +21,15 @@ An ``attn_mask`` made by ``torch.nn.attention.bias.causal_upper_left(Nq, Nk)`` o
 ``causal_lower_right(Nq, Nk)`` runs the kernels' causal mask, aligned top-left or
 bottom-right (queries that see no key, lower-right with Nq > Nk, get 0 as in SDPA).
 
-What the kernels cannot run (any other ``attn_mask``, ``dropout_p > 0``, inputs that are not
+``dropout_p > 0`` runs the kernels' dropout (kernels.common.Dropout: FlashAttention's, the
+mask regenerated in the backward), with the same configs as without it (dropout is not a
+key dimension: whether it moves the best config is not measured) and always the Triton
+kernels, also where the search found an SDPA backend faster (it was timed without
+dropout). The seed is drawn from torch's generator of the device per call (so
+``torch.manual_seed`` repeats a run), and dropout applies whenever dropout_p > 0, in eval
+too, as in SDPA.
+
+What the kernels cannot run (any other ``attn_mask``, a ``dropout_p`` outside [0, 1), inputs that are not
 4-D, dtypes other than fp16/bf16/fp32, head dims above 256, a CPU tensor without the
 Triton interpreter, ...) goes to torch SDPA with one warning per reason, or raises
 ``ValueError`` with ``strict=True``. Differing query and key/value head counts need
@@ -69,7 +77,8 @@ from flashtune.kernels import (
     default_config,
 )
 from flashtune.kernels.config import resolve_device
-from flashtune.kernels.common import torch_fp32_precision
+from flashtune.kernels.common import Dropout, torch_fp32_precision
+from flashtune.kernels.function import check_dropout, check_dropout_p, draw_rng, dropout_fwd_config
 from flashtune.keys import GpuInfo, TuningKey, dtype_name, key_distance
 from flashtune.provenance import is_current, kernel_source_hash
 from flashtune.store import ENV_VAR, Store, default_path, resolve_url
@@ -245,7 +254,16 @@ class _Plan:
 
 
 _MASK = _Plan.sdpa("attn_mask is not supported")
-_DROPOUT = _Plan.sdpa("dropout_p > 0 is not supported")
+_BAD_DROPOUT = _Plan.sdpa("dropout_p outside [0, 1) is not supported")
+
+
+def _is_probability(dropout_p) -> bool:
+    """Whether the kernels' dropout takes ``dropout_p`` (check_dropout_p)."""
+    try:
+        check_dropout_p(dropout_p)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 @dataclasses.dataclass
@@ -309,7 +327,9 @@ class TunedAttention:
                                                   is_causal=is_causal, scale=scale, **extra)
         needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
         runner = plan.choice.train_runner if needs_grad else plan.choice.runner
-        if runner != "triton":  # an SDPA backend the search measured faster for this key
+        dropout = Dropout(float(dropout_p), draw_rng(query.device)) if dropout_p else None
+        # an SDPA backend the search measured faster for this key (timed without dropout: dropout runs the kernels)
+        if runner != "triton" and dropout is None:
             try:
                 return runners.sdpa(runner, query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
                                     enable_gqa=enable_gqa)
@@ -319,13 +339,15 @@ class TunedAttention:
                 mode = "train_runner" if needs_grad else "runner"  # the cached plan of this signature, not a copy
                 object.__setattr__(plan, "choice", dataclasses.replace(plan.choice, **{mode: "triton"}))
         fwd, bwd = plan.choice.fwd_config, plan.choice.bwd_config
+        if dropout is not None:  # the tuned config's DROPOUT kernel, where it fits (else the default's)
+            fwd = dropout_fwd_config(fwd, query.shape[3], query.dtype, query.device, plan.causal)
         precision = torch_fp32_precision(query.dtype)
         if needs_grad:
             return FlashAttentionFunction.apply(query, key, value, plan.causal, plan.sm_scale, fwd, bwd, precision,
-                                                plan.causal_align)[0]
+                                                plan.causal_align, 0.0, None, None, dropout)[0]
         # nothing to differentiate: the launcher alone, without autograd's cost per call
         return attention_forward(query, key, value, fwd, causal=plan.causal, sm_scale=plan.sm_scale,
-                                 fp32_precision=precision, causal_align=plan.causal_align)[0]
+                                 fp32_precision=precision, causal_align=plan.causal_align, dropout=dropout)[0]
 
     def _traced_call(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         """The call as torch.compile traces it: one flashtune operator whose configs are looked up in
@@ -336,7 +358,7 @@ class TunedAttention:
         align = "top_left"
         if attn_mask is not None:
             align = _causal_bias_align(attn_mask, query, key, is_causal)
-        sdpa = align is None or bool(dropout_p)
+        sdpa = align is None or not _is_probability(dropout_p)
         if not sdpa:
             try:
                 sm_scale = check_inputs(query, key, value, causal=is_causal, sm_scale=scale)
@@ -351,12 +373,19 @@ class TunedAttention:
                                "enable_gqa=True for grouped-query attention (as torch SDPA requires)")
         return compiled_attention(query, key, value, causal=is_causal or attn_mask is not None, sm_scale=sm_scale,
                                   fwd_config=None, bwd_config=None, fp32_precision="", causal_align=align,
-                                  table=table_token(self))[0]
+                                  table=table_token(self), dropout=check_dropout(dropout_p, None, query.device))[0]
 
     def explain(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                 enable_gqa=False) -> Choice:
         """The configs this call would run and why. Runs nothing."""
-        return self._plan(query, key, value, attn_mask, dropout_p, bool(is_causal), scale, enable_gqa).choice
+        plan = self._plan(query, key, value, attn_mask, dropout_p, bool(is_causal), scale, enable_gqa)
+        if dropout_p and plan.reason is None:  # dropout runs the kernels, whatever runner the key has
+            fwd = dropout_fwd_config(plan.choice.fwd_config, query.shape[3], query.dtype, query.device, plan.causal)
+            source = plan.choice.fwd_source if fwd == plan.choice.fwd_config else \
+                "heuristic (the fwd config does not fit with dropout's mask)"
+            return dataclasses.replace(plan.choice, fwd_config=fwd, fwd_source=source, runner="triton",
+                                       train_runner="triton")
+        return plan.choice
 
     def _plan(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> _Plan:
         """The plan of this call: remembered by signature, made on first sight."""
@@ -366,8 +395,8 @@ class TunedAttention:
             if align is None:
                 return _MASK
             is_causal = True
-        if dropout_p:
-            return _DROPOUT
+        if dropout_p and not _is_probability(dropout_p):
+            return _BAD_DROPOUT
         snapshot, signature = self._snapshot, None
         if isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor):
             signature = (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,

@@ -10,6 +10,10 @@ outside a sliding window are not walked (common.window_blocks).
 With S = sm_scale * Q K^T, P = softmax(S), dP = dO V^T, dS = P * (dP - Delta):
 dV = P^T dO, dK = sm_scale * dS^T Q, dQ = sm_scale * dS K.
 
+With dropout (DROPOUT, common.Dropout) the forward's output is (Z * P) V, Z = mask / (1 - p),
+the mask regenerated here from its seed: dV = (Z * P)^T dO, dP = Z * (dO V^T), dS = P * (dP -
+Delta), and Delta = rowsum(P * dP) = rowsum(dO * (Z * P) V) = rowsum(dO * O) as without it.
+
 (Over 400 lines on purpose: the backward's kernels and their launchers are one operation,
 kept in one file as the forward's are, STYLE.md's "one file per operation".)
 
@@ -28,8 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (VARLEN_SIZES, WINDOW_SIDES, Varlen, block_offsets, call_geometry, cdiv,
-                                      dot_precision, kernel_strides, key_range, load_tile, needs_int64, on_device,
+from flashtune.kernels.common import (DROPOUT_ARGS, VARLEN_SIZES, WINDOW_SIDES, Dropout, Varlen, block_offsets,
+                                      call_geometry, cdiv, dot_precision, dropout_args, dropout_keep, dropout_rows,
+                                      kernel_strides, key_range, load_tile, needs_int64, on_device,
                                       packed_sequence, score_scales, sm_count, softcap_log2_scores, store_tile,
                                       tma_descriptors, tma_tile, window_range)
 from flashtune.kernels.config import BwdConfig, dkdv_split, padded_head_dim
@@ -60,9 +65,11 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
                     offs_n, offs_mb, offs_d, lo, hi, N_Q, N_K, qk_scale, softcap_log2, sm_scale, causal_off,
                     win_left, win_right,
                     MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                     ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, SOFTCAP: tl.constexpr,
-                    WINDOW: tl.constexpr):
+                    WINDOW: tl.constexpr, rng_seed, drop_base, drop_words, drop_threshold, drop_scale, start_n,
+                    DROPOUT: tl.constexpr):
+    # with DROPOUT drop_base is the first query row's first Philox counter (common.dropout_rows)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_mb
         if TMA:
@@ -88,16 +95,24 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
                 valid = valid & (offs_n[:, None] >= offs_m[None, :] + causal_off - win_left) \
                     & (offs_n[:, None] <= offs_m[None, :] + causal_off + win_right)
             p_t = tl.where(valid, p_t, 0.0)
+        if DROPOUT:  # the forward's mask, regenerated in its [queries, keys] orientation
+            keep_t = tl.trans(dropout_keep(rng_seed, drop_base + offs_m.to(tl.int64) * drop_words, start_n,
+                                           drop_threshold, BLOCK_N))
+            pk_t = tl.where(keep_t, p_t, 0.0)  # dV = (mask * P / (1 - p))^T dO, the scale applied at the end
+        else:
+            pk_t = p_t
         if TMA:
             do = tma_tile(desc_do, off_b, off_h, start_m, BLOCK_M, BLOCK_D)
         else:
             do = load_tile(do_base + offs_m[:, None] * stride_don, offs_m, N_Q, offs_d, MASK, HEAD_DIM, BLOCK_D)
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
+        dv = tl.dot(pk_t.to(do.dtype), do, dv, input_precision=PRECISION)
         if MASK:
             delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
         else:
             delta = tl.load(delta_base + offs_m)
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        if DROPOUT:  # dP through the dropout: mask * dP / (1 - p); Delta = rowsum(dO * O) holds as it is
+            dp_t = tl.where(keep_t, dp_t * drop_scale, 0.0)
         ds_t = p_t * (dp_t - delta[None, :])
         if SOFTCAP:  # through the cap: d(c tanh(s / c)) / ds = 1 - tanh^2
             t_t = s_t / softcap_log2
@@ -121,9 +136,9 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, lse_ba
     return dk, dv
 
 
-@triton.jit(do_not_specialize=WINDOW_SIDES + VARLEN_SIZES)
-def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQA, CU_Q, CU_K, sm_scale, qk_scale,
-                     softcap_log2,
+@triton.jit(do_not_specialize=WINDOW_SIDES + VARLEN_SIZES + DROPOUT_ARGS)
+def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQA, CU_Q, CU_K, RNG, sm_scale, qk_scale,
+                     softcap_log2, drop_threshold, drop_scale,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -134,7 +149,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
                      ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, PARTIAL: tl.constexpr,
-                     SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, VARLEN: tl.constexpr):
+                     SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, VARLEN: tl.constexpr, DROPOUT: tl.constexpr):
     # axis 1 runs over (K/V head, split): split s of a key block takes the query heads
     # [s_h * GROUP / SPLIT_H, ...) of the group and the s_q-th of SPLIT_Q chunks of its
     # query blocks; with PARTIAL its dK/dV go to fp32 slot s of DK/DV, summed afterwards
@@ -142,6 +157,11 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
     off_hk = (tl.program_id(1) // (SPLIT_H * SPLIT_Q)).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
     start_n = tl.program_id(0) * BLOCK_N
+    if DROPOUT:  # the mask's counters per row (common.Dropout): of the grid's N_K, before varlen sets its own
+        drop_words = tl.cdiv(N_K, 4)
+        rng_seed, rng_offset = tl.load(RNG), tl.load(RNG + 1)
+    else:
+        drop_words, rng_seed = 0, 0
     if VARLEN:
         # sequence off_b of a packed batch (common.Varlen, as the forward kernel); a
         # sequence without queries still writes its keys' zero dK and dV
@@ -207,26 +227,35 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
         else:
             row = (off_b * H + off_h) * N_Q
         dqa_base = DQA + row * BLOCK_D
+        if DROPOUT:
+            drop_base = rng_offset + row * drop_words  # query row 0's first counter (common.dropout_rows)
+        else:
+            drop_base = 0
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
                                  dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
                                  offs_n, offs_mb, offs_d, first * BLOCK_M, diag_end * BLOCK_M, N_Q, N_K,
                                  qk_scale, softcap_log2, sm_scale, causal_off, win_left, win_right,
-                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ,
-                                 SOFTCAP, WINDOW)
+                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION, ATOMIC_DQ, TMA,
+                                 TMA_DQ, SOFTCAP, WINDOW, rng_seed, drop_base, drop_words, drop_threshold,
+                                 drop_scale, start_n, DROPOUT)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
                                  dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
                                  offs_n, offs_mb, offs_d, diag_end * BLOCK_M, tail * BLOCK_M, N_Q, N_K,
                                  qk_scale, softcap_log2, sm_scale, causal_off, win_left, win_right,
-                                 False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ,
-                                 SOFTCAP, WINDOW)
+                                 False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION, ATOMIC_DQ, TMA,
+                                 TMA_DQ, SOFTCAP, WINDOW, rng_seed, drop_base, drop_words, drop_threshold,
+                                 drop_scale, start_n, DROPOUT)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE + row, DELTA + row,
                                  dqa_base, DescQ, DescDO, DescDQA, off_b, off_h,
                                  offs_n, offs_mb, offs_d, tail * BLOCK_M, n_blocks * BLOCK_M, N_Q, N_K,
                                  qk_scale, softcap_log2, sm_scale, causal_off, win_left, win_right,
-                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, ATOMIC_DQ, TMA, TMA_DQ,
-                                 SOFTCAP, WINDOW)
+                                 True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION, ATOMIC_DQ, TMA,
+                                 TMA_DQ, SOFTCAP, WINDOW, rng_seed, drop_base, drop_words, drop_threshold,
+                                 drop_scale, start_n, DROPOUT)
 
     dk = dk * sm_scale
+    if DROPOUT:
+        dv = dv * drop_scale  # the kept P's 1 / (1 - p)
     if PARTIAL:
         # (split, B, H_KV, N_K, BLOCK_D) fp32 slots, summed by _bwd_dkdv_sum_kernel
         h_kv = tl.num_programs(1) // (SPLIT_H * SPLIT_Q)
@@ -273,8 +302,10 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, d
                   diag, offs_nb, offs_d, lo, hi, N_K, qk_scale, softcap_log2, win_left, win_right,
                   MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-                  SOFTCAP: tl.constexpr, WINDOW: tl.constexpr):
-    # diag: each query's diagonal key (its query index + causal_off)
+                  SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, rng_seed, drop_base, drop_threshold, drop_scale,
+                  DROPOUT: tl.constexpr):
+    # diag: each query's diagonal key (its query index + causal_off); with DROPOUT drop_base
+    # holds each query's first Philox counter (common.dropout_rows)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_nb
         if TMA:
@@ -298,6 +329,9 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, d
                     & (offs_n[None, :] <= diag[:, None] + win_right)
             p = tl.where(valid, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        if DROPOUT:  # dP through the forward's mask, regenerated: mask * dP / (1 - p)
+            keep = dropout_keep(rng_seed, drop_base, start_n, drop_threshold, BLOCK_N)
+            dp = tl.where(keep, dp * drop_scale, 0.0)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             t = s / softcap_log2
@@ -306,8 +340,9 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, d
     return dq
 
 
-@triton.jit(do_not_specialize=WINDOW_SIDES + VARLEN_SIZES)
-def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, CU_Q, CU_K, sm_scale, qk_scale, softcap_log2,
+@triton.jit(do_not_specialize=WINDOW_SIDES + VARLEN_SIZES + DROPOUT_ARGS)
+def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, CU_Q, CU_K, RNG, sm_scale, qk_scale, softcap_log2,
+                   drop_threshold, drop_scale,
                    stride_qb, stride_qh, stride_qn, stride_qd,
                    stride_kb, stride_kh, stride_kn, stride_kd,
                    stride_vb, stride_vh, stride_vn, stride_vd,
@@ -316,7 +351,8 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, CU_Q, CU_K, sm_sca
                    H, GROUP, N_Q, N_K, causal_off, win_left, win_right, TOTAL_Q,
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
-                   TMA: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, VARLEN: tl.constexpr):
+                   TMA: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, VARLEN: tl.constexpr,
+                   DROPOUT: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -324,6 +360,8 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, CU_Q, CU_K, sm_sca
     off_b = tl.program_id(2).to(tl.int64)
     off_hk = off_h // GROUP
     start_m = pid_m * BLOCK_M
+    if DROPOUT:  # the mask's counters per row (common.Dropout): of the grid's N_K, before varlen sets its own
+        drop_words = tl.cdiv(N_K, 4)
     if VARLEN:
         # sequence off_b of a packed batch (common.Varlen, as the forward kernel)
         tl.static_assert(not TMA, "varlen loads through pointers")
@@ -350,6 +388,10 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, CU_Q, CU_K, sm_sca
     lse = tl.load(LSE + row + offs_m, mask=offs_m < N_Q, other=0.0)
     delta = tl.load(DELTA + row + offs_m, mask=offs_m < N_Q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if DROPOUT:
+        rng_seed, drop_base = dropout_rows(RNG, row + offs_m, drop_words)
+    else:
+        rng_seed, drop_base = 0, 0
 
     k_base = K + k_off + off_hk * stride_kh + offs_d[None, :] * stride_kd
     v_base = V + v_off + off_hk * stride_vh + offs_d[None, :] * stride_vd
@@ -361,7 +403,8 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, CU_Q, CU_K, sm_sca
         dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                            offs_m + causal_off, offs_nb, offs_d, lo * BLOCK_N, full_lo * BLOCK_N, N_K, qk_scale,
                            softcap_log2, win_left, win_right,
-                           True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP, WINDOW)
+                           True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP, WINDOW,
+                           rng_seed, drop_base, drop_threshold, drop_scale, DROPOUT)
         full_lo, full_hi, hi = full_lo * BLOCK_N, full_hi * BLOCK_N, hi * BLOCK_N
     else:
         full_lo = 0
@@ -369,11 +412,13 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, CU_Q, CU_K, sm_sca
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                        offs_m + causal_off, offs_nb, offs_d, full_lo, full_hi, N_K, qk_scale, softcap_log2,
                        win_left, win_right,
-                       False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP, WINDOW)
+                       False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP, WINDOW,
+                       rng_seed, drop_base, drop_threshold, drop_scale, DROPOUT)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                        offs_m + causal_off, offs_nb, offs_d, full_hi, hi, N_K, qk_scale, softcap_log2,
                        win_left, win_right,
-                       True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP, WINDOW)
+                       True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SOFTCAP, WINDOW,
+                       rng_seed, drop_base, drop_threshold, drop_scale, DROPOUT)
     dq = dq * sm_scale
     store_tile(DQ + dq_off + off_h * stride_dqh + offs_m[:, None] * stride_dqn
                + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D)
@@ -383,9 +428,11 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                        lse2: torch.Tensor, config: BwdConfig, *, causal: bool, sm_scale: float,
                        fp32_precision: str = "tf32", compile_only: bool = False, causal_align: str = "top_left",
                        softcap: float = 0.0, window_size: tuple[int, int] | None = None,
-                       varlen: Varlen | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       varlen: Varlen | None = None, dropout: Dropout | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the backward kernels with an explicit config on already-checked inputs
-    (``softcap``, ``window_size`` and ``varlen`` as the forward had them).
+    (``softcap``, ``window_size``, ``varlen`` and ``dropout`` as the forward had them: the
+    dropout mask is regenerated from its seed, common.Dropout).
 
     ``varlen`` (common.Varlen): packed (total, heads, D) tensors as forward.attention_forward
     takes them, lse2 (Hq, total_q); pointer loads only (the config's tma is ignored) and
@@ -423,6 +470,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                 if atomic_dq and q.device.type == "cuda" else None)
     int64 = needs_int64(q, k, v, o, do, dq, dk, dv, dq_acc)
     cu = (delta, delta) if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k)  # unused without varlen
+    rng, drop_threshold, drop_scale = dropout_args(dropout, delta)
     with on_device(q):
         if varlen is None:
             _preprocess(o, do, delta, int64=int64, compile_only=compile_only)
@@ -439,14 +487,15 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                  if split > 1 else (dk, dv))
         _bwd_dkdv_kernel.run(
             q, k, v, do, parts[0], parts[1], lse2, delta, dq_acc, *(descs_dkdv or (q, do)),
-            *(desc_dqa or (dq_acc,)), *cu, sm_scale, *score_scales(sm_scale, softcap),
-            *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
+            *(desc_dqa or (dq_acc,)), *cu, rng, sm_scale, *score_scales(sm_scale, softcap), drop_threshold,
+            drop_scale, *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
             *kernel_strides(do, varlen), *kernel_strides(dk, varlen), *kernel_strides(dv, varlen),
             H, H // H_KV, N_Q, N_K, off, *(window or (0, 0)), split_h, split_q, rows[-1],
             BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1,
             grid=(cdiv(N_K, config.BLOCK_N1), H_KV * split, B),
             ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, TMA_DQ=desc_dqa is not None, PARTIAL=split > 1,
-            SOFTCAP=bool(softcap), WINDOW=window is not None, VARLEN=varlen is not None, **launch)
+            SOFTCAP=bool(softcap), WINDOW=window is not None, VARLEN=varlen is not None,
+            DROPOUT=dropout is not None, **launch)
         if split > 1:
             _sum_partials(parts, dk, dv, int64=int64, compile_only=compile_only)
         if atomic_dq:
@@ -455,7 +504,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             return dq, dk, dv
         _launch_dq(q, k, v, do, dq, lse2, delta, config, causal=causal, sm_scale=sm_scale, precision=precision,
                    int64=int64, compile_only=compile_only, causal_off=off, softcap=softcap, window=window,
-                   varlen=varlen)
+                   varlen=varlen, dropout=dropout)
     return dq, dk, dv
 
 
@@ -484,9 +533,10 @@ def _sum_partials(parts, dk, dv, *, int64: bool, compile_only: bool = False) -> 
 
 def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool, sm_scale: float, precision: str,
                int64: bool, compile_only: bool = False, causal_off: int = 0, softcap: float = 0.0,
-               window: tuple[int, int] | None = None, varlen: Varlen | None = None) -> None:
+               window: tuple[int, int] | None = None, varlen: Varlen | None = None,
+               dropout: Dropout | None = None) -> None:
     """The dQ kernel (non-atomic configs), on the current device (``window`` as
-    common.window_bounds gives it; ``varlen`` as attention_backward takes it)."""
+    common.window_bounds gives it; ``varlen`` and ``dropout`` as attention_backward takes them)."""
     if varlen is None:
         B, H, N_Q, D = q.shape
         N_K = k.shape[2]
@@ -496,16 +546,17 @@ def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool,
         B, N_Q, N_K = varlen.batch, varlen.max_seqlen_q, varlen.max_seqlen_k
         cu = (varlen.cu_seqlens_q, varlen.cu_seqlens_k)
     BLOCK_D = padded_head_dim(D)
+    rng, drop_threshold, drop_scale = dropout_args(dropout, delta)
     descs_dq = tma_descriptors(config.tma and varlen is None, (k, v), config.BLOCK_N2, BLOCK_D)
     _bwd_dq_kernel.run(
-        q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), *cu, sm_scale, *score_scales(sm_scale, softcap),
-        *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
+        q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), *cu, rng, sm_scale, *score_scales(sm_scale, softcap),
+        drop_threshold, drop_scale, *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
         *kernel_strides(do, varlen), *kernel_strides(dq, varlen),
         H, H // k.shape[1], N_Q, N_K, causal_off, *(window or (0, 0)), lse2.shape[-1],
         CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
         BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(cdiv(N_Q, config.BLOCK_M2), H, B),
         TMA=descs_dq is not None, SOFTCAP=bool(softcap), WINDOW=window is not None, VARLEN=varlen is not None,
-        num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
+        DROPOUT=dropout is not None, num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
         warmup=compile_only)
 
 

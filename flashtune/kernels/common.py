@@ -194,6 +194,65 @@ def packed_sequence(CU, b, INT64: tl.constexpr):
     return start, n
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Dropout:
+    """Dropout on the attention probabilities, FlashAttention's: each element of P =
+    softmax(S) is kept with probability 1 - ``p`` and scaled by 1 / (1 - p), the output is
+    (mask * P / (1 - p)) V, the log-sum-exp is of the undropped scores. The mask is never
+    stored: every kernel regenerates it from ``rng``, an int64 tensor (seed, offset) on the
+    tensors' device that the kernels read (so a captured CUDA graph replays with the values
+    its tensor holds then). Element (b, h, i, j) of P, h the query head, i the query, j the
+    key, is kept iff the 31 high bits of 32-bit word (b*Hq + h)*Nq + i, j of Philox4x32-10
+    (key: the seed; counter: offset + ((b*Hq + h)*Nq + i) * ceil(Nk / 4) + j // 4, lane
+    j % 4) are at least ``threshold``: a function of (seed, offset, b, h, i, j) and the shape
+    alone, never of a config's blocks or splits (``dropout_keep``). Packed sequences
+    (Varlen) index the row by (h, packed query row), as their log-sum-exp is laid out, and
+    Nk is max_seqlen_k."""
+
+    p: float
+    rng: torch.Tensor
+
+    @property
+    def threshold(self) -> int:
+        """floor(p * 2^31): a word's 31 high bits below it drop the element (keep rate 1 - p
+        to within 2^-31)."""
+        return int(self.p * 2**31)
+
+    def kernel_args(self) -> tuple[torch.Tensor, int, float]:
+        """The kernels' (RNG, drop_threshold, drop_scale)."""
+        return self.rng, self.threshold, 1.0 / (1.0 - self.p)
+
+
+# the dropout threshold is a runtime int that triton does not specialise (on 1, or 16 | it)
+DROPOUT_ARGS = ("drop_threshold",)
+
+
+def dropout_args(dropout: Dropout | None, unused: torch.Tensor) -> tuple[torch.Tensor, int, float]:
+    """The kernels' (RNG, drop_threshold, drop_scale) for ``dropout``; without it ``unused``
+    stands in for the RNG pointer (never read: DROPOUT is off)."""
+    return dropout.kernel_args() if dropout is not None else (unused, 0, 1.0)
+
+
+@triton.jit
+def dropout_rows(RNG, rows, row_words):
+    """(seed, the first Philox counter of each of ``rows``) of the mask (Dropout): rows are
+    P's global row indices ((b*Hq + h)*Nq + i, the log-sum-exp's), ``row_words`` the
+    counters per row, ceil(Nk / 4)."""
+    return tl.load(RNG), tl.load(RNG + 1) + rows.to(tl.int64) * row_words
+
+
+@triton.jit
+def dropout_keep(seed, row_base, start_n, threshold, BLOCK_N: tl.constexpr):
+    """Which elements of a [rows, BLOCK_N] tile of P (keys from ``start_n``, a multiple of 4)
+    dropout keeps: one Philox call gives the four keys of a counter (Dropout), interleaved
+    back into key order. ``row_base``: dropout_rows' counters of the tile's rows."""
+    tl.static_assert(BLOCK_N % 4 == 0, "four keys per Philox counter")
+    words = row_base[:, None] + (start_n // 4 + tl.arange(0, BLOCK_N // 4))[None, :]
+    r0, r1, r2, r3 = tl.randint4x(seed, words)
+    r = tl.interleave(tl.interleave(r0, r2), tl.interleave(r1, r3))  # r0, r1, r2, r3 of each counter in turn
+    return (r >> 1).to(tl.int32, bitcast=True) >= threshold
+
+
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
 
 

@@ -332,7 +332,7 @@ class FwdConfig(_ConfigBase):
         _check_flag("pingpong", self.pingpong)
         _check_flag("overlap", self.overlap)
 
-    def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
+    def shared_memory(self, head_dim: int, dtype: torch.dtype, dropout: bool = False) -> int:
         d, e = padded_head_dim(head_dim, dtype), _element_size(dtype)
         # fp8 tiles take one byte an element: half of a 16-bit config's need. Equal to what
         # triton 3.6 allocated compiling the fp8 defaults for sm_90 (D=64/128/256, V's keys
@@ -344,24 +344,33 @@ class FwdConfig(_ConfigBase):
         # loads add their barriers and alignment: at most 1 KiB over the pointer kernel in
         # all 72 D=128 bf16 configs of BLOCK_M 64..256, BLOCK_N 32..128, 4/8 warps, 1..4
         # stages, compiled for sm_90 (2026-11-30).
-        return e * d * (self.BLOCK_M + 2 * self.num_stages * self.BLOCK_N) + 1024 * self.tma
+        # The DROPOUT kernel converts the mask's [BLOCK_M, BLOCK_N] tile (one byte an element)
+        # into the scores' layout through shared memory: exactly BLOCK_M * BLOCK_N bytes more
+        # in 7 configs compiled for sm_90 with triton 3.6 (BLOCK_M 64-256 x BLOCK_N 32-128,
+        # bf16 and fp32, D=64-256, with and without TMA, 2026-12-02).
+        return e * d * (self.BLOCK_M + 2 * self.num_stages * self.BLOCK_N) + 1024 * self.tma \
+            + self.BLOCK_M * self.BLOCK_N * bool(dropout)
 
-    def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "FwdConfig":
-        """Raise ConfigError naming the field if this config cannot run; return self.
+    def validate(self, head_dim: int, dtype: torch.dtype, device=None, dropout: bool = False) -> "FwdConfig":
+        """Raise ConfigError naming the field if this config cannot run (``dropout``: its
+        DROPOUT kernel); return self.
 
         A Gluon config (``family=1``) is checked by GluonFwdConfig.validate on the device
-        (None: the current CUDA device, else the CPU), which must be a CUDA sm_90 one."""
+        (None: the current CUDA device, else the CPU), which must be a CUDA sm_90 one; with
+        ``dropout`` also the Triton config that runs such a call instead (``as_triton``)."""
         self.check_fields()
         if self.family:
             # no device: the current one, as device_capability reads it (the CPU without a GPU)
             self.gluon().validate(head_dim, dtype, device if device is not None else resolve_device())
+            if dropout:
+                self.as_triton().validate(head_dim, dtype, device, dropout=True)
             return self
         if self.tma:
             _check_tma(head_dim, dtype, device)
         if dtype in FP8_DTYPES and self.BLOCK_N < FP8_MIN_K:
             raise ConfigError(f"BLOCK_N: expected at least {FP8_MIN_K} for {dtype} inputs (the fp8 dot P @ V "
                               f"reduces over BLOCK_N keys, and fp8 dots need at least {FP8_MIN_K}), got {self.BLOCK_N}")
-        _check_smem("FwdConfig", self.shared_memory(head_dim, dtype), device)
+        _check_smem("FwdConfig", self.shared_memory(head_dim, dtype, dropout), device)
         return self
 
 
@@ -497,8 +506,10 @@ class BwdConfig(_ConfigBase):
         # pointer kernels (32 D=128 bf16 configs compiled for sm_90, 2026-11-30)
         return max(dkdv, dq) + 1024 * self.tma
 
-    def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "BwdConfig":
-        """Raise ConfigError naming the field if this config cannot run; return self."""
+    def validate(self, head_dim: int, dtype: torch.dtype, device=None, dropout: bool = False) -> "BwdConfig":
+        """Raise ConfigError naming the field if this config cannot run; return self. The
+        estimate covers the DROPOUT kernels as they are (``dropout`` changes nothing: compiled
+        for sm_90, tests/kernels/test_shared_memory_sm90.py)."""
         self.check_fields()
         if self.atomic_dq and padded_head_dim(head_dim) > ATOMIC_DQ_MAX_HEAD_DIM:
             raise ConfigError(f"atomic_dq: supported up to head_dim {ATOMIC_DQ_MAX_HEAD_DIM}, got head_dim {head_dim}; "

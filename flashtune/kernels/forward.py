@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (VARLEN_SIZES, WINDOW_SIDES, Varlen, block_offsets, call_geometry, dot_precision,
+from flashtune.kernels.common import (DROPOUT_ARGS, VARLEN_SIZES, WINDOW_SIDES, Dropout, Varlen, block_offsets,
+                                      call_geometry, dot_precision, dropout_args, dropout_keep, dropout_rows,
                                       kernel_strides, key_range, load_tile, needs_int64, on_device, packed_sequence,
                                       score_scales, softcap_log2_scores, store_tile, tma_descriptors, tma_tile,
                                       window_blocks, window_range)
@@ -35,8 +36,10 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
                diag, offs_nb, offs_d, lo, hi, N_K, qk_scale, softcap_log2, win_left, win_right,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-               SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr):
-    # diag: each row's diagonal key (causal: its last; the window's centre)
+               SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
+               rng_seed=0, drop_base=0, drop_threshold=0, DROPOUT: tl.constexpr = False):
+    # diag: each row's diagonal key (causal: its last; the window's centre); with DROPOUT
+    # drop_base holds each row's first Philox counter (common.dropout_rows)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_nb
         if TMA:
@@ -76,6 +79,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
         # rescale the running sum and accumulator: the row max moved
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:  # the output sums the kept P alone (scaled at the end); l_i, the log-sum-exp, all of it
+            p = tl.where(dropout_keep(rng_seed, drop_base, start_n, drop_threshold, BLOCK_N), p, 0.0)
         if TMA:
             v = tma_tile(desc_v, off_b, off_hk, start_n, BLOCK_N, BLOCK_D)
         else:
@@ -85,8 +90,9 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=WINDOW_SIDES + VARLEN_SIZES)
-def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, qk_scale, softcap_log2, v_descale,
+@triton.jit(do_not_specialize=WINDOW_SIDES + VARLEN_SIZES + DROPOUT_ARGS)
+def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, RNG, qk_scale, softcap_log2, v_descale,
+                     drop_threshold, drop_scale,
                      stride_qb, stride_qh, stride_qn, stride_qd,
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -95,7 +101,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, qk_scale, softca
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                      INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr,
-                     WINDOW: tl.constexpr, VARLEN: tl.constexpr, FP8: tl.constexpr):
+                     WINDOW: tl.constexpr, VARLEN: tl.constexpr, FP8: tl.constexpr, DROPOUT: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         # the last query blocks have the most keys: start them first
@@ -104,6 +110,8 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, qk_scale, softca
     off_b = tl.program_id(2).to(tl.int64)
     off_hk = off_h // GROUP
     start_m = pid_m * BLOCK_M
+    if DROPOUT:  # the mask's counters per row (common.Dropout): of the grid's N_K, before varlen sets its own
+        drop_words = tl.cdiv(N_K, 4)
 
     if VARLEN:
         # sequence off_b of a packed batch (common.Varlen): its rows of Q and O from
@@ -124,6 +132,10 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, qk_scale, softca
     offs_m = block_offsets(start_m, BLOCK_M, INT64)
     offs_nb = block_offsets(0, BLOCK_N, INT64)
     offs_d = block_offsets(0, BLOCK_D, INT64)
+    if DROPOUT:  # P's rows are numbered as the log-sum-exp's
+        rng_seed, drop_base = dropout_rows(RNG, lse_row + offs_m, drop_words)
+    else:
+        rng_seed, drop_base = 0, 0
 
     q_base = Q + q_off + off_h * stride_qh + offs_d[None, :] * stride_qd
     k_base = K + k_off + off_hk * stride_kh + offs_d[None, :] * stride_kd
@@ -144,7 +156,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, qk_scale, softca
                                    off_hk, offs_m + causal_off, offs_nb, offs_d, lo * BLOCK_N, full_lo * BLOCK_N, N_K,
                                    qk_scale, softcap_log2, win_left, win_right,
                                    True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
-                                   WINDOW)
+                                   WINDOW, rng_seed, drop_base, drop_threshold, DROPOUT)
         full_lo, full_hi, hi = full_lo * BLOCK_N, full_hi * BLOCK_N, hi * BLOCK_N
     else:
         full_lo = 0
@@ -153,12 +165,12 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, qk_scale, softca
                                offs_m + causal_off, offs_nb, offs_d, full_lo, full_hi, N_K, qk_scale, softcap_log2,
                                win_left, win_right,
                                False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
-                               WINDOW)
+                               WINDOW, rng_seed, drop_base, drop_threshold, DROPOUT)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                                offs_m + causal_off, offs_nb, offs_d, full_hi, hi, N_K, qk_scale, softcap_log2,
                                win_left, win_right,
                                True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
-                               WINDOW)
+                               WINDOW, rng_seed, drop_base, drop_threshold, DROPOUT)
 
     if FP8:  # P @ V ran on the quantized V: its descale, once per output element
         acc = acc * v_descale
@@ -168,6 +180,8 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, qk_scale, softca
         acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     else:
         acc = acc / l_i[:, None]
+    if DROPOUT:
+        acc = acc * drop_scale  # 1 / (1 - p): the kept P scaled up
     o_ptrs = O + o_off + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     store_tile(o_ptrs, acc.to(O.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D)
     # log-sum-exp in base 2 units of the scaled scores: lse2 = log2(sum_j 2^(s_j))
@@ -180,7 +194,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
                       compile_only: bool = False, causal_align: str = "top_left",
                       softcap: float = 0.0, window_size: tuple[int, int] | None = None,
                       varlen: Varlen | None = None, v_descale: float = 1.0,
-                      out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      out_dtype: torch.dtype | None = None, dropout: Dropout | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel with an explicit config on already-checked inputs.
 
     ``softcap`` > 0 caps the scaled scores at ``softcap * tanh(scores / softcap)`` (Gemma-2);
@@ -203,6 +218,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     are ignored), never varlen. P @ V reads V fastest with the keys contiguous on Hopper
     (fp8.attention_fp8's ``relayout_v``); any strides work.
 
+    ``dropout`` (common.Dropout; None: none) drops elements of P by its seeded mask, which
+    the backward regenerates; always the plain kernel (the split kernel of a decode step has
+    no dropout: one is not trained).
+
     ``compile_only`` compiles (or, inside triton's AsyncCompileMode, queues the compile
     of) the kernel without launching it; the outputs are then left uninitialised.
 
@@ -211,18 +230,20 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     natural log); with ``varlen``, (Hq, total_q).
     """
     if config.family:
-        if window_size is None and not softcap and varlen is None and q.dtype not in FP8_DTYPES:
+        if window_size is None and not softcap and varlen is None and dropout is None and q.dtype not in FP8_DTYPES:
             return _gluon_forward(q, k, v, config, causal=causal, sm_scale=sm_scale, compile_only=compile_only,
                                   causal_align=causal_align)
-        config = config.as_triton()  # what the Gluon kernel lacks (fp8 too) runs on the Triton kernel, same blocks
+        # what the Gluon kernel lacks (a window, softcap, varlen, dropout, fp8): the Triton kernel, same blocks
+        config = config.as_triton()
     B, H, _, N_Q, N_K, D, window, off = call_geometry(q, k, varlen, causal, causal_align, window_size)
     key_blocks = None
     if window and varlen is None:  # the split kernel chunks only the key blocks some query reaches
         lo, _, _, hi = window_blocks(0, N_Q - 1, N_K, config.BLOCK_N, off, *window)
         key_blocks = (lo, hi)
     fp8 = q.dtype in FP8_DTYPES
-    schedule = None if varlen is not None or fp8 else plan_schedule(config, B, H, k.shape[1], N_Q, N_K, q.device,
-                                                                    key_blocks)
+    # the split kernel has no dropout (a decode step does not train) nor fp8: those run the plain kernel
+    schedule = (plan_schedule(config, B, H, k.shape[1], N_Q, N_K, q.device, key_blocks)
+                if varlen is None and dropout is None and not fp8 else None)
     if schedule is not None:
         return split_forward(q, k, v, config, schedule, causal=causal, causal_off=off, sm_scale=sm_scale,
                              precision=dot_precision(q.dtype, fp32_precision), compile_only=compile_only,
@@ -238,9 +259,11 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     # CUDA caps grid y and z at 65535; plain int division: triton.cdiv is a jit function,
     # ~10 us of host time per call through its wrapper
     grid = (-(-N_Q // config.BLOCK_M), H, B)
+    rng, drop_threshold, drop_scale = dropout_args(dropout, lse2)
     with on_device(q):
         _attn_fwd_kernel.run(
-            q, k, v, o, lse2, *(descs or (k, v)), *cu, *score_scales(sm_scale, softcap), v_descale,
+            q, k, v, o, lse2, *(descs or (k, v)), *cu, rng, *score_scales(sm_scale, softcap), v_descale,
+            drop_threshold, drop_scale,
             *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
             *kernel_strides(o, varlen),
             H, H // k.shape[1], N_Q, N_K, off, *(window or (0, 0)), lse2.shape[-1],
@@ -248,7 +271,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
             BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
             PRECISION=dot_precision(q.dtype, fp32_precision), INT64=needs_int64(q, k, v, o), TMA=descs is not None,
             SCALE_POSITIVE=sm_scale > 0 and not softcap, SOFTCAP=bool(softcap), WINDOW=window is not None,
-            VARLEN=varlen is not None, FP8=fp8,
+            VARLEN=varlen is not None, FP8=fp8, DROPOUT=dropout is not None,
             num_warps=config.num_warps, num_stages=config.num_stages,
             grid=grid, warmup=compile_only,
         )

@@ -9,8 +9,9 @@ import numbers
 import torch
 
 from flashtune.kernels.backward import attention_backward
-from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, Varlen, torch_fp32_precision
-from flashtune.kernels.config import DECODE_MAX_Q, FP8_DTYPES, MAX_HEAD_DIM, BwdConfig, FwdConfig, default_config
+from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, Dropout, Varlen, torch_fp32_precision
+from flashtune.kernels.config import (DECODE_MAX_Q, FP8_DTYPES, MAX_HEAD_DIM, BwdConfig, ConfigError, FwdConfig,
+                                      default_config)
 from flashtune.kernels.forward import attention_forward
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -44,6 +45,50 @@ def check_window(window_size) -> tuple[int, int] | None:
             raise ValueError(f"window_size: expected sizes >= 0, or -1 for an unbounded side, got {side} {size}")
     left, right = (int(size) for size in window_size)
     return None if (left, right) == (-1, -1) else (left, right)
+
+
+def check_dropout_p(dropout_p) -> float:
+    """``dropout_p`` as a float in [0, 1), or ValueError/TypeError naming it."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p: expected a number in [0, 1), got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p < 1.0:  # NaN fails too
+        raise ValueError(f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}")
+    return float(dropout_p)
+
+
+def draw_rng(device: torch.device) -> torch.Tensor:
+    """A fresh (seed, offset) for common.Dropout from torch's default generator of ``device``
+    (CUDA's Philox state on a GPU, so ``torch.manual_seed`` makes a run repeatable and a
+    captured CUDA graph draws anew on each replay): one int64 tensor of two, on the device."""
+    return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=device)
+
+
+def check_dropout(dropout_p, dropout_seed, device: torch.device) -> Dropout | None:
+    """The kernels' dropout for ``dropout_p`` (0: None, the kernels without it) and
+    ``dropout_seed``: None draws (seed, offset) from torch's generator (draw_rng); an int in
+    [0, 2**63) is the seed, offset 0; an int64 tensor of two on ``device`` is (seed, offset)
+    as it is (read by the kernels when they run: CUDA graphs and torch.compile). Raises
+    ValueError/TypeError naming the argument."""
+    p = check_dropout_p(dropout_p)
+    if dropout_seed is None:
+        rng = None
+    elif isinstance(dropout_seed, torch.Tensor):
+        if dropout_seed.dtype != torch.int64 or dropout_seed.shape != (2,):
+            raise ValueError(f"dropout_seed: expected an int64 tensor of shape (2,) (seed, offset), got "
+                             f"{dropout_seed.dtype} of shape {tuple(dropout_seed.shape)}")
+        if dropout_seed.device != device:
+            raise ValueError(f"dropout_seed: expected the device of q ({device}), got {dropout_seed.device}")
+        rng = dropout_seed.contiguous()
+    elif isinstance(dropout_seed, bool) or not isinstance(dropout_seed, numbers.Integral):
+        raise TypeError(f"dropout_seed: expected an int, an int64 tensor (seed, offset) or None, got "
+                        f"{type(dropout_seed).__name__}")
+    elif not 0 <= dropout_seed < 2**63:
+        raise ValueError(f"dropout_seed: expected an int in [0, 2**63), got {dropout_seed}")
+    else:
+        rng = torch.tensor([int(dropout_seed), 0], dtype=torch.int64, device=device)
+    if not p:
+        return None
+    return Dropout(p, draw_rng(device) if rng is None else rng)
 
 
 def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32", causal_align="top_left",
@@ -104,8 +149,20 @@ def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32",
 
 
 @functools.lru_cache(maxsize=1024)
-def _validated(config, head_dim: int, dtype: torch.dtype, device: torch.device):
-    return config.validate(head_dim, dtype, device)
+def _validated(config, head_dim: int, dtype: torch.dtype, device: torch.device, dropout: bool = False):
+    return config.validate(head_dim, dtype, device, dropout=dropout)
+
+
+@functools.lru_cache(maxsize=1024)
+def dropout_fwd_config(config: FwdConfig, head_dim: int, dtype: torch.dtype, device: torch.device,
+                       causal: bool) -> FwdConfig:
+    """A forward config (tuned for the call without dropout) whose DROPOUT kernel fits the
+    device: ``config`` itself, or the heuristic default where the mask's extra shared memory
+    (FwdConfig.shared_memory) would not fit."""
+    try:
+        return config.validate(head_dim, dtype, device, dropout=True)
+    except ConfigError:
+        return _default("fwd", head_dim, dtype, device, causal, False)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -113,13 +170,14 @@ def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device
     return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=1 if decode else None)
 
 
-def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = False, *, varlen: bool = False
-                    ) -> tuple[FwdConfig, BwdConfig]:
-    """The configs to launch with: the given ones, validated, or the heuristic defaults
-    (the forward's decode entry for at most DECODE_MAX_Q queries; never for a packed
-    ``varlen`` q, which runs the plain forward kernel)."""
+def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = False, *, varlen: bool = False,
+                    dropout: bool = False) -> tuple[FwdConfig, BwdConfig]:
+    """The configs to launch with: the given ones, validated (the forward's for its DROPOUT
+    kernel with ``dropout``), or the heuristic defaults (the forward's decode entry for at
+    most DECODE_MAX_Q queries; never for a packed ``varlen`` q or with dropout, which run the
+    plain forward kernel)."""
     D, dtype, device = q.shape[-1], q.dtype, q.device
-    decode = not varlen and q.shape[2] <= DECODE_MAX_Q
+    decode = not varlen and not dropout and q.shape[2] <= DECODE_MAX_Q
     resolved = []
     for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
                                   ("bwd_config", bwd_config, BwdConfig, "bwd")):
@@ -128,23 +186,24 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
         elif not isinstance(cfg, cls):
             raise TypeError(f"{name}: expected a {cls.__name__} or None, got {type(cfg).__name__}")
         else:
+            drop = bool(dropout)
             try:
-                resolved.append(_validated(cfg, D, dtype, device))
+                resolved.append(_validated(cfg, D, dtype, device, drop))
             except TypeError:  # an unhashable field: validate() names it
-                resolved.append(cfg.validate(D, dtype, device))
+                resolved.append(cfg.validate(D, dtype, device, dropout=drop))
     return resolved[0], resolved[1]
 
 
 class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, causal_align="top_left",
-                softcap=0.0, window_size=None, varlen=None):
+                softcap=0.0, window_size=None, varlen=None, dropout=None):
         o, lse2 = attention_forward(q, k, v, fwd_config, causal=causal, sm_scale=sm_scale,
                                     fp32_precision=fp32_precision, causal_align=causal_align, softcap=softcap,
-                                    window_size=window_size, varlen=varlen)
+                                    window_size=window_size, varlen=varlen, dropout=dropout)
         ctx.save_for_backward(q, k, v, o, lse2)
         ctx.causal, ctx.sm_scale, ctx.causal_align, ctx.softcap = causal, sm_scale, causal_align, softcap
-        ctx.window_size, ctx.varlen = window_size, varlen
+        ctx.window_size, ctx.varlen, ctx.dropout = window_size, varlen, dropout  # the mask: its seed, never stored
         ctx.bwd_config, ctx.fp32_precision = bwd_config, fp32_precision
         ctx.mark_non_differentiable(lse2)
         ctx.set_materialize_grads(False)  # lse2 has no gradient: no zero tensor per backward
@@ -153,20 +212,20 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _dlse2):
         if do is None:  # o took no part in the loss
-            return (None,) * 12
+            return (None,) * 13
         q, k, v, o, lse2 = ctx.saved_tensors
         dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.bwd_config, causal=ctx.causal,
                                         sm_scale=ctx.sm_scale, fp32_precision=ctx.fp32_precision,
                                         causal_align=ctx.causal_align, softcap=ctx.softcap,
-                                        window_size=ctx.window_size, varlen=ctx.varlen)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+                                        window_size=ctx.window_size, varlen=ctx.varlen, dropout=ctx.dropout)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               sm_scale: float | None = None, fwd_config: FwdConfig | None = None,
               bwd_config: BwdConfig | None = None, return_lse: bool = False,
               fp32_precision: str | None = None, causal_align: str = "top_left", softcap: float | None = None,
-              window_size: tuple[int, int] | None = None):
+              window_size: tuple[int, int] | None = None, dropout_p: float = 0.0, dropout_seed=None):
     """FlashAttention, differentiable, in torch SDPA's layout.
 
     q is (batch, heads_q, seq_q, head_dim); k and v are (batch, heads_kv, seq_k, head_dim)
@@ -196,6 +255,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Key blocks outside the window are skipped, not masked; queries that see no key get 0
     as above.
 
+    ``dropout_p`` in [0, 1) drops each attention probability with that probability and
+    scales the rest by 1 / (1 - dropout_p), FlashAttention's dropout: o = (mask * P / (1 -
+    p)) V with P = softmax(scores), the log-sum-exp of the undropped scores. It is applied
+    whenever dropout_p > 0 (as SDPA does: pass 0 in eval). The mask comes from Philox4x32
+    (common.Dropout), is regenerated in the backward and never stored, and depends on the
+    seed, the element's (batch, head, query, key) and the shape only, not on the configs.
+    ``dropout_seed``: None draws the seed from torch's generator of q's device (so
+    ``torch.manual_seed`` repeats a run, and a captured CUDA graph draws anew per replay);
+    an int fixes it (the same int, the same mask; a host-to-device copy per call, which CUDA
+    graph capture refuses); an int64 tensor (seed, offset) of two on q's device is read when
+    the kernels run (for CUDA graphs). Decode-sized calls with dropout run the plain forward kernel, not the split one.
+
     Returns o, or (o, lse) with ``return_lse=True``: lse is (batch, heads_q, seq_q) float32,
     the natural-log log-sum-exp of the scaled scores of each query row. Gradients flow
     through o only: lse is returned for inspection and is not differentiable.
@@ -207,28 +278,30 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                          causal_align=causal_align)
     cap = check_softcap(softcap)
     window = check_window(window_size)
+    dropout = check_dropout(dropout_p, dropout_seed, q.device)
     if compiling:  # one traceable operator per pass, configs resolved in it on the real shapes (kernels/ops.py)
         from flashtune.kernels.ops import compiled_attention
 
         o, lse2 = compiled_attention(q, k, v, causal=causal, sm_scale=scale, fwd_config=fwd_config,
                                      bwd_config=bwd_config, fp32_precision="" if fp32_precision is None else fp32_precision,
-                                     causal_align=causal_align, softcap=cap, window_size=window)
+                                     causal_align=causal_align, softcap=cap, window_size=window, dropout=dropout)
     else:
-        fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal)
-        o, lse2 = _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, causal_align, cap, window)
+        fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal, dropout=dropout is not None)
+        o, lse2 = _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, causal_align, cap, window, dropout=dropout)
     if return_lse:
         return o, lse2 * LN2
     return o
 
 
-def _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, causal_align, cap, window, varlen=None):
+def _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, causal_align, cap, window, varlen=None, dropout=None):
     """(o, lse2) of checked inputs and configs: through autograd where a gradient is wanted,
     else the launcher alone, without autograd's cost per call."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision, causal_align, cap,
-                                            window, varlen)
+                                            window, varlen, dropout)
     return attention_forward(q, k, v, fwd, causal=causal, sm_scale=scale, fp32_precision=fp32_precision,
-                             causal_align=causal_align, softcap=cap, window_size=window, varlen=varlen)
+                             causal_align=causal_align, softcap=cap, window_size=window, varlen=varlen,
+                             dropout=dropout)
 
 
 # CUDA caps grid z (the varlen kernels' sequence axis) at 65535
@@ -302,7 +375,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      sm_scale: float | None = None, fwd_config: FwdConfig | None = None,
                      bwd_config: BwdConfig | None = None, return_lse: bool = False,
                      fp32_precision: str | None = None, softcap: float | None = None,
-                     window_size: tuple[int, int] | None = None):
+                     window_size: tuple[int, int] | None = None, dropout_p: float = 0.0, dropout_seed=None):
     """FlashAttention over packed variable-length sequences, differentiable, in
     FlashAttention's varlen layout (``flash_attn_varlen_func``).
 
@@ -320,9 +393,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     (lq = lk: j <= i; queries with i < lq - lk see no key and get 0).
     ``window_size=(left, right)`` (-1 unbounded) is FlashAttention's sliding window in that
     same frame: query i sees keys [i + lk - lq - left, i + lk - lq + right], right capped
-    at 0 with causal. ``softcap``, ``sm_scale``, ``fp32_precision``, the configs: as
-    ``attention``; the forward always runs the plain kernel (the config's num_splits and
-    pack_gqa are ignored), both passes load through pointers (tma is ignored) and the
+    at 0 with causal. ``softcap``, ``sm_scale``, ``fp32_precision``, ``dropout_p`` and
+    ``dropout_seed``, the configs: as ``attention`` (the dropout mask's rows numbered (query
+    head, packed query row), its keys within the sequence, common.Dropout); the forward
+    always runs the plain kernel (the config's num_splits and pack_gqa are ignored), both passes load through pointers (tma is ignored) and the
     dK/dV kernel is never split (dkdv_split is ignored); atomic_dq works.
 
     Bad input raises TypeError/ValueError naming the argument (check_varlen_inputs; the
@@ -342,8 +416,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                                         causal=causal, sm_scale=sm_scale, fp32_precision=fp32_precision)
     cap = check_softcap(softcap)
     window = check_window(window_size)
-    fwd, bwd = resolve_configs(q.unsqueeze(0).transpose(1, 2), fwd_config, bwd_config, causal, varlen=True)
-    o, lse2 = _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, "bottom_right", cap, window, varlen)
+    dropout = check_dropout(dropout_p, dropout_seed, q.device)
+    fwd, bwd = resolve_configs(q.unsqueeze(0).transpose(1, 2), fwd_config, bwd_config, causal, varlen=True,
+                               dropout=dropout is not None)
+    o, lse2 = _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, "bottom_right", cap, window, varlen, dropout)
     if return_lse:
         return o, lse2 * LN2
     return o

@@ -1,7 +1,8 @@
 """flashtune's attention as PyTorch operators, for torch.compile.
 
 ``torch.ops.flashtune.attention(q, k, v, causal, sm_scale, fwd_config, bwd_config,
-fp32_precision, causal_align, table)`` returns ``(o, lse2)`` and is differentiable: its backward is
+fp32_precision, causal_align, table, softcap, window_left, window_right, dropout_p,
+dropout_rng)`` (from softcap on optional) returns ``(o, lse2)`` and is differentiable: its backward is
 ``torch.ops.flashtune.attention_backward``. Both have fake (meta) implementations, so
 torch.compile traces a call as one node per pass with no graph break, dynamic shapes
 included, and Inductor schedules around it.
@@ -27,7 +28,7 @@ import json
 import torch
 
 from flashtune.kernels.backward import attention_backward
-from flashtune.kernels.common import torch_fp32_precision
+from flashtune.kernels.common import Dropout, torch_fp32_precision
 from flashtune.kernels.config import BwdConfig, FwdConfig
 from flashtune.kernels.forward import attention_forward
 
@@ -45,18 +46,21 @@ def _parse(cls, text: str):
 
 
 def _configs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float, fwd_config: str, bwd_config: str,
-             table: str) -> tuple[FwdConfig, BwdConfig]:
-    """The configs a call runs: the given ones, else the table's choice for this shape, else the defaults."""
-    from flashtune.kernels.function import resolve_configs
+             table: str, dropout: bool = False) -> tuple[FwdConfig, BwdConfig]:
+    """The configs a call runs: the given ones, else the table's choice for this shape (with
+    ``dropout`` one whose DROPOUT kernel fits), else the defaults."""
+    from flashtune.kernels.function import dropout_fwd_config, resolve_configs
 
     fwd = _parse(FwdConfig, fwd_config) if fwd_config else None
     bwd = _parse(BwdConfig, bwd_config) if bwd_config else None
     attention = _TABLES.get(table) if table else None  # absent: a graph from another process; defaults
     if attention is not None and (fwd is None or bwd is None):
         choice = attention.explain(q, k, v, is_causal=causal, scale=sm_scale, enable_gqa=True)
+        if fwd is None and dropout:
+            fwd = dropout_fwd_config(choice.fwd_config, q.shape[-1], q.dtype, q.device, causal)
         fwd = fwd or choice.fwd_config
         bwd = bwd or choice.bwd_config
-    return resolve_configs(q, fwd, bwd, causal)
+    return resolve_configs(q, fwd, bwd, causal, dropout=dropout)
 
 
 # the drop-ins whose tables traced graphs name, by token (never a URL: a graph is no place for a password)
@@ -74,23 +78,34 @@ def table_token(attention) -> str:
 @torch.library.custom_op("flashtune::attention", mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float,
                  fwd_config: str, bwd_config: str, fp32_precision: str, causal_align: str, table: str,
-                 softcap: float = 0.0, window_left: int = -1, window_right: int = -1
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 softcap: float = 0.0, window_left: int = -1, window_right: int = -1, dropout_p: float = 0.0,
+                 dropout_rng: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward: (o, lse2), lse2 the base-2 log-sum-exp the backward takes. ``softcap`` 0: none;
-    the window's sides as ``flashtune.attention``'s window_size, (-1, -1): none."""
-    fwd, _ = _configs(q, k, v, causal, sm_scale, fwd_config, bwd_config, table)
+    the window's sides as ``flashtune.attention``'s window_size, (-1, -1): none. ``dropout_p``
+    0: none; else ``dropout_rng`` is common.Dropout's (seed, offset) tensor, read when the
+    kernels run (a graph input: a CUDA graph replays with what it holds then)."""
+    fwd, _ = _configs(q, k, v, causal, sm_scale, fwd_config, bwd_config, table, bool(dropout_p))
     return attention_forward(q, k, v, fwd, causal=causal, sm_scale=sm_scale,
                              fp32_precision=fp32_precision or torch_fp32_precision(q.dtype), causal_align=causal_align,
-                             softcap=softcap, window_size=_window(window_left, window_right))
+                             softcap=softcap, window_size=_window(window_left, window_right),
+                             dropout=_dropout(dropout_p, dropout_rng))
 
 
 def _window(left: int, right: int) -> tuple[int, int] | None:
     return None if (left, right) == (-1, -1) else (left, right)
 
 
+def _dropout(p: float, rng: torch.Tensor | None) -> Dropout | None:
+    if not p:
+        return None
+    if rng is None:
+        raise ValueError("dropout_rng: expected the (seed, offset) tensor with dropout_p > 0, got None")
+    return Dropout(p, rng)
+
+
 @attention_op.register_fake
 def _attention_fake(q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, causal_align, table,
-                    softcap=0.0, window_left=-1, window_right=-1):
+                    softcap=0.0, window_left=-1, window_right=-1, dropout_p=0.0, dropout_rng=None):
     # the launcher's outputs: o like q (its strides too), lse2 (B, Hq, Nq) contiguous fp32
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
@@ -99,47 +114,57 @@ def _attention_fake(q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_prec
 def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                           lse2: torch.Tensor, causal: bool, sm_scale: float, fwd_config: str, bwd_config: str,
                           fp32_precision: str, causal_align: str, table: str, softcap: float = 0.0,
-                          window_left: int = -1, window_right: int = -1
+                          window_left: int = -1, window_right: int = -1, dropout_p: float = 0.0,
+                          dropout_rng: torch.Tensor | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward: (dq, dk, dv) in the layouts of q, k and v."""
-    _, bwd = _configs(q, k, v, causal, sm_scale, fwd_config, bwd_config, table)
+    """Backward: (dq, dk, dv) in the layouts of q, k and v (the dropout mask regenerated
+    from the forward's ``dropout_rng``)."""
+    _, bwd = _configs(q, k, v, causal, sm_scale, fwd_config, bwd_config, table, bool(dropout_p))
     return attention_backward(do, q, k, v, o, lse2, bwd, causal=causal, sm_scale=sm_scale,
                               fp32_precision=fp32_precision or torch_fp32_precision(q.dtype),
                               causal_align=causal_align, softcap=softcap,
-                              window_size=_window(window_left, window_right))
+                              window_size=_window(window_left, window_right), dropout=_dropout(dropout_p, dropout_rng))
 
 
 @attention_backward_op.register_fake
 def _attention_backward_fake(do, q, k, v, o, lse2, causal, sm_scale, fwd_config, bwd_config, fp32_precision,
-                             causal_align, table, softcap=0.0, window_left=-1, window_right=-1):
+                             causal_align, table, softcap=0.0, window_left=-1, window_right=-1, dropout_p=0.0,
+                             dropout_rng=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output) -> None:
     q, k, v, *arguments = inputs
     o, lse2 = output
-    ctx.save_for_backward(q, k, v, o, lse2)
-    ctx.arguments = tuple(arguments)  # causal ... window_right: the backward operator's arguments after lse2
+    rng = None
+    if len(arguments) == _ARGUMENTS:  # dropout_rng given (or its default filled in)
+        arguments, rng = arguments[:-1], arguments[-1]
+    ctx.save_for_backward(q, k, v, o, lse2, rng)  # rng: the dropout's (seed, offset) tensor, or None
+    ctx.arguments = tuple(arguments)  # causal ... dropout_p: the backward operator's arguments after lse2
     ctx.mark_non_differentiable(lse2)
 
 
 def _backward(ctx, do, _dlse2):
-    q, k, v, o, lse2 = ctx.saved_tensors
-    dq, dk, dv = attention_backward_op(do, q, k, v, o, lse2, *ctx.arguments)
-    return (dq, dk, dv) + (None,) * len(ctx.arguments)
+    q, k, v, o, lse2, rng = ctx.saved_tensors
+    dq, dk, dv = attention_backward_op(do, q, k, v, o, lse2, *ctx.arguments, rng)
+    return (dq, dk, dv) + (None,) * (len(ctx.arguments) + 1)
 
 
+# the forward operator's arguments after q, k, v, dropout_rng last
+_ARGUMENTS = len(attention_op._opoverload._schema.arguments) - 3
 attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def compiled_attention(q, k, v, *, causal: bool, sm_scale: float, fwd_config, bwd_config, fp32_precision: str,
                        causal_align: str = "top_left", table: str = "", softcap: float = 0.0,
-                       window_size: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       window_size: tuple[int, int] | None = None, dropout: Dropout | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """The operator call for checked inputs, configs (None: chosen, and validated, at run time),
-    softcap (0: none) and window (check_window's form)."""
+    softcap (0: none), window (check_window's form) and dropout (check_dropout's)."""
     for name, config, cls in (("fwd_config", fwd_config, FwdConfig), ("bwd_config", bwd_config, BwdConfig)):
         if config is not None and not isinstance(config, cls):
             raise TypeError(f"{name}: expected a {cls.__name__} or None, got {type(config).__name__}")
     left, right = window_size or (-1, -1)
     return attention_op(q, k, v, causal, sm_scale, config_json(fwd_config), config_json(bwd_config),
-                        fp32_precision, causal_align, table, softcap, left, right)
+                        fp32_precision, causal_align, table, softcap, left, right,
+                        *((dropout.p, dropout.rng) if dropout is not None else ()))

@@ -35,8 +35,13 @@ def attention_mask(n_q: int, n_k: int, *, causal: bool = False, causal_align: st
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                         sm_scale: float | None = None, dtype: torch.dtype = torch.float32,
                         causal_align: str = "top_left", softcap: float | None = None,
-                        window_size: tuple[int, int] | None = None):
+                        window_size: tuple[int, int] | None = None, dropout_mask: torch.Tensor | None = None,
+                        dropout_p: float = 0.0):
     """Return (o, lse) computed as written in the paper, in ``dtype``.
+
+    ``dropout_mask`` (bool, broadcastable to (B, Hq, Nq, Nk); None: no dropout) with
+    ``dropout_p``: o = (mask * P / (1 - dropout_p)) V, FlashAttention's dropout with a given
+    mask; lse stays that of the undropped scores.
 
     ``window_size``: FlashAttention's sliding window (left, right), -1 unbounded, in the
     ``causal_align`` frame, also with causal (attention_mask).
@@ -76,6 +81,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     if empty is not None:
         p = p.masked_fill(~keep, 0.0)
         lse = lse.masked_fill(empty[..., 0], float("-inf"))
+    if dropout_mask is not None:
+        p = p * dropout_mask.to(device=p.device, dtype=p.dtype) / (1.0 - dropout_p)
     return torch.matmul(p, v), lse
 
 

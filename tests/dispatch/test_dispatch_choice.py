@@ -171,7 +171,9 @@ def _dispatch_warnings(record) -> list[str]:
     return [str(w.message) for w in record if issubclass(w.category, DispatchWarning)]
 
 
-def test_attn_mask_and_dropout_go_to_sdpa_with_one_warning_per_reason(db_path, tuned_elsewhere):
+def test_attn_mask_and_a_dropout_p_of_1_go_to_sdpa_with_one_warning_per_reason(db_path, tuned_elsewhere):
+    """dropout_p in (0, 1) runs the kernels (tests/kernels/test_dropout.py); 1 (all dropped), which
+    the kernels refuse, and any other mask go to SDPA."""
     fn = get_tuned_attention(db_path)
     q, k, v = qkv(8)
     mask = torch.rand(8, 8) > 0.3
@@ -179,17 +181,17 @@ def test_attn_mask_and_dropout_go_to_sdpa_with_one_warning_per_reason(db_path, t
         warnings.simplefilter("always")
         for _ in range(3):
             assert torch.equal(fn(q, k, v, attn_mask=mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
-            torch.manual_seed(7)
-            out = fn(q, k, v, dropout_p=0.5)
-            torch.manual_seed(7)
-            assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, dropout_p=0.5))
+            out = fn(q, k, v, dropout_p=1.0)
+            assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, dropout_p=1.0))
     assert _dispatch_warnings(record) == [
         "flashtune runs torch's scaled_dot_product_attention instead: attn_mask is not supported",
-        "flashtune runs torch's scaled_dot_product_attention instead: dropout_p > 0 is not supported",
+        "flashtune runs torch's scaled_dot_product_attention instead: dropout_p outside [0, 1) is not supported",
     ]
     assert record[0].filename == __file__  # the warning points at the caller
     assert fn.explain(q, k, v, attn_mask=mask) == Choice.sdpa("attn_mask is not supported")
-    assert fn.explain(q, k, v, dropout_p=0.1).fwd_source == "sdpa fallback: dropout_p > 0 is not supported"
+    assert fn.explain(q, k, v, dropout_p=1.0).fwd_source == "sdpa fallback: dropout_p outside [0, 1) is not supported"
+    # dropout_p in (0, 1): the kernels, with the configs the call has without it
+    assert fn.explain(q, k, v, dropout_p=0.1) == fn.explain(q, k, v)
 
 
 def _unsupported_inputs():
@@ -221,11 +223,12 @@ def test_strict_raises_instead_of_falling_back(db_path, tuned_elsewhere):
     q, k, v = qkv(8)
     with pytest.raises(ValueError, match=r"strict=True\): attn_mask is not supported"):
         fn(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"dropout_p > 0"):
-        fn(q, k, v, dropout_p=0.1)
+    with pytest.raises(ValueError, match=r"strict=True\): dropout_p outside \[0, 1\)"):
+        fn(q, k, v, dropout_p=1.5)
     with pytest.raises(ValueError, match=r"float64"):
         fn(q.double(), k.double(), v.double())
-    assert fn.explain(q, k, v, dropout_p=0.1).bwd_source == "sdpa fallback: dropout_p > 0 is not supported"
+    assert fn.explain(q, k, v, dropout_p=1.0).bwd_source == "sdpa fallback: dropout_p outside [0, 1) is not supported"
+    fn(q, k, v, dropout_p=0.1)  # the kernels run it: nothing to refuse
 
 
 def test_differing_head_counts_need_enable_gqa_as_in_sdpa(db_path, tuned_elsewhere):

@@ -54,3 +54,22 @@ def test_a_mask_traces_sdpa_whole():
                              fullgraph=True, backend="aot_eager")
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(compiled(q, k, v), expected)
+
+
+def test_dropout_traces_the_kernels_whole_and_draws_its_seed_in_the_graph(db_path, operator_forward_configs):
+    """dropout_p in (0, 1) traces the flashtune operator (not SDPA) with the seed drawn inside
+    the graph from torch's generator: torch.manual_seed repeats a call, and the numbers are the
+    eager drop-in's for the same draw."""
+    attention = dispatch.get_tuned_attention(db_path)
+    compiled = torch.compile(lambda q, k, v: attention(q, k, v, dropout_p=0.3, enable_gqa=True), fullgraph=True,
+                             backend="aot_eager")
+    q, k, v = qkv(24)
+    torch.manual_seed(3)
+    out = compiled(q, k, v)
+    assert operator_forward_configs  # the kernels ran, through the operator
+    torch.manual_seed(3)
+    assert torch.equal(out, compiled(q, k, v))
+    torch.manual_seed(3)
+    eager = attention(q, k, v, dropout_p=0.3, enable_gqa=True)
+    torch.testing.assert_close(out, eager, atol=1e-6, rtol=1e-6)
+    assert not torch.equal(out, compiled(q, k, v))  # a fresh draw

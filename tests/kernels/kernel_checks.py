@@ -31,6 +31,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from flashtune.kernels import BwdConfig, FwdConfig, attention, attention_varlen, reference_attention
 from flashtune.kernels.reference import attention_mask
+from philox_reference import dropout_mask, varlen_dropout_mask
 from flashtune.tolerance import Tolerance, baseline_dtype, uses_tf32
 from flashtune.tolerance import tolerance as shared_tolerance
 
@@ -78,6 +79,7 @@ class Case:
     causal_align: str = "top_left"
     softcap: float | None = None
     window: tuple[int, int] | None = None  # window_size
+    dropout: float | None = None  # dropout_p, with the seed dropout_seed(case)
 
     def __str__(self) -> str:
         hq, hkv = self.heads
@@ -104,7 +106,14 @@ class Case:
             parts.append(f"softcap{self.softcap:g}")
         if self.window is not None:
             parts.append(f"window{self.window[0]}.{self.window[1]}")
+        if self.dropout is not None:
+            parts.append(f"dropout{self.dropout:g}")
         return "-".join(parts)
+
+
+def dropout_seed(case) -> int:
+    """The dropout seed of a case (Case, VarlenCase): from its name, below 2**63."""
+    return zlib.crc32(str(case).encode()) * 0x9E3779B97F4A7C15 % 2**63
 
 
 def make_tensor(shape, *, layout: str, dtype: torch.dtype, device, gen: torch.Generator) -> torch.Tensor:
@@ -159,10 +168,10 @@ class Outputs:
 
 
 def flashtune_outputs(q, k, v, do, *, causal, sm_scale, fwd_config, bwd_config, fp32_precision,
-                      causal_align="top_left", softcap=None, window=None) -> Outputs:
+                      causal_align="top_left", softcap=None, window=None, dropout=None, seed=None) -> Outputs:
     o, lse = attention(q, k, v, causal=causal, sm_scale=sm_scale, fwd_config=fwd_config, bwd_config=bwd_config,
                        return_lse=True, fp32_precision=fp32_precision, causal_align=causal_align, softcap=softcap,
-                       window_size=window)
+                       window_size=window, dropout_p=dropout or 0.0, dropout_seed=seed)
     # autograd.grad returns the backward's tensors as they are (no .grad accumulation),
     # so their strides are the kernel's.
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
@@ -174,11 +183,13 @@ def _leaves(q, k, v, dtype):
 
 
 def reference_outputs(q, k, v, do, *, causal, sm_scale, dtype=torch.float64, causal_align="top_left",
-                      softcap=None, window=None) -> Outputs:
-    """``reference_attention`` in ``dtype`` (float64: the truth), grads through autograd."""
+                      softcap=None, window=None, dropout=None, mask=None) -> Outputs:
+    """``reference_attention`` in ``dtype`` (float64: the truth), grads through autograd;
+    ``dropout`` (p) with its ``mask``."""
     qr, kr, vr = _leaves(q, k, v, dtype)
     o, lse = reference_attention(qr, kr, vr, causal=causal, sm_scale=sm_scale, dtype=dtype,
-                                 causal_align=causal_align, softcap=softcap, window_size=window)
+                                 causal_align=causal_align, softcap=softcap, window_size=window,
+                                 dropout_mask=mask if dropout else None, dropout_p=dropout or 0.0)
     dq, dk, dv = torch.autograd.grad(o, (qr, kr, vr), do.to(dtype))
     return Outputs(o.detach(), lse.detach(), dq, dk, dv)
 
@@ -268,8 +279,12 @@ def assert_close_to_reference(name: str, actual: torch.Tensor, truth: torch.Tens
 
 def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None, fwd_config=None,
                     bwd_config=None, check_strides: bool = True, cross_check_reference: bool = True,
-                    causal_align: str = "top_left", softcap=None, window=None) -> dict:
+                    causal_align: str = "top_left", softcap=None, window=None, dropout=None, seed=None) -> dict:
     """Run flashtune forward+backward and check O, LSE, dQ, dK, dV and output layouts.
+
+    With ``dropout`` (p, and the int ``seed``) the truth and the baseline apply the mask that
+    philox_reference builds on its own (no code shared with the kernels), with
+    ``reference_attention`` in the input's precision as the baseline (as for softcap).
 
     With ``softcap`` (which SDPA has not) the same-dtype baseline is ``reference_attention``
     in that dtype, with the cap, instead of SDPA's math backend. A ``window`` (window_size)
@@ -282,7 +297,7 @@ def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None
     tol = tolerance(dtype_name, q.device)
     ours = flashtune_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, fwd_config=fwd_config,
                              bwd_config=bwd_config, fp32_precision=precision, causal_align=causal_align,
-                             softcap=softcap, window=window)
+                             softcap=softcap, window=window, dropout=dropout, seed=seed)
 
     B, Hq, Nq, _ = q.shape
     assert ours.o.dtype == q.dtype and ours.o.shape == q.shape
@@ -294,16 +309,19 @@ def check_attention(q, k, v, do, *, dtype_name: str, causal: bool, sm_scale=None
             assert out.stride() == inp.stride(), f"{name}: strides {out.stride()}, expected the input's {inp.stride()}"
 
     align = dict(causal_align=causal_align, window=window)
-    truth = reference_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, softcap=softcap, **align)
-    if cross_check_reference and not softcap:
+    drop = {}
+    if dropout:
+        drop = dict(dropout=dropout, mask=dropout_mask(seed, dropout, B, Hq, Nq, k.shape[2]).to(q.device))
+    truth = reference_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, softcap=softcap, **align, **drop)
+    if cross_check_reference and not softcap and not dropout:
         sdpa64 = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, dtype=torch.float64, **align)
         for name in ("o", "dq", "dk", "dv"):
             torch.testing.assert_close(getattr(truth, name), getattr(sdpa64, name), rtol=1e-7, atol=1e-9,
                                        msg=lambda m, name=name: f"reference_attention vs SDPA float64, {name}: {m}")
     tf32 = uses_tf32(dtype, q.device, precision)
-    if softcap:
+    if softcap or dropout:
         torch_low = reference_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale, softcap=softcap,
-                                      dtype=baseline_dtype(dtype, tf32=tf32), **align)
+                                      dtype=baseline_dtype(dtype, tf32=tf32), **align, **drop)
     else:
         torch_low = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=sm_scale,
                                  dtype=baseline_dtype(dtype, tf32=tf32), **align)
@@ -349,7 +367,8 @@ def run_case(case: Case, device) -> dict:
     q, k, v, do = case_inputs(case, device)
     return check_attention(q, k, v, do, dtype_name=case.dtype, causal=case.causal, sm_scale=case.sm_scale,
                            fwd_config=case.fwd, bwd_config=case.bwd, check_strides=case.layout in DENSE_LAYOUTS,
-                           causal_align=case.causal_align, softcap=case.softcap, window=case.window)
+                           causal_align=case.causal_align, softcap=case.softcap, window=case.window,
+                           dropout=case.dropout, seed=dropout_seed(case) if case.dropout else None)
 
 
 def compile_for_sm90(script, request: list[dict], *, timeout: float, what: str) -> list[dict]:
@@ -400,6 +419,7 @@ class VarlenCase:
     configs: tuple[FwdConfig, BwdConfig] | None = None  # None: the defaults
     window: tuple[int, int] | None = None
     softcap: float | None = None
+    dropout: float | None = None  # dropout_p, with the seed dropout_seed(case)
 
     def __str__(self) -> str:
         parts = [self.dtype, "causal" if self.causal else "full", "q" + ".".join(map(str, self.lens_q)),
@@ -418,6 +438,8 @@ class VarlenCase:
             parts.append("window{}.{}".format(*self.window))
         if self.softcap is not None:
             parts.append(f"softcap{self.softcap:g}")
+        if self.dropout is not None:
+            parts.append(f"dropout{self.dropout:g}")
         return "-".join(parts)
 
 
@@ -440,11 +462,11 @@ def _heads_first(t: torch.Tensor) -> torch.Tensor:
 
 
 def loop_reference(q, k, v, do, lens_q, lens_k, *, causal, sm_scale=None, dtype=torch.float64, window=None,
-                   softcap=None, grads: bool = True) -> Outputs:
+                   softcap=None, grads: bool = True, dropout=None, mask=None) -> Outputs:
     """reference_attention per sequence (bottom-right), in ``dtype``, concatenated; lse
-    (Hq, total_q). A sequence without queries adds nothing; queries without keys get o 0,
-    lse -inf and dq 0; keys without queries dk = dv = 0. ``grads=False``: o and lse only
-    (the gradients None)."""
+    (Hq, total_q); ``dropout`` (p) with its (Hq, total_q, max_seqlen_k) ``mask``. A sequence
+    without queries adds nothing; queries without keys get o 0, lse -inf and dq 0; keys
+    without queries dk = dv = 0. ``grads=False``: o and lse only (the gradients None)."""
     qr, kr, vr = (x.detach().to(dtype).requires_grad_(grads) for x in (q, k, v))
     cq, ck = offsets(lens_q).tolist(), offsets(lens_k).tolist()
     outs, lses = [], []
@@ -455,9 +477,11 @@ def loop_reference(q, k, v, do, lens_q, lens_k, *, causal, sm_scale=None, dtype=
             outs.append(torch.zeros(nq, q.shape[1], q.shape[2], dtype=dtype, device=q.device))
             lses.append(torch.full((q.shape[1], nq), -math.inf, dtype=dtype, device=q.device))
             continue
+        keep = mask[:, cq[b]:cq[b + 1], :nk].unsqueeze(0) if dropout else None
         o, lse = reference_attention(*(_heads_first(x[c[b]:c[b + 1]]) for x, c in ((qr, cq), (kr, ck), (vr, ck))),
                                      causal=causal, sm_scale=sm_scale, dtype=dtype, causal_align="bottom_right",
-                                     window_size=window, softcap=softcap)
+                                     window_size=window, softcap=softcap, dropout_mask=keep,
+                                     dropout_p=dropout or 0.0)
         outs.append(o[0].transpose(0, 1))
         lses.append(lse[0])
     o, lse = torch.cat(outs), torch.cat(lses, dim=1)
@@ -489,7 +513,8 @@ def check_varlen(case: VarlenCase, device) -> dict:
     o, lse = attention_varlen(q, k, v, offsets(case.lens_q, device), offsets(case.lens_k, device),
                               max(case.lens_q), max(case.lens_k), causal=case.causal, fwd_config=fwd, bwd_config=bwd,
                               return_lse=True, fp32_precision=precision, window_size=case.window,
-                              softcap=case.softcap)
+                              softcap=case.softcap, dropout_p=case.dropout or 0.0,
+                              dropout_seed=dropout_seed(case) if case.dropout else None)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
     hq = case.heads[0]
     assert o.shape == q.shape and o.dtype == q.dtype
@@ -498,6 +523,9 @@ def check_varlen(case: VarlenCase, device) -> dict:
         assert grad.shape == x.shape and grad.dtype == x.dtype
 
     args = dict(causal=case.causal, window=case.window, softcap=case.softcap)
+    if case.dropout:
+        args.update(dropout=case.dropout, mask=varlen_dropout_mask(dropout_seed(case), case.dropout, hq, q.shape[0],
+                                                                   max(case.lens_k)).to(device))
     truth = loop_reference(q, k, v, do, case.lens_q, case.lens_k, **args)
     low = loop_reference(q, k, v, do, case.lens_q, case.lens_k,
                          dtype=baseline_dtype(dtype, tf32=uses_tf32(dtype, device, precision)), **args)

@@ -2,8 +2,9 @@
 
 Run as a script with TRITON_INTERPRET unset (the interpreter replaces the kernels by
 Python functions). Reads a JSON list of {"pass", "config", "head_dim", "dtype", "causal"}
-(optionally "softcap", "window", "varlen": the SOFTCAP/WINDOW/VARLEN variants; for an fp8
-forward "v_keys_contiguous": V with unit key stride instead of unit head-dim stride) on
+(optionally "softcap", "window", "varlen", "dropout": the SOFTCAP/WINDOW/VARLEN/DROPOUT
+variants; for an fp8 forward "v_keys_contiguous": V with unit key stride instead of unit
+head-dim stride) on
 stdin and prints one JSON line per item with the compiled kernels' shared memory in bytes
 ("shared": one number per kernel) and their async global-to-shared copies in the TTGIR
 ("async_copies"), or "skip" when this triton cannot compile for sm_90 here. The launches'
@@ -63,8 +64,10 @@ def compile_shared(item: dict) -> tuple[list[int], list[int]]:
     varlen = bool(item.get("varlen"))  # packed sequences: pointer loads (tma ignored), no split dK/dV
     common = {"CAUSAL": item["causal"], "HEAD_DIM": D, "BLOCK_D": block_d,
               "PRECISION": "tf32" if item["dtype"] == "float32" else "ieee", "INT64": False,
-              "SOFTCAP": bool(item.get("softcap")), "WINDOW": bool(item.get("window")), "VARLEN": varlen}
+              "SOFTCAP": bool(item.get("softcap")), "WINDOW": bool(item.get("window")), "VARLEN": varlen,
+              "DROPOUT": bool(item.get("dropout"))}
     cu = dict.fromkeys(("CU_Q", "CU_K"), "*i32" if varlen else "*fp32")  # unused without varlen
+    cu["RNG"] = "*i64" if item.get("dropout") else "*fp32"  # the dropout's (seed, offset); else unused
     if item["pass"] == "fwd":
         cfg = FwdConfig.from_dict(item["config"])
         tma = cfg.tma and not varlen
@@ -96,8 +99,9 @@ def compile_shared(item: dict) -> tuple[list[int], list[int]]:
     shared, copies = [], []
     for fn, pointers, blocks, (warps, stages) in (kernels if item["pass"] != "fwd" else
                                                   [(*k, (cfg.num_warps, cfg.num_stages)) for k in kernels]):
-        src = _source(fn, pointers, {"qk_scale": "fp32", "sm_scale": "fp32", "softcap_log2": "fp32",
-                                     "v_descale": "fp32"}, {**common, **blocks}, bool(item.get("v_keys_contiguous")))
+        scalars = {"qk_scale": "fp32", "sm_scale": "fp32", "softcap_log2": "fp32", "v_descale": "fp32",
+                   "drop_scale": "fp32"}
+        src = _source(fn, pointers, scalars, {**common, **blocks}, bool(item.get("v_keys_contiguous")))
         compiled = triton.compile(src, target=GPUTarget(*TARGET), options={"num_warps": warps, "num_stages": stages})
         shared.append(int(compiled.metadata.shared))
         copies.append(compiled.asm["ttgir"].count("ttg.async_copy_global_to_local"))

@@ -29,6 +29,7 @@ from kernel_checks import (
     check_attention,
     check_varlen,
     reference_outputs,
+    run_case,
     sdpa_outputs,
     tolerance,
 )
@@ -390,6 +391,27 @@ def test_window(case, gpu_memory_turn):
                                  bwd_config=case.bwd, causal_align=case.causal_align, window=case.window,
                                  cross_check_reference=case.n_q * case.n_k <= CROSS_CHECK_MAX_SCORES)
     print(case, {name: f"{e:.2e}" for name, e in errors.items()})
+
+
+def _dropouts() -> list[Case]:
+    """Dropout at real sizes against the float64 reference with philox_reference's mask:
+    bf16 and fp16, D=64/128, grouped heads, causal and not, Nq != Nk bottom-right, the default
+    configs, TMA with atomic dQ, a split dK/dV, a decode-sized call (the plain forward)."""
+    d128 = BwdConfig(64, 128, 128, 64, 8, 3, 8, 3)
+    return [Case("bf16", True, 1024, 1024, 128, heads=(8, 2), batch=2, dropout=0.1),
+            Case("bf16", False, 1000, 1000, 64, heads=(8, 8), batch=2, dropout=0.3),
+            Case("fp16", True, 777, 2048, 128, heads=(8, 2), batch=1, causal_align="bottom_right", dropout=0.2),
+            Case("bf16", True, 2048, 2048, 128, heads=(8, 2), batch=1, dropout=0.1,
+                 fwd=FwdConfig(128, 64, 8, 3, tma=1), bwd=replace(d128, atomic_dq=1, tma=1)),
+            Case("bf16", True, 2048, 2048, 128, heads=(8, 1), batch=1, dropout=0.5, bwd=replace(d128, dkdv_split=8)),
+            Case("bf16", False, 4, 4096, 128, heads=(32, 8), batch=2, dropout=0.1)]
+
+
+@pytest.mark.parametrize("case", _dropouts(), ids=str)
+def test_dropout(case, gpu_memory_turn):
+    with gpu_memory_turn(case.batch * case.heads[0] * case.n_q * case.n_k >= HEAVY_SCORES):
+        run_case(case, torch.device("cuda"))
+    print(case)
 
 
 # documents of a packed batch, 100..3000 tokens, odd lengths (and one of a single token)

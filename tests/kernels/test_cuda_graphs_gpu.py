@@ -91,3 +91,22 @@ def test_reduce_overhead_compile_replays_as_eager():
     for _ in range(3):
         q, k, v = (torch.randn(1, 16, 512, 64, **BF16) for _ in range(3))
         torch.testing.assert_close(compiled(q, k, v).clone(), layer(q, k, v), atol=0, rtol=0)
+
+
+def test_dropout_replays_with_the_seed_its_tensor_holds_and_draws_anew_without_one():
+    """A captured forward and backward with dropout: given as a (seed, offset) tensor, the seed
+    is read at replay (refilled: eager's bits for that seed); drawn from torch's generator
+    (dropout_seed=None), each replay draws a fresh mask."""
+    shape_q, shape_kv = (2, 8, 512, 64), (2, 2, 512, 64)
+    rng = torch.tensor([1, 0], device="cuda")
+    q, k, v = (torch.randn(s, **BF16, requires_grad=True) for s in (shape_q, shape_kv, shape_kv))
+    seeded = torch.cuda.make_graphed_callables(
+        lambda q, k, v: flashtune.attention(q, k, v, causal=True, dropout_p=0.2, dropout_seed=rng), (q, k, v))
+    for seed in (7, 8):
+        rng.copy_(torch.tensor([seed, 0]))
+        out = seeded(q, k, v)
+        eager = flashtune.attention(q, k, v, causal=True, dropout_p=0.2, dropout_seed=seed)
+        torch.testing.assert_close(out, eager, atol=0, rtol=0)
+    drawn = torch.cuda.make_graphed_callables(lambda q, k, v: flashtune.attention(q, k, v, dropout_p=0.2), (q, k, v))
+    first = drawn(q, k, v).detach().clone()
+    assert not torch.equal(first, drawn(q, k, v))

@@ -69,6 +69,42 @@ def test_operators_with_softcap_and_a_window_pass_opcheck():
                            "ieee", "top_left", "", 5.0, 6, 0))
 
 
+def test_operators_with_dropout_pass_opcheck():
+    """dropout_p and the (seed, offset) tensor through both operators."""
+    q, k, v = qkv(requires_grad=True)
+    config = ops.config_json(FwdConfig(16, 16, 4, 1))
+    rng = torch.tensor([12345, 7], device=DEVICE)
+    args = (q, k, v, True, 0.25, config, "", "ieee", "top_left", "", 0.0, -1, -1, 0.3, rng)
+    torch.library.opcheck(torch.ops.flashtune.attention.default, args)
+    o, lse2 = torch.ops.flashtune.attention(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
+    torch.library.opcheck(torch.ops.flashtune.attention_backward.default,
+                          (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o, lse2, True, 0.25, config, "",
+                           "ieee", "top_left", "", 0.0, -1, -1, 0.3, rng))
+
+
+def test_dropout_compiles_whole_and_matches_eager_for_a_seed():
+    """A training step with dropout under torch.compile(fullgraph=True): with a fixed seed the
+    numbers are eager's (outputs and gradients); with none, the seed is drawn inside the graph
+    from torch's generator, so calls differ and torch.manual_seed repeats them."""
+    q, k, v = qkv(requires_grad=True)
+    seeded = lambda q, k, v: flashtune.attention(q, k, v, causal=True, dropout_p=0.2, dropout_seed=3)  # noqa: E731
+    results = []
+    for run in (torch.compile(seeded, fullgraph=True, backend=BACKEND), seeded):
+        o = run(q, k, v)
+        results.append((o.detach(), *torch.autograd.grad(o.float().square().sum(), (q, k, v))))
+    tolerance = dict(atol=2e-2, rtol=2e-2) if DTYPE == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, **tolerance)
+    q, k, v = qkv()
+    drawn = torch.compile(lambda q, k, v: flashtune.attention(q, k, v, dropout_p=0.5), fullgraph=True,
+                          backend=BACKEND)
+    torch.manual_seed(1)
+    a = drawn(q, k, v)
+    b = drawn(q, k, v)
+    torch.manual_seed(1)
+    assert not torch.equal(a, b) and torch.equal(a, drawn(q, k, v))
+
+
 def test_softcap_and_a_window_compile_whole_and_match_eager():
     """A Gemma-2-style layer (softcap, a local window) under torch.compile(fullgraph=True):
     the operator carries both; the numbers are eager's, for outputs and gradients."""

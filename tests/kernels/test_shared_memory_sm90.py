@@ -127,3 +127,26 @@ def test_the_varlen_kernels_compile_for_sm90_within_the_estimate():
     for (p, cfg, d), res in zip(items, results):
         assert len(res["shared"]) == (1 if p == "fwd" else 2)  # no partial-sum dK/dV kernel
         assert max(res["shared"]) <= SM90_SHARED_MEMORY, (p, d, cfg.short(), res["shared"])
+
+
+def test_the_dropout_kernels_compile_for_sm90_within_the_estimate():
+    """The DROPOUT variants (Philox per four keys, the mask interleaved into the scores'
+    layout, transposed in the dK/dV kernel) of the sm_90 defaults at D=128/256 and of a TMA
+    forward and an atomic-dQ TMA backward compile for the H200 without a GPU, need no more
+    shared memory than validate(dropout=True) allows for, and the forward's estimate with
+    dropout is exact where the one without is (stages >= 2: its mask tile, BLOCK_M x BLOCK_N
+    bytes)."""
+    fwd_table, bwd_table = config_mod.HEURISTICS[(9, 0)]
+    items = [(p, cfg, d) for p, table in (("fwd", fwd_table), ("bwd", bwd_table))
+             for (dtype, d, *rest), cfg in table.items() if dtype == torch.bfloat16 and d in (128, 256) and not rest]
+    items += [("fwd", FwdConfig(128, 64, 8, 3, tma=1), 128),
+              ("bwd", BwdConfig(64, 64, 64, 64, 8, 3, atomic_dq=1, tma=1), 128)]
+    assert len(items) >= 5
+    request = [{"pass": p, "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": i % 2 == 0,
+                "dropout": True, "varlen": i == 1} for i, (p, cfg, d) in enumerate(items)]
+    results = _compile_for_sm90(request)
+    for (p, cfg, d), res in zip(items, results):
+        estimate = (cfg.shared_memory(d, torch.bfloat16, dropout=True) if p == "fwd"
+                    else cfg.shared_memory(d, torch.bfloat16))
+        assert estimate <= SM90_SHARED_MEMORY, (p, d, cfg.short(), estimate)
+        assert max(res["shared"]) <= estimate, (p, d, cfg.short(), res["shared"], estimate)
