@@ -139,7 +139,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_descal
     window = check_window(window_size)
     D = q.shape[-1]
     if config is None:
-        config = _default("fwd", D, q.dtype, q.device, bool(causal), False)
+        config = _default("fwd", D, q.dtype, q.device, bool(causal))
     elif not isinstance(config, FwdConfig):
         raise TypeError(f"config: expected a FwdConfig or None, got {type(config).__name__}")
     else:

@@ -10,8 +10,8 @@ import torch
 
 from flashtune.kernels.backward import attention_backward
 from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, Dropout, Varlen, torch_fp32_precision
-from flashtune.kernels.config import (DECODE_MAX_Q, FP8_DTYPES, MAX_HEAD_DIM, BwdConfig, ConfigError, FwdConfig,
-                                      default_config)
+from flashtune.kernels.config import (DECODE_MAX_Q, FP8_DTYPES, LONG_MIN_Q, MAX_HEAD_DIM, BwdConfig, ConfigError,
+                                      FwdConfig, default_config)
 from flashtune.kernels.forward import attention_forward
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -162,27 +162,31 @@ def dropout_fwd_config(config: FwdConfig, head_dim: int, dtype: torch.dtype, dev
     try:
         return config.validate(head_dim, dtype, device, dropout=True)
     except ConfigError:
-        return _default("fwd", head_dim, dtype, device, causal, False)
+        return _default("fwd", head_dim, dtype, device, causal)
 
 
 @functools.lru_cache(maxsize=1024)
-def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool, decode: bool):
-    return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=1 if decode else None)
+def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool,
+             seq_q: int | None = None):
+    """The heuristic config; ``seq_q`` only as its bucket (1: decode, LONG_MIN_Q: long, None: other)."""
+    return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=seq_q)
 
 
 def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = False, *, varlen: bool = False,
                     dropout: bool = False) -> tuple[FwdConfig, BwdConfig]:
     """The configs to launch with: the given ones, validated (the forward's for its DROPOUT
     kernel with ``dropout``), or the heuristic defaults (the forward's decode entry for at
-    most DECODE_MAX_Q queries; never for a packed ``varlen`` q or with dropout, which run the
-    plain forward kernel)."""
+    most DECODE_MAX_Q queries, its long entry from LONG_MIN_Q; neither for a packed ``varlen``
+    q or with dropout, which run the plain Triton forward kernel)."""
     D, dtype, device = q.shape[-1], q.dtype, q.device
-    decode = not varlen and not dropout and q.shape[2] <= DECODE_MAX_Q
+    bucket = None
+    if not varlen and not dropout:
+        bucket = 1 if q.shape[2] <= DECODE_MAX_Q else LONG_MIN_Q if q.shape[2] >= LONG_MIN_Q else None
     resolved = []
     for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
                                   ("bwd_config", bwd_config, BwdConfig, "bwd")):
         if cfg is None:
-            resolved.append(_default(pass_, D, dtype, device, bool(causal), decode and pass_ == "fwd"))
+            resolved.append(_default(pass_, D, dtype, device, bool(causal), bucket if pass_ == "fwd" else None))
         elif not isinstance(cfg, cls):
             raise TypeError(f"{name}: expected a {cls.__name__} or None, got {type(cfg).__name__}")
         else:

@@ -178,3 +178,24 @@ def test_long_d128_forward_calls_default_to_the_gluon_kernel_on_sm90_only(monkey
                 default_config("fwd", 128, torch.float32, "cuda", causal=False, seq_q=16384),
                 default_config("fwd", 128, bf16, "cuda", causal=True)):
         assert cfg.family == 0
+
+
+def test_attention_defaults_read_the_long_entry_for_long_calls_only(monkeypatch):
+    """flashtune.attention()'s heuristic forward config: the long bucket (the Gluon kernel's
+    entry on sm_90) from LONG_MIN_Q queries, unless packed or with dropout."""
+    from flashtune.kernels import function
+    from flashtune.kernels.config import DECODE_MAX_Q, LONG_MIN_Q
+
+    asked = []
+    monkeypatch.setattr(function, "default_config",
+                        lambda pass_, *a, seq_q=None, **kw: asked.append((pass_, seq_q)) or FwdConfig(16, 16, 4, 1))
+    function._default.cache_clear()
+    try:
+        for n, kwargs, bucket in ((LONG_MIN_Q, {}, LONG_MIN_Q), (LONG_MIN_Q + 3, {"dropout": True}, None),
+                                  (LONG_MIN_Q, {"varlen": True}, None), (DECODE_MAX_Q, {}, 1), (100, {}, None)):
+            asked.clear()
+            function._default.cache_clear()
+            function.resolve_configs(torch.empty(1, 2, n, 16), None, None, **kwargs)
+            assert asked == [("fwd", bucket), ("bwd", None)], (n, kwargs)
+    finally:
+        function._default.cache_clear()
