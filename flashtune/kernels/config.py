@@ -16,6 +16,7 @@ added in this one file. The tables may move out once the config classes stop cha
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, ClassVar, Mapping
 
@@ -259,7 +260,8 @@ class FwdConfig(_ConfigBase):
     float16/bfloat16 and a device of compute capability 9.0, so the search never tries it
     and the dispatcher never serves it anywhere else; num_warps, tma and the schedule do
     not apply to it (its canonical form fixes them). A call the Gluon kernel cannot run
-    (a window, a softcap, packed sequences) runs the Triton kernel with the same blocks.
+    (a window, a softcap, packed sequences, dropout, fp8) runs the Triton kernel's default
+    (``as_triton``).
     """
 
     BLOCK_M: int
@@ -311,11 +313,11 @@ class FwdConfig(_ConfigBase):
         return GluonFwdConfig(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, NUM_BUFFERS=self.num_stages,
                               PINGPONG=self.pingpong, OVERLAP=self.overlap)
 
-    def as_triton(self) -> "FwdConfig":
-        """The Triton kernel's config with these blocks and stages (for a call the Gluon
-        kernel cannot run): 4 warps, pointer loads, the auto schedule."""
-        return dataclasses.replace(self, family=0, num_warps=4, tma=0, num_splits=0, pack_gqa=-1, pingpong=1,
-                                   overlap=1)
+    def as_triton(self, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None) -> "FwdConfig":
+        """The config that runs a call the Gluon kernel cannot (a window, a softcap, packed
+        sequences, dropout, fp8): the Triton kernel's heuristic default for the head dim,
+        dtype, device and masking (``_triton_default``, cached); a Triton config itself."""
+        return self if not self.family else _triton_default(head_dim, dtype, resolve_device(device), causal)
 
     def check_fields(self) -> None:
         _check_block("BLOCK_M", self.BLOCK_M)
@@ -357,13 +359,14 @@ class FwdConfig(_ConfigBase):
 
         A Gluon config (``family=1``) is checked by GluonFwdConfig.validate on the device
         (None: the current CUDA device, else the CPU), which must be a CUDA sm_90 one; with
-        ``dropout`` also the Triton config that runs such a call instead (``as_triton``)."""
+        ``dropout`` also the Triton configs that run such a call instead (``as_triton``)."""
         self.check_fields()
         if self.family:
             # no device: the current one, as device_capability reads it (the CPU without a GPU)
             self.gluon().validate(head_dim, dtype, device if device is not None else resolve_device())
             if dropout:
-                self.as_triton().validate(head_dim, dtype, device, dropout=True)
+                for causal in (False, True):
+                    self.as_triton(head_dim, dtype, device, causal).validate(head_dim, dtype, device, dropout=True)
             return self
         if self.tma:
             _check_tma(head_dim, dtype, device)
@@ -722,6 +725,12 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
         return [cfg.validate(head_dim, dtype, device)]
     except ConfigError:
         return []
+
+
+@functools.lru_cache(maxsize=256)
+def _triton_default(head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool | None) -> FwdConfig:
+    """The heuristic forward config without the long bucket (never the Gluon kernel)."""
+    return default_config("fwd", head_dim, dtype, device, causal=causal)
 
 
 def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None,

@@ -233,8 +233,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
         if window_size is None and not softcap and varlen is None and dropout is None and q.dtype not in FP8_DTYPES:
             return _gluon_forward(q, k, v, config, causal=causal, sm_scale=sm_scale, compile_only=compile_only,
                                   causal_align=causal_align)
-        # what the Gluon kernel lacks (a window, softcap, varlen, dropout, fp8): the Triton kernel, same blocks
-        config = config.as_triton()
+        # what the Gluon kernel lacks (a window, softcap, varlen, dropout, fp8): the Triton kernel's default
+        config = config.as_triton(q.shape[-1], q.dtype, q.device, bool(causal))
     B, H, _, N_Q, N_K, D, window, off = call_geometry(q, k, varlen, causal, causal_align, window_size)
     key_blocks = None
     if window and varlen is None:  # the split kernel chunks only the key blocks some query reaches

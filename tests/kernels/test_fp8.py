@@ -210,7 +210,11 @@ def check_fp8(case: Fp8Case, device) -> dict:
     seen = torch.isfinite(lse_ref)
     assert torch.equal(torch.isfinite(lse.cpu()), seen)
     lse_err = (lse.cpu().double() - lse_ref)[seen].abs()
-    assert lse_err.numel() == 0 or lse_err.max() <= 1e-4 + 1e-5 * lse_ref[seen].abs().max(), lse_err.max()
+    # each score is off by at most its terms' rounding in the accumulator (Hopper's fp8 wgmma
+    # keeps about 13 bits: fp8_error_bound), and the log-sum-exp by at most the largest of them
+    score_unit = 2.0 ** -13 if o.is_cuda else 2.0 ** -24
+    allowed = 1e-4 + 1e-5 * lse_ref[seen].abs() + 2 * score_terms.squeeze(-1).expand_as(lse_ref)[seen] * score_unit
+    assert lse_err.numel() == 0 or (lse_err <= allowed).all(), (lse_err.max(), allowed.min())
     return figures
 
 
@@ -315,7 +319,8 @@ def test_fp8_descales_scale_the_result(kernel_device):
     run = lambda qd, kd, vd, **kw: attention_fp8(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd,  # noqa: E731
                                                  out_dtype=torch.float16, **kw)
     o = run(0.02, 0.03, 0.01)
-    torch.testing.assert_close(run(0.02, 0.03, 0.005), o / 2, rtol=2 ** -10, atol=0)
+    # fp16 output: exact halving but in its subnormals (below 2^-14), where a step is 2^-24
+    torch.testing.assert_close(run(0.02, 0.03, 0.005), o / 2, rtol=2 ** -10, atol=2 ** -24)
     torch.testing.assert_close(run(0.04, 0.015, 0.01), o, rtol=0, atol=0)
     torch.testing.assert_close(run(0.02, 0.03, 0.01, sm_scale=1 / math.sqrt(32)), o, rtol=0, atol=0)
     default = attention_fp8(q, k, v, q_descale=0.02, k_descale=0.03, v_descale=0.01)
