@@ -219,6 +219,14 @@ class _ConfigBase:
                        if name not in shown and getattr(self, name) != defaults[name])
 
 
+# family -> {field: (its fixed value, the valid values it replaces)}
+_UNUSED_BY_FAMILY = {
+    0: {"pingpong": (1, (0, 1)), "overlap": (1, (0, 1))},
+    1: {"num_warps": (4, (1, 2, 4, 8, 16)), "tma": (0, (0, 1)), "num_splits": (1, range(MAX_SPLITS + 1)),
+        "pack_gqa": (0, (-1, 0, 1))},
+}
+
+
 @dataclasses.dataclass(frozen=True, order=True)
 class FwdConfig(_ConfigBase):
     """Forward launch config.
@@ -279,6 +287,13 @@ class FwdConfig(_ConfigBase):
 
     def __post_init__(self) -> None:
         self._flags_as_ints("tma", "pack_gqa", "family", "pingpong", "overlap")
+        # The fields a family does not read take fixed values, so a config is its own canonical
+        # form: a sampled config, the row it is stored as and its re-run compare equal. Only
+        # valid values are replaced (check_fields still names a bad one).
+        fixed = _UNUSED_BY_FAMILY.get(self.family if type(self.family) is int else None, {})
+        for name, (value, valid) in fixed.items():
+            if type(getattr(self, name)) is int and getattr(self, name) in valid:
+                object.__setattr__(self, name, value)
 
     def label(self) -> str:
         """Compact: ``BLOCK_MxBLOCK_N wW sS``, `` tma`` when tiles load through TMA; a Gluon
@@ -299,12 +314,10 @@ class FwdConfig(_ConfigBase):
         return self
 
     def canonical(self) -> "FwdConfig":
-        """The Triton kernel has no ping-pong nor overlap (1 here); the Gluon kernel has a fixed
-        warp count (4 here), its own TMA loads (0 here) and no split schedule (1 split, no
-        packing)."""
-        if self.family:
-            return dataclasses.replace(self, num_warps=4, tma=0, num_splits=1, pack_gqa=0)
-        return self if self.pingpong == self.overlap == 1 else dataclasses.replace(self, pingpong=1, overlap=1)
+        """The config itself: the fields its family does not read were fixed on construction
+        (``_UNUSED_BY_FAMILY``: the Triton kernel has no ping-pong nor overlap; the Gluon kernel
+        has a fixed warp count, its own TMA loads and no split schedule)."""
+        return self
 
     def gluon(self):
         """The Gluon kernel's own config class for this config (kernels/gluon_forward.py)."""
