@@ -219,7 +219,8 @@ class _ConfigBase:
                        if name not in shown and getattr(self, name) != defaults[name])
 
 
-# family -> {field: (its fixed value, the valid values it replaces)}
+# family -> {field: (its fixed value, the valid values it replaces)}: what FwdConfig fixes on
+# construction, so its canonical form (_ConfigBase.canonical) is the config itself
 _UNUSED_BY_FAMILY = {
     0: {"pingpong": (1, (0, 1)), "overlap": (1, (0, 1))},
     1: {"num_warps": (4, (1, 2, 4, 8, 16)), "tma": (0, (0, 1)), "num_splits": (1, range(MAX_SPLITS + 1)),
@@ -311,12 +312,6 @@ class FwdConfig(_ConfigBase):
             return super().validate_anywhere(head_dim, dtype)
         self.check_fields()
         self.gluon().validate(head_dim, dtype, None)
-        return self
-
-    def canonical(self) -> "FwdConfig":
-        """The config itself: the fields its family does not read were fixed on construction
-        (``_UNUSED_BY_FAMILY``: the Triton kernel has no ping-pong nor overlap; the Gluon kernel
-        has a fixed warp count, its own TMA loads and no split schedule)."""
         return self
 
     def gluon(self):
@@ -639,7 +634,7 @@ _SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 2)
 # 1.11x) and slower below (0.62-0.95x at N <= 2k, llama3-8b-prefill-2k 0.63x):
 # benchmarks/gluon_fwd.py --grid --realistic --configs all, H200, 2026-12-02 (docs/gluon.md).
 # Other devices: it does not validate, and the entries after it serve.
-_SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, num_splits=1, pack_gqa=0, family=1)
+_SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1)
 _SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
 # fp8 forward: untuned, never measured; chosen by analogy with the bf16 entries and
 # Triton's fused-attention tutorial's fp8 configs (128x128, 8 warps, 3 stages at D=128:
@@ -732,8 +727,7 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
     from flashtune.kernels.gluon_forward import default_gluon_config
 
     g = default_gluon_config(head_dim)
-    cfg = FwdConfig(g.BLOCK_M, g.BLOCK_N, 4, g.NUM_BUFFERS, family=1, pingpong=g.PINGPONG,
-                    overlap=g.OVERLAP).canonical()
+    cfg = FwdConfig(g.BLOCK_M, g.BLOCK_N, 4, g.NUM_BUFFERS, family=1, pingpong=g.PINGPONG, overlap=g.OVERLAP)
     try:
         return [cfg.validate(head_dim, dtype, device)]
     except ConfigError:
