@@ -37,6 +37,8 @@ from flashtune.kernels.common import (DROPOUT_ARGS, VARLEN_SIZES, WINDOW_SIDES, 
                                       kernel_strides, key_range, load_tile, needs_int64, on_device,
                                       packed_sequence, score_scales, sm_count, softcap_log2_scores, store_tile,
                                       tma_descriptors, tma_tile, window_range)
+from flashtune.kernels import launch
+from flashtune.kernels.launch import planned, tensor_key
 from flashtune.kernels.config import BwdConfig, dkdv_split, padded_head_dim
 
 
@@ -447,14 +449,34 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     a zeroed buffer, cast at the end; with ``config.tma`` on sm_90+ one TMA bulk reduce-add
     per tile) and the dQ kernel does not run, unless torch's deterministic algorithms are on.
     """
+    if compile_only or varlen is not None or dropout is not None:
+        return _backward(do, q, k, v, o, lse2, config, causal, sm_scale, fp32_precision, compile_only, causal_align,
+                         softcap, window_size, varlen, dropout)
+    # one launch plan per call signature (kernels/launch.py): what follows runs once per signature
+    key = (config, causal, sm_scale, fp32_precision, causal_align, softcap, window_size,
+           torch.are_deterministic_algorithms_enabled(), tensor_key(do), tensor_key(q), tensor_key(k), tensor_key(v),
+           tensor_key(o), tensor_key(lse2))
+    return planned(_BWD_PLANS, key, (do, q, k, v, o, lse2),
+                   lambda: _backward(do, q, k, v, o, lse2, config, causal, sm_scale, fp32_precision, False,
+                                     causal_align, softcap, window_size, None, None))
+
+
+_BWD_PLANS: dict = {}
+
+
+def _backward(do, q, k, v, o, lse2, config: BwdConfig, causal, sm_scale, fp32_precision, compile_only, causal_align,
+              softcap, window_size, varlen, dropout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """attention_backward's launches."""
     B, H, H_KV, N_Q, N_K, D, window, off = call_geometry(q, k, varlen, causal, causal_align, window_size)
     BLOCK_D = padded_head_dim(D)
     precision = dot_precision(q.dtype, fp32_precision)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = launch.empty_like(q), launch.empty_like(k), launch.empty_like(v)
     # Delta in the log-sum-exp's layout: (B, H, N_Q), or (H, total_q) packed
     rows = (B, H, N_Q) if varlen is None else (H, q.shape[0])
-    delta = torch.empty(rows, device=q.device, dtype=torch.float32)
+    delta = launch.empty(rows, device=q.device, dtype=torch.float32)
     atomic_dq = bool(config.atomic_dq) and not torch.are_deterministic_algorithms_enabled()
+    if atomic_dq:  # a zeroed accumulator and a copy out of it: not in a launch plan
+        launch.unplannable()
     # dQ accumulator of the atomic mode, padded to BLOCK_D so the adds need no column mask
     # (without atomics the kernel never touches it: any fp32 pointer will do, no allocation)
     dq_acc = torch.zeros((*rows, BLOCK_D), device=q.device, dtype=torch.float32) if atomic_dq else delta
@@ -477,16 +499,16 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         else:  # over the packed rows: (1, H, total_q, D) views, Delta (1, H, total_q)
             _preprocess(o.unsqueeze(0).transpose(1, 2), do.unsqueeze(0).transpose(1, 2), delta.unsqueeze(0),
                         int64=int64, compile_only=compile_only)
-        launch = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
+        options = dict(CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
                       num_warps=config.num_warps, num_stages=config.num_stages, warmup=compile_only)
         split_h, split_q = (dkdv_split(config, batch=B, heads_q=H, heads_kv=H_KV, n_q=N_Q, n_k=N_K,
                                        sm_count=sm_count(q.device)) if varlen is None else (1, 1))
         split = split_h * split_q
         # a split key block's programs write fp32 partials, summed in a fixed order afterwards
-        parts = (torch.empty((2, split, B, H_KV, N_K, BLOCK_D), device=q.device, dtype=torch.float32)
+        parts = (launch.empty((2, split, B, H_KV, N_K, BLOCK_D), device=q.device, dtype=torch.float32)
                  if split > 1 else (dk, dv))
-        _bwd_dkdv_kernel.run(
-            q, k, v, do, parts[0], parts[1], lse2, delta, dq_acc, *(descs_dkdv or (q, do)),
+        launch.launch(
+            _bwd_dkdv_kernel, q, k, v, do, parts[0], parts[1], lse2, delta, dq_acc, *(descs_dkdv or (q, do)),
             *(desc_dqa or (dq_acc,)), *cu, rng, sm_scale, *score_scales(sm_scale, softcap), drop_threshold,
             drop_scale, *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
             *kernel_strides(do, varlen), *kernel_strides(dk, varlen), *kernel_strides(dv, varlen),
@@ -495,7 +517,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
             grid=(cdiv(N_K, config.BLOCK_N1), H_KV * split, B),
             ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, TMA_DQ=desc_dqa is not None, PARTIAL=split > 1,
             SOFTCAP=bool(softcap), WINDOW=window is not None, VARLEN=varlen is not None,
-            DROPOUT=dropout is not None, **launch)
+            DROPOUT=dropout is not None, **options)
         if split > 1:
             _sum_partials(parts, dk, dv, int64=int64, compile_only=compile_only)
         if atomic_dq:
@@ -514,8 +536,8 @@ def _preprocess(o, do, delta, *, int64: bool, compile_only: bool = False) -> Non
     B, H, N_Q, D = o.shape
     BLOCK_D = padded_head_dim(D)
     block = max(16, min(128, 8192 // BLOCK_D))
-    _bwd_preprocess_kernel.run(
-        o, do, delta, *o.stride(), *do.stride(), H, N_Q,
+    launch.launch(
+        _bwd_preprocess_kernel, o, do, delta, *o.stride(), *do.stride(), H, N_Q,
         HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, grid=(cdiv(N_Q, block), H, B),
         warmup=compile_only)
 
@@ -525,8 +547,8 @@ def _sum_partials(parts, dk, dv, *, int64: bool, compile_only: bool = False) -> 
     BLOCK_D), cast, on the current device."""
     _, split, B, H_KV, N_K, BLOCK_D = parts.shape
     block = max(16, min(128, 8192 // BLOCK_D))
-    _bwd_dkdv_sum_kernel.run(
-        parts[0], parts[1], dk, dv, *dk.stride(), *dv.stride(), split, N_K,
+    launch.launch(
+        _bwd_dkdv_sum_kernel, parts[0], parts[1], dk, dv, *dk.stride(), *dv.stride(), split, N_K,
         HEAD_DIM=dk.shape[-1], BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, grid=(cdiv(N_K, block), H_KV, B),
         num_warps=4, num_stages=1, warmup=compile_only)
 
@@ -548,8 +570,8 @@ def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool,
     BLOCK_D = padded_head_dim(D)
     rng, drop_threshold, drop_scale = dropout_args(dropout, delta)
     descs_dq = tma_descriptors(config.tma and varlen is None, (k, v), config.BLOCK_N2, BLOCK_D)
-    _bwd_dq_kernel.run(
-        q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), *cu, rng, sm_scale, *score_scales(sm_scale, softcap),
+    launch.launch(
+        _bwd_dq_kernel, q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), *cu, rng, sm_scale, *score_scales(sm_scale, softcap),
         drop_threshold, drop_scale, *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
         *kernel_strides(do, varlen), *kernel_strides(dq, varlen),
         H, H // k.shape[1], N_Q, N_K, causal_off, *(window or (0, 0)), lse2.shape[-1],
@@ -576,9 +598,9 @@ def dq_kernel_alone(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     with on_device(q):
         _preprocess(o, do, delta, int64=int64)
 
-    def launch() -> torch.Tensor:
+    def run() -> torch.Tensor:
         with on_device(q):
             _launch_dq(q, k, v, do, dq, lse2, delta, config, causal=causal, sm_scale=sm_scale, precision=precision,
                        int64=int64)
         return dq
-    return launch
+    return run

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from flashtune.kernels.common import (WINDOW_SIDES, block_offsets, key_range, needs_int64, on_device, score_scales,
                                       tma_descriptors, window_range)
+from flashtune.kernels import launch
 from flashtune.kernels.config import DECODE_MAX_Q, MAX_SPLITS, FwdConfig, padded_head_dim
 from flashtune.kernels.forward import _fwd_inner
 
@@ -263,16 +264,16 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
     H_KV, N_K = k.shape[1], k.shape[2]
     group = H // H_KV
     BLOCK_D = padded_head_dim(D)
-    o = torch.empty_like(q)
-    lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    o = launch.empty_like(q)
+    lse2 = launch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     S = schedule.splits
     if S == 1:
         o_part, lse_part = o, lse2
         o_strides = (o.stride(0), o.stride(1), 0, o.stride(2), o.stride(3))
         l_strides = (H * N_Q, N_Q, 0)
     else:
-        o_part = torch.empty((B, H, S, N_Q, BLOCK_D), device=q.device, dtype=torch.float32)
-        lse_part = torch.empty((B, H, S, N_Q), device=q.device, dtype=torch.float32)
+        o_part = launch.empty((B, H, S, N_Q, BLOCK_D), device=q.device, dtype=torch.float32)
+        lse_part = launch.empty((B, H, S, N_Q), device=q.device, dtype=torch.float32)
         o_strides = (o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3), 1)
         l_strides = lse_part.stride()[:3]
     descs = tma_descriptors(config.tma, (k, v), config.BLOCK_N, BLOCK_D)
@@ -282,8 +283,8 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
     m_blocks = _cdiv(N_Q * pack, schedule.block_m)
     grid = (m_blocks * B * h_rows, S)
     with on_device(q):
-        _split_fwd_kernel.run(
-            q, k, v, o_part, lse_part, *(descs or (k, v)), *score_scales(sm_scale, softcap),
+        launch.launch(
+            _split_fwd_kernel, q, k, v, o_part, lse_part, *(descs or (k, v)), *score_scales(sm_scale, softcap),
             *q.stride(), *k.stride(), *v.stride(), *o_strides, *l_strides,
             h_rows, m_blocks, pack, group, N_Q, N_K, schedule.chunk, schedule.start, causal_off,
             *(window or (0, 0)),
@@ -293,8 +294,8 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
             num_warps=config.num_warps, num_stages=config.num_stages, grid=grid, warmup=compile_only)
         if S > 1:
             block_s = max(2, 1 << (S - 1).bit_length())
-            _combine_kernel.run(
-                o_part, lse_part, o, lse2, S, H, N_Q, *o.stride(),
+            launch.launch(
+                _combine_kernel, o_part, lse_part, o, lse2, S, H, N_Q, *o.stride(),
                 HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_S=block_s, INT64=int64,
                 num_warps=4 if block_s * BLOCK_D <= 8192 else 8, num_stages=1, grid=(B * H * N_Q,),
                 warmup=compile_only)

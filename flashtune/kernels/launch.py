@@ -1,0 +1,273 @@
+"""Launch plans: what a launcher does for one call signature, recorded on its first call
+and replayed on the next ones without flashtune's or triton's per-call Python.
+
+A launcher (forward.attention_forward, backward.attention_backward) spends most of a
+small call's host time computing what does not change between calls of one signature
+(shapes, strides, dtypes, configs, flags): the geometry, the schedule, the argument list of
+40-60 values, and triton's binding and specialisation of that list, before the launch
+itself (docs/dispatch-overhead.md: 97 us of host time for a forward whose launch is 13 us
+on the H200). ``planned()`` runs a launcher under a recorder the first time it sees a
+signature: the launcher allocates through ``empty``/``empty_like`` here and launches
+through ``launch`` here, and the recorder notes each allocation, each launch's compiled
+kernel and its bound arguments, and which argument is which tensor (an input, an
+allocation, a view of one, a TMA descriptor over one). The next call of the signature
+allocates the same tensors and calls each compiled kernel's own launcher with the
+recorded arguments, the tensors swapped in.
+
+A plan is made only when everything the launcher did is known to the recorder: a
+launcher that does other tensor work (a copy, a zero fill) calls ``unplannable()``, and a
+launch argument that is a tensor the recorder cannot place makes the call unplannable
+too; unplannable signatures run the launcher every time. The signature (``tensor_key``
+of each input and everything else the launcher reads) decides every value of the
+argument lists but the data pointers; the pointers' 16-byte alignment, which triton
+specialises on, is part of it.
+
+Under the Triton interpreter (no compiled kernels) a replay calls the kernel's ``run``
+with the recorded arguments instead, so the CPU tests exercise the same recording and
+substitution. ``FLASHTUNE_LAUNCH_PLANS=0`` turns plans off.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from flashtune.kernels.common import INTERPRETER
+
+try:
+    from triton import knobs as _knobs
+except ImportError:  # pragma: no cover - older triton
+    _knobs = None
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
+
+ENABLED = os.environ.get("FLASHTUNE_LAUNCH_PLANS", "1") != "0"
+MAX_PLANS = 4096  # per cache; a cache past it is cleared (a new signature costs one recorded call)
+
+_local = threading.local()
+
+
+class Unplannable(Exception):
+    """The recorded call did something a plan cannot repeat."""
+
+
+def tensor_key(t: torch.Tensor) -> tuple:
+    """What of a tensor argument a launcher's work depends on, other than its data:
+    shape, strides, dtype, device, the data pointer's alignment to 16 bytes (triton
+    specialises on it; TMA needs it) and whether the storage is large enough that element
+    offsets may need int64 (common.needs_int64 reads the storage's size)."""
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15,
+            t.untyped_storage().nbytes() >= (2**31 - 1) * t.element_size())
+
+
+# --- what launchers call -------------------------------------------------------------
+
+def launch(kernel, *args, grid, warmup: bool = False, **kwargs):
+    """``kernel.run(*args, grid=grid, warmup=warmup, **kwargs)``, noted by the recorder
+    when one is active."""
+    compiled = kernel.run(*args, grid=grid, warmup=warmup, **kwargs)
+    recorder = getattr(_local, "recorder", None)
+    if recorder is not None:
+        recorder.launched(kernel, compiled, args, kwargs, grid, warmup)
+    return compiled
+
+
+def empty(shape, *, dtype: torch.dtype, device) -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype, device=device)``, noted by the recorder."""
+    return _allocated(torch.empty(shape, dtype=dtype, device=device))
+
+
+def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``torch.empty_like(t, dtype=dtype)``, noted by the recorder."""
+    return _allocated(torch.empty_like(t, dtype=dtype))
+
+
+def unplannable() -> None:
+    """Say that the call being run does tensor work outside ``launch`` and the
+    allocators here (a copy, a fill): its signature then never gets a plan."""
+    recorder = getattr(_local, "recorder", None)
+    if recorder is not None:
+        recorder.ok = False
+
+
+def _allocated(t: torch.Tensor) -> torch.Tensor:
+    recorder = getattr(_local, "recorder", None)
+    if recorder is not None:
+        recorder.slot_of[id(t)] = len(recorder.slots)
+        recorder.slots.append(t)
+        recorder.allocs.append((tuple(t.shape), t.stride(), t.dtype, t.device))
+    return t
+
+
+# --- recording -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Launch:
+    kernel: object        # the JITFunction (the interpreter's replay calls its run)
+    runner: object        # the compiled kernel's launcher (None under the interpreter)
+    function: object
+    packed_metadata: object
+    grid: tuple
+    template: tuple       # the launcher's arguments, tensors as placeholders
+    refs: tuple           # (position, ref) of each tensor argument
+    kwargs: dict          # the interpreter's keyword arguments (constexprs, options)
+    kw_refs: tuple        # (name, ref) of tensor keyword arguments (interpreter)
+
+
+class _Recorder:
+    def __init__(self, inputs):
+        self.slots = list(inputs)
+        self.n_inputs = len(inputs)
+        self.slot_of = {id(t): i for i, t in enumerate(inputs)}
+        self.allocs: list[tuple] = []
+        self.launches: list[_Launch] = []
+        self.ok = True
+
+    def ref(self, x):
+        """How a replay rebuilds argument ``x``: ("slot", i), ("view", i, shape, stride,
+        storage offset), ("desc", base ref, descriptor fields), or None for a constant;
+        raises Unplannable for a tensor it cannot place."""
+        if isinstance(x, torch.Tensor):
+            i = self.slot_of.get(id(x))
+            if i is not None:
+                return ("slot", i)
+            # a view of an allocation (never of an input: two inputs may share a storage
+            # in one call and not in the next)
+            ptr = x.untyped_storage().data_ptr()
+            for i in range(self.n_inputs, len(self.slots)):
+                s = self.slots[i]
+                if s.untyped_storage().data_ptr() == ptr and s.dtype == x.dtype and s.device == x.device:
+                    return ("view", i, tuple(x.shape), x.stride(), x.storage_offset())
+            raise Unplannable("a tensor argument that is neither an input nor allocated by the call")
+        if TensorDescriptor is not None and isinstance(x, TensorDescriptor):
+            fields = {name: value for name, value in vars(x).items() if name != "base"}
+            return ("desc", self.ref(x.base), fields)
+        return None
+
+    def launched(self, kernel, compiled, args, kwargs, grid, warmup) -> None:
+        if not self.ok:
+            return
+        if warmup or callable(grid):
+            self.ok = False
+            return
+        try:
+            grid = tuple(grid) + (1,) * (3 - len(grid))
+            if INTERPRETER or compiled is None:
+                if not INTERPRETER:
+                    raise Unplannable("no compiled kernel")
+                values, runner, function, packed = tuple(args), None, None, None
+                kw = dict(kwargs)
+                kw_refs = tuple((n, r) for n, r in ((n, self.ref(v)) for n, v in kw.items()) if r is not None)
+            else:
+                device = torch.cuda.current_device()
+                binder = kernel.device_caches[device][4]
+                bound, _, _ = binder(*args, **kwargs)
+                values = tuple(bound.values())
+                runner, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+                kw, kw_refs = {}, ()
+            refs = tuple((p, r) for p, r in ((p, self.ref(v)) for p, v in enumerate(values)) if r is not None)
+            template = tuple(None if any(p == q for q, _ in refs) else v for p, v in enumerate(values))
+        except Unplannable:
+            self.ok = False
+            return
+        self.launches.append(_Launch(kernel, runner, function, packed, grid, template, refs, kw, kw_refs))
+
+
+def _rebuild(ref, slots):
+    kind = ref[0]
+    if kind == "slot":
+        return slots[ref[1]]
+    if kind == "view":
+        return slots[ref[1]].as_strided(ref[2], ref[3], ref[4])
+    desc = TensorDescriptor.__new__(TensorDescriptor)  # checked when recorded; the key keeps it valid
+    desc.__dict__.update(ref[2])
+    desc.base = _rebuild(ref[1], slots)
+    return desc
+
+
+class Plan:
+    """A recorded call: its allocations, its launches and where its outputs are."""
+
+    def __init__(self, recorder: _Recorder, n_inputs: int, outputs: tuple, device: torch.device):
+        self.n_inputs = n_inputs
+        self.allocs = tuple(recorder.allocs)
+        self.launches = tuple(recorder.launches)
+        self.outputs = outputs
+        self.device_index = device.index if device.type == "cuda" else None
+
+    def replay(self, inputs):
+        """The outputs of the call on ``inputs``, or None where a plan cannot run now (a
+        launch hook is set, another device is current): the caller runs the launcher."""
+        index = self.device_index
+        if index is not None:
+            if torch.cuda.current_device() != index or (_knobs is not None and _knobs.runtime.launch_enter_hook):
+                return None
+            stream = _current_stream(index)
+        slots = list(inputs)
+        for shape, stride, dtype, device in self.allocs:
+            slots.append(torch.empty_strided(shape, stride, dtype=dtype, device=device))
+        for ln in self.launches:
+            args = list(ln.template)
+            for position, ref in ln.refs:
+                args[position] = _rebuild(ref, slots)
+            if ln.runner is None:  # the interpreter
+                kwargs = dict(ln.kwargs)
+                for name, ref in ln.kw_refs:
+                    kwargs[name] = _rebuild(ref, slots)
+                ln.kernel.run(*args, grid=ln.grid, warmup=False, **kwargs)
+            else:
+                g0, g1, g2 = ln.grid
+                ln.runner(g0, g1, g2, stream, ln.function, ln.packed_metadata, None, None, None, *args)
+        return tuple(_rebuild(ref, slots) for ref in self.outputs)
+
+
+try:
+    from torch._C import _cuda_getCurrentRawStream as _current_stream
+except ImportError:  # pragma: no cover - a torch without CUDA
+    def _current_stream(index):
+        return torch.cuda.current_stream(index).cuda_stream
+
+
+def planned(cache: dict, key, inputs: tuple, run):
+    """``run()``'s outputs (a tuple of tensors) for the call with ``inputs`` and signature
+    ``key``: through its plan in ``cache`` when there is one, else by running ``run`` (under
+    a recorder the first time, keeping a plan if the call was plannable). ``key`` None (an
+    unhashable signature) or plans off: ``run()`` as it is."""
+    if key is None or not ENABLED or getattr(_local, "recorder", None) is not None:
+        return run()
+    try:
+        plan = cache.get(key)
+    except TypeError:  # an unhashable part of the signature
+        return run()
+    if plan is False:  # seen, unplannable
+        return run()
+    if plan is not None:
+        out = plan.replay(inputs)
+        if out is not None:
+            return out
+        return run()
+    if len({id(t) for t in inputs}) != len(inputs):  # one tensor as two inputs: not recorded as a plan
+        return run()
+    recorder = _Recorder(inputs)
+    _local.recorder = recorder
+    try:
+        out = run()
+    finally:
+        _local.recorder = None
+    if len(cache) >= MAX_PLANS:
+        cache.clear()
+    try:
+        if not recorder.ok or not recorder.launches:
+            raise Unplannable("the call did work a plan cannot repeat")
+        outputs = tuple(recorder.ref(t) for t in out)
+        if any(r is None or r[0] == "desc" for r in outputs):
+            raise Unplannable("an output that is not a tensor")
+        cache[key] = Plan(recorder, len(inputs), outputs, inputs[0].device)
+    except Unplannable:
+        cache[key] = False
+    return out
