@@ -430,8 +430,8 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                        lse2: torch.Tensor, config: BwdConfig, *, causal: bool, sm_scale: float,
                        fp32_precision: str = "tf32", compile_only: bool = False, causal_align: str = "top_left",
                        softcap: float = 0.0, window_size: tuple[int, int] | None = None,
-                       varlen: Varlen | None = None, dropout: Dropout | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       varlen: Varlen | None = None, dropout: Dropout | None = None,
+                       plan_key: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the backward kernels with an explicit config on already-checked inputs
     (``softcap``, ``window_size``, ``varlen`` and ``dropout`` as the forward had them: the
     dropout mask is regenerated from its seed, common.Dropout).
@@ -448,14 +448,21 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     With ``config.atomic_dq`` the dK/dV kernel also accumulates dQ (fp32 atomic adds into
     a zeroed buffer, cast at the end; with ``config.tma`` on sm_90+ one TMA bulk reduce-add
     per tile) and the dQ kernel does not run, unless torch's deterministic algorithms are on.
+
+    ``plan_key``: forward.forward_key() of the forward that made ``o`` and ``lse2`` from these
+    q, k, v with these arguments (autograd's backward has it): it fixes every tensor's layout
+    but dO's, so the launch plan's signature need not read them again.
     """
     if compile_only or varlen is not None or dropout is not None:
         return _backward(do, q, k, v, o, lse2, config, causal, sm_scale, fp32_precision, compile_only, causal_align,
                          softcap, window_size, varlen, dropout)
     # one launch plan per call signature (kernels/launch.py): what follows runs once per signature
-    key = (config, causal, sm_scale, fp32_precision, causal_align, softcap, window_size,
-           torch.are_deterministic_algorithms_enabled(), tensor_key(do), tensor_key(q), tensor_key(k), tensor_key(v),
-           tensor_key(o), tensor_key(lse2))
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    if plan_key is not None:
+        key = ("after forward", plan_key, config, deterministic, tensor_key(do))
+    else:
+        key = (config, causal, sm_scale, fp32_precision, causal_align, softcap, window_size, deterministic,
+               tensor_key(do), tensor_key(q), tensor_key(k), tensor_key(v), tensor_key(o), tensor_key(lse2))
     return planned(_BWD_PLANS, key, (do, q, k, v, o, lse2),
                    lambda: _backward(do, q, k, v, o, lse2, config, causal, sm_scale, fp32_precision, False,
                                      causal_align, softcap, window_size, None, None))

@@ -196,8 +196,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
                       compile_only: bool = False, causal_align: str = "top_left",
                       softcap: float = 0.0, window_size: tuple[int, int] | None = None,
                       varlen: Varlen | None = None, v_descale: float = 1.0,
-                      out_dtype: torch.dtype | None = None, dropout: Dropout | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      out_dtype: torch.dtype | None = None, dropout: Dropout | None = None,
+                      plan_key: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel with an explicit config on already-checked inputs.
 
     ``softcap`` > 0 caps the scaled scores at ``softcap * tanh(scores / softcap)`` (Gemma-2);
@@ -227,6 +227,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     ``compile_only`` compiles (or, inside triton's AsyncCompileMode, queues the compile
     of) the kernel without launching it; the outputs are then left uninitialised.
 
+    ``plan_key``: forward_key() of this call, where the caller has it already.
+
     Returns ``(o, lse2)``: o in q's layout and dtype (``out_dtype`` if given), lse2 (B, Hq,
     Nq) float32 holding the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for
     natural log); with ``varlen``, (Hq, total_q).
@@ -235,14 +237,25 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
         return _forward(q, k, v, config, causal, sm_scale, fp32_precision, compile_only, causal_align, softcap,
                         window_size, varlen, v_descale, out_dtype, dropout)
     # one launch plan per call signature (kernels/launch.py): what follows runs once per signature
-    key = (config, causal, sm_scale, fp32_precision, causal_align, softcap, window_size, v_descale, out_dtype,
-           tensor_key(q), tensor_key(k), tensor_key(v))
-    return planned(_FWD_PLANS, key, (q, k, v),
+    if plan_key is None:
+        plan_key = forward_key(q, k, v, config, causal, sm_scale, fp32_precision, causal_align, softcap, window_size,
+                               v_descale, out_dtype)
+    return planned(_FWD_PLANS, plan_key, (q, k, v),
                    lambda: _forward(q, k, v, config, causal, sm_scale, fp32_precision, False, causal_align, softcap,
                                     window_size, None, v_descale, out_dtype, None))
 
 
 _FWD_PLANS: dict = {}
+
+
+def forward_key(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision="tf32", causal_align="top_left",
+                softcap=0.0, window_size=None, v_descale=1.0, out_dtype=None) -> tuple:
+    """The launch-plan signature of an attention_forward call (without varlen or dropout):
+    everything its launches depend on but the data. It also fixes the layouts of the
+    outputs (o, lse2), so a backward of the same call keys its plan on it
+    (backward.attention_backward's ``plan_key``)."""
+    return (config, causal, sm_scale, fp32_precision, causal_align, softcap, window_size, v_descale, out_dtype,
+            tensor_key(q), tensor_key(k), tensor_key(v))
 
 
 def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compile_only, causal_align, softcap,

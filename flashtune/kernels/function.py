@@ -12,7 +12,7 @@ from flashtune.kernels.backward import attention_backward
 from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, Dropout, Varlen, torch_fp32_precision
 from flashtune.kernels.config import (DECODE_MAX_Q, FP8_DTYPES, LONG_MIN_Q, MAX_HEAD_DIM, BwdConfig, ConfigError,
                                       FwdConfig, default_config)
-from flashtune.kernels.forward import attention_forward
+from flashtune.kernels.forward import attention_forward, forward_key
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -202,9 +202,15 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, causal_align="top_left",
                 softcap=0.0, window_size=None, varlen=None, dropout=None):
+        # the launch plans' signature (kernels/launch.py), computed once for both passes
+        key = None
+        if varlen is None and dropout is None:
+            key = forward_key(q, k, v, fwd_config, causal, sm_scale, fp32_precision, causal_align, softcap,
+                              window_size)
         o, lse2 = attention_forward(q, k, v, fwd_config, causal=causal, sm_scale=sm_scale,
                                     fp32_precision=fp32_precision, causal_align=causal_align, softcap=softcap,
-                                    window_size=window_size, varlen=varlen, dropout=dropout)
+                                    window_size=window_size, varlen=varlen, dropout=dropout, plan_key=key)
+        ctx.plan_key = key
         ctx.save_for_backward(q, k, v, o, lse2)
         ctx.causal, ctx.sm_scale, ctx.causal_align, ctx.softcap = causal, sm_scale, causal_align, softcap
         ctx.window_size, ctx.varlen, ctx.dropout = window_size, varlen, dropout  # the mask: its seed, never stored
@@ -221,7 +227,8 @@ class FlashAttentionFunction(torch.autograd.Function):
         dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.bwd_config, causal=ctx.causal,
                                         sm_scale=ctx.sm_scale, fp32_precision=ctx.fp32_precision,
                                         causal_align=ctx.causal_align, softcap=ctx.softcap,
-                                        window_size=ctx.window_size, varlen=ctx.varlen, dropout=ctx.dropout)
+                                        window_size=ctx.window_size, varlen=ctx.varlen, dropout=ctx.dropout,
+                                        plan_key=ctx.plan_key)
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
@@ -276,6 +283,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     through o only: lse is returned for inspection and is not differentiable.
     """
     compiling = torch.compiler.is_compiling()
+    checked = None
+    if not compiling and dropout_seed is None and type(dropout_p) in (float, int) and dropout_p == 0:
+        # a signature whose arguments passed the checks below before: its checked values (the
+        # signature holds everything the checks read: shapes, dtypes, devices, the values and
+        # types of the arguments; an unhashable or non-tensor argument takes the full path)
+        try:
+            checked = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+                       type(causal), causal, type(sm_scale), sm_scale, fwd_config, bwd_config, fp32_precision,
+                       causal_align, type(softcap), softcap, window_size)
+            hit = _CHECKED.get(checked)
+        except (AttributeError, TypeError):
+            checked = hit = None
+        if hit is not None:
+            scale, cap, window, fwd, bwd = hit
+            precision = torch_fp32_precision(q.dtype) if fp32_precision is None else fp32_precision
+            o, lse2 = _run(q, k, v, fwd, bwd, causal, scale, precision, causal_align, cap, window)
+            return (o, lse2 * LN2) if return_lse else o
+    given_precision = fp32_precision
     if fp32_precision is None and not compiling:  # compiled: the operator reads torch's setting when it runs
         fp32_precision = torch_fp32_precision(q.dtype) if isinstance(q, torch.Tensor) else "tf32"
     scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, fp32_precision="tf32" if fp32_precision is None else fp32_precision,
@@ -291,10 +316,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                                      causal_align=causal_align, softcap=cap, window_size=window, dropout=dropout)
     else:
         fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal, dropout=dropout is not None)
+        if checked is not None and given_precision in (None, *PRECISIONS):
+            if len(_CHECKED) >= 4096:
+                _CHECKED.clear()
+            _CHECKED[checked] = (scale, cap, window, fwd, bwd)
         o, lse2 = _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, causal_align, cap, window, dropout=dropout)
     if return_lse:
         return o, lse2 * LN2
     return o
+
+
+_CHECKED: dict = {}  # attention()'s checked signatures: their (scale, softcap, window, configs)
 
 
 def _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, causal_align, cap, window, varlen=None, dropout=None):
