@@ -58,11 +58,11 @@ class Unplannable(Exception):
 
 def tensor_key(t: torch.Tensor) -> tuple:
     """What of a tensor argument a launcher's work depends on, other than its data:
-    shape, strides, dtype, device, the data pointer's alignment to 16 bytes (triton
-    specialises on it; TMA needs it) and whether the storage is large enough that element
-    offsets may need int64 (common.needs_int64 reads the storage's size)."""
-    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15,
-            t.untyped_storage().nbytes() >= (2**31 - 1) * t.element_size())
+    shape, strides, dtype, device and the data pointer's alignment to 16 bytes (triton
+    specialises on it; TMA needs it). Whether offsets need int64 (common.needs_int64)
+    follows from shape and strides: its storage-size test only passes where the strides'
+    extent, which it also needs, already does."""
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
 
 
 # --- what launchers call -------------------------------------------------------------
@@ -178,20 +178,19 @@ class _Recorder:
         self.launches.append(_Launch(kernel, runner, function, packed, grid, template, refs, kw, kw_refs))
 
 
-def _rebuild(ref, slots):
-    kind = ref[0]
-    if kind == "slot":
-        return slots[ref[1]]
-    if kind == "view":
-        return slots[ref[1]].as_strided(ref[2], ref[3], ref[4])
-    desc = TensorDescriptor.__new__(TensorDescriptor)  # checked when recorded; the key keeps it valid
-    desc.__dict__.update(ref[2])
-    desc.base = _rebuild(ref[1], slots)
+def _descriptor(fields: dict, base: torch.Tensor):
+    """A TMA descriptor over ``base`` with a recorded one's fields (checked when it was made:
+    the signature keeps base's alignment and strides as they were)."""
+    desc = TensorDescriptor.__new__(TensorDescriptor)
+    desc.__dict__.update(fields)
+    desc.base = base
     return desc
 
 
 class Plan:
-    """A recorded call: its allocations, its launches and where its outputs are."""
+    """A recorded call: its allocations, its launches and where its outputs are, compiled
+    into one Python function (as triton generates its own launchers) that allocates, calls
+    each compiled kernel's launcher with the recorded arguments and returns the outputs."""
 
     def __init__(self, recorder: _Recorder, n_inputs: int, outputs: tuple, device: torch.device):
         self.n_inputs = n_inputs
@@ -199,31 +198,62 @@ class Plan:
         self.launches = tuple(recorder.launches)
         self.outputs = outputs
         self.device_index = device.index if device.type == "cuda" else None
+        self.replays = 0  # calls served (tests: that a plan is used, not only made)
+        self.source, self._run = self._compile()
+
+    def _compile(self):
+        namespace = {"_empty_strided": torch.empty_strided, "_descriptor": _descriptor,
+                     "_current_stream": _current_stream}
+
+        def const(value) -> str:
+            if type(value) in (int, bool) or value is None:
+                return repr(value)
+            name = f"_c{len(namespace)}"
+            namespace[name] = value
+            return name
+
+        def expr(ref) -> str:
+            if ref[0] == "slot":
+                return f"s{ref[1]}"
+            if ref[0] == "view":
+                return f"s{ref[1]}.as_strided({const(ref[2])}, {const(ref[3])}, {ref[4]})"
+            return f"_descriptor({const(ref[2])}, {expr(ref[1])})"
+
+        body = []
+        if self.device_index is not None:
+            body.append(f"stream = _current_stream({self.device_index})")
+        for j, (shape, stride, dtype, device) in enumerate(self.allocs):
+            body.append(f"s{self.n_inputs + j} = _empty_strided({const(shape)}, {const(stride)}, dtype={const(dtype)}, "
+                        f"device={const(device)})")
+        for ln in self.launches:
+            refs = dict(ln.refs)
+            args = [expr(refs[p]) if p in refs else const(v) for p, v in enumerate(ln.template)]
+            if ln.runner is None:  # the interpreter: the kernel's run, as the launcher called it
+                kw_refs = dict(ln.kw_refs)
+                args += [f"grid={const(ln.grid)}", "warmup=False"]
+                args += [f"{n}={expr(kw_refs[n]) if n in kw_refs else const(v)}" for n, v in ln.kwargs.items()]
+                body.append(f"{const(ln.kernel)}.run({', '.join(args)})")
+            else:
+                g0, g1, g2 = ln.grid
+                body.append(f"{const(ln.runner)}({g0}, {g1}, {g2}, stream, {const(ln.function)}, "
+                            f"{const(ln.packed_metadata)}, None, None, None, {', '.join(args)})")
+        body.append(f"return ({', '.join(expr(r) for r in self.outputs)},)")
+        source = f"def replay({', '.join(f's{i}' for i in range(self.n_inputs))}):\n" + \
+            "\n".join("    " + line for line in body) + "\n"
+        exec(compile(source, "<flashtune launch plan>", "exec"), namespace)
+        return source, namespace["replay"]
 
     def replay(self, inputs):
         """The outputs of the call on ``inputs``, or None where a plan cannot run now (a
         launch hook is set, another device is current): the caller runs the launcher."""
         index = self.device_index
-        if index is not None:
-            if torch.cuda.current_device() != index or (_knobs is not None and _knobs.runtime.launch_enter_hook):
-                return None
-            stream = _current_stream(index)
-        slots = list(inputs)
-        for shape, stride, dtype, device in self.allocs:
-            slots.append(torch.empty_strided(shape, stride, dtype=dtype, device=device))
-        for ln in self.launches:
-            args = list(ln.template)
-            for position, ref in ln.refs:
-                args[position] = _rebuild(ref, slots)
-            if ln.runner is None:  # the interpreter
-                kwargs = dict(ln.kwargs)
-                for name, ref in ln.kw_refs:
-                    kwargs[name] = _rebuild(ref, slots)
-                ln.kernel.run(*args, grid=ln.grid, warmup=False, **kwargs)
-            else:
-                g0, g1, g2 = ln.grid
-                ln.runner(g0, g1, g2, stream, ln.function, ln.packed_metadata, None, None, None, *args)
-        return tuple(_rebuild(ref, slots) for ref in self.outputs)
+        if index is not None and (torch.cuda.current_device() != index or (_knobs is not None and getattr(
+                _knobs.runtime.launch_enter_hook, "calls", _knobs.runtime.launch_enter_hook))):
+            # a launch hook (triton's HookChain, a profiler's) gets its calls through the launcher
+            return None
+        out = self._run(*inputs)
+        self.replays += 1
+        return out
 
 
 try:

@@ -104,6 +104,7 @@ def _check_cases(monkeypatch, gpu: bool):
             assert got[0].data_ptr() != first[0].data_ptr() or not first[0].is_cuda, "replay reused an output"
     plans = list(fw._FWD_PLANS.values()) + list(bw._BWD_PLANS.values())
     assert plans and all(isinstance(p, Plan) for p in plans), "every case above is plannable"
+    assert all(p.replays >= 2 for p in plans), f"plans made but not replayed: {[p.replays for p in plans]}"
     kinds = {len(p.launches) for p in fw._FWD_PLANS.values()}
     assert {1, 2} <= kinds, f"plain and split+combine forwards recorded, got launch counts {kinds}"
     assert any(len(p.launches) == 4 for p in bw._BWD_PLANS.values()), "a backward with the partials' sum"
