@@ -291,7 +291,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         try:
             checked = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                        type(causal), causal, type(sm_scale), sm_scale, fwd_config, bwd_config, fp32_precision,
-                       causal_align, type(softcap), softcap, window_size)
+                       causal_align, type(softcap), softcap, window_size, INTERPRETER)
             hit = _CHECKED.get(checked)
         except (AttributeError, TypeError):
             checked = hit = None
