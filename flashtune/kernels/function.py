@@ -297,10 +297,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             checked = hit = None
         if hit is not None:
             scale, cap, window, fwd, bwd = hit
-            precision = torch_fp32_precision(q.dtype) if fp32_precision is None else fp32_precision
-            o, lse2 = _run(q, k, v, fwd, bwd, causal, scale, precision, causal_align, cap, window)
+            if fp32_precision is None:
+                fp32_precision = torch_fp32_precision(q.dtype)
+            o, lse2 = _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, causal_align, cap, window)
             return (o, lse2 * LN2) if return_lse else o
-    given_precision = fp32_precision
     if fp32_precision is None and not compiling:  # compiled: the operator reads torch's setting when it runs
         fp32_precision = torch_fp32_precision(q.dtype) if isinstance(q, torch.Tensor) else "tf32"
     scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, fp32_precision="tf32" if fp32_precision is None else fp32_precision,
@@ -316,7 +316,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                                      causal_align=causal_align, softcap=cap, window_size=window, dropout=dropout)
     else:
         fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal, dropout=dropout is not None)
-        if checked is not None and given_precision in (None, *PRECISIONS):
+        if checked is not None:  # every argument of the signature passed the checks above
             if len(_CHECKED) >= 4096:
                 _CHECKED.clear()
             _CHECKED[checked] = (scale, cap, window, fwd, bwd)

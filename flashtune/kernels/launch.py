@@ -157,12 +157,12 @@ class _Recorder:
             return
         try:
             grid = tuple(grid) + (1,) * (3 - len(grid))
-            if INTERPRETER or compiled is None:
-                if not INTERPRETER:
-                    raise Unplannable("no compiled kernel")
+            if INTERPRETER:
                 values, runner, function, packed = tuple(args), None, None, None
                 kw = dict(kwargs)
                 kw_refs = tuple((n, r) for n, r in ((n, self.ref(v)) for n, v in kw.items()) if r is not None)
+            elif compiled is None:
+                raise Unplannable("no compiled kernel")
             else:
                 device = torch.cuda.current_device()
                 binder = kernel.device_caches[device][4]
@@ -171,7 +171,8 @@ class _Recorder:
                 runner, function, packed = compiled.run, compiled.function, compiled.packed_metadata
                 kw, kw_refs = {}, ()
             refs = tuple((p, r) for p, r in ((p, self.ref(v)) for p, v in enumerate(values)) if r is not None)
-            template = tuple(None if any(p == q for q, _ in refs) else v for p, v in enumerate(values))
+            placed = {p for p, _ in refs}
+            template = tuple(None if p in placed else v for p, v in enumerate(values))
         except Unplannable:
             self.ok = False
             return
@@ -192,8 +193,8 @@ class Plan:
     into one Python function (as triton generates its own launchers) that allocates, calls
     each compiled kernel's launcher with the recorded arguments and returns the outputs."""
 
-    def __init__(self, recorder: _Recorder, n_inputs: int, outputs: tuple, device: torch.device):
-        self.n_inputs = n_inputs
+    def __init__(self, recorder: _Recorder, outputs: tuple, device: torch.device):
+        self.n_inputs = recorder.n_inputs
         self.allocs = tuple(recorder.allocs)
         self.launches = tuple(recorder.launches)
         self.outputs = outputs
@@ -297,7 +298,7 @@ def planned(cache: dict, key, inputs: tuple, run):
         outputs = tuple(recorder.ref(t) for t in out)
         if any(r is None or r[0] == "desc" for r in outputs):
             raise Unplannable("an output that is not a tensor")
-        cache[key] = Plan(recorder, len(inputs), outputs, inputs[0].device)
+        cache[key] = Plan(recorder, outputs, inputs[0].device)
     except Unplannable:
         cache[key] = False
     return out
