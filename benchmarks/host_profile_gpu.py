@@ -82,6 +82,18 @@ class Ident(torch.autograd.Function):
         return torch.empty_like(a), torch.empty_like(b), torch.empty_like(c)
 rows["python Function floor fwd+bwd"] = lambda: torch.autograd.grad(Ident.apply(qg, kg, vg), (qg, kg, vg), do)
 rows["grad of q*1 floor"] = lambda: torch.autograd.grad(qg * 1, (qg,), do)
+# What other Python-side attention pays for autograd on this host: torch.compile's training
+# graphs run their backward through AOTAutograd's CompiledFunction (a Python autograd.Function),
+# and FlexAttention, the Triton peer, is used compiled.
+_times1 = torch.compile(lambda x: x * 1)
+rows["compiled q*1 fwd+bwd (AOTAutograd)"] = lambda: torch.autograd.grad(_times1(qg), (qg,), do)
+try:
+    from torch.nn.attention.flex_attention import flex_attention
+    _flex = torch.compile(flex_attention)
+    rows["flex_attention compiled fwd"] = lambda: _flex(q, k, v)
+    rows["flex_attention compiled fwd+bwd"] = lambda: torch.autograd.grad(_flex(qg, kg, vg), (qg, kg, vg), do)
+except ImportError:  # pragma: no cover - older torch
+    pass
 for name, f in rows.items():
     print(f"{name:42s} {us(f):8.2f}")
 pr = cProfile.Profile()
