@@ -36,7 +36,7 @@ from flashtune.kernels.common import (DROPOUT_ARGS, VARLEN_SIZES, WINDOW_SIDES, 
                                       call_geometry, cdiv, dot_precision, dropout_args, dropout_keep, dropout_rows,
                                       kernel_strides, key_range, load_tile, needs_int64, on_device,
                                       packed_sequence, score_scales, sm_count, softcap_log2_scores, store_tile,
-                                      tma_descriptors, tma_tile, window_range)
+                                      stride_align, tma_descriptors, tma_tile, window_range, aligned)
 from flashtune.kernels import launch
 from flashtune.kernels.launch import planned, tensor_key
 from flashtune.kernels.config import BwdConfig, dkdv_split, padded_head_dim
@@ -47,7 +47,9 @@ def _bwd_preprocess_kernel(O, DO, DELTA,
                            stride_ob, stride_oh, stride_on, stride_od,
                            stride_dob, stride_doh, stride_don, stride_dod,
                            H, N_Q, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
-                           INT64: tl.constexpr):
+                           INT64: tl.constexpr, STRIDE_ALIGN: tl.constexpr):
+    stride_ob, stride_oh, stride_on = aligned(stride_ob, stride_oh, stride_on, STRIDE_ALIGN)
+    stride_dob, stride_doh, stride_don = aligned(stride_dob, stride_doh, stride_don, STRIDE_ALIGN)
     off_h = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
     pid_bh = off_b * H + off_h
@@ -151,7 +153,14 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
                      ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, PARTIAL: tl.constexpr,
-                     SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, VARLEN: tl.constexpr, DROPOUT: tl.constexpr):
+                     SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, VARLEN: tl.constexpr, DROPOUT: tl.constexpr,
+                     STRIDE_ALIGN: tl.constexpr):
+    stride_qb, stride_qh, stride_qn = aligned(stride_qb, stride_qh, stride_qn, STRIDE_ALIGN)
+    stride_kb, stride_kh, stride_kn = aligned(stride_kb, stride_kh, stride_kn, STRIDE_ALIGN)
+    stride_vb, stride_vh, stride_vn = aligned(stride_vb, stride_vh, stride_vn, STRIDE_ALIGN)
+    stride_dob, stride_doh, stride_don = aligned(stride_dob, stride_doh, stride_don, STRIDE_ALIGN)
+    stride_dkb, stride_dkh, stride_dkn = aligned(stride_dkb, stride_dkh, stride_dkn, STRIDE_ALIGN)
+    stride_dvb, stride_dvh, stride_dvn = aligned(stride_dvb, stride_dvh, stride_dvn, STRIDE_ALIGN)
     # axis 1 runs over (K/V head, split): split s of a key block takes the query heads
     # [s_h * GROUP / SPLIT_H, ...) of the group and the s_q-th of SPLIT_Q chunks of its
     # query blocks; with PARTIAL its dK/dV go to fp32 slot s of DK/DV, summed afterwards
@@ -279,7 +288,9 @@ def _bwd_dkdv_sum_kernel(PK, PV, DK, DV,
                          stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                          stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                          SPLIT, N_K, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
-                         INT64: tl.constexpr):
+                         INT64: tl.constexpr, STRIDE_ALIGN: tl.constexpr):
+    stride_dkb, stride_dkh, stride_dkn = aligned(stride_dkb, stride_dkh, stride_dkn, STRIDE_ALIGN)
+    stride_dvb, stride_dvh, stride_dvn = aligned(stride_dvb, stride_dvh, stride_dvn, STRIDE_ALIGN)
     # dK and dV of one block of keys: the sum of the SPLIT fp32 partials, in a fixed order
     off_hk = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
@@ -354,7 +365,12 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, CU_Q, CU_K, RNG, s
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
                    TMA: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, VARLEN: tl.constexpr,
-                   DROPOUT: tl.constexpr):
+                   DROPOUT: tl.constexpr, STRIDE_ALIGN: tl.constexpr):
+    stride_qb, stride_qh, stride_qn = aligned(stride_qb, stride_qh, stride_qn, STRIDE_ALIGN)
+    stride_kb, stride_kh, stride_kn = aligned(stride_kb, stride_kh, stride_kn, STRIDE_ALIGN)
+    stride_vb, stride_vh, stride_vn = aligned(stride_vb, stride_vh, stride_vn, STRIDE_ALIGN)
+    stride_dob, stride_doh, stride_don = aligned(stride_dob, stride_doh, stride_don, STRIDE_ALIGN)
+    stride_dqb, stride_dqh, stride_dqn = aligned(stride_dqb, stride_dqh, stride_dqn, STRIDE_ALIGN)
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -524,7 +540,7 @@ def _backward(do, q, k, v, o, lse2, config: BwdConfig, causal, sm_scale, fp32_pr
             grid=(cdiv(N_K, config.BLOCK_N1), H_KV * split, B),
             ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, TMA_DQ=desc_dqa is not None, PARTIAL=split > 1,
             SOFTCAP=bool(softcap), WINDOW=window is not None, VARLEN=varlen is not None,
-            DROPOUT=dropout is not None, **options)
+            DROPOUT=dropout is not None, STRIDE_ALIGN=stride_align(q, k, v, do, dk, dv), **options)
         if split > 1:
             _sum_partials(parts, dk, dv, int64=int64, compile_only=compile_only)
         if atomic_dq:
@@ -545,8 +561,8 @@ def _preprocess(o, do, delta, *, int64: bool, compile_only: bool = False) -> Non
     block = max(16, min(128, 8192 // BLOCK_D))
     launch.launch(
         _bwd_preprocess_kernel, o, do, delta, *o.stride(), *do.stride(), H, N_Q,
-        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, grid=(cdiv(N_Q, block), H, B),
-        warmup=compile_only)
+        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, STRIDE_ALIGN=stride_align(o, do),
+        grid=(cdiv(N_Q, block), H, B), warmup=compile_only)
 
 
 def _sum_partials(parts, dk, dv, *, int64: bool, compile_only: bool = False) -> None:
@@ -556,7 +572,8 @@ def _sum_partials(parts, dk, dv, *, int64: bool, compile_only: bool = False) -> 
     block = max(16, min(128, 8192 // BLOCK_D))
     launch.launch(
         _bwd_dkdv_sum_kernel, parts[0], parts[1], dk, dv, *dk.stride(), *dv.stride(), split, N_K,
-        HEAD_DIM=dk.shape[-1], BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, grid=(cdiv(N_K, block), H_KV, B),
+        HEAD_DIM=dk.shape[-1], BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, STRIDE_ALIGN=stride_align(dk, dv),
+        grid=(cdiv(N_K, block), H_KV, B),
         num_warps=4, num_stages=1, warmup=compile_only)
 
 
@@ -585,7 +602,8 @@ def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool,
         CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
         BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(cdiv(N_Q, config.BLOCK_M2), H, B),
         TMA=descs_dq is not None, SOFTCAP=bool(softcap), WINDOW=window is not None, VARLEN=varlen is not None,
-        DROPOUT=dropout is not None, num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
+        DROPOUT=dropout is not None, STRIDE_ALIGN=stride_align(q, k, v, do, dq),
+        num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
         warmup=compile_only)
 
 

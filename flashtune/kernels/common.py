@@ -94,6 +94,20 @@ def needs_int64(*tensors: torch.Tensor) -> bool:
     return False
 
 
+def stride_align(*tensors: torch.Tensor) -> int:
+    """The largest power of two up to 16 that divides every stride of ``tensors`` but the
+    last (head-dim) one: the kernels' STRIDE_ALIGN. Triton specialises an integer argument
+    divisible by 16 by itself, but a head dim such as 40 (Stable Diffusion's) makes row
+    strides it treats as arbitrary, so every tile load and store would move 2 bytes at a
+    time; told that the strides are multiples of 8 (``aligned``), it moves 16. A stride of
+    0 divides by anything."""
+    align = 16
+    for t in tensors:
+        for s in t.stride()[:-1]:
+            align = math.gcd(align, s)
+    return align
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for launch grids (triton.cdiv, a constexpr function, costs 9 us a call on the host)."""
     return -(-a // b)
@@ -153,6 +167,20 @@ def block_offsets(start, BLOCK: tl.constexpr, INT64: tl.constexpr):
     if INT64:
         offs = offs.to(tl.int64)
     return offs
+
+
+@triton.jit
+def aligned(stride_b, stride_h, stride_n, ALIGN: tl.constexpr):
+    """A tensor's batch, head and row strides, known to the compiler as multiples of ALIGN
+    (stride_align on the host), so its tiles load and store in vectors. (s // ALIGN) *
+    ALIGN is s for those strides; written so, the product tells triton's divisibility
+    analysis, where tl.multiple_of on a kernel argument is dropped. Strides divisible by
+    16 triton sees by itself (ALIGN 16: nothing to do)."""
+    if ALIGN > 1 and ALIGN < 16:
+        stride_b = (stride_b // ALIGN) * ALIGN
+        stride_h = (stride_h // ALIGN) * ALIGN
+        stride_n = (stride_n // ALIGN) * ALIGN
+    return stride_b, stride_h, stride_n
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

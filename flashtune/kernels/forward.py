@@ -26,8 +26,8 @@ import triton.language as tl
 from flashtune.kernels.common import (DROPOUT_ARGS, VARLEN_SIZES, WINDOW_SIDES, Dropout, Varlen, block_offsets,
                                       call_geometry, dot_precision, dropout_args, dropout_keep, dropout_rows,
                                       kernel_strides, key_range, load_tile, needs_int64, on_device, packed_sequence,
-                                      score_scales, softcap_log2_scores, store_tile, tma_descriptors, tma_tile,
-                                      window_blocks, window_range)
+                                      score_scales, softcap_log2_scores, store_tile, stride_align, tma_descriptors,
+                                      tma_tile, window_blocks, window_range, aligned)
 from flashtune.kernels import launch
 from flashtune.kernels.launch import planned, tensor_key
 from flashtune.kernels.config import FP8_DTYPES, FwdConfig, padded_head_dim
@@ -103,7 +103,12 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, RNG, qk_scale, s
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                      INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr,
-                     WINDOW: tl.constexpr, VARLEN: tl.constexpr, FP8: tl.constexpr, DROPOUT: tl.constexpr):
+                     WINDOW: tl.constexpr, VARLEN: tl.constexpr, FP8: tl.constexpr, DROPOUT: tl.constexpr,
+                     STRIDE_ALIGN: tl.constexpr):
+    stride_qb, stride_qh, stride_qn = aligned(stride_qb, stride_qh, stride_qn, STRIDE_ALIGN)
+    stride_kb, stride_kh, stride_kn = aligned(stride_kb, stride_kh, stride_kn, STRIDE_ALIGN)
+    stride_vb, stride_vh, stride_vn = aligned(stride_vb, stride_vh, stride_vn, STRIDE_ALIGN)
+    stride_ob, stride_oh, stride_on = aligned(stride_ob, stride_oh, stride_on, STRIDE_ALIGN)
     pid_m = tl.program_id(0)
     if CAUSAL:
         # the last query blocks have the most keys: start them first
@@ -303,7 +308,7 @@ def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compi
             BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
             PRECISION=dot_precision(q.dtype, fp32_precision), INT64=needs_int64(q, k, v, o), TMA=descs is not None,
             SCALE_POSITIVE=sm_scale > 0 and not softcap, SOFTCAP=bool(softcap), WINDOW=window is not None,
-            VARLEN=varlen is not None, FP8=fp8, DROPOUT=dropout is not None,
+            VARLEN=varlen is not None, FP8=fp8, DROPOUT=dropout is not None, STRIDE_ALIGN=stride_align(q, k, v, o),
             num_warps=config.num_warps, num_stages=config.num_stages,
             grid=grid, warmup=compile_only,
         )

@@ -9,12 +9,16 @@ stdin and prints one JSON line per item with the compiled kernels' shared memory
 ("shared": one number per kernel) and their async global-to-shared copies in the TTGIR
 ("async_copies"), or "skip" when this triton cannot compile for sm_90 here. The launches'
 specialisations are mimicked for contiguous tensors: unit head-dim strides, 16-byte
-aligned pointers and strides.
+aligned pointers and strides; an item's "stride_align" (the kernels' STRIDE_ALIGN, default
+16) below 16 mimics strides triton cannot see as multiples of 16 (a head dim of 40), and
+each result then also counts the 16-bit global loads and stores the PTX does one element
+at a time ("scalar_16bit": one number per kernel).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 TARGET = ("cuda", 90, 32)
@@ -22,7 +26,8 @@ POINTER_TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "f
                  "float8_e5m2": "*fp8e5"}
 
 
-def _source(fn, pointers: dict, scalars: dict, constexprs: dict, v_keys_contiguous: bool = False):
+def _source(fn, pointers: dict, scalars: dict, constexprs: dict, v_keys_contiguous: bool = False,
+            strides_divisible: bool = True):
     from triton.compiler import ASTSource
 
     signature, attrs = {}, {}
@@ -39,12 +44,12 @@ def _source(fn, pointers: dict, scalars: dict, constexprs: dict, v_keys_contiguo
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = scalars.get(name, "i32")
-            if name.startswith("stride"):
+            if name.startswith("stride") and strides_divisible:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return ASTSource(fn, signature, constexprs, attrs)
 
 
-def compile_shared(item: dict) -> tuple[list[int], list[int]]:
+def compile_shared(item: dict) -> tuple[list[int], list[int], list[int]]:
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -65,7 +70,7 @@ def compile_shared(item: dict) -> tuple[list[int], list[int]]:
     common = {"CAUSAL": item["causal"], "HEAD_DIM": D, "BLOCK_D": block_d,
               "PRECISION": "tf32" if item["dtype"] == "float32" else "ieee", "INT64": False,
               "SOFTCAP": bool(item.get("softcap")), "WINDOW": bool(item.get("window")), "VARLEN": varlen,
-              "DROPOUT": bool(item.get("dropout"))}
+              "DROPOUT": bool(item.get("dropout")), "STRIDE_ALIGN": item.get("stride_align", 16)}
     cu = dict.fromkeys(("CU_Q", "CU_K"), "*i32" if varlen else "*fp32")  # unused without varlen
     cu["RNG"] = "*i64" if item.get("dropout") else "*fp32"  # the dropout's (seed, offset); else unused
     if item["pass"] == "fwd":
@@ -96,16 +101,18 @@ def compile_shared(item: dict) -> tuple[list[int], list[int]]:
         kernels.append((backward._bwd_dq_kernel, {**pointers, "DQ": p, "DescK": desc2, "DescV": desc2},
                         {"BLOCK_M": cfg.BLOCK_M2, "BLOCK_N": cfg.BLOCK_N2, "TMA": bool(tma)},
                         (cfg.dq_num_warps, cfg.dq_num_stages)))
-    shared, copies = [], []
+    shared, copies, scalar = [], [], []
     for fn, pointers, blocks, (warps, stages) in (kernels if item["pass"] != "fwd" else
                                                   [(*k, (cfg.num_warps, cfg.num_stages)) for k in kernels]):
         scalars = {"qk_scale": "fp32", "sm_scale": "fp32", "softcap_log2": "fp32", "v_descale": "fp32",
                    "drop_scale": "fp32"}
-        src = _source(fn, pointers, scalars, {**common, **blocks}, bool(item.get("v_keys_contiguous")))
+        src = _source(fn, pointers, scalars, {**common, **blocks}, bool(item.get("v_keys_contiguous")),
+                      common["STRIDE_ALIGN"] == 16)
         compiled = triton.compile(src, target=GPUTarget(*TARGET), options={"num_warps": warps, "num_stages": stages})
         shared.append(int(compiled.metadata.shared))
         copies.append(compiled.asm["ttgir"].count("ttg.async_copy_global_to_local"))
-    return shared, copies
+        scalar.append(len(re.findall(r"\b(?:ld|st)\.global(?:\.[a-z0-9_:]+)*\.b16\s", compiled.asm["ptx"])))
+    return shared, copies, scalar
 
 
 def main() -> int:
@@ -118,8 +125,8 @@ def main() -> int:
         print(json.dumps({"skip": f"this triton cannot compile for sm_90 here: {e}"}))
         return 0
     for item in items:
-        shared, copies = compile_shared(item)
-        print(json.dumps({**item, "shared": shared, "async_copies": copies}), flush=True)
+        shared, copies, scalar = compile_shared(item)
+        print(json.dumps({**item, "shared": shared, "async_copies": copies, "scalar_16bit": scalar}), flush=True)
     return 0
 
 
