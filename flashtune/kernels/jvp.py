@@ -30,6 +30,7 @@ default blocks (``default_jvp_config``) are not tuned or measured on a GPU.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
@@ -180,13 +181,13 @@ def jvp_shared_memory(config: FwdConfig, head_dim: int, dtype: torch.dtype) -> i
 
 def validate_jvp_config(config, head_dim: int, dtype: torch.dtype, device=None) -> FwdConfig:
     """``config`` as the JVP kernel runs it (a FwdConfig; its tma, num_splits and pack_gqa
-    ignored), or ConfigError naming the field; a Gluon config (``family=1``) is not run by
-    this kernel: its default (``default_jvp_config``) instead."""
+    ignored), or ConfigError naming the field (TypeError for another type); a Gluon config
+    (``family=1``) is not run by this kernel: its default (``default_jvp_config``) instead."""
     if not isinstance(config, FwdConfig):
         raise TypeError(f"fwd_config: expected a FwdConfig or None, got {type(config).__name__}")
     config.check_fields()
     if config.family:
-        return default_jvp_config(head_dim, dtype)
+        return default_jvp_config(head_dim, dtype, device)
     needed = jvp_shared_memory(config, head_dim, dtype)
     limit = shared_memory_limit(device)
     if needed > limit:
@@ -195,16 +196,26 @@ def validate_jvp_config(config, head_dim: int, dtype: torch.dtype, device=None) 
     return config
 
 
-def default_jvp_config(head_dim: int, dtype: torch.dtype) -> FwdConfig:
-    """The JVP kernel's default: the forward's accumulator doubled and two more tiles
-    loaded per key block, so a smaller block than the forward's defaults (not tuned,
-    not measured on a GPU)."""
+# the default's candidates by padded head dim, the first that fits the device's shared memory
+# (jvp_shared_memory) taken: the forward's accumulator doubled and two more tiles loaded per
+# key block, so smaller blocks than the forward's defaults (not tuned, not measured on a GPU)
+_DEFAULT_CANDIDATES = {
+    64: ((64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1)),
+    128: ((64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 1)),
+    256: ((32, 32, 4, 1), (16, 32, 4, 1), (16, 16, 4, 1)),
+}
+
+
+@functools.lru_cache(maxsize=256)
+def default_jvp_config(head_dim: int, dtype: torch.dtype, device=None) -> FwdConfig:
+    """The JVP kernel's default config for a head dim, dtype and device (None: the CPU's
+    interpreter limits): the first of ``_DEFAULT_CANDIDATES`` whose shared memory fits,
+    else the smallest."""
     d = padded_head_dim(head_dim)
-    if d <= 64:
-        return FwdConfig(64, 64, num_warps=4, num_stages=2)
-    if d <= 128:
-        return FwdConfig(64, 32, num_warps=4, num_stages=2)
-    return FwdConfig(32, 32, num_warps=4, num_stages=1)
+    candidates = next(c for bound, c in sorted(_DEFAULT_CANDIDATES.items()) if d <= bound)
+    limit = shared_memory_limit(device if device is not None else "cpu")
+    configs = [FwdConfig(m, n, num_warps=w, num_stages=s) for m, n, w, s in candidates]
+    return next((c for c in configs if jvp_shared_memory(c, head_dim, dtype) <= limit), configs[-1])
 
 
 # --- the launcher ----------------------------------------------------------------------
@@ -263,3 +274,25 @@ def _jvp(q, k, v, tq, tk, tv, config: FwdConfig, causal, sm_scale, fp32_precisio
             num_warps=config.num_warps, num_stages=config.num_stages, grid=grid,
         )
     return o, t_o, lse2
+
+
+# --- as an operator ----------------------------------------------------------------------
+# FlashAttentionJvpFunction.jvp calls the kernel through this operator: under torch.func
+# the jvp staticmethod sees functorch's wrapped tensors (no storage), and an operator call is
+# how torch unwraps them to the tensors the kernel reads and wraps the outputs back.
+
+@torch.library.custom_op("flashtune::attention_jvp", mutates_args=())
+def attention_jvp_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tq: torch.Tensor | None,
+                     tk: torch.Tensor | None, tv: torch.Tensor | None, causal: bool, sm_scale: float,
+                     fp32_precision: str, causal_align: str, block_m: int, block_n: int, num_warps: int,
+                     num_stages: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``attention_jvp_forward`` with the config as its four fields: (o, t_o, lse2)."""
+    config = FwdConfig(block_m, block_n, num_warps=num_warps, num_stages=num_stages)
+    return attention_jvp_forward(q, k, v, tq, tk, tv, config, causal=causal, sm_scale=sm_scale,
+                                 fp32_precision=fp32_precision, causal_align=causal_align)
+
+
+@attention_jvp_op.register_fake
+def _attention_jvp_fake(q, k, v, tq, tk, tv, causal, sm_scale, fp32_precision, causal_align, block_m, block_n,
+                        num_warps, num_stages):
+    return torch.empty_like(q), torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
