@@ -277,6 +277,13 @@ class FlashAttentionJvpFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, tq, tk, tv, *_):
+        from torch._functorch import eager_transforms
+
+        if getattr(eager_transforms, "JVP_NESTING", 0) > 1:
+            # the operator's outputs carry no derivative of their own: a jvp of this jvp would
+            # get its second-order term as zero
+            raise NotImplementedError("flashtune.attention: nested forward-mode AD (a torch.func.jvp of a jvp) is "
+                                      "not supported; the JVP kernel gives first-order tangents only")
         q, k, v = ctx.saved_tensors
         check_jvp_options(softcap=ctx.softcap, window_size=ctx.window_size, dropout=ctx.dropout, varlen=ctx.varlen)
         tq, tk, tv = check_tangents(q, k, v, tq, tk, tv)

@@ -273,6 +273,19 @@ def test_packed_sequences_with_tangents_are_refused(kernel_device):
             attention_varlen(fwAD.make_dual(q, torch.randn_like(q)), k, v, cu, cu, 7, 7, causal=True)
 
 
+def test_nested_jvp_is_refused(kernel_device):
+    """A jvp of the jvp would need the kernel's own derivative: refused, not answered with a
+    zero second-order term."""
+    primal, tangent = _inputs("fp32-ieee", 16, 16, 16, device=kernel_device)
+    q, k, v = primal
+
+    def tangent_of_q(x):
+        return torch.func.jvp(lambda a: attention(a, k, v), (x,), (tangent[0],))[1]
+
+    with pytest.raises(NotImplementedError, match="nested forward-mode AD"):
+        torch.func.jvp(tangent_of_q, (q,), (tangent[0],))
+
+
 def test_attention_jvp_argument_errors(kernel_device):
     primal, tangent = _inputs("fp32-ieee", 20, 24, 16, (4, 2), device=kernel_device)
     q, k, v = primal
