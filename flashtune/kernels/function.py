@@ -7,12 +7,14 @@ import math
 import numbers
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 from flashtune.kernels.backward import attention_backward
 from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, Dropout, Varlen, torch_fp32_precision
 from flashtune.kernels.config import (DECODE_MAX_Q, FP8_DTYPES, LONG_MIN_Q, MAX_HEAD_DIM, BwdConfig, ConfigError,
                                       FwdConfig, default_config)
 from flashtune.kernels.forward import attention_forward, forward_key
+from flashtune.kernels.jvp import attention_jvp_forward, attention_jvp_op, default_jvp_config, validate_jvp_config
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -232,6 +234,140 @@ class FlashAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
+class FlashAttentionJvpFunction(torch.autograd.Function):
+    """FlashAttentionFunction with forward-mode AD, run by attention() inside a dual level
+    (torch.autograd.forward_ad's dual tensors, torch.func.jvp): the same forward and
+    backward, and a ``jvp`` that runs the JVP kernel (kernels/jvp.py) on the inputs'
+    tangents (a missing one is zero). The primal comes from the forward kernel as without
+    tangents; the JVP kernel computes o again with its tangent (one extra forward's work),
+    with its own default config (jvp.default_jvp_config; ``fwd_config`` is the forward's).
+    In the setup_context form torch.func needs. Tangents with softcap, a window, dropout or
+    packed sequences raise ValueError naming the argument."""
+
+    @staticmethod
+    def forward(q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, causal_align="top_left",
+                softcap=0.0, window_size=None, varlen=None, dropout=None):
+        return attention_forward(q, k, v, fwd_config, causal=causal, sm_scale=sm_scale,
+                                 fp32_precision=fp32_precision, causal_align=causal_align, softcap=softcap,
+                                 window_size=window_size, varlen=varlen, dropout=dropout)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        (q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, causal_align, softcap, window_size, varlen,
+         dropout) = inputs
+        o, lse2 = output
+        ctx.save_for_backward(q, k, v, o, lse2)
+        ctx.save_for_forward(q, k, v)
+        ctx.causal, ctx.sm_scale, ctx.causal_align, ctx.softcap = causal, sm_scale, causal_align, softcap
+        ctx.window_size, ctx.varlen, ctx.dropout = window_size, varlen, dropout
+        ctx.bwd_config, ctx.fp32_precision = bwd_config, fp32_precision
+        ctx.mark_non_differentiable(lse2)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, do, _dlse2):
+        if do is None:
+            return (None,) * 13
+        q, k, v, o, lse2 = ctx.saved_tensors
+        dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.bwd_config, causal=ctx.causal,
+                                        sm_scale=ctx.sm_scale, fp32_precision=ctx.fp32_precision,
+                                        causal_align=ctx.causal_align, softcap=ctx.softcap,
+                                        window_size=ctx.window_size, varlen=ctx.varlen, dropout=ctx.dropout)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, tq, tk, tv, *_):
+        from torch._functorch import eager_transforms
+
+        if getattr(eager_transforms, "JVP_NESTING", 0) > 1:
+            # the operator's outputs carry no derivative of their own: a jvp of this jvp would
+            # get its second-order term as zero
+            raise NotImplementedError("flashtune.attention: nested forward-mode AD (a torch.func.jvp of a jvp) is "
+                                      "not supported; the JVP kernel gives first-order tangents only")
+        q, k, v = ctx.saved_tensors
+        check_jvp_options(softcap=ctx.softcap, window_size=ctx.window_size, dropout=ctx.dropout, varlen=ctx.varlen)
+        tq, tk, tv = check_tangents(q, k, v, tq, tk, tv)
+        # the forward's config was chosen for the forward kernel: the JVP kernel's default here
+        config = default_jvp_config(q.shape[-1], q.dtype, q.device)
+        # through the operator: under torch.func the tensors here are functorch's wrappers
+        _, t_o, _ = attention_jvp_op(q, k, v, tq, tk, tv, ctx.causal, ctx.sm_scale, ctx.fp32_precision,
+                                     ctx.causal_align, config.BLOCK_M, config.BLOCK_N, config.num_warps,
+                                     config.num_stages)
+        return t_o, None
+
+
+def check_jvp_options(*, softcap=0.0, window_size=None, dropout=None, varlen=None) -> None:
+    """ValueError naming the first option the JVP kernel does not have (kernels/jvp.py)."""
+    for name, value in (("softcap", softcap), ("window_size", window_size), ("dropout_p", dropout),
+                        ("varlen", varlen)):
+        if value:
+            what = "packed sequences (attention_varlen)" if name == "varlen" else f"{name}={value!r}" \
+                if name != "dropout_p" else f"dropout_p={value.p!r}"
+            raise ValueError(f"{name}: not supported with forward-mode tangents (jvp): the JVP kernel has no "
+                             f"{what}; call without tangents, or without {name}")
+
+
+def check_tangents(q, k, v, tq, tk, tv) -> tuple:
+    """The tangents as the JVP kernel takes them (None: zero), in their primal's dtype, or
+    ValueError/TypeError naming the tangent."""
+    out = []
+    for name, t, p in (("tq", tq, q), ("tk", tk, k), ("tv", tv, v)):
+        if t is None:
+            out.append(None)
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(t).__name__}")
+        if t.shape != p.shape:
+            raise ValueError(f"{name}: expected the shape of {name[1]} {tuple(p.shape)}, got {tuple(t.shape)}")
+        if t.device != p.device:
+            raise ValueError(f"{name}: expected the device of {name[1]} ({p.device}), got {t.device}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+        out.append(t if t.dtype == p.dtype else t.to(p.dtype))
+    return tuple(out)
+
+
+def attention_jvp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tq: torch.Tensor | None = None,
+                  tk: torch.Tensor | None = None, tv: torch.Tensor | None = None, *, causal: bool = False,
+                  sm_scale: float | None = None, fwd_config: FwdConfig | None = None,
+                  fp32_precision: str | None = None, causal_align: str = "top_left", return_lse: bool = False):
+    """Attention and its forward-mode tangent in one pass (kernels/jvp.py), without autograd.
+
+    q, k, v as ``attention`` (SDPA's layout, grouped-query heads, any strides); tq, tk, tv
+    their tangents, each of its primal's shape (None: zero; another float dtype is cast
+    to the primal's). With s = sm_scale q k^T, p = softmax(s), o = p v: t_o = p (ts - mu) v
+    + p tv, ts = sm_scale (tq k^T + q tk^T), mu = sum_j p_j ts_j (per query). ``causal``,
+    ``causal_align``, ``sm_scale``, ``fp32_precision``: as ``attention``. ``fwd_config``:
+    its BLOCK_M, BLOCK_N, num_warps and num_stages (default: ``jvp.default_jvp_config``;
+    tma, the split schedule and the Gluon family are not used). No softcap, window,
+    dropout or packed sequences with tangents.
+
+    The outputs carry no autograd history: inputs that require grad while grad is enabled
+    are refused (for gradients of the primal use ``attention`` under
+    ``torch.func.jvp`` or ``torch.autograd.forward_ad``).
+
+    Returns (o, t_o), or (o, t_o, lse) with ``return_lse=True``: lse (B, Hq, Nq) float32,
+    the natural-log log-sum-exp as ``attention`` returns it.
+    """
+    if fp32_precision is None:
+        fp32_precision = torch_fp32_precision(q.dtype) if isinstance(q, torch.Tensor) else "tf32"
+    scale = check_inputs(q, k, v, causal=causal, sm_scale=sm_scale, fp32_precision=fp32_precision,
+                         causal_align=causal_align)
+    tq, tk, tv = check_tangents(q, k, v, tq, tk, tv)
+    if torch.is_grad_enabled():
+        for name, t in (("q", q), ("k", k), ("v", v), ("tq", tq), ("tk", tk), ("tv", tv)):
+            if t is not None and t.requires_grad:
+                raise ValueError(f"{name}: requires grad, but attention_jvp has no autograd; use attention() under "
+                                 f"torch.func.jvp or torch.autograd.forward_ad, or pass {name}.detach()")
+    config = default_jvp_config(q.shape[-1], q.dtype, q.device) if fwd_config is None else \
+        validate_jvp_config(fwd_config, q.shape[-1], q.dtype, q.device)
+    o, t_o, lse2 = attention_jvp_forward(q, k, v, tq, tk, tv, config, causal=causal, sm_scale=scale,
+                                         fp32_precision=fp32_precision, causal_align=causal_align)
+    if return_lse:
+        return o, t_o, lse2 * LN2
+    return o, t_o
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               sm_scale: float | None = None, fwd_config: FwdConfig | None = None,
               bwd_config: BwdConfig | None = None, return_lse: bool = False,
@@ -331,7 +467,12 @@ _CHECKED: dict = {}  # attention()'s checked signatures: their (scale, softcap, 
 
 def _run(q, k, v, fwd, bwd, causal, scale, fp32_precision, causal_align, cap, window, varlen=None, dropout=None):
     """(o, lse2) of checked inputs and configs: through autograd where a gradient is wanted,
-    else the launcher alone, without autograd's cost per call."""
+    else the launcher alone, without autograd's cost per call. Inside a forward-mode AD dual
+    level (torch.autograd.forward_ad, torch.func.jvp) the inputs may carry tangents, which
+    only an autograd.Function with a jvp sees: FlashAttentionJvpFunction."""
+    if _forward_ad._current_level >= 0:
+        return FlashAttentionJvpFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision, causal_align, cap,
+                                               window, varlen, dropout)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return FlashAttentionFunction.apply(q, k, v, causal, scale, fwd, bwd, fp32_precision, causal_align, cap,
                                             window, varlen, dropout)

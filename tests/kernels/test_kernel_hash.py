@@ -38,5 +38,13 @@ def test_tables_space_checks_and_reference_do_not(kernel_copy, name):
 
 
 def test_every_file_with_triton_code_is_hashed():
+    """... or named as untuned: GPU code no stored result configures (the JVP kernel)."""
     jit_files = {p.name for p in provenance._KERNEL_DIR.glob("*.py") if "@triton.jit" in p.read_text()}
-    assert jit_files and jit_files <= set(provenance.KERNEL_FILES)
+    assert jit_files and jit_files <= set(provenance.KERNEL_FILES) | set(provenance.UNTUNED_KERNEL_FILES)
+    assert not set(provenance.KERNEL_FILES) & set(provenance.UNTUNED_KERNEL_FILES)
+
+
+@pytest.mark.parametrize("name", provenance.UNTUNED_KERNEL_FILES)
+def test_untuned_kernels_do_not_change_the_hash(kernel_copy, name):
+    before = provenance.kernel_source_hash()
+    assert _hash_after(kernel_copy / name, "\n# changed\n") == before
