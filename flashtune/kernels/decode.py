@@ -15,6 +15,12 @@ the Hq / Hkv query heads of a group read the same K/V once each. Here:
 
 With one split the kernel writes O and the log-sum-exp directly. The log-sum-exp handed
 to the backward is the merged one, in the plain forward's layout (B, Hq, Nq).
+
+Two constexpr variants serve a K/V cache (kernels/kvcache.py, ``attention_kvcache``):
+SEQLENS reads each sequence's length from a (B,) int32 tensor (its masks stop there, causal
+and a window align bottom-right on it, and the chunks past it are empty), and PAGED, with
+SEQLENS, loads K and V from (pages, page_size, Hkv, D) pages through a (B, max_pages) block
+table (forward._fwd_inner). Both off, the kernel is the one above.
 """
 
 from __future__ import annotations
@@ -194,8 +200,8 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CACHE_SEQLENS, BLOCK_TABLE,
                                    off_hk, q_idx + causal_off, offs_nb, offs_d, tl.maximum(lo_s, lo * BLOCK_N),
                                    tl.minimum(hi_s, full_lo), N_K, qk_scale, softcap_log2, win_left, win_right,
                                    True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
-                                   WINDOW, block_table=bt_row, stride_btn=stride_btn, stride_kp=stride_kp, stride_vp=stride_vp,
-                                   PAGED=PAGED, PAGE_SIZE=PAGE_SIZE)
+                                   WINDOW, block_table=bt_row, stride_btn=stride_btn, stride_kp=stride_kp,
+                                   stride_vp=stride_vp, PAGED=PAGED, PAGE_SIZE=PAGE_SIZE)
         full_lo = tl.maximum(lo_s, full_lo)
     else:
         full_lo = lo_s

@@ -114,8 +114,8 @@ def kv_inputs(case: KVCase, device) -> KVInputs:
         table = table.to(device)
     kc, vc = (x.to(device=device, dtype=dtype)[..., :D] for x in (kc, vc))
     lens = torch.tensor(case.lens, dtype=torch.int32, device=device)
-    return KVInputs(q.to(device=device, dtype=dtype), kc, vc, lens, table,
-                    [x.to(device=device, dtype=dtype) for x in keys], [x.to(device=device, dtype=dtype) for x in values])
+    keys, values = ([x.to(device=device, dtype=dtype) for x in xs] for xs in (keys, values))
+    return KVInputs(q.to(device=device, dtype=dtype), kc, vc, lens, table, keys, values)
 
 
 def gather(cache: torch.Tensor, b: int, n: int, table: torch.Tensor | None) -> torch.Tensor:
