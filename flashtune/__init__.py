@@ -2,7 +2,8 @@
 
 from flashtune._version import __version__
 
-__all__ = ["__version__", "attention", "attention_fp8", "attention_jvp", "attention_varlen", "get_tuned_attention"]
+__all__ = ["__version__", "attention", "attention_fp8", "attention_jvp", "attention_kvcache", "attention_varlen",
+           "get_tuned_attention"]
 
 
 def __getattr__(name):
@@ -19,6 +20,10 @@ def __getattr__(name):
         from flashtune.kernels import attention_jvp
 
         return attention_jvp
+    if name == "attention_kvcache":
+        from flashtune.kernels import attention_kvcache
+
+        return attention_kvcache
     if name == "attention_varlen":
         from flashtune.kernels import attention_varlen
 

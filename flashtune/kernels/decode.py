@@ -15,6 +15,12 @@ the Hq / Hkv query heads of a group read the same K/V once each. Here:
 
 With one split the kernel writes O and the log-sum-exp directly. The log-sum-exp handed
 to the backward is the merged one, in the plain forward's layout (B, Hq, Nq).
+
+Two constexpr variants serve a K/V cache (kernels/kvcache.py, ``attention_kvcache``):
+SEQLENS reads each sequence's length from a (B,) int32 tensor (its masks stop there, causal
+and a window align bottom-right on it, and the chunks past it are empty), and PAGED, with
+SEQLENS, loads K and V from (pages, page_size, Hkv, D) pages through a (B, max_pages) block
+table (forward._fwd_inner). Both off, the kernel is the one above.
 """
 
 from __future__ import annotations
@@ -127,17 +133,19 @@ def _schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_q: i
 
 
 @triton.jit(do_not_specialize=WINDOW_SIDES)
-def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
+def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CACHE_SEQLENS, BLOCK_TABLE, qk_scale, softcap_log2,
                       stride_qb, stride_qh, stride_qn, stride_qd,
                       stride_kb, stride_kh, stride_kn, stride_kd,
                       stride_vb, stride_vh, stride_vn, stride_vd,
                       stride_ob, stride_oh, stride_os, stride_on, stride_od,
                       stride_lb, stride_lh, stride_ls,
+                      stride_kp, stride_vp, stride_btb, stride_btn,
                       H_ROWS, M_BLOCKS, PACK, GROUP, N_Q, N_K, CHUNK, KEY_START, causal_off, win_left, win_right,
                       CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                       INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr,
-                      WINDOW: tl.constexpr):
+                      WINDOW: tl.constexpr, SEQLENS: tl.constexpr = False, PAGED: tl.constexpr = False,
+                      PAGE_SIZE: tl.constexpr = 1):
     # program (row block x batch x row head, chunk): axis 0 holds up to 2^31 - 1 programs
     # (CUDA caps axes 1 and 2 at 65535); a row head is a K/V head when packing (PACK =
     # GROUP), else a query head (PACK = 1)
@@ -147,6 +155,12 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
     off_b = (pid_z // H_ROWS).to(tl.int64)
     off_hr = (pid_z % H_ROWS).to(tl.int64)
     off_hk = off_hr * PACK // GROUP
+    if SEQLENS:
+        # a K/V cache (kvcache_forward): sequence off_b holds CACHE_SEQLENS[off_b] keys of the
+        # N_K it has room for; the masks stop there, and causal (and a window) align
+        # bottom-right on that length. Chunks past it are empty (output 0, lse -inf).
+        N_K = tl.load(CACHE_SEQLENS + off_b)
+        causal_off = N_K - N_Q
 
     rows = block_offsets(pid_m * BLOCK_M, BLOCK_M, INT64)
     row_ok = rows < N_Q * PACK
@@ -163,6 +177,9 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
         q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     k_base = K + off_b * stride_kb + off_hk * stride_kh + offs_d[None, :] * stride_kd
     v_base = V + off_b * stride_vb + off_hk * stride_vh + offs_d[None, :] * stride_vd
+    # PAGED: K and V are (pages, PAGE_SIZE, heads, D) with stride_kb = stride_vb = 0; this
+    # sequence's row of the block table maps its key n to page BLOCK_TABLE[off_b, n // PAGE_SIZE]
+    bt_row = BLOCK_TABLE + off_b * stride_btb
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -183,7 +200,8 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
                                    off_hk, q_idx + causal_off, offs_nb, offs_d, tl.maximum(lo_s, lo * BLOCK_N),
                                    tl.minimum(hi_s, full_lo), N_K, qk_scale, softcap_log2, win_left, win_right,
                                    True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
-                                   WINDOW)
+                                   WINDOW, block_table=bt_row, stride_btn=stride_btn, stride_kp=stride_kp,
+                                   stride_vp=stride_vp, PAGED=PAGED, PAGE_SIZE=PAGE_SIZE)
         full_lo = tl.maximum(lo_s, full_lo)
     else:
         full_lo = lo_s
@@ -193,12 +211,14 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, qk_scale, softcap_log2,
                                q_idx + causal_off, offs_nb, offs_d, full_lo, tl.minimum(hi_s, full_hi), N_K, qk_scale,
                                softcap_log2, win_left, win_right,
                                False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
-                               WINDOW)
+                               WINDOW, block_table=bt_row, stride_btn=stride_btn, stride_kp=stride_kp,
+                               stride_vp=stride_vp, PAGED=PAGED, PAGE_SIZE=PAGE_SIZE)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, DescK, DescV, off_b, off_hk,
                                q_idx + causal_off, offs_nb, offs_d, tl.maximum(lo_s, full_hi),
                                tl.minimum(hi_s, hi), N_K, qk_scale, softcap_log2, win_left, win_right,
                                True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, TMA, SCALE_POSITIVE, SOFTCAP,
-                               WINDOW)
+                               WINDOW, block_table=bt_row, stride_btn=stride_btn, stride_kp=stride_kp,
+                               stride_vp=stride_vp, PAGED=PAGED, PAGE_SIZE=PAGE_SIZE)
 
     # a row that saw no key here: output 0 and log-sum-exp -inf (weight 0 in the combine)
     seen = l_i > 0.0
@@ -255,13 +275,33 @@ def _combine_kernel(OP, LSEP, O, LSE, SPLITS, H, N_Q,
 
 def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FwdConfig, schedule: Schedule, *,
                   causal: bool, causal_off: int, sm_scale: float, precision: str,
-                  compile_only: bool = False, softcap: float = 0.0, window: tuple[int, int] | None = None
+                  compile_only: bool = False, softcap: float = 0.0, window: tuple[int, int] | None = None,
+                  cache_seqlens: torch.Tensor | None = None, block_table: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward through the split kernel (and the combine kernel when it splits):
     ``(o, lse2)`` as attention_forward returns them; ``window`` as common.window_bounds
-    gives it."""
+    gives it.
+
+    ``cache_seqlens`` (the SEQLENS variant, kvcache_forward): k and v are a K/V cache with
+    room for N_K keys per sequence, sequence b holding cache_seqlens[b] of them (a contiguous
+    int32 (B,) tensor); causal and the window then align bottom-right on that length in the
+    kernel (``causal_off`` is ignored). ``block_table`` (the PAGED variant, with
+    cache_seqlens): k and v are (pages, page_size, heads_kv, D) pages, and the int32 (B,
+    max_pages) table maps sequence b's key n to row n % page_size of page
+    block_table[b, n // page_size] (N_K = max_pages x page_size). Both load through
+    pointers (the config's tma is ignored)."""
     B, H, N_Q, D = q.shape
-    H_KV, N_K = k.shape[1], k.shape[2]
+    paged = block_table is not None
+    if paged:
+        page_size, H_KV = k.shape[1], k.shape[2]
+        N_K = block_table.shape[1] * page_size
+        # the kernel's (batch, head, row, head-dim) strides: no batch offset, the row within a page
+        k_strides = (0, k.stride(2), k.stride(1), k.stride(3))
+        v_strides = (0, v.stride(2), v.stride(1), v.stride(3))
+        page_strides = (k.stride(0), v.stride(0), *block_table.stride())
+    else:
+        page_size, H_KV, N_K = 1, k.shape[1], k.shape[2]
+        k_strides, v_strides, page_strides = k.stride(), v.stride(), (0, 0, 0, 0)
     group = H // H_KV
     BLOCK_D = padded_head_dim(D)
     o = launch.empty_like(q)
@@ -276,21 +316,26 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
         lse_part = launch.empty((B, H, S, N_Q), device=q.device, dtype=torch.float32)
         o_strides = (o_part.stride(0), o_part.stride(1), o_part.stride(2), o_part.stride(3), 1)
         l_strides = lse_part.stride()[:3]
-    descs = tma_descriptors(config.tma, (k, v), config.BLOCK_N, BLOCK_D)
+    descs = tma_descriptors(config.tma and cache_seqlens is None, (k, v), config.BLOCK_N, BLOCK_D)
     int64 = needs_int64(q, k, v, o, o_part)
     pack = group if schedule.pack else 1
     h_rows = H_KV if schedule.pack else H
     m_blocks = _cdiv(N_Q * pack, schedule.block_m)
     grid = (m_blocks * B * h_rows, S)
+    # the cache's tensors, or stand-ins the kernel never reads (SEQLENS and PAGED off)
+    lens = cache_seqlens if cache_seqlens is not None else lse2
+    table = block_table if paged else lens
     with on_device(q):
         launch.launch(
-            _split_fwd_kernel, q, k, v, o_part, lse_part, *(descs or (k, v)), *score_scales(sm_scale, softcap),
-            *q.stride(), *k.stride(), *v.stride(), *o_strides, *l_strides,
+            _split_fwd_kernel, q, k, v, o_part, lse_part, *(descs or (k, v)), lens, table,
+            *score_scales(sm_scale, softcap),
+            *q.stride(), *k_strides, *v_strides, *o_strides, *l_strides, *page_strides,
             h_rows, m_blocks, pack, group, N_Q, N_K, schedule.chunk, schedule.start, causal_off,
             *(window or (0, 0)),
             CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_M=schedule.block_m, BLOCK_N=config.BLOCK_N,
             PRECISION=precision, INT64=int64, TMA=descs is not None, SCALE_POSITIVE=sm_scale > 0 and not softcap,
-            SOFTCAP=bool(softcap), WINDOW=window is not None,
+            SOFTCAP=bool(softcap), WINDOW=window is not None, SEQLENS=cache_seqlens is not None, PAGED=paged,
+            PAGE_SIZE=page_size,
             num_warps=config.num_warps, num_stages=config.num_stages, grid=grid, warmup=compile_only)
         if S > 1:
             block_s = max(2, 1 << (S - 1).bit_length())
@@ -300,3 +345,15 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
                 num_warps=4 if block_s * BLOCK_D <= 8192 else 8, num_stages=1, grid=(B * H * N_Q,),
                 warmup=compile_only)
     return o, lse2
+
+
+def kvcache_schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_q: int, n_k: int,
+                     device: torch.device) -> Schedule:
+    """The split kernel's schedule for a K/V cache call (kvcache_forward) whose sequences hold
+    at most ``n_k`` keys: plan_schedule's, and where that would run the plain forward
+    (which has no per-sequence lengths), the split kernel with one chunk and no packing."""
+    schedule = plan_schedule(config, batch, heads_q, heads_kv, n_q, max(n_k, 1), device)
+    if schedule is None:
+        block_m = min(config.BLOCK_M, max(16, 1 << (n_q - 1).bit_length()))
+        schedule = Schedule(False, block_m, 1, _cdiv(max(n_k, 1), config.BLOCK_N) * config.BLOCK_N)
+    return schedule

@@ -39,13 +39,35 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
                MASK: tl.constexpr, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
                SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
-               rng_seed=0, drop_base=0, drop_threshold=0, DROPOUT: tl.constexpr = False):
+               rng_seed=0, drop_base=0, drop_threshold=0, DROPOUT: tl.constexpr = False,
+               block_table=0, stride_btn=0, stride_kp=0, stride_vp=0, PAGED: tl.constexpr = False,
+               PAGE_SIZE: tl.constexpr = 1):
     # diag: each row's diagonal key (causal: its last; the window's centre); with DROPOUT
-    # drop_base holds each row's first Philox counter (common.dropout_rows)
+    # drop_base holds each row's first Philox counter (common.dropout_rows). PAGED (the split
+    # kernel's paged K/V cache, kernels/decode.py): key n is row n % PAGE_SIZE of the page
+    # block_table[n // PAGE_SIZE] (entries stride_btn apart; pages stride_kp / stride_vp
+    # apart, rows stride_kn / stride_vn); k_base and v_base then hold no batch offset. Every
+    # tile starts at a multiple of BLOCK_N below N_K, so where PAGE_SIZE % BLOCK_N == 0 a tile
+    # lies in one page (one table entry); else each row reads its own entry, masked past N_K.
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_nb
+        if PAGED:
+            if PAGE_SIZE % BLOCK_N == 0:
+                page = tl.load(block_table + (start_n // PAGE_SIZE) * stride_btn).to(tl.int64)
+                in_page = start_n % PAGE_SIZE + offs_nb
+            else:
+                if MASK:
+                    page = tl.load(block_table + (offs_n // PAGE_SIZE) * stride_btn, mask=offs_n < N_K, other=0)
+                else:
+                    page = tl.load(block_table + (offs_n // PAGE_SIZE) * stride_btn)
+                page = page.to(tl.int64)
+                in_page = offs_n % PAGE_SIZE
+            k_rows = page * stride_kp + in_page * stride_kn
+            v_rows = page * stride_vp + in_page * stride_vn
         if TMA:
             k = tma_tile(desc_k, off_b, off_hk, start_n, BLOCK_N, BLOCK_D)
+        elif PAGED:
+            k = load_tile(k_base + k_rows[:, None], offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
         else:
             k = load_tile(k_base + offs_n[:, None] * stride_kn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
@@ -85,6 +107,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, desc_k, d
             p = tl.where(dropout_keep(rng_seed, drop_base, start_n, drop_threshold, BLOCK_N), p, 0.0)
         if TMA:
             v = tma_tile(desc_v, off_b, off_hk, start_n, BLOCK_N, BLOCK_D)
+        elif PAGED:
+            v = load_tile(v_base + v_rows[:, None], offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
         else:
             v = load_tile(v_base + offs_n[:, None] * stride_vn, offs_n, N_K, offs_d, MASK, HEAD_DIM, BLOCK_D)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
