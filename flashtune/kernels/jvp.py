@@ -11,7 +11,9 @@ and walks the keys in blocks of BLOCK_N with the forward's online softmax (base 
 max m): alongside the forward's acc = sum_j e_j v_j and l = sum_j e_j, e_j = exp(s_j - m),
 it keeps acc_t = sum_j e_j (ts_j v_j + tv_j) and c = sum_j e_j ts_j, all rescaled by the
 same factor when the running max moves. At the end o = acc / l and
-t_o = acc_t / l - (c / l) o. Never an N x N matrix; fp32 accumulators; the log-sum-exp
+t_o = acc_t / l - (c / l) o. Never an N x N matrix; fp32 accumulators (e_j ts_j is rounded
+to the input dtype for its dot with V, as e_j is: with fp16 inputs |ts| must stay within
+fp16's range); the log-sum-exp
 comes out as the forward's (base 2, fp32, (B, Hq, Nq)), so a caller can keep (o, lse2) as
 the primal for the backward.
 
