@@ -37,6 +37,7 @@ compile this kernel (tests/kernels/test_gluon_compile_sm90.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -47,7 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from flashtune.kernels.common import LOG2E, causal_offset, on_device
+from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device
 from flashtune.kernels.config import ConfigError, device_capability
 
 SM90_SHARED_MEMORY = 232448  # bytes per block, opt-in maximum of the H100/H200 (227 KiB)
@@ -449,8 +450,11 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale,
 # ----------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
 def tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
-    """The shared layout of a [1, 1, rows, head_dim] TMA tile (one head's rows)."""
+    """The shared layout of a [1, 1, rows, head_dim] TMA tile (one head's rows); made once
+    per (rows, head_dim, dtype): gluon builds it in about 6 us, three times per launch
+    (the layout is a frozen dataclass, so sharing one object is safe)."""
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], DTYPES[dtype])
 
 
@@ -499,7 +503,7 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     desc_q = _descriptor(q, config.BLOCK_M)
     desc_k, desc_v = _descriptor(k, config.BLOCK_N), _descriptor(v, config.BLOCK_N)
-    grid = (triton.cdiv(N_Q, 2 * config.BLOCK_M), H, B)
+    grid = (cdiv(N_Q, 2 * config.BLOCK_M), H, B)  # common.cdiv: triton.cdiv is a jit function
     with on_device(q):
         _gluon_attn_fwd_kernel[grid](desc_q, desc_k, desc_v, o, lse2, sm_scale * LOG2E, *o.stride(),
                                      H, H // Hk, N_Q, N_K, off, **kernel_constexprs(config, D, causal),
