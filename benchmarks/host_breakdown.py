@@ -38,6 +38,18 @@ def _no_launches() -> None:
                 getattr(module, name).run = lambda *a, **kw: None
 
 
+class _EmptyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        return torch.empty_like(q)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def per_call_us(fn, iters: int, repeats: int = 5) -> float:
     for _ in range(20):
         fn()
@@ -86,6 +98,9 @@ def main() -> None:
         "flashtune.attention, fwd+bwd": train(attention),
         "drop-in, fwd+bwd": train(tuned),
         "torch.autograd.grad of q + k + v (floor)": train(lambda q, k, v: q + k + v),
+        # a Python autograd node of flashtune's shape that does no work: the floor of any
+        # attention defined in Python (benchmarks/host_profile_gpu.py measures it on the GPU)
+        "empty Python autograd.Function (floor)": train(_EmptyFunction.apply),
     }
     print(f"host us per call, kernels not launched; B=1 H=1 N={n} D={d} fp32 on the CPU")
     for name, fn in rows.items():
