@@ -26,6 +26,8 @@ import torch.nn.functional as F  # noqa: E402
 import flashtune  # noqa: E402
 from flashtune.kernels import attention, attention_backward, attention_forward, default_config  # noqa: E402
 
+from autograd_floor import EmptyAttentionFunction  # noqa: E402  (benchmarks/)
+
 
 def _no_launches() -> None:
     import flashtune.kernels.backward as bw
@@ -36,18 +38,6 @@ def _no_launches() -> None:
         for name in dir(module):
             if name.endswith("_kernel"):
                 getattr(module, name).run = lambda *a, **kw: None
-
-
-class _EmptyFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v):
-        ctx.save_for_backward(q, k, v)
-        return torch.empty_like(q)
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v = ctx.saved_tensors
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def per_call_us(fn, iters: int, repeats: int = 5) -> float:
@@ -100,7 +90,7 @@ def main() -> None:
         "torch.autograd.grad of q + k + v (floor)": train(lambda q, k, v: q + k + v),
         # a Python autograd node of flashtune's shape that does no work: the floor of any
         # attention defined in Python (benchmarks/host_profile_gpu.py measures it on the GPU)
-        "empty Python autograd.Function (floor)": train(_EmptyFunction.apply),
+        "empty Python autograd.Function (floor)": train(EmptyAttentionFunction.apply),
     }
     print(f"host us per call, kernels not launched; B=1 H=1 N={n} D={d} fp32 on the CPU")
     for name, fn in rows.items():
