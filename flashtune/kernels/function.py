@@ -212,26 +212,37 @@ class FlashAttentionFunction(torch.autograd.Function):
         o, lse2 = attention_forward(q, k, v, fwd_config, causal=causal, sm_scale=sm_scale,
                                     fp32_precision=fp32_precision, causal_align=causal_align, softcap=softcap,
                                     window_size=window_size, varlen=varlen, dropout=dropout, plan_key=key)
-        ctx.plan_key = key
-        ctx.save_for_backward(q, k, v, o, lse2)
-        ctx.causal, ctx.sm_scale, ctx.causal_align, ctx.softcap = causal, sm_scale, causal_align, softcap
-        ctx.window_size, ctx.varlen, ctx.dropout = window_size, varlen, dropout  # the mask: its seed, never stored
-        ctx.bwd_config, ctx.fp32_precision = bwd_config, fp32_precision
-        ctx.mark_non_differentiable(lse2)
-        ctx.set_materialize_grads(False)  # lse2 has no gradient: no zero tensor per backward
+        _keep_for_backward(ctx, q, k, v, o, lse2, causal, sm_scale, bwd_config, fp32_precision, causal_align, softcap,
+                           window_size, varlen, dropout, key)
         return o, lse2
 
     @staticmethod
     def backward(ctx, do, _dlse2):
-        if do is None:  # o took no part in the loss
-            return (None,) * 13
-        q, k, v, o, lse2 = ctx.saved_tensors
-        dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.bwd_config, causal=ctx.causal,
-                                        sm_scale=ctx.sm_scale, fp32_precision=ctx.fp32_precision,
-                                        causal_align=ctx.causal_align, softcap=ctx.softcap,
-                                        window_size=ctx.window_size, varlen=ctx.varlen, dropout=ctx.dropout,
-                                        plan_key=ctx.plan_key)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+        return _gradients(ctx, do)
+
+
+def _keep_for_backward(ctx, q, k, v, o, lse2, causal, sm_scale, bwd_config, fp32_precision, causal_align, softcap,
+                       window_size, varlen, dropout, plan_key) -> None:
+    """What the backward of both autograd Functions reads (``_gradients``)."""
+    ctx.plan_key = plan_key
+    ctx.save_for_backward(q, k, v, o, lse2)
+    ctx.causal, ctx.sm_scale, ctx.causal_align, ctx.softcap = causal, sm_scale, causal_align, softcap
+    ctx.window_size, ctx.varlen, ctx.dropout = window_size, varlen, dropout  # the mask: its seed, never stored
+    ctx.bwd_config, ctx.fp32_precision = bwd_config, fp32_precision
+    ctx.mark_non_differentiable(lse2)
+    ctx.set_materialize_grads(False)  # lse2 has no gradient: no zero tensor per backward
+
+
+def _gradients(ctx, do) -> tuple:
+    """The gradients of an autograd Function's 13 inputs (q, k, v first) from dO."""
+    if do is None:  # o took no part in the loss
+        return (None,) * 13
+    q, k, v, o, lse2 = ctx.saved_tensors
+    dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.bwd_config, causal=ctx.causal, sm_scale=ctx.sm_scale,
+                                    fp32_precision=ctx.fp32_precision, causal_align=ctx.causal_align,
+                                    softcap=ctx.softcap, window_size=ctx.window_size, varlen=ctx.varlen,
+                                    dropout=ctx.dropout, plan_key=ctx.plan_key)
+    return (dq, dk, dv) + (None,) * 10
 
 
 class FlashAttentionJvpFunction(torch.autograd.Function):
@@ -256,24 +267,13 @@ class FlashAttentionJvpFunction(torch.autograd.Function):
         (q, k, v, causal, sm_scale, fwd_config, bwd_config, fp32_precision, causal_align, softcap, window_size, varlen,
          dropout) = inputs
         o, lse2 = output
-        ctx.save_for_backward(q, k, v, o, lse2)
+        _keep_for_backward(ctx, q, k, v, o, lse2, causal, sm_scale, bwd_config, fp32_precision, causal_align, softcap,
+                           window_size, varlen, dropout, None)
         ctx.save_for_forward(q, k, v)
-        ctx.causal, ctx.sm_scale, ctx.causal_align, ctx.softcap = causal, sm_scale, causal_align, softcap
-        ctx.window_size, ctx.varlen, ctx.dropout = window_size, varlen, dropout
-        ctx.bwd_config, ctx.fp32_precision = bwd_config, fp32_precision
-        ctx.mark_non_differentiable(lse2)
-        ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, do, _dlse2):
-        if do is None:
-            return (None,) * 13
-        q, k, v, o, lse2 = ctx.saved_tensors
-        dq, dk, dv = attention_backward(do, q, k, v, o, lse2, ctx.bwd_config, causal=ctx.causal,
-                                        sm_scale=ctx.sm_scale, fp32_precision=ctx.fp32_precision,
-                                        causal_align=ctx.causal_align, softcap=ctx.softcap,
-                                        window_size=ctx.window_size, varlen=ctx.varlen, dropout=ctx.dropout)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+        return _gradients(ctx, do)
 
     @staticmethod
     def jvp(ctx, tq, tk, tv, *_):
@@ -301,8 +301,12 @@ def check_jvp_options(*, softcap=0.0, window_size=None, dropout=None, varlen=Non
     for name, value in (("softcap", softcap), ("window_size", window_size), ("dropout_p", dropout),
                         ("varlen", varlen)):
         if value:
-            what = "packed sequences (attention_varlen)" if name == "varlen" else f"{name}={value!r}" \
-                if name != "dropout_p" else f"dropout_p={value.p!r}"
+            if name == "varlen":
+                what = "packed sequences (attention_varlen)"
+            elif name == "dropout_p":
+                what = f"dropout_p={value.p!r}"
+            else:
+                what = f"{name}={value!r}"
             raise ValueError(f"{name}: not supported with forward-mode tangents (jvp): the JVP kernel has no "
                              f"{what}; call without tangents, or without {name}")
 
