@@ -31,7 +31,6 @@ default blocks (``default_jvp_config``) are not tuned or measured on a GPU.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import torch
@@ -222,15 +221,6 @@ def default_jvp_config(head_dim: int, dtype: torch.dtype, device=None) -> FwdCon
 
 # --- the launcher ----------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class _Tangents:
-    """Which tangents a launch has (the kernel's HAS_* constexprs)."""
-
-    q: bool
-    k: bool
-    v: bool
-
-
 def attention_jvp_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tq: torch.Tensor | None,
                           tk: torch.Tensor | None, tv: torch.Tensor | None, config: FwdConfig, *, causal: bool,
                           sm_scale: float, fp32_precision: str = "tf32", causal_align: str = "top_left"
@@ -241,7 +231,7 @@ def attention_jvp_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tq:
 
     Returns ``(o, t_o, lse2)``: o and t_o in q's layout and dtype, lse2 (B, Hq, Nq) float32,
     the base-2 log-sum-exp of the scaled scores (attention_forward's)."""
-    has = _Tangents(tq is not None, tk is not None, tv is not None)
+    has = (tq is not None, tk is not None, tv is not None)  # the kernel's HAS_* constexprs
     tangents = tuple(t for t in (tq, tk, tv) if t is not None)
     key = (config, causal, sm_scale, fp32_precision, causal_align, has, tensor_key(q), tensor_key(k), tensor_key(v),
            *(tensor_key(t) for t in tangents))
