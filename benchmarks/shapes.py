@@ -317,7 +317,7 @@ def sweep_row(args, shape: Shape, candidates: list[dict], device) -> tuple[dict 
                 row["rel_err"] = ((got.float() - want).norm() / want.norm()).item()
                 if not row["rel_err"] < 0.02:
                     raise AssertionError(f"relative error {row['rel_err']:.3g}")
-                from flashtune.autotuner.trial import time_ms
+                from flashtune.protocol import time_ms
 
                 row["ms"] = time_ms(lambda cfg=cfg: attention(q, k, v, causal=s.causal, fwd_config=cfg), device,
                                     quick=True)
@@ -414,7 +414,7 @@ def bench_row(args, shape: Shape, entries: dict, copy_bw: float, singles: dict |
 
     def time_one(run, pass_):
         if device.type != "cuda":
-            from flashtune.autotuner.trial import time_ms
+            from flashtune.protocol import time_ms
 
             if pass_ == "fwd":
                 with torch.no_grad():
@@ -527,6 +527,8 @@ def best_single(results: list[Result], pass_: str) -> dict | None:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", nargs="+", metavar="NAME", choices=list(BY_NAME), help="only these rows")
+    ap.add_argument("--passes", nargs="+", choices=["fwd", "bwd"], default=["fwd", "bwd"],
+                    help="only these passes of the rows (a row with none of them is left out)")
     ap.add_argument("--configs", metavar="FILE.json", help="flashtune configs per row (see above)")
     ap.add_argument("--sweep", metavar="FILE.json", help="forward configs to sweep per row (see above)")
     ap.add_argument("--sweep-out", metavar="FILE.json", help="write the sweep's winners in --configs' format")
@@ -569,6 +571,8 @@ def main(argv=None) -> int:
     entries = load_configs(args.configs)
     sweep = load_sweep(args.sweep)
     shapes = [BY_NAME[n] for n in args.rows] if args.rows else SHAPES
+    shapes = [dataclasses.replace(s, passes=tuple(p for p in s.passes if p in args.passes))
+              for s in shapes if set(s.passes) & set(args.passes)]
     if args.tiny:
         shapes = [tiny(s) for s in shapes]
     if device.type == "cuda":
@@ -581,7 +585,7 @@ def main(argv=None) -> int:
         copy_bw = copy_bandwidth(device, lambda fn: triton.testing.do_bench(fn, return_mode="median"), 1 << 30)
     else:
         env = {"device": "cpu", "timer": "interpreter-wall-clock"}
-        from flashtune.autotuner.trial import time_ms
+        from flashtune.protocol import time_ms
 
         copy_bw = copy_bandwidth(device, lambda fn: time_ms(fn, device), 1 << 22)
     print(f"# dtype {args.dtype if device.type == 'cuda' else 'float16'}; copy bandwidth {copy_bw / 1e12:.2f} TB/s "

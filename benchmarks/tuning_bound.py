@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -73,6 +74,18 @@ class Measured:
             else:
                 self.failed[cfg] = f"{outcome.status}: {outcome.message}"
         return {c.canonical(): self.times[c.canonical()] for c in configs if c.canonical() in self.times}
+
+
+def report_single(report: dict, pass_: str) -> dict:
+    """The best single config of ``pass_`` in a report: tuning_report.py's (its fields), or
+    benchmarks/shapes.py --singles' (a config's label, ``FwdConfig(BLOCK_M=64, ...)``)."""
+    summary = report["summary"]
+    if "best_single" in summary:  # benchmarks/shapes.py
+        best = (summary["best_single"] or {}).get(pass_)
+        if not best:
+            sys.exit(f"tuning_bound: --report: no best single {pass_} config in it (run shapes.py with --singles)")
+        return {k: int(v) for k, v in re.findall(r"(\w+)=(-?\d+)", best["config"])}
+    return summary[pass_]["best_single_config"]
 
 
 def fastest(times: dict):
@@ -160,7 +173,7 @@ def main() -> None:
         single = cls.from_dict(json.loads(args.single))
     elif args.report:
         with open(args.report) as f:
-            single = cls.from_dict(json.load(f)["summary"][args.pass_]["best_single_config"])
+            single = cls.from_dict(report_single(json.load(f), args.pass_))
     if args.space:
         space = dict(space_mod.SPACES[args.pass_][1])
         override = json.loads(args.space)
@@ -218,7 +231,7 @@ def main() -> None:
     print(json.dumps(summary, indent=1))
     if args.out:
         prov = dataclasses.asdict(current_provenance(device)) if device.type == "cuda" else {"device": "interpreter"}
-        timer = "cuda-events" if device.type == "cuda" else "interpreter-wall-clock (not GPU performance)"
+        timer = "cuda-graph-replay" if device.type == "cuda" else "interpreter-wall-clock (not GPU performance)"
         with open(args.out, "w") as f:
             json.dump({"provenance": prov, "timer": timer, "rows": rows, "summary": summary}, f, indent=1)
 

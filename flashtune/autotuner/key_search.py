@@ -275,7 +275,7 @@ class KeySearch:
 
         store, worker, budget, ledger = self.bench.store, self.bench.worker, self.budget, self.ledger
         common = dict(shape=worker.shapes.get(self.key) or trial_shape(self.key, worker.interpreter),
-                      timer="interpreter-wall-clock" if worker.interpreter else "cuda-events")
+                      timer="interpreter-wall-clock" if worker.interpreter else "cuda-graph-replay")
         finalists = ledger.fastest(budget.finalists)
         if not finalists:
             return self.result("no_valid_config", started, **common)

@@ -1,0 +1,73 @@
+"""The autotuner's timer (protocol.graph_time_ms): a config's launches replayed from a CUDA
+graph, so a short call is timed by the GPU's work and not by the host's; eager timing where
+a call cannot be captured, and under the interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from autotuner_helpers import key
+
+from flashtune.autotuner.trial import KeyBench
+from flashtune.kernels.config import BwdConfig, FwdConfig
+from flashtune.protocol import graph_time_ms
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+class Counted:
+    """A callable that counts its Python calls (a graph replay makes none)."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.fn()
+
+
+def test_without_a_gpu_the_call_is_timed_eagerly():
+    x = torch.randn(64, 64)
+    fn = Counted(lambda: x @ x)
+    assert graph_time_ms(fn, torch.device("cpu")) > 0
+    assert fn.calls >= 2  # time_ms's warm-up and its timed calls
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_capturable_call_is_timed_from_graph_replays():
+    x = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    fn = Counted(lambda: x @ x)
+    ms = graph_time_ms(fn, x.device)
+    # two warm-up calls and the capture; do_bench's many runs are replays
+    assert fn.calls == 3
+    assert ms > 0
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_call_that_cannot_be_captured_is_timed_eagerly():
+    x = torch.randn(256, 256, device="cuda")
+    fn = Counted(lambda: (x @ x).sum().item())  # .item() syncs: not capturable
+    ms = graph_time_ms(fn, x.device)
+    assert ms > 0
+    assert fn.calls > 10  # do_bench called it
+    # the failed capture left the device usable
+    assert torch.isfinite((x @ x).sum()).item()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_a_trial_of_a_short_key_is_timed_on_the_gpu(pass_):
+    """A short key's trial time is the graph replay's: the eager call, host included, takes
+    at least as long."""
+    from flashtune.protocol import time_ms
+
+    bench = KeyBench(key(pass_, "bfloat16", seq_len=128, causal=True, head_dim=64), torch.device("cuda"))
+    cfg = FwdConfig(64, 64, 4, 2) if pass_ == "fwd" else BwdConfig(32, 64, 64, 32, 4, 2)
+    out = bench.run(cfg)
+    assert out.status == "ok", out
+    eager = time_ms(bench.launcher(cfg), bench.device)
+    assert 0 < out.time_ms <= eager * 1.1, (out.time_ms, eager)
+    assert bench.describe()["timer"] == "cuda-graph-replay"
