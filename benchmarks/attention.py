@@ -325,14 +325,22 @@ def bench_shape(args, entries, head_dim, seq_len, causal, dtype_name) -> list[Ro
     return list(rows.values())
 
 
-def time_rounds(runners: dict, passes: list, rounds: int, time_one) -> dict:
+def time_rounds(runners: dict, passes: list, rounds: int, time_one, *, max_rounds: int | None = None,
+                spread: float = 1.15) -> dict:
     """{(backend, pass): [ms of each round]} from ``time_one(run, pass_)``, the backends and
     passes interleaved round by round, so a slow moment of a shared machine hits one round
     of each rather than all of one backend. A backend that raises on a pass is reported once
-    and gets an empty list for it."""
+    and gets an empty list for it.
+
+    ``max_rounds``: after ``rounds``, more rounds (up to ``max_rounds`` in all) while a backend's
+    slowest round is over ``spread`` times its fastest and the slow rounds are not yet a
+    minority, so a median never lands on a disturbed round: one or two rounds that a busy
+    host slowed several-fold (H200, 2026-12-02: a row's drop-in at 0.193, 0.108 and 0.058 ms
+    over three rounds) are outvoted by quiet ones."""
     times = {(name, pass_): [] for name in runners for pass_ in passes}
     failed = set()
-    for _ in range(rounds):
+
+    def one_round() -> None:
         for name, run in runners.items():
             for pass_ in passes:
                 if (name, pass_) in failed:
@@ -344,6 +352,18 @@ def time_rounds(runners: dict, passes: list, rounds: int, time_one) -> dict:
                           f"{str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
                     failed.add((name, pass_))
                     times[name, pass_] = []
+
+    def disturbed(ms: list) -> bool:
+        fast = min(ms)
+        slow = sum(1 for t in ms if t > fast * spread)
+        return slow * 2 >= len(ms)
+
+    for _ in range(rounds):
+        one_round()
+    done = rounds
+    while done < (max_rounds or 0) and any(ms and disturbed(ms) for ms in times.values()):
+        one_round()
+        done += 1
     return times
 
 

@@ -424,7 +424,7 @@ def bench_row(args, shape: Shape, entries: dict, copy_bw: float, singles: dict |
             return time_ms(lambda: o.backward(do, retain_graph=True), device)
         return grid_bench.time_pass(run, pass_, q, k, v, do, s.causal, warmup=args.warmup, rep=args.rep)
 
-    timed = grid_bench.time_rounds(runners, list(s.passes), args.rounds, time_one)
+    timed = grid_bench.time_rounds(runners, list(s.passes), args.rounds, time_one, max_rounds=args.max_rounds)
     for (name, pass_), times in timed.items():
         r = results[pass_]
         r.check = check
@@ -490,7 +490,7 @@ def time_singles(args, result: Result, candidates: list, tuned: tuple, q, k, v, 
             return ms
 
         result.singles_timer = "cuda-graph replay"
-    timed = grid_bench.time_rounds(runners, [result.pass_], args.rounds, timer)
+    timed = grid_bench.time_rounds(runners, [result.pass_], args.rounds, timer, max_rounds=args.max_rounds)
     for (label, _), times in timed.items():
         ms = statistics.median(times) if times else None
         if label == "tuned":
@@ -538,6 +538,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="interleaved rounds per row (default 3 on a GPU, 1 under the interpreter)")
+    ap.add_argument("--max-rounds", type=int, default=None,
+                    help="more rounds, up to this many, while a runner's rounds disagree (half or more of them "
+                         "over 1.15x its fastest: a busy moment of the host; default 2 x --rounds + 1 on a GPU)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for the interpreter (fp16; implies --tiny)")
     ap.add_argument("--tiny", action="store_true", help="interpreter-sized versions of the rows")
     ap.add_argument("--db", metavar="STORE", help="a tuned store: its configs, and the drop-in on it (see above)")
@@ -557,6 +560,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.rounds = 1 if cpu else 3
     if args.rounds < 1:
         ap.error(f"--rounds: expected a positive number of rounds, got {args.rounds}")
+    if args.max_rounds is None:
+        args.max_rounds = args.rounds if cpu else 2 * args.rounds + 1
+    if args.max_rounds < args.rounds:
+        ap.error(f"--max-rounds: expected at least --rounds ({args.rounds}), got {args.max_rounds}")
     return args
 
 

@@ -127,3 +127,35 @@ def test_rounds_interleave_the_backends_and_keep_each_ones_median(bench, capsys)
     assert args.rounds == 5 and bench.parse_args([]).rounds == 3
     with pytest.raises(SystemExit):
         bench.parse_args(["--rounds", "0"])
+
+
+def test_rounds_disturbed_by_a_busy_host_are_outvoted_by_more_rounds(bench):
+    """Two slow rounds of three (the H200 run of 2026-12-02: a drop-in at 0.193, 0.108 and
+    0.058 ms) would make the median a disturbed round; more rounds run until the slow ones
+    are a minority, and no more than max_rounds."""
+    seen = {}
+    plan = {"dropin": [0.193, 0.108, 0.058, 0.058, 0.058, 0.058], "cudnn": [0.15, 0.064, 0.064, 0.064, 0.064, 0.064]}
+
+    def time_one(run, pass_):
+        i = seen[run] = seen.get(run, -1) + 1
+        return plan[run][i]
+
+    runners = {"dropin": "dropin", "cudnn": "cudnn"}
+    times = bench.time_rounds(runners, ["fwd"], 3, time_one, max_rounds=7)
+    import statistics
+    # 3 rounds, then 2 more: 2 slow of 5 is a minority
+    assert times["dropin", "fwd"] == [0.193, 0.108, 0.058, 0.058, 0.058]
+    assert statistics.median(times["dropin", "fwd"]) == 0.058
+    assert statistics.median(times["cudnn", "fwd"]) == 0.064
+    # without max_rounds (or with it at rounds) exactly the rounds asked for
+    seen.clear()
+    assert len(bench.time_rounds(runners, ["fwd"], 3, time_one)["dropin", "fwd"]) == 3
+    # a host that stays busy: max_rounds bounds it
+    seen.clear()
+    plan["dropin"] = [0.3, 0.3, 0.1] + [0.3, 0.1] * 10
+    assert len(bench.time_rounds(runners, ["fwd"], 3, time_one, max_rounds=7)["dropin", "fwd"]) == 7
+    # one slow round of three is outvoted already: no extra round
+    seen.clear()
+    plan["dropin"] = [0.2, 0.1, 0.1, 0.1]
+    plan["cudnn"] = [0.1] * 4
+    assert len(bench.time_rounds(runners, ["fwd"], 3, time_one, max_rounds=7)["dropin", "fwd"]) == 3

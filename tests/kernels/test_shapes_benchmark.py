@@ -82,6 +82,21 @@ def test_runs_under_the_interpreter(tmp_path):
     assert "interpreter wall clock" in done.stdout and "geomean" in done.stdout
 
 
+def test_passes_keep_only_those_passes_of_the_rows(shapes, tmp_path):
+    args = shapes.parse_args(["--device", "cpu"])
+    assert args.passes == ["fwd", "bwd"] and args.max_rounds == args.rounds  # no extra rounds on the CPU
+    assert shapes.parse_args(["--rounds", "3"]).max_rounds == 7
+    with pytest.raises(SystemExit):
+        shapes.parse_args(["--rounds", "3", "--max-rounds", "2"])
+    out = tmp_path / "shapes.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--rows", "bert-base-512",
+                           "sd15-cross-4096x77", "--passes", "bwd", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = [(r["name"], r["pass_"]) for r in json.loads(out.read_text())["rows"]]
+    assert rows == [("bert-base-512", "bwd")]  # sd15 has no backward: left out
+
+
 def test_a_tuned_store_is_measured_with_the_drop_in_and_the_best_single_config(tmp_path):
     """--db/--singles under the interpreter: a store searched over two tiny rows; each row
     reports the drop-in against SDPA, its tuned Triton config against the default, and the
