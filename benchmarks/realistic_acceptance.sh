@@ -5,8 +5,10 @@
 #   benchmarks/realistic_acceptance.sh search OUT [SECONDS]  # flashtune search --shapes over every row
 #   benchmarks/realistic_acceptance.sh report OUT            # shapes.py --db: tuned, default, drop-in,
 #                                                            # SDPA backends, the best single config
+#                                                            # (OUT/report.json; with PASSES=fwd report-fwd.json)
 #   benchmarks/realistic_acceptance.sh bound OUT fwd|bwd ROW...  # tuning_bound.py on some rows: the most
 #                                                            # per-row tuning can give over the best single
+#                                                            # config of OUT/report.json (REPORT=another)
 # Budget knobs: TRIALS (16), TIMEOUT (s of trials per key, 10), TRIAL_TIMEOUT (30); PASSES ("fwd bwd")
 # keeps only those passes of the rows (search, report and bound), ROUNDS (2) the report's rounds.
 set -euo pipefail
@@ -37,13 +39,13 @@ search)
     ;;
 report)
     python3 benchmarks/shapes.py --db "$out/shapes.db" --singles --graph-singles --rounds "${ROUNDS:-2}" \
-        --warmup 10 --rep 40 --passes ${PASSES:-fwd bwd} --out "$out/report.json"
+        --warmup 10 --rep 40 --passes ${PASSES:-fwd bwd} --out "$out/report${PASSES:+-${PASSES// /-}}.json"
     ;;
 bound)
     pass_=${3:?fwd or bwd}
     rows "${@:4}"
     python3 benchmarks/tuning_bound.py --pass "$pass_" --shapes "$out/realistic.json" --quick \
-        --report "$out/report.json" --out "$out/bound-$pass_.json"
+        --report "${REPORT:-$out/report.json}" --out "$out/bound-$pass_.json"
     ;;
 *)
     echo "unknown stage $stage" >&2
