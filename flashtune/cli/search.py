@@ -48,7 +48,7 @@ TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall cl
               help=f"Configs measured per key. [default: {DEFAULT_TRIALS}; interpreter: {DEMO_TRIALS}]")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Start no trial of a key after this long (with --trials, whichever comes first); a key's "
-              "first trial always runs.")
+              "first batch of trials (8 configs compiled together on a GPU) is always measured.")
 @click.option("--trial-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
               metavar="SECONDS", help="A trial that takes longer is killed and recorded as a timeout.")
 @db_option

@@ -167,6 +167,15 @@ def test_a_timeout_that_runs_out_at_once_still_measures_the_keys_first_config(tm
     assert again.status == "tuned" and again.n_trials == 3
 
 
+def test_a_timeout_that_runs_out_at_once_still_measures_the_keys_first_batch(tmp_path):
+    """The configs of a key's first batch are compiled together (in parallel on a GPU): a cold
+    compile can eat the whole timeout, after which each compiled config costs its timing alone,
+    so the whole first batch is measured; no second batch starts."""
+    (r,) = search(KEYS[:1], db=tmp_path / "tuned.db", trials=6, device="cpu", timeout=1e-9, finalists=1,
+                  rounds=1, batch=3).results
+    assert (r.status, r.n_trials) == ("tuned", 3)
+
+
 def test_a_keys_call_shape_is_what_its_trials_run_and_a_foreign_one_is_refused(tmp_path):
     k = TuningKey.for_call(GPU, "float32", batch=3, heads_q=2, heads_kv=1, seq_q=16, seq_k=16, head_dim=16,
                            causal=False, pass_="fwd")
