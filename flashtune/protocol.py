@@ -80,11 +80,12 @@ def graph_time_ms(fn, device, *, quick: bool = False) -> float:
     """Median GPU time of ``fn``'s launches in ms, replayed from a CUDA graph (do_bench of
     the replay, L2 flushed between runs as ``time_ms``): the kernels' own time, without the
     host's. The autotuner times configs this way: a config decides the GPU's work, not the
-    host's, and on a short call an eager timing measures the host (every config then ties
-    within the host's noise; the H200 run of 2026-12-02 picked configs 10-13 % slower on
-    the GPU so). ``fn`` runs twice on a side stream before the capture (compiles, launch
-    plans, allocations); if it cannot be captured, ``time_ms``'s eager timing. Under the
-    interpreter: ``time_ms``."""
+    host's, and an eager timing of a short call adds the host's cost of the launch, which
+    differs by kernel family (the Gluon forward's eager call took 0.150 ms against 0.090
+    from a graph on an H200 row of 0.07 ms) and jitters (the H200 run of 2026-12-02 re-timed
+    a key eagerly and kept a config 10 % slower on the GPU). ``fn`` runs twice on a side
+    stream before the capture (compiles, launch plans, allocations); if it cannot be
+    captured, ``time_ms``'s eager timing. Under the interpreter: ``time_ms``."""
     if device.type != "cuda":
         return time_ms(fn, device, quick=quick)
     import torch
