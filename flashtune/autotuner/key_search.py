@@ -9,7 +9,7 @@ import time
 
 from flashtune.autotuner.ledger import Ledger
 from flashtune.autotuner.study import KeyStudy
-from flashtune.kernels.config import ConfigError, default_config, family_defaults, portfolio
+from flashtune.kernels.config import DECODE_MAX_Q, ConfigError, default_config, family_defaults, portfolio
 from flashtune.kernels.space import default_neighbours, valid_candidates
 from flashtune.keys import GpuInfo, TuningKey, key_distance
 from flashtune.outcome import Outcome
@@ -131,7 +131,16 @@ class KeySearch:
         """The default and the stored winners of the key's family first (nearest seq len
         first), the default's structural neighbours, the architecture's heuristic entries for
         other shapes (``portfolio``), then a few winners of related keys; all of the valid
-        space when it fits the budget."""
+        space when it fits the budget.
+
+        A guess with a fixed number of split-KV chunks (``num_splits`` > 1, a decode key's
+        winner or decode entry) is left out for a key of more than DECODE_MAX_Q queries: it
+        cuts every query block's keys into that many chunks, which on the H200 took 2.6x and
+        5.8x the best trial's time on llama3-70b-tp8's 4096 queries (4 and 16 chunks: 0.41 and
+        0.92 ms against 0.16) and 16x on gpt2's 512 (1.08 against 0.067 ms), one or two of
+        eight trials of a short budget spent so. The sampler can still propose such configs,
+        the whole valid space is still measured when it fits the budget, and ``num_splits=0``
+        (auto) splits where it pays."""
         from flashtune.store import ResultFilter
 
         store, key = self.bench.store, self.key
@@ -150,10 +159,14 @@ class KeySearch:
         relatives.sort(key=lambda r: (r.key.head_dim != key.head_dim, key_distance(r.key, key)))
         seen, queue = set(), []
 
-        def take(configs, cap=None) -> None:
+        def guess(cfg) -> bool:
+            return key.seq_q <= DECODE_MAX_Q or getattr(cfg, "num_splits", 0) <= 1
+
+        def take(configs, cap=None, guesses=True) -> None:
             taken = 0
             for cfg in configs:
-                if self.ledger.wants(cfg) and cfg.canonical() not in seen and (cap is None or taken < cap):
+                if (self.ledger.wants(cfg) and cfg.canonical() not in seen and (cap is None or taken < cap)
+                        and (guess(cfg) or not guesses)):
                     seen.add(cfg.canonical())
                     queue.append(cfg)
                     taken += 1
@@ -166,7 +179,7 @@ class KeySearch:
              cap=max(1, self.budget.trials // 4))
         take([r.config for r in relatives], cap=max(1, self.budget.trials // 8))
         if len(self.ledger.valid) <= self.budget.trials:
-            take(self.ledger.valid)  # the valid space fits the budget: measure all of it
+            take(self.ledger.valid, guesses=False)  # the valid space fits the budget: measure all of it
         return queue
 
     def _propose(self, n: int, limit: int) -> list:

@@ -142,6 +142,25 @@ def test_a_fresh_search_measures_the_heuristic_portfolio_right_after_the_default
     assert cid(table[(bf16, 16, False)]) not in measured
 
 
+@pytest.mark.parametrize("decode", [False, True])
+def test_guesses_with_fixed_split_chunks_are_for_decode_keys_only(tmp_path, monkeypatch, decode):
+    """A portfolio entry (or another key's winner) with a fixed number of split-KV chunks is a
+    decode-sized key's guess: a key of more queries leaves it out of its warm start."""
+    split, plain = FwdConfig(16, 16, 4, 1, num_splits=4), FwdConfig(16, 32, 4, 1)
+    assert _valid(split, dtype=torch.float16) and _valid(plain, dtype=torch.float16)
+    monkeypatch.setattr(key_search, "portfolio", lambda *args, **kwargs: [split, plain])
+    k = TuningKey.for_call(key().gpu, "float16", batch=1, heads_q=2, heads_kv=2, seq_q=1 if decode else 32,
+                           seq_k=32, head_dim=16, causal=False, pass_="fwd")
+    db = tmp_path / "t.db"
+    (r,) = search([k], db=db, trials=8, seed=5, **FAST).results
+    assert r.status == "tuned"
+    study = journal_study(tmp_path / "optuna-journal.log", study_name(k, kernel_source_hash(), store_id(db)))
+    queued = [cid(FwdConfig(**t.system_attrs["fixed_params"])) for t in study.trials
+              if "fixed_params" in t.system_attrs]
+    assert cid(plain) in queued
+    assert (cid(split) in queued) == decode
+
+
 def test_a_time_budget_ends_the_key_early_and_a_rerun_goes_on(tmp_path, monkeypatch):
     runs = Spy(monkeypatch, "run")
     k, db = key("fwd", "float32", seq_len=16, causal=False), tmp_path / "t.db"
