@@ -239,19 +239,13 @@ def _graph_ms(fn, device, *, grad: bool = False) -> float | None:
     import torch
     import triton
 
+    from flashtune.protocol import capture_graph
+
     if device.type != "cuda":
         return None
     try:
         with contextlib.nullcontext() if grad else torch.no_grad():
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    fn()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
+            graph = capture_graph(fn, device)
         return float(triton.testing.do_bench(graph.replay, return_mode="median"))
     except Exception as e:  # noqa: BLE001 - a figure we can do without
         print(f"  CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",

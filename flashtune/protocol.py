@@ -76,21 +76,12 @@ def time_ms(fn, device, *, quick: bool = False, grad_to_none=None) -> float:
     return statistics.median(times)
 
 
-def graph_time_ms(fn, device, *, quick: bool = False) -> float:
-    """Median GPU time of ``fn``'s launches in ms, replayed from a CUDA graph (do_bench of
-    the replay, L2 flushed between runs as ``time_ms``): the kernels' own time, without the
-    host's. The autotuner times configs this way: a config decides the GPU's work, not the
-    host's, and an eager timing of a short call adds the host's cost of the launch, which
-    differs by kernel family (the Gluon forward's eager call took 0.150 ms against 0.090
-    from a graph on an H200 row of 0.07 ms) and jitters (the H200 run of 2026-12-02 re-timed
-    a key eagerly and kept a config 10 % slower on the GPU). ``fn`` runs twice on a side
-    stream before the capture (compiles, launch plans, allocations); if it cannot be
-    captured, ``time_ms``'s eager timing. Under the interpreter: ``time_ms``."""
-    if device.type != "cuda":
-        return time_ms(fn, device, quick=quick)
+def capture_graph(fn, device):
+    """A CUDA graph of ``fn``'s launches on ``device``: ``fn`` runs twice on a side stream
+    first (compiles, launch plans, allocations), then once under capture. Raises what the
+    capture raised (a host sync, an uncapturable op), the device synchronised and usable."""
     import torch
 
-    graph = None
     try:
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
@@ -101,10 +92,26 @@ def graph_time_ms(fn, device, *, quick: bool = False) -> float:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             fn()
-    except Exception:  # noqa: BLE001 - not capturable (a host sync, an uncapturable op): time it eagerly
-        graph = None
+        return graph
+    except Exception:
         torch.cuda.synchronize(device)
-    if graph is None:
+        raise
+
+
+def graph_time_ms(fn, device, *, quick: bool = False) -> float:
+    """Median GPU time of ``fn``'s launches in ms, replayed from a CUDA graph (do_bench of
+    the replay, L2 flushed between runs as ``time_ms``): the kernels' own time, without the
+    host's. The autotuner times configs this way: a config decides the GPU's work, not the
+    host's, and an eager timing of a short call adds the host's cost of the launch, which
+    differs by kernel family (the Gluon forward's eager call took 0.150 ms against 0.090
+    from a graph on an H200 row of 0.07 ms) and jitters (the H200 run of 2026-12-02 re-timed
+    a key eagerly and kept a config 10 % slower on the GPU). A call that cannot be captured
+    (``capture_graph``) is timed eagerly, as is everything under the interpreter."""
+    if device.type != "cuda":
+        return time_ms(fn, device, quick=quick)
+    try:
+        graph = capture_graph(fn, device)
+    except Exception:  # noqa: BLE001 - not capturable: time the call eagerly
         return time_ms(fn, device, quick=quick)
     try:
         return time_ms(graph.replay, device, quick=quick)
