@@ -30,10 +30,11 @@ case "$stage" in
 search)
     rows
     start=$(date +%s)
-    # a call's limit cuts the search (timeout's SIGTERM: the search stops between trials and keeps them)
+    # a call's limit cuts the search (timeout's SIGTERM: the search stops between trials and keeps them);
+    # each run of the stage writes its own search-SECONDS.json
     timeout --signal=TERM "${3:-3600}" python3 -m flashtune search --shapes "$out/realistic.json" \
         --trials "${TRIALS:-16}" --timeout "${TIMEOUT:-10}" --trial-timeout "${TRIAL_TIMEOUT:-30}" \
-        --db "$out/shapes.db" --storage "$out/journal.log" --no-progress --json >> "$out/search.json" || true
+        --db "$out/shapes.db" --storage "$out/journal.log" --no-progress --json > "$out/search-$(date +%s).json" || true
     echo "search wall time: $(( $(date +%s) - start )) s"
     flashtune list --db "$out/shapes.db"
     ;;
