@@ -28,7 +28,8 @@ from flashtune.cli._common import (
 # exhaustive sweep of its 296 configs; 32 came within 1.2 % on both swept keys.
 DEFAULT_TRIALS = 32
 DEMO_TRIALS = 3
-TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall clock: not GPU performance"}
+TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall clock: not GPU performance",
+               "cuda-graph-replay": "each config's launches replayed from a CUDA graph: GPU time, no host time"}
 
 
 @click.command("search", cls=Command)
