@@ -159,27 +159,26 @@ class KeySearch:
         relatives.sort(key=lambda r: (r.key.head_dim != key.head_dim, key_distance(r.key, key)))
         seen, queue = set(), []
 
-        def guess(cfg) -> bool:
-            return key.seq_q <= DECODE_MAX_Q or getattr(cfg, "num_splits", 0) <= 1
+        def guesses(configs) -> list:
+            return [c for c in configs if key.seq_q <= DECODE_MAX_Q or getattr(c, "num_splits", 0) <= 1]
 
-        def take(configs, cap=None, guesses=True) -> None:
+        def take(configs, cap=None) -> None:
             taken = 0
             for cfg in configs:
-                if (self.ledger.wants(cfg) and cfg.canonical() not in seen and (cap is None or taken < cap)
-                        and (guess(cfg) or not guesses)):
+                if self.ledger.wants(cfg) and cfg.canonical() not in seen and (cap is None or taken < cap):
                     seen.add(cfg.canonical())
                     queue.append(cfg)
                     taken += 1
 
-        take(first)
+        take(guesses(first))
         # the architecture's heuristic entries for other shapes: at most a quarter of the
         # budget (on the realistic grid, 8 trials from the default alone left the forward
         # 0.94x of the best single config; docs/shape-tuning.md)
-        take(portfolio(key.pass_, key.head_dim, self.dtype, self.bench.device),
+        take(guesses(portfolio(key.pass_, key.head_dim, self.dtype, self.bench.device)),
              cap=max(1, self.budget.trials // 4))
-        take([r.config for r in relatives], cap=max(1, self.budget.trials // 8))
+        take(guesses(r.config for r in relatives), cap=max(1, self.budget.trials // 8))
         if len(self.ledger.valid) <= self.budget.trials:
-            take(self.ledger.valid, guesses=False)  # the valid space fits the budget: measure all of it
+            take(self.ledger.valid)  # the valid space fits the budget: measure all of it
         return queue
 
     def _propose(self, n: int, limit: int) -> list:
