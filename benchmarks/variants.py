@@ -257,7 +257,7 @@ def bench_window(args) -> list[Row]:
     import torch
 
     import flashtune
-    from flashtune.kernels import reference_attention
+    from flashtune.kernels import default_config, reference_attention
 
     hq, hkv, d = LLAMA3_8B["heads_q"], LLAMA3_8B["heads_kv"], LLAMA3_8B["head_dim"]
     n, left = args.window_seq, args.window
@@ -270,6 +270,13 @@ def bench_window(args) -> list[Row]:
                 Row("window", case, "fwd+bwd", "flashtune", 3.5 * flops_fwd)]
     ours = lambda q_, k_, v_: flashtune.attention(q_, k_, v_, causal=True, window_size=(left, 0))  # noqa: E731
     runners = {"flashtune": ours}
+    # the default's kernel family beside the other's: on an H100/H200 the default of a long
+    # D=128 call is the Gluon kernel (which runs windows), "flashtune-triton" the Triton kernel's
+    default = default_config("fwd", d, q.dtype, q.device, causal=True, seq_q=n)
+    if default.family:
+        triton_cfg = default.as_triton(d, q.dtype, q.device, True)
+        runners["flashtune-triton"] = lambda q_, k_, v_: flashtune.attention(  # noqa: E731
+            q_, k_, v_, causal=True, window_size=(left, 0), fwd_config=triton_cfg)
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 

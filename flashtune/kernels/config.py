@@ -269,7 +269,7 @@ class FwdConfig(_ConfigBase):
     float16/bfloat16 and a device of compute capability 9.0, so the search never tries it
     and the dispatcher never serves it anywhere else; num_warps, tma and the schedule do
     not apply to it (its canonical form fixes them). A call the Gluon kernel cannot run
-    (a window, a softcap, packed sequences, dropout, fp8) runs the Triton kernel's default
+    (a softcap, packed sequences, dropout, fp8) runs the Triton kernel's default
     (``as_triton``).
     """
 
@@ -322,7 +322,7 @@ class FwdConfig(_ConfigBase):
                               PINGPONG=self.pingpong, OVERLAP=self.overlap)
 
     def as_triton(self, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None) -> "FwdConfig":
-        """The config that runs a call the Gluon kernel cannot (a window, a softcap, packed
+        """The config that runs a call the Gluon kernel cannot (a softcap, packed
         sequences, dropout, fp8): the Triton kernel's heuristic default for the head dim,
         dtype, device and masking (``_triton_default``, cached); a Triton config itself."""
         return self if not self.family else _triton_default(head_dim, dtype, resolve_device(device), causal)

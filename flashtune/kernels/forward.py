@@ -291,10 +291,10 @@ def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compi
              window_size, varlen, v_descale, out_dtype, dropout) -> tuple[torch.Tensor, torch.Tensor]:
     """attention_forward's launches."""
     if config.family:
-        if window_size is None and not softcap and varlen is None and dropout is None and q.dtype not in FP8_DTYPES:
+        if not softcap and varlen is None and dropout is None and q.dtype not in FP8_DTYPES:
             return _gluon_forward(q, k, v, config, causal=causal, sm_scale=sm_scale, compile_only=compile_only,
-                                  causal_align=causal_align)
-        # what the Gluon kernel lacks (a window, softcap, varlen, dropout, fp8): the Triton kernel's default
+                                  causal_align=causal_align, window_size=window_size)
+        # what the Gluon kernel lacks (softcap, varlen, dropout, fp8): the Triton kernel's default
         config = config.as_triton(q.shape[-1], q.dtype, q.device, bool(causal))
     B, H, _, N_Q, N_K, D, window, off = call_geometry(q, k, varlen, causal, causal_align, window_size)
     key_blocks = None
@@ -340,7 +340,7 @@ def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compi
 
 
 def _gluon_forward(q, k, v, config: FwdConfig, *, causal: bool, sm_scale: float, compile_only: bool,
-                   causal_align: str) -> tuple[torch.Tensor, torch.Tensor]:
+                   causal_align: str, window_size=None) -> tuple[torch.Tensor, torch.Tensor]:
     """A Gluon config's launch (kernels/gluon_forward.py, imported on first use: it loads
     triton's Gluon). ``compile_only`` leaves the compile to the first launch: Gluon's
     launcher has no warmup entry (the outputs are uninitialised either way)."""
@@ -349,7 +349,7 @@ def _gluon_forward(q, k, v, config: FwdConfig, *, causal: bool, sm_scale: float,
     if compile_only:
         return torch.empty_like(q), torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     return gluon_attention_forward(q, k, v, config.gluon(), causal=causal, sm_scale=sm_scale,
-                                   causal_align=causal_align)
+                                   causal_align=causal_align, window_size=window_size)
 
 
 # The split kernel walks the keys with _fwd_inner above: imported once this module is whole.

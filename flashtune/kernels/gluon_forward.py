@@ -48,7 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device
+from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device, window_bounds
 from flashtune.kernels.config import ConfigError, device_capability
 
 SM90_SHARED_MEMORY = 232448  # bytes per block, opt-in maximum of the H100/H200 (227 KiB)
@@ -190,8 +190,23 @@ def default_gluon_config(head_dim: int, causal: bool = False) -> GluonFwdConfig:
 # The kernel
 # ----------------------------------------------------------------------------------
 @gluon.jit
+def _window_range(first, last, n, BLOCK: gl.constexpr, off, left, right):
+    """common.window_range (and window_blocks) in Gluon, line for line: the block indices
+    (lo, full_lo, full_hi, hi) of the positions rows [first, last] see through the window."""
+    lo_pos = gl.maximum(first + off - left, 0)
+    hi_pos = gl.minimum(last + off + right + 1, n)
+    lo = lo_pos // BLOCK
+    hi = lo
+    if hi_pos > lo_pos:
+        hi = gl.cdiv(gl.maximum(hi_pos, 0), BLOCK)
+    full_lo = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(last + off - left, 0), BLOCK), lo), hi)
+    full_hi = gl.minimum(gl.maximum(gl.maximum(gl.minimum(first + off + right + 1, n), 0) // BLOCK, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@gluon.jit
 def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
-              off_b, off_h, off_hk, start_m, n_blocks,
+              off_b, off_h, off_hk, start_m, lo, n_blocks,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr):
     # the two Q tiles, once (rows past Nq read as zeros: the descriptor's bounds are per head)
     for w in gl.static_range(2):
@@ -205,22 +220,25 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, k_ready, 
         # first lap through the ring does not wait
         mbarrier.wait(kv_empty.index(s), phase ^ 1)
         mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_k, [off_b, off_hk, j * BLOCK_N, 0], k_ready.index(s), k_bufs.index(s))
+        tma.async_copy_global_to_shared(desc_k, [off_b, off_hk, (lo + j) * BLOCK_N, 0], k_ready.index(s),
+                                        k_bufs.index(s))
         mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, j * BLOCK_N, 0], v_ready.index(s), v_bufs.index(s))
+        tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, (lo + j) * BLOCK_N, 0], v_ready.index(s),
+                                        v_bufs.index(s))
 
 
 @gluon.jit
-def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which, rows, lo, hi,
-                    qk_scale, N_K, causal_off,
-                    MASK: gl.constexpr, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
-                    s_layout: gl.constexpr, p_layout: gl.constexpr):
-    """Key blocks [lo, hi) of one consumer: online softmax into (acc, m_i, l_i)."""
+def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which, rows, first, last,
+                    lo, qk_scale, N_K, causal_off, win_left, win_right,
+                    MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
+                    PINGPONG: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):
+    """The CTA's blocks [first, last) (counted from its first key block, ``lo``) of one
+    consumer: online softmax into (acc, m_i, l_i)."""
     dtype: gl.constexpr = q.dtype
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    for j in range(lo, hi):
+    for j in range(first, last):
         s = j % NUM_BUFFERS
         phase = (j // NUM_BUFFERS) & 1
         k_smem = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
@@ -233,8 +251,8 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
         if PINGPONG:
             mbarrier.arrive(turn.index(1 - which))
         qk, _q, _k = warpgroup_mma_wait(0, deps=(qk, q, k_smem))
-        p, alpha, m_new, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, 0, qk_scale, N_K, causal_off,
-                                              MASK, CAUSAL, BLOCK_N)
+        p, alpha, m_new, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, lo, 0, 0, qk_scale, N_K, causal_off,
+                                              win_left, win_right, MASK, CAUSAL, WINDOW, BLOCK_N)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         mbarrier.wait(v_ready.index(s), phase)
@@ -248,32 +266,38 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
 
 
 @gluon.jit
-def _masked(qk, rows, cols, j, N_K, causal_off, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Block j's scores with the keys past the sequence end (and, causal, past each row's
-    diagonal) at -inf."""
-    keys = j * BLOCK_N + cols
+def _masked(qk, rows, cols, kb, N_K, causal_off, win_left, win_right, CAUSAL: gl.constexpr,
+            WINDOW: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Key block kb's scores with the keys past the sequence end (causal: past each row's
+    diagonal; a window: outside [diag - left, diag + right]) at -inf."""
+    keys = kb * BLOCK_N + cols
     valid = keys[None, :] < N_K
     if CAUSAL:
         valid = valid & (keys[None, :] <= rows[:, None] + causal_off)
+    if WINDOW:
+        valid = valid & (keys[None, :] >= rows[:, None] + (causal_off - win_left)) \
+            & (keys[None, :] <= rows[:, None] + (causal_off + win_right))
     return gl.where(valid, qk, float("-inf"))
 
 
 @gluon.jit
-def _softmax_block(qk, m_i, l_i, rows, cols, j, n_full, qk_scale, N_K, causal_off,
-                   MASK: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Block j's scores into probabilities (online softmax, base 2): (p, alpha, m, l). The
-    causal and/or sequence-end mask: MASK 0 none, 1 always, 2 from block n_full on."""
+def _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, N_K, causal_off, win_left,
+                   win_right, MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                   BLOCK_N: gl.constexpr):
+    """The CTA's block j (key block lo + j) into probabilities (online softmax, base 2):
+    (p, alpha, m, l). The causal, window and/or sequence-end mask: MASK 0 none, 1 always,
+    2 outside the blocks [full_lo, full_hi) (counted as j is)."""
     qk = qk * qk_scale
     if MASK == 1:
-        qk = _masked(qk, rows, cols, j, N_K, causal_off, CAUSAL, BLOCK_N)
+        qk = _masked(qk, rows, cols, lo + j, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_N)
     elif MASK == 2:
-        if j >= n_full:
-            qk = _masked(qk, rows, cols, j, N_K, causal_off, CAUSAL, BLOCK_N)
+        if (j < full_lo) | (j >= full_hi):
+            qk = _masked(qk, rows, cols, lo + j, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_N)
     m_new = gl.maximum(m_i, gl.max(qk, 1))
     m_use = m_new
-    if CAUSAL and MASK != 0:
-        # a row that sees no key so far (bottom-right with Nq > Nk) keeps m = -inf:
-        # subtract 0 instead so that p = 0, not NaN
+    if (CAUSAL or WINDOW) and MASK != 0:
+        # a row that sees no key so far (bottom-right with Nq > Nk, a window's rows before
+        # their first key) keeps m = -inf: subtract 0 instead so that p = 0, not NaN
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(qk - m_use[:, None])
     alpha = gl.exp2(m_i - m_use)
@@ -282,9 +306,9 @@ def _softmax_block(qk, m_i, l_i, rows, cols, j, n_full, qk_scale, N_K, causal_of
 
 
 @gluon.jit
-def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which, rows, n_full,
-                        n_blocks, qk_scale, N_K, causal_off,
-                        CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which, rows, lo,
+                        full_lo, full_hi, n_blocks, qk_scale, N_K, causal_off, win_left, win_right,
+                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
                         s_layout: gl.constexpr, p_layout: gl.constexpr):
     """All key blocks of one consumer, software-pipelined within the warp group (FA3's
@@ -304,8 +328,8 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_e
         if PINGPONG:
             mbarrier.arrive(turn.index(1 - which))
         qk, _q, _k = warpgroup_mma_wait(0, deps=(qk, q, k_smem))
-        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, 0, n_full, qk_scale, N_K, causal_off,
-                                            2, CAUSAL, BLOCK_N)
+        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, 0, lo, full_lo, full_hi, qk_scale, N_K,
+                                            causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, n_blocks):
             s = j % NUM_BUFFERS
@@ -322,8 +346,8 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_e
                 mbarrier.arrive(turn.index(1 - which))
             # S (issued first) done; the PV wgmma may still run under this softmax
             qk, _q, _k = warpgroup_mma_wait(1, deps=(qk, q, k_smem))
-            p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, n_full, qk_scale, N_K, causal_off,
-                                                2, CAUSAL, BLOCK_N)
+            p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, N_K,
+                                                causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N)
             acc, _p, _v = warpgroup_mma_wait(0, deps=(acc, p16, v_prev))
             # every warp of the group is done with slot j-1 before its one arrival
             gl.thread_barrier()
@@ -344,8 +368,10 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_e
 
 @gluon.jit
 def _consumer(which, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale,
-              stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, start_m, n_blocks,
-              CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, win_left,
+              win_right, start_m, lo, n_blocks,
+              CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr,
               NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -355,12 +381,20 @@ def _consumer(which, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty
 
     row0 = start_m + which * BLOCK_M
     rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    # blocks [0, n_full) need no mask for these rows, [n_full, n_blocks) the causal and/or
-    # sequence-end one (n_blocks: the CTA's, the same for both consumers)
-    n_full = N_K // BLOCK_N
-    if CAUSAL:
-        n_full = gl.minimum(n_full, gl.maximum(row0 + causal_off + 1, 0) // BLOCK_N)
-    n_full = gl.minimum(n_full, n_blocks)
+    # of the CTA's blocks [0, n_blocks) (key blocks lo + j; the same for both consumers),
+    # [full_lo, full_hi) need no mask for these rows, the others the causal, window and/or
+    # sequence-end one (a window's blocks of the CTA that these rows never reach: all -inf)
+    if WINDOW:
+        _lo, w_full_lo, w_full_hi, _hi = _window_range(row0, row0 + BLOCK_M - 1, N_K, BLOCK_N, causal_off,
+                                                       win_left, win_right)
+        full_lo = gl.minimum(gl.maximum(w_full_lo - lo, 0), n_blocks)
+        full_hi = gl.minimum(gl.maximum(w_full_hi - lo, full_lo), n_blocks)
+    else:
+        full_lo = 0
+        full_hi = N_K // BLOCK_N
+        if CAUSAL:
+            full_hi = gl.minimum(full_hi, gl.maximum(row0 + causal_off + 1, 0) // BLOCK_N)
+        full_hi = gl.minimum(full_hi, n_blocks)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
@@ -370,17 +404,25 @@ def _consumer(which, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty
     q = q_smem.index(which).reshape([BLOCK_M, HEAD_DIM])
     if OVERLAP:
         acc, m_i, l_i = _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn,
-                                            which, rows, n_full, n_blocks, qk_scale, N_K, causal_off, CAUSAL,
-                                            HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, s_layout, p_layout)
+                                            which, rows, lo, full_lo, full_hi, n_blocks, qk_scale, N_K, causal_off,
+                                            win_left, win_right, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                            NUM_BUFFERS, PINGPONG, s_layout, p_layout)
     else:
+        if WINDOW:  # the window's left edge
+            acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn,
+                                            which, rows, 0, full_lo, lo, qk_scale, N_K, causal_off, win_left,
+                                            win_right, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
+                                            PINGPONG, s_layout, p_layout)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
-                                        rows, 0, n_full, qk_scale, N_K, causal_off, 0, CAUSAL, HEAD_DIM, BLOCK_M,
-                                        BLOCK_N, NUM_BUFFERS, PINGPONG, s_layout, p_layout)
+                                        rows, full_lo, full_hi, lo, qk_scale, N_K, causal_off, win_left, win_right,
+                                        0, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG,
+                                        s_layout, p_layout)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
-                                        rows, n_full, n_blocks, qk_scale, N_K, causal_off, 1, CAUSAL, HEAD_DIM,
-                                        BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, s_layout, p_layout)
+                                        rows, full_hi, n_blocks, lo, qk_scale, N_K, causal_off, win_left,
+                                        win_right, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
+                                        PINGPONG, s_layout, p_layout)
 
-    if CAUSAL:
+    if CAUSAL or WINDOW:
         # rows that saw no key (bottom-right, Nq > Nk): output 0, log-sum-exp -inf
         l_div = gl.where(l_i == 0.0, 1.0, l_i)
     else:
@@ -399,8 +441,8 @@ def _consumer(which, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty
 @gluon.jit
 def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale,
                            stride_ob, stride_oh, stride_on, stride_od,
-                           H, GROUP, N_Q, N_K, causal_off,
-                           CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                           H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
+                           CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                            BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
                            OVERLAP: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     pid_m = gl.program_id(0)
@@ -412,11 +454,18 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale,
     off_hk = off_h // GROUP
     start_m = pid_m * (2 * BLOCK_M)
 
-    # the key blocks this CTA needs: causal stops at its last row's last visible key
-    hi = N_K
-    if CAUSAL:
-        hi = gl.maximum(gl.minimum(start_m + 2 * BLOCK_M + causal_off, N_K), 0)
-    n_blocks = gl.cdiv(hi, BLOCK_N)
+    # the key blocks this CTA needs, [lo, lo + n_blocks): causal stops at its last row's last
+    # visible key; a window also starts at its first row's first one (the rest never loaded)
+    if WINDOW:
+        lo, _full_lo, _full_hi, hi_blk = _window_range(start_m, gl.minimum(start_m + 2 * BLOCK_M, N_Q) - 1, N_K,
+                                                       BLOCK_N, causal_off, win_left, win_right)
+        n_blocks = hi_blk - lo
+    else:
+        lo = 0
+        hi = N_K
+        if CAUSAL:
+            hi = gl.maximum(gl.minimum(start_m + 2 * BLOCK_M + causal_off, N_K), 0)
+        n_blocks = gl.cdiv(hi, BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
     k_bufs = gl.allocate_shared_memory(desc_k.dtype, [NUM_BUFFERS] + desc_k.block_type.shape, desc_k.layout)
@@ -437,13 +486,15 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale,
 
     gl.warp_specialize([
         (_consumer, (0, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale,
-                     stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, start_m,
-                     n_blocks, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP)),
+                     stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, win_left,
+                     win_right, start_m, lo, n_blocks, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
+                     PINGPONG, OVERLAP)),
         (_consumer, (1, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale,
-                     stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, start_m,
-                     n_blocks, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP)),
+                     stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, win_left,
+                     win_right, start_m, lo, n_blocks, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
+                     PINGPONG, OVERLAP)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, off_b,
-                     off_h, off_hk, start_m, n_blocks, BLOCK_M, BLOCK_N, NUM_BUFFERS)),
+                     off_h, off_hk, start_m, lo, n_blocks, BLOCK_M, BLOCK_N, NUM_BUFFERS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
 
 
@@ -468,16 +519,20 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, D], tile_layout(rows, D, t.dtype))
 
 
-def kernel_constexprs(config: GluonFwdConfig, head_dim: int, causal: bool) -> dict:
-    return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
+def kernel_constexprs(config: GluonFwdConfig, head_dim: int, causal: bool, window: bool = False) -> dict:
+    return dict(CAUSAL=bool(causal), WINDOW=bool(window), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                 NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG), OVERLAP=bool(config.OVERLAP),
                 PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS)
 
 
 def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: GluonFwdConfig, *,
-                            causal: bool, sm_scale: float | None = None,
-                            causal_align: str = "top_left") -> tuple[torch.Tensor, torch.Tensor]:
+                            causal: bool, sm_scale: float | None = None, causal_align: str = "top_left",
+                            window_size: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The Gluon forward with an explicit config: ``(o, lse2)`` as ``attention_forward``.
+
+    ``window_size`` (left, right) is ``attention``'s sliding window (FlashAttention's
+    convention, -1 an unbounded side; with ``causal`` right is capped at 0): only the key
+    blocks inside it are loaded, its edge blocks masked (common.window_blocks).
 
     Inputs the copy engine cannot address (head dim not unit-stride, a base or a stride not
     16-byte aligned) are made contiguous first; (B, N, H, D) storage viewed as (B, H, N, D)
@@ -496,7 +551,13 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         sm_scale = 1.0 / math.sqrt(D)
     # a fresh copy: .contiguous() of a dense tensor off a 16-byte boundary is the same tensor
     q, k, v = (t if _tma_addressable(t) else t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
-    off = causal_offset(causal_align, N_Q, N_K) if causal else 0
+    window = None
+    if window_size is not None:
+        from flashtune.kernels.function import check_window  # function.py imports this module's caller
+
+        window = window_bounds(check_window(window_size), bool(causal), N_Q, N_K)
+    # the diagonal's offset: the causal mask's and the window's frame
+    off = causal_offset(causal_align, N_Q, N_K) if causal or window else 0
     o = torch.empty_like(q)
     if o.stride(-1) != 1:
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -506,7 +567,8 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     grid = (cdiv(N_Q, 2 * config.BLOCK_M), H, B)  # common.cdiv: triton.cdiv is a jit function
     with on_device(q):
         _gluon_attn_fwd_kernel[grid](desc_q, desc_k, desc_v, o, lse2, sm_scale * LOG2E, *o.stride(),
-                                     H, H // Hk, N_Q, N_K, off, **kernel_constexprs(config, D, causal),
+                                     H, H // Hk, N_Q, N_K, off, *(window or (0, 0)),
+                                     **kernel_constexprs(config, D, causal, window is not None),
                                      num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
     return o, lse2
 
@@ -514,7 +576,7 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 # ----------------------------------------------------------------------------------
 # Compiling for sm_90 without a GPU (tests/kernels/gluon_compile_sm90.py)
 # ----------------------------------------------------------------------------------
-def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool):
+def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool, window: bool = False):
     """Compile the kernel for sm_90 (ptxas; no GPU needed) as a launch on contiguous inputs
     would; returns triton's CompiledKernel (``.metadata.shared``, ``.asm``)."""
     from triton.backends.compiler import GPUTarget
@@ -526,7 +588,7 @@ def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, 
     def desc(rows: int) -> str:
         return f"tensordesc<{el}[1,1,{rows},{head_dim}],{tile_layout(rows, head_dim, dtype)!r}>"
 
-    constexprs = kernel_constexprs(config, head_dim, causal)
+    constexprs = kernel_constexprs(config, head_dim, causal, window)
     types = {"desc_q": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N), "desc_v": desc(config.BLOCK_N),
              "O": f"*{el}", "LSE": "*fp32", "qk_scale": "fp32"}
     constexprs["stride_od"] = 1

@@ -1,7 +1,7 @@
 """Compile the Gluon forward (kernels/gluon_forward.py) for sm_90 without a GPU.
 
 Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
-"dtype", "causal"} on stdin and prints one JSON line per item with the compiled kernel's
+"dtype", "causal"} (optionally "window": the sliding-window variant) on stdin and prints one JSON line per item with the compiled kernel's
 shared memory in bytes ("shared"), its PTX register cap ("maxnreg"), the setmaxnreg
 values of its partitions ("setmaxnreg") and whether ptxas reported spills ("spills"), or
 one {"skip": ...} line when this triton cannot compile Gluon for sm_90 here.
@@ -21,7 +21,7 @@ def compile_item(item: dict) -> dict:
 
     cfg = GluonFwdConfig(**item["config"])
     dtype = getattr(torch, item["dtype"])
-    compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"])
+    compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"], item.get("window", False))
     ptx = compiled.asm["ptx"]
     maxnreg = re.search(r"\.maxnreg\s+(\d+)", ptx)
     return {"shared": int(compiled.metadata.shared), "maxnreg": int(maxnreg.group(1)) if maxnreg else None,

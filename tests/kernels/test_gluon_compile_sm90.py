@@ -35,9 +35,16 @@ ITEMS = (
 )
 
 
+# the sliding-window variant (WINDOW: its own block range and edge masks) of the two default
+# configs, causal (Mistral's window) and not
+WINDOW_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )))
+
+
 def _request():
     return [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal}
-            for cfg, dims in ITEMS for d in dims for dt in ("bfloat16", "float16") for causal in (False, True)]
+            for cfg, dims in ITEMS for d in dims for dt in ("bfloat16", "float16") for causal in (False, True)] + \
+        [{"config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": causal, "window": True}
+         for cfg, dims in WINDOW_ITEMS for d in dims for causal in (False, True)]
 
 
 def _compile_for_sm90(request: list[dict]) -> list[dict]:
@@ -53,7 +60,7 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
         cfg = GluonFwdConfig(**res["config"])
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
         estimate = cfg.shared_memory(d, dtype)
-        where = f"{cfg.short()} D={d} {res['dtype']} causal={res['causal']}"
+        where = f"{cfg.short()} D={d} {res['dtype']} causal={res['causal']}{' window' if res.get('window') else ''}"
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > SM90_SHARED_MEMORY:

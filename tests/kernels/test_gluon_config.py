@@ -129,7 +129,7 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
         FwdConfig(64, 128, 4, 2, family=1).validate(96, torch.bfloat16, "cuda")
 
 
-@pytest.mark.parametrize("variant", [dict(softcap=2.0), dict(window_size=(5, 0))])
+@pytest.mark.parametrize("variant", [dict(softcap=2.0), dict(softcap=2.0, window_size=(5, 0))])
 def test_a_call_the_gluon_kernel_cannot_run_runs_the_triton_default(monkeypatch, variant):
     if torch.cuda.is_available():
         pytest.skip("the CPU interpreter's check: on a GPU the Triton kernel would compile")
@@ -158,7 +158,20 @@ def test_a_gluon_config_goes_to_the_gluon_kernel(monkeypatch):
     q = torch.randn(1, 2, 8, 64)
     cfg = FwdConfig(64, 128, 4, 2, family=1)
     assert forward.attention_forward(q, q, q, cfg, causal=True, sm_scale=0.5, causal_align="bottom_right") == "o"
-    assert seen == [(cfg, dict(causal=True, sm_scale=0.5, compile_only=False, causal_align="bottom_right"))]
+    assert seen == [(cfg, dict(causal=True, sm_scale=0.5, compile_only=False, causal_align="bottom_right",
+                               window_size=None))]
+
+
+def test_a_window_goes_to_the_gluon_kernel_with_its_sides(monkeypatch):
+    """The Gluon kernel runs sliding windows (its WINDOW variant): a window call with a
+    Gluon config goes to it, the checked (left, right) passed on."""
+    seen = []
+    monkeypatch.setattr(forward, "_gluon_forward", lambda q, k, v, config, **kw: seen.append((config, kw)) or "o")
+    q = torch.randn(1, 2, 8, 64)
+    cfg = FwdConfig(64, 128, 4, 2, family=1)
+    assert forward.attention_forward(q, q, q, cfg, causal=True, sm_scale=0.5, window_size=(4, 0)) == "o"
+    assert seen == [(cfg, dict(causal=True, sm_scale=0.5, compile_only=False, causal_align="top_left",
+                               window_size=(4, 0)))]
 
 
 @pytest.mark.parametrize("capability", [(9, 0), (10, 0)])

@@ -183,3 +183,60 @@ def test_a_gluon_fwd_config_trains_through_attention(causal, head_dim, monkeypat
     monkeypatch.setattr(gluon_forward, "gluon_attention_forward", lambda *a, **kw: seen.append(1) or real(*a, **kw))
     check_attention(q, k, v, do, dtype_name="bf16", causal=causal, fwd_config=cfg)
     assert seen == [1]
+
+
+# ----------------------------------------------------------------------------------
+# Sliding window (WINDOW): the CTA's key blocks start at its first row's first key
+# ----------------------------------------------------------------------------------
+WINDOW_CASES = [  # n_q, n_k, head_dim, causal, causal_align, window_size
+    (4096, 4096, 128, True, "top_left", (1000, 0)),  # Mistral's kind: an edge inside a block
+    (1000, 1000, 64, False, "top_left", (300, 200)),
+    (1000, 4096, 128, True, "bottom_right", (500, -1)),
+    (777, 1000, 128, False, "top_left", (-1, 100)),
+    (2000, 700, 64, False, "top_left", (64, 64)),  # queries past 764 see no key (o 0, lse -inf)
+]
+
+
+@pytest.mark.parametrize("overlap", [1, 0], ids=["overlap", "sequential"])
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=lambda c: f"q{c[0]}k{c[1]}d{c[2]}{'c' if c[3] else ''}w{c[5]}")
+def test_window_trains_through_attention(case, overlap, monkeypatch):
+    """A Gluon config with window_size through flashtune.attention: the Gluon forward's
+    WINDOW variant, then the Triton backward on its output and LSE; o, the LSE and every
+    gradient against the float64 reference with the same window (kernel_checks)."""
+    from kernel_checks import check_attention
+
+    from flashtune.kernels import FwdConfig
+
+    n_q, n_k, d, causal, align, window = case
+    q, k, v = (t.requires_grad_() for t in _inputs(n_q, n_k, d, torch.bfloat16, batch=1, seed=6))
+    do = torch.randn_like(q)
+    cfg = FwdConfig(64, 128, 4, 3 if d == 128 and overlap else 2, family=1, overlap=overlap)
+    seen = []
+    real = gluon_forward.gluon_attention_forward
+    monkeypatch.setattr(gluon_forward, "gluon_attention_forward", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    check_attention(q, k, v, do, dtype_name="bf16", causal=causal, fwd_config=cfg, causal_align=align,
+                    window=window)
+    assert [kw["window_size"] for kw in seen] == [window]
+
+
+@pytest.mark.parametrize("overlap", [1, 0], ids=["overlap", "sequential"])
+def test_window_never_loads_keys_outside_it(overlap):
+    """Keys no query of the call sees hold NaN: a kernel that loaded and masked them would
+    spread it (0 x NaN is NaN in P V); the window's CTAs must skip them."""
+    q, k, v = _inputs(1000, 4096, 128, torch.bfloat16, batch=1, seed=7)
+    cfg = GluonFwdConfig(NUM_BUFFERS=3 if overlap else 2, OVERLAP=overlap)
+    for causal, align, window, outside in (
+            # bottom-right, (200, 0): query 0's first key is 3096 - 200, every CTA starts at block 22 or later
+            (True, "bottom_right", (200, 0), slice(0, 22 * 128)),
+            # top-left, right side 100: the last query's last key is 999 + 100, no CTA reaches block 9
+            (False, "top_left", (-1, 100), slice(9 * 128, None))):
+        kn, vn = k.clone(), v.clone()
+        kn[:, :, outside], vn[:, :, outside] = float("nan"), float("nan")
+        o, lse2 = gluon_forward.gluon_attention_forward(q, kn, vn, cfg, causal=causal, causal_align=align,
+                                                        window_size=window)
+        torch.cuda.synchronize()
+        assert torch.isfinite(o).all() and not torch.isnan(lse2).any(), (causal, window)
+        o_true, lse_true = reference_attention(q, k, v, causal=causal, causal_align=align, window_size=window,
+                                               dtype=torch.float64)
+        torch.testing.assert_close(o.double(), o_true, atol=2e-2, rtol=0)
+        torch.testing.assert_close(lse2.double() * LN2, lse_true, atol=2e-3, rtol=0)
