@@ -29,6 +29,9 @@ Design (one CTA per 2 x BLOCK_M query rows of one (batch, head)):
   Both consumers walk the same blocks (the ring and the turn-taking need the same count),
   so the first consumer computes one fully masked block where the second one's diagonal
   lies beyond its own (its p is 0 there).
+- a sliding window (``WINDOW``): the CTA's key blocks start at its first row's first
+  visible key as well ([lo, hi) of ``_window_range``, common.window_blocks' formula); each
+  consumer masks the blocks outside its own rows' unmasked range (the window's edges).
 
 Everything numeric is unverified until the GPU tests run on an H200: the CPU can only
 compile this kernel (tests/kernels/test_gluon_compile_sm90.py).
