@@ -329,6 +329,7 @@ def bench_fp8(args) -> list[Row]:
 
     import flashtune
     from flashtune.kernels import reference_attention
+    from flashtune.kernels import ConfigError, FwdConfig
     from flashtune.kernels.fp8 import keys_contiguous
     from flashtune.runners import sdpa
 
@@ -341,6 +342,13 @@ def bench_fp8(args) -> list[Row]:
     q8, k8, v8 = ((x.float() / s).to(e4m3) for x, s in zip((q16, k16, v16), scales))
     v8_keys = keys_contiguous(v8)
     descales = {"q_descale": scales[0], "k_descale": scales[1], "v_descale": scales[2]}
+    gluon_fp8 = []
+    for name, overlap in (("fp8-gluon", 1), ("fp8-gluon-seq", 0)):
+        cfg = FwdConfig(64, 128, 4, 3, family=1, overlap=overlap)
+        try:
+            gluon_fp8.append((name, cfg.validate(d, e4m3, q16.device)))
+        except ConfigError as e:
+            print(f"# fp8: no {name} here ({_first_line(e)})")
     out_rows = []
     for causal in (False, True):
         row = Row("fp8", f"e4m3 B{b} H{h} N{n} D{d} {'causal' if causal else 'full'}", "fwd", "fp8",
@@ -349,6 +357,11 @@ def bench_fp8(args) -> list[Row]:
                "fp8+relayout": lambda c=causal: flashtune.attention_fp8(q8, k8, v8, causal=c, **descales),
                "fp8-v-as-given": lambda c=causal: flashtune.attention_fp8(q8, k8, v8, causal=c, relayout_v=False,
                                                                           **descales)}
+        # the Gluon kernel's FP8 variant where it runs (sm_90): with the intra-warpgroup
+        # overlap (P through shared memory) and without it (P in registers)
+        for name, gluon_cfg in gluon_fp8:
+            fp8[name] = lambda c=causal, g=gluon_cfg: flashtune.attention_fp8(q8, k8, v8_keys, causal=c,
+                                                                             config=g, **descales)
         runners = {**fp8,
                    "flashtune-bf16": lambda c=causal: _no_grad(lambda: flashtune.attention(q16, k16, v16, causal=c)),
                    "cudnn-bf16": lambda c=causal: sdpa("sdpa-cudnn", q16, k16, v16, is_causal=c)}

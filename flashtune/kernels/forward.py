@@ -291,10 +291,15 @@ def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compi
              window_size, varlen, v_descale, out_dtype, dropout) -> tuple[torch.Tensor, torch.Tensor]:
     """attention_forward's launches."""
     if config.family:
-        if not softcap and varlen is None and dropout is None and q.dtype not in FP8_DTYPES:
+        # fp8: V with its keys contiguous (attention_fp8's default re-layout), the operand the
+        # Gluon kernel's fp8 P V wgmma reads (gluon_forward.fp8_v_runs)
+        fp8_v = q.dtype not in FP8_DTYPES or v.stride(2) == 1 or v.shape[2] == 1
+        if not softcap and varlen is None and dropout is None and fp8_v:
             return _gluon_forward(q, k, v, config, causal=causal, sm_scale=sm_scale, compile_only=compile_only,
-                                  causal_align=causal_align, window_size=window_size)
-        # what the Gluon kernel lacks (softcap, varlen, dropout, fp8): the Triton kernel's default
+                                  causal_align=causal_align, window_size=window_size, v_descale=v_descale,
+                                  out_dtype=out_dtype)
+        # what the Gluon kernel lacks (softcap, varlen, dropout, an fp8 V with the head dim
+        # contiguous): the Triton kernel's default
         config = config.as_triton(q.shape[-1], q.dtype, q.device, bool(causal))
     B, H, _, N_Q, N_K, D, window, off = call_geometry(q, k, varlen, causal, causal_align, window_size)
     key_blocks = None
@@ -340,16 +345,19 @@ def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compi
 
 
 def _gluon_forward(q, k, v, config: FwdConfig, *, causal: bool, sm_scale: float, compile_only: bool,
-                   causal_align: str, window_size=None) -> tuple[torch.Tensor, torch.Tensor]:
+                   causal_align: str, window_size=None, v_descale: float = 1.0,
+                   out_dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
     """A Gluon config's launch (kernels/gluon_forward.py, imported on first use: it loads
     triton's Gluon). ``compile_only`` leaves the compile to the first launch: Gluon's
     launcher has no warmup entry (the outputs are uninitialised either way)."""
     from flashtune.kernels.gluon_forward import gluon_attention_forward
 
     if compile_only:
-        return torch.empty_like(q), torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+        return (torch.empty_like(q, dtype=out_dtype or q.dtype),
+                torch.empty(q.shape[:3], device=q.device, dtype=torch.float32))
     return gluon_attention_forward(q, k, v, config.gluon(), causal=causal, sm_scale=sm_scale,
-                                   causal_align=causal_align, window_size=window_size)
+                                   causal_align=causal_align, window_size=window_size, v_descale=v_descale,
+                                   out_dtype=out_dtype)
 
 
 # The split kernel walks the keys with _fwd_inner above: imported once this module is whole.

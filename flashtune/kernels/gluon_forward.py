@@ -58,6 +58,10 @@ SM90_SHARED_MEMORY = 232448  # bytes per block, opt-in maximum of the H100/H200 
 SM90_REGISTERS = 65536  # 32-bit registers per SM (and per block)
 HEAD_DIMS = (64, 128)
 DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+# fp8 inputs (attention_fp8: inference, per-tensor descales, fp16/bf16 output): V in the
+# key-contiguous layout (fp8.keys_contiguous), the K-major operand fp8 wgmma reads P V's V in
+FP8_DTYPES = {torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5}
+ALL_DTYPES = {**DTYPES, **FP8_DTYPES}
 CONSUMER_WARPS = 4  # one warp group per consumer
 PRODUCER_WARPS = 1
 # registers per thread a consumer keeps beside its accumulators (addresses, row statistics,
@@ -100,6 +104,8 @@ class GluonFwdConfig:
         e = torch.empty((), dtype=dtype).element_size()
         tiles = 2 * self.BLOCK_M * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_N * head_dim * e
         barriers = (2 + 3 * self.NUM_BUFFERS + 2) * _BARRIER_BYTES
+        if dtype in FP8_DTYPES and self.OVERLAP:  # the consumers' P tiles (_stage_p)
+            tiles += 2 * self.BLOCK_M * self.BLOCK_N * e
         return tiles + barriers + _SHARED_SLACK
 
     def maxnreg(self) -> int:
@@ -155,8 +161,8 @@ class GluonFwdConfig:
                               f"(at most {budget} in all)")
         if head_dim not in HEAD_DIMS:
             raise ConfigError(f"head_dim: the Gluon forward supports {HEAD_DIMS}, got {head_dim}")
-        if dtype not in DTYPES:
-            raise ConfigError(f"dtype: the Gluon forward supports float16/bfloat16, got {dtype}")
+        if dtype not in ALL_DTYPES:
+            raise ConfigError(f"dtype: the Gluon forward supports float16/bfloat16 and fp8 (e4m3, e5m2), got {dtype}")
         needed = self.consumer_registers_needed(head_dim)
         if needed > self.CONSUMER_REGS:
             raise ConfigError(f"BLOCK_M: {self.BLOCK_M} rows x (head_dim {head_dim} + BLOCK_N {self.BLOCK_N}) need "
@@ -208,9 +214,33 @@ def _window_range(first, last, n, BLOCK: gl.constexpr, off, left, right):
 
 
 @gluon.jit
+def _stage_p(p, p_smem, dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
+    """P as the P V wgmma's A operand: 16-bit P in registers; fp8 P through this consumer's
+    shared-memory tile (a wait on an in-flight wgmma cannot keep 8-bit register operands
+    alive, so with the overlap fp8 P goes through shared memory, as a K-major A operand)."""
+    if FP8:
+        p_smem.store(p.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()  # every warp's part of P is stored before the wgmma reads it
+        return p_smem
+    else:
+        return gl.convert_layout(p.to(dtype), p_layout)
+
+
+@gluon.jit
+def _v_tile(v_bufs, s, FP8: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Slot s of the V ring as P V's [BLOCK_N, HEAD_DIM] operand: 16-bit V as stored; fp8 V
+    stored transposed ([HEAD_DIM, BLOCK_N], keys contiguous), viewed K-major."""
+    if FP8:
+        return v_bufs.index(s).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0))
+    else:
+        return v_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
+
+
+@gluon.jit
 def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
               off_b, off_h, off_hk, start_m, lo, n_blocks,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr):
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr):
     # the two Q tiles, once (rows past Nq read as zeros: the descriptor's bounds are per head)
     for w in gl.static_range(2):
         mbarrier.expect(q_ready.index(w), desc_q.block_type.nbytes)
@@ -226,8 +256,12 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, k_ready, 
         tma.async_copy_global_to_shared(desc_k, [off_b, off_hk, (lo + j) * BLOCK_N, 0], k_ready.index(s),
                                         k_bufs.index(s))
         mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, (lo + j) * BLOCK_N, 0], v_ready.index(s),
-                                        v_bufs.index(s))
+        if FP8:  # V^T: [D, BLOCK_N] tiles of the key-contiguous V
+            tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, 0, (lo + j) * BLOCK_N], v_ready.index(s),
+                                            v_bufs.index(s))
+        else:
+            tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, (lo + j) * BLOCK_N, 0], v_ready.index(s),
+                                            v_bufs.index(s))
 
 
 @gluon.jit
@@ -235,7 +269,7 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
                     lo, qk_scale, N_K, causal_off, win_left, win_right,
                     MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
-                    PINGPONG: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):
+                    PINGPONG: gl.constexpr, FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):
     """The CTA's blocks [first, last) (counted from its first key block, ``lo``) of one
     consumer: online softmax into (acc, m_i, l_i)."""
     dtype: gl.constexpr = q.dtype
@@ -245,7 +279,7 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
         s = j % NUM_BUFFERS
         phase = (j // NUM_BUFFERS) & 1
         k_smem = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
-        v_smem = v_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
+        v_smem = _v_tile(v_bufs, s, FP8, HEAD_DIM, BLOCK_N)
         mbarrier.wait(k_ready.index(s), phase)
         if PINGPONG:
             # consumer 0 goes first: its first wait is on the fresh barrier's completed phase
@@ -309,11 +343,11 @@ def _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, 
 
 
 @gluon.jit
-def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which, rows, lo,
+def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_ready, kv_empty, turn, which, rows, lo,
                         full_lo, full_hi, n_blocks, qk_scale, N_K, causal_off, win_left, win_right,
                         CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
-                        s_layout: gl.constexpr, p_layout: gl.constexpr):
+                        FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):
     """All key blocks of one consumer, software-pipelined within the warp group (FA3's
     intra-warpgroup overlap): block j's S = QK^T and block j-1's O += PV are issued
     together, and block j's softmax runs while that PV wgmma is in flight. A slot is
@@ -333,12 +367,12 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_e
         qk, _q, _k = warpgroup_mma_wait(0, deps=(qk, q, k_smem))
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, 0, lo, full_lo, full_hi, qk_scale, N_K,
                                             causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N)
-        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        p16 = _stage_p(p, p_smem, dtype, p_layout, FP8)
         for j in range(1, n_blocks):
             s = j % NUM_BUFFERS
             sp = (j - 1) % NUM_BUFFERS
             k_smem = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
-            v_prev = v_bufs.index(sp).reshape([BLOCK_N, HEAD_DIM])
+            v_prev = _v_tile(v_bufs, sp, FP8, HEAD_DIM, BLOCK_N)
             mbarrier.wait(k_ready.index(s), (j // NUM_BUFFERS) & 1)
             mbarrier.wait(v_ready.index(sp), ((j - 1) // NUM_BUFFERS) & 1)
             if PINGPONG:
@@ -357,10 +391,10 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_e
             mbarrier.arrive(kv_empty.index(sp))
             # O so far is relative to the previous row max: rescale to this block's
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-            p16 = gl.convert_layout(p.to(dtype), p_layout)
+            p16 = _stage_p(p, p_smem, dtype, p_layout, FP8)
         # the last block's PV
         sl = (n_blocks - 1) % NUM_BUFFERS
-        v_last = v_bufs.index(sl).reshape([BLOCK_N, HEAD_DIM])
+        v_last = _v_tile(v_bufs, sl, FP8, HEAD_DIM, BLOCK_N)
         mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // NUM_BUFFERS) & 1)
         acc = warpgroup_mma(p16, v_last, acc, is_async=True)
         acc, _p, _v = warpgroup_mma_wait(0, deps=(acc, p16, v_last))
@@ -370,17 +404,20 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_e
 
 
 @gluon.jit
-def _consumer(which, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale,
+def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale, v_scale,
               stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, win_left,
               win_right, start_m, lo, n_blocks,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr,
-              NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
+              NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, FP8: gl.constexpr):
+    # wgmma's K per instruction: 16 for 16-bit operands, 32 for fp8; a register A operand
+    # holds 32 bits of K per element group (k_width 2 for 16-bit P, 4 for fp8 P)
+    INSTR_K: gl.constexpr = 32 if FP8 else 16
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
+                                                       instr_shape=[16, BLOCK_N, INSTR_K])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+                                                       instr_shape=[16, HEAD_DIM, INSTR_K])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if FP8 else 2)
 
     row0 = start_m + which * BLOCK_M
     rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
@@ -406,30 +443,33 @@ def _consumer(which, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty
     mbarrier.wait(q_ready.index(which), 0)
     q = q_smem.index(which).reshape([BLOCK_M, HEAD_DIM])
     if OVERLAP:
-        acc, m_i, l_i = _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn,
+        acc, m_i, l_i = _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_bufs.index(which), k_ready, v_ready,
+                                            kv_empty, turn,
                                             which, rows, lo, full_lo, full_hi, n_blocks, qk_scale, N_K, causal_off,
                                             win_left, win_right, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                            NUM_BUFFERS, PINGPONG, s_layout, p_layout)
+                                            NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout)
     else:
         if WINDOW:  # the window's left edge
             acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn,
                                             which, rows, 0, full_lo, lo, qk_scale, N_K, causal_off, win_left,
                                             win_right, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
-                                            PINGPONG, s_layout, p_layout)
+                                            PINGPONG, FP8, s_layout, p_layout)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
                                         rows, full_lo, full_hi, lo, qk_scale, N_K, causal_off, win_left, win_right,
-                                        0, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG,
+                                        0, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, FP8,
                                         s_layout, p_layout)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
                                         rows, full_hi, n_blocks, lo, qk_scale, N_K, causal_off, win_left,
                                         win_right, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
-                                        PINGPONG, s_layout, p_layout)
+                                        PINGPONG, FP8, s_layout, p_layout)
 
     if CAUSAL or WINDOW:
         # rows that saw no key (bottom-right, Nq > Nk): output 0, log-sum-exp -inf
         l_div = gl.where(l_i == 0.0, 1.0, l_i)
     else:
         l_div = l_i
+    if FP8:  # V's descale, once on the output
+        l_div = l_div / v_scale
     o = acc / gl.convert_layout(l_div, gl.SliceLayout(1, o_layout))[:, None]
     o_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
     o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
@@ -442,12 +482,13 @@ def _consumer(which, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty
 
 
 @gluon.jit
-def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale,
+def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                            stride_ob, stride_oh, stride_on, stride_od,
                            H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
                            CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                            BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
-                           OVERLAP: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                           OVERLAP: gl.constexpr, FP8: gl.constexpr, P_LAYOUT: gl.constexpr,
+                           PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     pid_m = gl.program_id(0)
     if CAUSAL:
         # the last query blocks have the most keys: start them first
@@ -473,6 +514,10 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale,
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
     k_bufs = gl.allocate_shared_memory(desc_k.dtype, [NUM_BUFFERS] + desc_k.block_type.shape, desc_k.layout)
     v_bufs = gl.allocate_shared_memory(desc_v.dtype, [NUM_BUFFERS] + desc_v.block_type.shape, desc_v.layout)
+    if FP8 and OVERLAP:  # each consumer's P tile (_stage_p)
+        p_bufs = gl.allocate_shared_memory(desc_q.dtype, [2, BLOCK_M, BLOCK_N], P_LAYOUT)
+    else:
+        p_bufs = q_smem  # not read
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
@@ -488,16 +533,16 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale,
     fence_async_shared()
 
     gl.warp_specialize([
-        (_consumer, (0, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale,
+        (_consumer, (0, q_smem, k_bufs, v_bufs, p_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale, v_scale,
                      stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, win_left,
                      win_right, start_m, lo, n_blocks, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
-                     PINGPONG, OVERLAP)),
-        (_consumer, (1, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale,
+                     PINGPONG, OVERLAP, FP8)),
+        (_consumer, (1, q_smem, k_bufs, v_bufs, p_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale, v_scale,
                      stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, win_left,
                      win_right, start_m, lo, n_blocks, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
-                     PINGPONG, OVERLAP)),
+                     PINGPONG, OVERLAP, FP8)),
         (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, off_b,
-                     off_h, off_hk, start_m, lo, n_blocks, BLOCK_M, BLOCK_N, NUM_BUFFERS)),
+                     off_h, off_hk, start_m, lo, n_blocks, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
 
 
@@ -509,7 +554,7 @@ def tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
     """The shared layout of a [1, 1, rows, head_dim] TMA tile (one head's rows); made once
     per (rows, head_dim, dtype): gluon builds it in about 6 us, three times per launch
     (the layout is a frozen dataclass, so sharing one object is safe)."""
-    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], DTYPES[dtype])
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], ALL_DTYPES[dtype])
 
 
 def _tma_addressable(t: torch.Tensor) -> bool:
@@ -522,16 +567,49 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, D], tile_layout(rows, D, t.dtype))
 
 
-def kernel_constexprs(config: GluonFwdConfig, head_dim: int, causal: bool, window: bool = False) -> dict:
-    return dict(CAUSAL=bool(causal), WINDOW=bool(window), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
-                NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG), OVERLAP=bool(config.OVERLAP),
+def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
+                      window: bool = False) -> dict:
+    return dict(CAUSAL=bool(causal), WINDOW=bool(window), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M,
+                BLOCK_N=config.BLOCK_N, NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG),
+                OVERLAP=bool(config.OVERLAP), FP8=dtype in FP8_DTYPES,
+                P_LAYOUT=p_tile_layout(config.BLOCK_M, config.BLOCK_N, dtype),
                 PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS)
+
+
+@functools.lru_cache(maxsize=None)
+def p_tile_layout(rows: int, cols: int, dtype: torch.dtype):
+    """The shared layout of a consumer's [rows, cols] P tile (fp8 with the overlap)."""
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], ALL_DTYPES[dtype])
+
+
+def fp8_v_runs(v: torch.Tensor) -> bool:
+    """Whether the Gluon kernel takes this fp8 V: keys contiguous (fp8.keys_contiguous's
+    layout), the K-major operand fp8 wgmma needs for P V (it cannot transpose 8-bit tiles)."""
+    return v.stride(2) == 1 or v.shape[2] == 1
+
+
+def _v_transposed(v: torch.Tensor) -> torch.Tensor:
+    """A key-contiguous fp8 V (B, H, N, D) as the (B, H, D, N) tensor the V descriptor reads,
+    copied with N padded to 16 bytes when its rows are not (TMA's stride alignment)."""
+    vt = v.transpose(2, 3)
+    if _tma_addressable(vt):
+        return vt
+    B, H, D, N = vt.shape
+    padded = torch.empty((B, H, D, -(-N // 16) * 16), dtype=v.dtype, device=v.device)
+    padded[..., :N] = vt
+    return padded[..., :N]
 
 
 def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: GluonFwdConfig, *,
                             causal: bool, sm_scale: float | None = None, causal_align: str = "top_left",
-                            window_size: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                            window_size: tuple[int, int] | None = None, v_descale: float = 1.0,
+                            out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The Gluon forward with an explicit config: ``(o, lse2)`` as ``attention_forward``.
+
+    fp8 inputs (float8_e4m3fn or float8_e5m2, as ``attention_fp8`` passes them): V with its
+    keys contiguous (``fp8_v_runs``; ValueError otherwise), the q and k descales folded into
+    ``sm_scale`` by the caller, ``v_descale`` applied once to the output, o in ``out_dtype``
+    (fp16 or bf16; default bf16); P is cast to V's fp8 type for the P V wgmma.
 
     ``window_size`` (left, right) is ``attention``'s sliding window (FlashAttention's
     convention, -1 an unbounded side; with ``causal`` right is capped at 0): only the key
@@ -550,10 +628,18 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise ValueError(f"dtypes: q {q.dtype}, k {k.dtype}, v {v.dtype}")
     config.validate(D, q.dtype, q.device)
+    fp8 = q.dtype in FP8_DTYPES
+    if fp8 and not fp8_v_runs(v):
+        raise ValueError("v: the Gluon fp8 forward reads V with its keys contiguous (fp8.keys_contiguous(v)); "
+                         f"got strides {tuple(v.stride())}")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
     # a fresh copy: .contiguous() of a dense tensor off a 16-byte boundary is the same tensor
-    q, k, v = (t if _tma_addressable(t) else t.clone(memory_format=torch.contiguous_format) for t in (q, k, v))
+    q, k = (t if _tma_addressable(t) else t.clone(memory_format=torch.contiguous_format) for t in (q, k))
+    if fp8:
+        vt = _v_transposed(v)
+    elif not _tma_addressable(v):
+        v = v.clone(memory_format=torch.contiguous_format)
     window = None
     if window_size is not None:
         from flashtune.kernels.function import check_window  # function.py imports this module's caller
@@ -561,17 +647,23 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         window = window_bounds(check_window(window_size), bool(causal), N_Q, N_K)
     # the diagonal's offset: the causal mask's and the window's frame
     off = causal_offset(causal_align, N_Q, N_K) if causal or window else 0
-    o = torch.empty_like(q)
+    o_dtype = (out_dtype or torch.bfloat16) if fp8 else q.dtype
+    o = torch.empty_like(q, dtype=o_dtype)
     if o.stride(-1) != 1:
-        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        o = torch.empty(q.shape, dtype=o_dtype, device=q.device)
     lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     desc_q = _descriptor(q, config.BLOCK_M)
-    desc_k, desc_v = _descriptor(k, config.BLOCK_N), _descriptor(v, config.BLOCK_N)
+    desc_k = _descriptor(k, config.BLOCK_N)
+    if fp8:  # [D, BLOCK_N] tiles of V^T
+        desc_v = TensorDescriptor(vt, list(vt.shape), list(vt.stride()), [1, 1, D, config.BLOCK_N],
+                                  tile_layout(D, config.BLOCK_N, vt.dtype))
+    else:
+        desc_v = _descriptor(v, config.BLOCK_N)
     grid = (cdiv(N_Q, 2 * config.BLOCK_M), H, B)  # common.cdiv: triton.cdiv is a jit function
     with on_device(q):
-        _gluon_attn_fwd_kernel[grid](desc_q, desc_k, desc_v, o, lse2, sm_scale * LOG2E, *o.stride(),
-                                     H, H // Hk, N_Q, N_K, off, *(window or (0, 0)),
-                                     **kernel_constexprs(config, D, causal, window is not None),
+        _gluon_attn_fwd_kernel[grid](desc_q, desc_k, desc_v, o, lse2, sm_scale * LOG2E, float(v_descale),
+                                     *o.stride(), H, H // Hk, N_Q, N_K, off, *(window or (0, 0)),
+                                     **kernel_constexprs(config, D, q.dtype, causal, window is not None),
                                      num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
     return o, lse2
 
@@ -579,21 +671,26 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 # ----------------------------------------------------------------------------------
 # Compiling for sm_90 without a GPU (tests/kernels/gluon_compile_sm90.py)
 # ----------------------------------------------------------------------------------
-def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool, window: bool = False):
+def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool, window: bool = False,
+                     out_dtype: torch.dtype = torch.bfloat16):
     """Compile the kernel for sm_90 (ptxas; no GPU needed) as a launch on contiguous inputs
     would; returns triton's CompiledKernel (``.metadata.shared``, ``.asm``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = _gluon_attn_fwd_kernel
-    el = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8e4nv",
+             torch.float8_e5m2: "fp8e5"}
+    el = names[dtype]
+    fp8 = dtype in FP8_DTYPES
 
-    def desc(rows: int) -> str:
-        return f"tensordesc<{el}[1,1,{rows},{head_dim}],{tile_layout(rows, head_dim, dtype)!r}>"
+    def desc(rows: int, cols: int = head_dim) -> str:
+        return f"tensordesc<{el}[1,1,{rows},{cols}],{tile_layout(rows, cols, dtype)!r}>"
 
-    constexprs = kernel_constexprs(config, head_dim, causal, window)
-    types = {"desc_q": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N), "desc_v": desc(config.BLOCK_N),
-             "O": f"*{el}", "LSE": "*fp32", "qk_scale": "fp32"}
+    constexprs = kernel_constexprs(config, head_dim, dtype, causal, window)
+    types = {"desc_q": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N),
+             "desc_v": desc(head_dim, config.BLOCK_N) if fp8 else desc(config.BLOCK_N),
+             "O": f"*{names[out_dtype] if fp8 else el}", "LSE": "*fp32", "qk_scale": "fp32", "v_scale": "fp32"}
     constexprs["stride_od"] = 1
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):

@@ -38,13 +38,18 @@ ITEMS = (
 # the sliding-window variant (WINDOW: its own block range and edge masks) of the two default
 # configs, causal (Mistral's window) and not
 WINDOW_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )))
+# the fp8 variant (FP8: V^T tiles; P through shared memory with the overlap, in registers without)
+FP8_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(NUM_BUFFERS=4), (128, )), (C(OVERLAP=0), (64, 128)))
 
 
 def _request():
     return [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal}
             for cfg, dims in ITEMS for d in dims for dt in ("bfloat16", "float16") for causal in (False, True)] + \
         [{"config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": causal, "window": True}
-         for cfg, dims in WINDOW_ITEMS for d in dims for causal in (False, True)]
+         for cfg, dims in WINDOW_ITEMS for d in dims for causal in (False, True)] + \
+        [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal}
+         for cfg, dims in FP8_ITEMS for d in dims for dt in ("float8_e4m3fn", "float8_e5m2")
+         for causal in (False, True)]
 
 
 def _compile_for_sm90(request: list[dict]) -> list[dict]:

@@ -159,7 +159,7 @@ def test_a_gluon_config_goes_to_the_gluon_kernel(monkeypatch):
     cfg = FwdConfig(64, 128, 4, 2, family=1)
     assert forward.attention_forward(q, q, q, cfg, causal=True, sm_scale=0.5, causal_align="bottom_right") == "o"
     assert seen == [(cfg, dict(causal=True, sm_scale=0.5, compile_only=False, causal_align="bottom_right",
-                               window_size=None))]
+                               window_size=None, v_descale=1.0, out_dtype=None))]
 
 
 def test_a_window_goes_to_the_gluon_kernel_with_its_sides(monkeypatch):
@@ -171,7 +171,31 @@ def test_a_window_goes_to_the_gluon_kernel_with_its_sides(monkeypatch):
     cfg = FwdConfig(64, 128, 4, 2, family=1)
     assert forward.attention_forward(q, q, q, cfg, causal=True, sm_scale=0.5, window_size=(4, 0)) == "o"
     assert seen == [(cfg, dict(causal=True, sm_scale=0.5, compile_only=False, causal_align="top_left",
-                               window_size=(4, 0)))]
+                               window_size=(4, 0), v_descale=1.0, out_dtype=None))]
+
+
+@pytest.mark.parametrize("keys_contiguous", [True, False])
+def test_fp8_goes_to_the_gluon_kernel_when_v_has_its_keys_contiguous(monkeypatch, keys_contiguous):
+    """fp8 with a Gluon config: the Gluon kernel's FP8 variant where V's keys are contiguous
+    (the P V wgmma's K-major operand), the Triton kernel's default otherwise."""
+    from flashtune.kernels.fp8 import keys_contiguous as relayout
+
+    seen = []
+    monkeypatch.setattr(forward, "_gluon_forward", lambda q, k, v, config, **kw: seen.append(kw) or ("o", None))
+    q = torch.randn(1, 2, 40, 64).to(torch.float8_e4m3fn)
+    v = relayout(q) if keys_contiguous else q
+    cfg = FwdConfig(64, 128, 4, 2, family=1)
+    if keys_contiguous:
+        forward.attention_forward(q, q, v, cfg, causal=False, sm_scale=0.5, v_descale=0.25,
+                                  out_dtype=torch.float16)
+        assert seen == [dict(causal=False, sm_scale=0.5, compile_only=False, causal_align="top_left",
+                             window_size=None, v_descale=0.25, out_dtype=torch.float16)]
+    else:
+        launched = []
+        monkeypatch.setattr(forward.launch, "launch", lambda kernel, *a, **kw: launched.append(kw["BLOCK_M"]))
+        forward.attention_forward(q, q, v, cfg, causal=False, sm_scale=0.5, v_descale=0.25,
+                                  out_dtype=torch.float16)
+        assert seen == [] and len(launched) == 1
 
 
 @pytest.mark.parametrize("capability", [(9, 0), (10, 0)])

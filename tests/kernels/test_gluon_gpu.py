@@ -240,3 +240,37 @@ def test_window_never_loads_keys_outside_it(overlap):
                                                dtype=torch.float64)
         torch.testing.assert_close(o.double(), o_true, atol=2e-2, rtol=0)
         torch.testing.assert_close(lse2.double() * LN2, lse_true, atol=2e-3, rtol=0)
+
+
+# ----------------------------------------------------------------------------------
+# fp8 (FP8): attention_fp8 with a Gluon config, against the dequantized float64 reference
+# ----------------------------------------------------------------------------------
+def _fp8_cases():
+    from test_fp8 import E4M3, E5M2, Fp8Case
+
+    from flashtune.kernels import FwdConfig
+
+    def g(d, overlap):
+        return FwdConfig(64, 128, 4, 3 if overlap else 2, family=1, overlap=overlap)
+    return [
+        Fp8Case(E4M3, False, 1000, 1000, 128, heads=(4, 2), config=g(128, 1)),  # 1000 keys: V^T padded to 1008
+        Fp8Case(E4M3, True, 1000, 1000, 128, heads=(4, 2), config=g(128, 0), out_dtype=torch.bfloat16),
+        Fp8Case(E4M3, True, 777, 1000, 64, heads=(4, 1), config=g(64, 1), causal_align="bottom_right", q_gain=3.0),
+        Fp8Case(E4M3, False, 300, 777, 64, batch=2, config=g(64, 0), v_layout="bhdn"),  # V given keys-contiguous
+        Fp8Case(E4M3, True, 2048, 2048, 128, heads=(2, 1), config=g(128, 1), window=(300, 0)),
+        Fp8Case(E5M2, True, 1000, 700, 128, heads=(2, 2), config=g(128, 1), causal_align="bottom_right"),
+    ]
+
+
+@pytest.mark.parametrize("case", _fp8_cases(), ids=str)
+def test_fp8_gluon_matches_the_dequantized_reference(case, monkeypatch):
+    """The FP8 variant (fp8 wgmma; V^T tiles; P in registers, or through shared memory with
+    the overlap) under test_fp8.py's derived error bound, forward only; the Gluon kernel must
+    be the one that ran."""
+    from test_fp8 import check_fp8
+
+    seen = []
+    real = gluon_forward.gluon_attention_forward
+    monkeypatch.setattr(gluon_forward, "gluon_attention_forward", lambda *a, **kw: seen.append(1) or real(*a, **kw))
+    check_fp8(case, "cuda")
+    assert seen == [1]
