@@ -1,4 +1,5 @@
-"""Compile the Gluon forward (kernels/gluon_forward.py) for sm_90 without a GPU.
+"""Compile the Gluon forward (kernels/gluon_forward.py) or, with "kernel": "bwd" in an item,
+the Gluon dK/dV kernel (kernels/gluon_backward.py) for sm_90 without a GPU.
 
 Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
 "dtype", "causal"} (optionally "window": the sliding-window variant) on stdin and prints one JSON line per item with the compiled kernel's
@@ -17,11 +18,16 @@ import sys
 def compile_item(item: dict) -> dict:
     import torch
 
-    from flashtune.kernels.gluon_forward import GluonFwdConfig, compile_for_sm90
-
-    cfg = GluonFwdConfig(**item["config"])
     dtype = getattr(torch, item["dtype"])
-    compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"], item.get("window", False))
+    if item.get("kernel") == "bwd":  # the Gluon dK/dV kernel (kernels/gluon_backward.py)
+        from flashtune.kernels.gluon_backward import GluonBwdConfig, compile_for_sm90 as compile_bwd
+
+        compiled = compile_bwd(GluonBwdConfig(**item["config"]), item["head_dim"], dtype, item["causal"])
+    else:
+        from flashtune.kernels.gluon_forward import GluonFwdConfig, compile_for_sm90
+
+        cfg = GluonFwdConfig(**item["config"])
+        compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"], item.get("window", False))
     ptx = compiled.asm["ptx"]
     maxnreg = re.search(r"\.maxnreg\s+(\d+)", ptx)
     return {"shared": int(compiled.metadata.shared), "maxnreg": int(maxnreg.group(1)) if maxnreg else None,

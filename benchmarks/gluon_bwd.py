@@ -1,0 +1,188 @@
+"""Time the Gluon backward (kernels/gluon_backward.py: Gluon dK/dV + Triton dQ) against
+flashtune's Triton backward (its heuristic default config), SDPA's cuDNN backend and SDPA's
+FlashAttention-2 backend on an H100/H200, in one process; print the ratios and, with --out,
+write them as JSON.
+
+    python benchmarks/gluon_bwd.py                     # three large shapes
+    python benchmarks/gluon_bwd.py --grid --realistic  # the standard grid (D 64/128) and the
+                                                       # compute-bound rows of SHAPES.md
+    python benchmarks/gluon_bwd.py --configs all       # the Gluon default and its neighbours
+
+Backward only: every runner's backward from the same forward output (flashtune's from its
+own forward's o and log-sum-exp; SDPA's through autograd.grad with the graph kept). For
+every shape each runner's dQ, dK and dV are first checked against cuDNN's (max |diff| over
+max |cuDNN's| within 4x FlashAttention-2's own relative distance from cuDNN, and at most
+0.05); a runner that fails is reported and not timed. Then each is timed with
+triton.testing.do_bench (median), in --rounds interleaved rounds, each figure the median of
+its rounds. "dq" is the Triton dQ kernel alone (with the Gluon dK/dV it makes the Gluon
+backward), so gluon ms - dq ms is about the Gluon dK/dV kernel and its Delta preprocess.
+Ratios are speed ratios (1.10: 1.10x as fast). TFLOP/s counts 10 x B x Hq x Nq x Nk x D
+(halved for causal): the backward's five matmuls (2.5x the forward's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from flashtune.kernels import attention_forward, default_config
+from flashtune.kernels.backward import attention_backward, dq_kernel_alone
+from flashtune.kernels.gluon_backward import GluonBwdConfig, default_gluon_bwd_config, gluon_attention_backward
+from flashtune.protocol import GRID_SEQ_LENS, geomean, grid_shape
+
+LARGE = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal or None for both)
+    ("4x16x4k-d128", 4, 16, 16, 4096, 4096, 128, None),
+    ("4x16x4k-d64", 4, 16, 16, 4096, 4096, 64, None),
+    ("2x16x8k-d128", 2, 16, 16, 8192, 8192, 128, None),
+]
+NEIGHBOURS = [GluonBwdConfig(BLOCK_M=32), GluonBwdConfig(BLOCK_M=64, DV_EARLY=1), GluonBwdConfig(NUM_BUFFERS=3),
+              GluonBwdConfig(BLOCK_M=32, NUM_BUFFERS=3), GluonBwdConfig(BLOCK_M=64)]
+
+
+def shapes(args) -> list[tuple]:
+    out = []
+    if args.grid:
+        for d in (64, 128):
+            for n in GRID_SEQ_LENS:
+                b, h = grid_shape(d, n)
+                out.append((f"grid-d{d}-{n}", b, h, h, n, n, d, None))
+    if args.realistic:
+        from flashtune.shapes import REALISTIC_GRID
+
+        out += [(s.name, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, s.head_dim, s.causal)
+                for s in REALISTIC_GRID if s.head_dim in (64, 128) and s.seq_q >= 1024 and s.seq_k >= 1024]
+    return out or LARGE
+
+
+def sdpa_backward(backend, q, k, v, do, causal, scale):
+    """A callable running SDPA's backward (``backend``) for one fixed forward."""
+    qs, ks, vs = (x.detach().requires_grad_() for x in (q, k, v))
+    with sdpa_kernel([backend]):
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale,
+                                           enable_gqa=q.shape[1] != k.shape[1])
+    return lambda: torch.autograd.grad(o, (qs, ks, vs), do, retain_graph=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    ap.add_argument("--configs", choices=("default", "all"), default="default")
+    ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
+    ap.add_argument("--realistic", action="store_true", help="SHAPES.md's rows with D 64/128, Nq and Nk >= 1024")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
+    ap.add_argument("--out", metavar="FILE.json")
+    args = ap.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        raise SystemExit("needs an sm_90 GPU (H100/H200)")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    env = (f"{datetime.date.today()} {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+           f"{triton.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, {args.dtype}")
+    print(env)
+    print(f"{'shape':>28} {'mask':>6} {'gluon cfg':>18} {'gluon ms':>9} {'TFLOP/s':>8} {'triton':>8} {'cudnn':>8} "
+          f"{'flash':>8} {'dq':>8} {'g/triton':>8} {'g/cudnn':>8} {'g/flash':>8} {'t/cudnn':>8}")
+    rows = []
+    for name, B, Hq, Hkv, Nq, Nk, D, causal_of in shapes(args):
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=gen)
+        k, v = (torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+        do = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=gen)
+        scale = 1 / math.sqrt(D)
+        for causal in ((False, True) if causal_of is None else (causal_of,)):
+            flops = 10 * B * Hq * Nq * Nk * D / (2 if causal else 1)
+            fwd_cfg = default_config("fwd", D, dtype, q.device, causal=causal, seq_q=Nq)
+            bwd_cfg = default_config("bwd", D, dtype, q.device, causal=causal, seq_q=Nq)
+            o, lse2 = attention_forward(q, k, v, fwd_cfg, causal=causal, sm_scale=scale)
+            fns = {
+                "triton": lambda: attention_backward(do, q, k, v, o, lse2, bwd_cfg, causal=causal, sm_scale=scale),
+                "cudnn": sdpa_backward(SDPBackend.CUDNN_ATTENTION, q, k, v, do, causal, scale),
+                "flash": sdpa_backward(SDPBackend.FLASH_ATTENTION, q, k, v, do, causal, scale),
+            }
+            dq_alone = dq_kernel_alone(do, q, k, v, o, lse2, bwd_cfg, causal=causal, sm_scale=scale)
+            configs = [default_gluon_bwd_config(D)]
+            if args.configs == "all":
+                configs += [c for c in NEIGHBOURS if c not in configs]
+            errors = {}
+            for cfg in configs:
+                try:
+                    cfg.validate(D, dtype, q.device)
+                except Exception as e:  # noqa: BLE001 - report and go on
+                    errors[cfg.short()] = f"invalid: {e}"
+                    continue
+                fns[f"gluon {cfg.short()}"] = (lambda cfg=cfg: gluon_attention_backward(
+                    do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale))
+            ref = [g.float() for g in fns["cudnn"]()]
+            flash = [g.float() for g in fns["flash"]()]
+
+            def rel(grads):
+                return max(((g.float() - r).abs().max() / r.abs().max()).item() for g, r in zip(grads, ref))
+
+            bound = min(0.05, max(4 * rel(flash), 1e-2))
+            for label in list(fns):
+                err = rel(fns[label]())
+                if not err <= bound:
+                    errors[label] = f"max |diff| / max |cuDNN| {err:.4g} > {bound:.4g}"
+                    del fns[label]
+            if dq_alone is not None:
+                fns["dq"] = dq_alone
+            times = {label: [] for label in fns}
+            for _ in range(args.rounds):
+                for label, fn in fns.items():
+                    times[label].append(triton.testing.do_bench(fn, warmup=25, rep=args.rep, return_mode="median"))
+            ms = {label: statistics.median(t) for label, t in times.items()}
+            gluon = {label: t for label, t in ms.items() if label.startswith("gluon")}
+            best = min(gluon, key=gluon.get) if gluon else None
+            row = dict(name=name, B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, causal=causal, ms=ms, errors=errors,
+                       gluon_best=best)
+
+            def speed(a, b):
+                return ms[b] / ms[a] if a in ms and b in ms else None
+
+            row.update({f"gluon/{x}": speed(best, x) for x in ("triton", "cudnn", "flash")},
+                       **{"triton/cudnn": speed("triton", "cudnn")})
+            rows.append(row)
+            for label, msg in errors.items():
+                print(f"{name:>28} {'causal' if causal else 'full':>6} {label}: {msg}")
+
+            def f(x):
+                return f"{x:8.3f}" if x is not None else f"{'-':>8}"
+
+            g_ms = ms.get(best)
+            print(f"{name:>28} {'causal' if causal else 'full':>6} {(best or '-')[6:]:>18} "
+                  f"{g_ms if g_ms else float('nan'):9.3f} {flops / g_ms / 1e9 if g_ms else float('nan'):8.1f} "
+                  f"{f(ms.get('triton'))} {f(ms.get('cudnn'))} {f(ms.get('flash'))} {f(ms.get('dq'))} "
+                  f"{f(row['gluon/triton'])} {f(row['gluon/cudnn'])} {f(row['gluon/flash'])} "
+                  f"{f(row['triton/cudnn'])}", flush=True)
+            if len(gluon) > 1:  # every Gluon config's time, as a speed ratio to cuDNN
+                print(f"{'':>36}" + ", ".join(f"{label[6:]} {ms['cudnn'] / t:.3f}" for label, t in gluon.items()))
+    summary = {}
+    for d in (64, 128):
+        for causal in (False, True):
+            sel = [r for r in rows if r["D"] == d and r["causal"] == causal and r["gluon/cudnn"]]
+            if sel:
+                summary[f"d{d}-{'causal' if causal else 'full'}"] = {
+                    x: geomean([r[x] for r in sel]) for x in ("gluon/cudnn", "gluon/triton", "gluon/flash",
+                                                             "triton/cudnn")} | {"rows": len(sel)}
+    d128 = [r["gluon/cudnn"] for r in rows if r["D"] == 128 and r["gluon/cudnn"]]
+    if d128:
+        summary["d128"] = {"gluon/cudnn": geomean(d128), "rows": len(d128)}
+    print("geometric means (speed ratios):")
+    for group, vals in summary.items():
+        print(f"  {group:>12}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                            for k, v in vals.items()))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"env": env, "rows": rows, "summary": summary}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

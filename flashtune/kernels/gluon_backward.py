@@ -1,0 +1,416 @@
+"""A warp-specialised Hopper (sm_90) attention backward in Gluon: the dK/dV kernel (issue 18).
+
+The first step of the Gluon backward: dK and dV come from the kernel here, Delta from the
+Triton preprocess and dQ from the Triton dQ kernel (kernels/backward.py), so the two
+families share every convention. Called directly through ``gluon_attention_backward``
+(tests/kernels/test_gluon_gpu.py, benchmarks/gluon_bwd.py); not in the search space or the
+dispatcher yet.
+
+Conventions are ``backward.attention_backward``'s: q, do (B, Hq, Nq, D); k, v (B, Hkv, Nk,
+D); query head h reads key/value head h // (Hq // Hkv); lse2 (B, Hq, Nq) float32, the
+forward's base-2 log-sum-exp of the scaled scores; causal top-left aligned by default.
+With S = sm_scale Q K^T, P = softmax(S), dP = dO V^T, Delta = rowsum(dO * O),
+dS = P * (dP - Delta): dV = P^T dO, dK = sm_scale dS^T Q.
+
+Design (one CTA per 2 x BLOCK_N keys of one (batch, K/V head); FlashAttention-3's
+backward roles, the forward's machinery (gluon_forward.py) with queries and keys swapped):
+
+- a producer partition (1 warp) issues the TMA loads: the CTA's two K and two V tiles
+  once, then for each query head of the group and each query block the Q and dO tiles
+  into a ring of ``NUM_BUFFERS`` shared-memory slots (a Q-ready and a dO-ready mbarrier
+  per slot, completed by the copies' byte counts, and an empty mbarrier both consumers
+  arrive on when done with the slot);
+- two consumer partitions (one warp group each) each own BLOCK_N keys, their K and V
+  tiles and their fp32 dK and dV accumulators in registers, and walk the same query
+  blocks. Per block, transposed (keys along the rows, the wgmma's M):
+  S^T = K Q^T and dP^T = V dO^T issued together as async wgmmas; P^T = exp2(S^T scale -
+  lse) while dP^T runs; dV += P^T dO issued (P^T in registers); dS^T = P^T (dP^T - Delta)
+  while dV runs; dK += dS^T Q (dS^T in registers); the slot is released once both are done;
+- causal: query blocks before the first query that sees the CTA's first key are never
+  loaded; blocks on the diagonal are masked, the others not. Rows past Nq read as zeros
+  (the descriptors' bounds) and their lse as +inf, so their P is 0 without a mask;
+  key rows past Nk give rows of dK and dV that are never stored.
+
+Everything numeric is unverified until the GPU tests run on an H200: the CPU can only
+compile this kernel (tests/kernels/test_gluon_compile_sm90.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device
+from flashtune.kernels.config import ConfigError, device_capability
+from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, SM90_REGISTERS, SM90_SHARED_MEMORY,
+                                             _BARRIER_BYTES, _SHARED_SLACK, _descriptor, _tma_addressable,
+                                             tile_layout)
+
+# registers per consumer thread beside the tiles the estimate counts (addresses, loop state;
+# the lse and Delta columns): with 16, BLOCK_M 64 at D=128 is allowed, whose compile (ptxas,
+# sm_90a, triton 3.6) spills 112-248 bytes per thread; BLOCK_M 128 at D=64 (920) is not
+_BWD_SPARE_REGS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class GluonBwdConfig:
+    """Launch config of the Gluon dK/dV kernel; ``validate`` before compiling.
+
+    BLOCK_M: query rows per step (the N of the S^T and dP^T wgmmas, the K of dV's and dK's).
+    BLOCK_N: keys per consumer warp group (a CTA covers 2 x BLOCK_N keys).
+    NUM_BUFFERS: Q/dO ring slots in shared memory.
+    PRODUCER_REGS / CONSUMER_REGS: registers per thread of the TMA warp's and of each
+    consumer warp group's (setmaxnreg).
+    """
+
+    BLOCK_M: int = 64
+    BLOCK_N: int = 64
+    NUM_BUFFERS: int = 2
+    PRODUCER_REGS: int = 24
+    CONSUMER_REGS: int = 240
+    DV_EARLY: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    def short(self) -> str:
+        return (f"m{self.BLOCK_M}n2x{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
+                f"{'dv' if self.DV_EARLY else ''}")
+
+    def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
+        """Bytes of shared memory: the CTA's K and V tiles, the Q/dO ring, the mbarriers."""
+        e = torch.empty((), dtype=dtype).element_size()
+        tiles = 2 * 2 * self.BLOCK_N * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_M * head_dim * e
+        barriers = (2 + 3 * self.NUM_BUFFERS) * _BARRIER_BYTES
+        return tiles + barriers + _SHARED_SLACK
+
+    def maxnreg(self) -> int:
+        """As GluonFwdConfig.maxnreg: 3 warp groups of 128 threads."""
+        total = 2 * self.CONSUMER_REGS + self.PRODUCER_REGS
+        regs = -(-total // 24) * 8
+        if 3 * regs > SM90_REGISTERS // 128:
+            regs -= 8
+        return regs
+
+    def consumer_registers_needed(self, head_dim: int) -> int:
+        """fp32 dK and dV accumulators, fp32 S^T and dP^T, 16-bit P^T and dS^T (wgmma A
+        operands), per thread of a consumer warp group, plus spare."""
+        threads = 32 * CONSUMER_WARPS
+        return (2 * self.BLOCK_N * head_dim + 2 * self.BLOCK_N * self.BLOCK_M
+                + self.BLOCK_N * self.BLOCK_M) // threads + _BWD_SPARE_REGS
+
+    def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "GluonBwdConfig":
+        """Raise ConfigError naming the field if this config cannot run; return self
+        (``device`` as GluonFwdConfig.validate's)."""
+        for name in ("BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "PRODUCER_REGS", "CONSUMER_REGS", "DV_EARLY"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{name}: expected an integer, got {value!r}")
+        if self.BLOCK_M not in (32, 64, 128):
+            raise ConfigError(f"BLOCK_M: expected 32, 64 or 128 query rows per step, got {self.BLOCK_M}")
+        if self.BLOCK_N != 64:
+            raise ConfigError(f"BLOCK_N: expected 64 keys per consumer warp group, got {self.BLOCK_N}")
+        if self.DV_EARLY not in (0, 1):
+            raise ConfigError(f"DV_EARLY: expected 0 or 1, got {self.DV_EARLY}")
+        if not 2 <= self.NUM_BUFFERS <= 4:
+            raise ConfigError(f"NUM_BUFFERS: expected 2 to 4 Q/dO slots, got {self.NUM_BUFFERS}")
+        for name in ("PRODUCER_REGS", "CONSUMER_REGS"):
+            value = getattr(self, name)
+            if not 24 <= value <= 256 or value % 8:
+                raise ConfigError(f"{name}: expected a multiple of 8 in [24, 256] (setmaxnreg), got {value}")
+        budget = SM90_REGISTERS // 128
+        if 2 * self.CONSUMER_REGS + self.PRODUCER_REGS > budget:
+            raise ConfigError(f"CONSUMER_REGS: 2 x {self.CONSUMER_REGS} + PRODUCER_REGS {self.PRODUCER_REGS} "
+                              f"registers per thread exceed the {SM90_REGISTERS} of an SM over 3 warp groups "
+                              f"(at most {budget} in all)")
+        if head_dim not in HEAD_DIMS:
+            raise ConfigError(f"head_dim: the Gluon backward supports {HEAD_DIMS}, got {head_dim}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype: the Gluon backward supports float16 and bfloat16, got {dtype}")
+        needed = self.consumer_registers_needed(head_dim)
+        if needed > self.CONSUMER_REGS:
+            raise ConfigError(f"BLOCK_M: {self.BLOCK_M} query rows with BLOCK_N {self.BLOCK_N} keys and head_dim "
+                              f"{head_dim} need about {needed} registers per consumer thread, CONSUMER_REGS is "
+                              f"{self.CONSUMER_REGS}; use a smaller BLOCK_M")
+        smem = self.shared_memory(head_dim, dtype)
+        if smem > SM90_SHARED_MEMORY:
+            raise ConfigError(f"NUM_BUFFERS: needs {smem} bytes of shared memory, sm_90 allows "
+                              f"{SM90_SHARED_MEMORY}; use fewer buffers or a smaller BLOCK_M")
+        if device is not None:
+            dev = torch.device(device)
+            if dev.type != "cuda":
+                raise ConfigError(f"device: the Gluon backward runs on CUDA sm_90 only, got {dev}")
+            cap = device_capability(dev)
+            if cap != (9, 0):
+                raise ConfigError(f"device: the Gluon backward needs compute capability 9.0 (H100/H200), {dev} "
+                                  f"has {'.'.join(map(str, cap))}")
+        return self
+
+
+def default_gluon_bwd_config(head_dim: int) -> GluonBwdConfig:
+    """The starting point per head dim: FlashAttention-3's tile (2 x 64 keys, 64 queries a
+    step); unmeasured until benchmarks/gluon_bwd.py runs on an H200."""
+    return GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=2 if head_dim > 64 else 3)
+
+
+# ----------------------------------------------------------------------------------
+# The kernel
+# ----------------------------------------------------------------------------------
+@gluon.jit
+def _step(it, n_qb, first_qb, off_hk, GROUP):
+    """The walk's step ``it``: (query head, query block) of the group's heads x blocks."""
+    return off_hk * GROUP + it // n_qb, first_qb + it % n_qb
+
+
+@gluon.jit
+def _producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
+              q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, GROUP,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr):
+    # the two consumers' K and V tiles, once (rows past Nk read as zeros)
+    for w in gl.static_range(2):
+        mbarrier.expect(kv_ready.index(w), desc_k.block_type.nbytes + desc_v.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_k, [off_b, off_hk, start_n + w * BLOCK_N, 0], kv_ready.index(w),
+                                        k_smem.index(w))
+        tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, start_n + w * BLOCK_N, 0], kv_ready.index(w),
+                                        v_smem.index(w))
+    for it in range(n_steps):
+        h, qb = _step(it, n_qb, first_qb, off_hk, GROUP)
+        s = it % NUM_BUFFERS
+        # a fresh mbarrier counts as having completed the phase before its first
+        mbarrier.wait(q_empty.index(s), ((it // NUM_BUFFERS) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(s), desc_q.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [off_b, h, qb * BLOCK_M, 0], q_ready.index(s), q_bufs.index(s))
+        mbarrier.expect(do_ready.index(s), desc_do.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_do, [off_b, h, qb * BLOCK_M, 0], do_ready.index(s), do_bufs.index(s))
+
+
+@gluon.jit
+def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
+              qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
+              stride_dvn, stride_dvd, off_b, off_hk, H, GROUP, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
+              n_steps, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+
+    key0 = start_n + which * BLOCK_N
+    keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+
+    mbarrier.wait(kv_ready.index(which), 0)
+    k = k_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
+    v = v_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
+    for it in range(n_steps):
+        h, qb = _step(it, n_qb, first_qb, off_hk, GROUP)
+        s = it % NUM_BUFFERS
+        phase = (it // NUM_BUFFERS) & 1
+        rows = qb * BLOCK_M + cols  # the queries, along the columns of S^T
+        row_base = (off_b.to(gl.int64) * H + h) * N_Q
+        # queries past Nq: lse +inf makes their P 0, Delta 0 their dS
+        lse = gl.load(LSE + row_base + rows, mask=rows < N_Q, other=float("inf"))
+        delta = gl.load(DELTA + row_base + rows, mask=rows < N_Q, other=0.0)
+        q = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
+        do = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
+        mbarrier.wait(q_ready.index(s), phase)
+        st = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(s), phase)
+        dpt = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        st, _k, _q = warpgroup_mma_wait(1, deps=(st, k, q))
+        pt = gl.exp2(st * qk_scale - lse[None, :])
+        # causal: the blocks on the diagonal (some query before some key of these rows)
+        if CAUSAL:
+            if qb * BLOCK_M + causal_off < key0 + BLOCK_N - 1:
+                pt = gl.where(keys[:, None] <= rows[None, :] + causal_off, pt, 0.0)
+        pt16 = gl.convert_layout(pt.to(q.dtype), a_layout)
+        if DV_EARLY:  # dV's wgmma runs under dS^T's arithmetic (P^T's 16-bit copy stays live)
+            dv = warpgroup_mma(pt16, do, dv, is_async=True)
+            dpt, _v, _do = warpgroup_mma_wait(1, deps=(dpt, v, do))
+        else:  # dV after dS^T: fewer registers live at once
+            dpt, _v, _do = warpgroup_mma_wait(0, deps=(dpt, v, do))
+        dst = pt * (dpt - delta[None, :])
+        dst16 = gl.convert_layout(dst.to(q.dtype), a_layout)
+        if not DV_EARLY:
+            dv = warpgroup_mma(pt16, do, dv, is_async=True)
+        dk = warpgroup_mma(dst16, q, dk, is_async=True)
+        dv, dk, _p, _ds, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, pt16, dst16, do, q))
+        # every warp of the group is done with the slot before its one arrival
+        gl.thread_barrier()
+        mbarrier.arrive(q_empty.index(s))
+
+    dk = dk * sm_scale
+    o_rows = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    in_rows = o_rows[:, None] < N_K
+    dk_ptrs = DK + off_b.to(gl.int64) * stride_dkb + off_hk.to(gl.int64) * stride_dkh \
+        + o_rows.to(gl.int64)[:, None] * stride_dkn + o_cols[None, :] * stride_dkd
+    gl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=in_rows)
+    dv_ptrs = DV + off_b.to(gl.int64) * stride_dvb + off_hk.to(gl.int64) * stride_dvh \
+        + o_rows.to(gl.int64)[:, None] * stride_dvn + o_cols[None, :] * stride_dvd
+    gl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=in_rows)
+
+
+@gluon.jit
+def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DELTA, qk_scale, sm_scale,
+                                stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                                stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                                H, GROUP, N_Q, N_K, causal_off,
+                                CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                                BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr,
+                                PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    off_hk = gl.program_id(1)
+    off_b = gl.program_id(2)
+    start_n = gl.program_id(0) * (2 * BLOCK_N)
+    # the query blocks this CTA walks, per query head of the group: causal starts at the
+    # block of the first query that sees its first key (key <= query + causal_off)
+    first_qb = 0
+    if CAUSAL:
+        first_qb = gl.maximum(start_n - causal_off, 0) // BLOCK_M
+    n_qb = gl.maximum(gl.cdiv(N_Q, BLOCK_M) - first_qb, 0)
+    n_steps = GROUP * n_qb
+
+    k_smem = gl.allocate_shared_memory(desc_k.dtype, [2] + desc_k.block_type.shape, desc_k.layout)
+    v_smem = gl.allocate_shared_memory(desc_v.dtype, [2] + desc_v.block_type.shape, desc_v.layout)
+    q_bufs = gl.allocate_shared_memory(desc_q.dtype, [NUM_BUFFERS] + desc_q.block_type.shape, desc_q.layout)
+    do_bufs = gl.allocate_shared_memory(desc_do.dtype, [NUM_BUFFERS] + desc_do.block_type.shape, desc_do.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(kv_ready.index(i), count=1)
+    for i in gl.static_range(NUM_BUFFERS):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # both consumers release a slot
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_consumer, (0, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
+                     qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
+                     stride_dvn, stride_dvd, off_b, off_hk, H, GROUP, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
+                     n_steps, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, DV_EARLY)),
+        (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
+                     qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
+                     stride_dvn, stride_dvd, off_b, off_hk, H, GROUP, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
+                     n_steps, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, DV_EARLY)),
+        (_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
+                     q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, GROUP, BLOCK_M, BLOCK_N,
+                     NUM_BUFFERS)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
+
+
+# ----------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------
+def kernel_constexprs(config: GluonBwdConfig, head_dim: int, causal: bool) -> dict:
+    return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
+                NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), PRODUCER_REGS=config.PRODUCER_REGS,
+                CONSUMER_REGS=config.CONSUMER_REGS)
+
+
+def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
+               delta: torch.Tensor, config: GluonBwdConfig, *, causal: bool, sm_scale: float,
+               causal_off: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """dK and dV (in k's and v's dtype, dense) from the Gluon kernel, given the forward's
+    lse2 and Delta = rowsum(dO * O), both (B, Hq, Nq) float32 and contiguous."""
+    B, H, N_Q, D = q.shape
+    H_KV, N_K = k.shape[1], k.shape[2]
+    q, k, v, do = (t if _tma_addressable(t) else t.clone(memory_format=torch.contiguous_format)
+                   for t in (q, k, v, do))
+    lse2, delta = lse2.contiguous(), delta.contiguous()
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    desc_q, desc_do = _descriptor(q, config.BLOCK_M), _descriptor(do, config.BLOCK_M)
+    desc_k, desc_v = _descriptor(k, config.BLOCK_N), _descriptor(v, config.BLOCK_N)
+    grid = (cdiv(N_K, 2 * config.BLOCK_N), H_KV, B)
+    with on_device(q):
+        _gluon_attn_bwd_dkdv_kernel[grid](desc_q, desc_do, desc_k, desc_v, dk, dv, lse2, delta, sm_scale * LOG2E,
+                                          sm_scale, *dk.stride(), *dv.stride(), H, H // H_KV, N_Q, N_K, causal_off,
+                                          **kernel_constexprs(config, D, causal), num_warps=CONSUMER_WARPS,
+                                          maxnreg=config.maxnreg())
+    return dk, dv
+
+
+def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                             lse2: torch.Tensor, config: GluonBwdConfig, *, causal: bool,
+                             sm_scale: float | None = None, causal_align: str = "top_left",
+                             dq_config=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) as ``backward.attention_backward`` returns them: dK and dV from the Gluon
+    kernel, Delta and dQ from the Triton preprocess and dQ kernel (``dq_config``: a BwdConfig
+    whose dQ half runs; default the device's heuristic default, its dQ kernel kept apart)."""
+    from flashtune.kernels import backward
+    from flashtune.kernels.function import _default
+
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or do.shape != q.shape or o.shape != q.shape:
+        raise ValueError(f"shapes: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"o {tuple(o.shape)}, do {tuple(do.shape)}")
+    B, H, N_Q, D = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D or H % k.shape[1]:
+        raise ValueError(f"shapes: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if len({q.dtype, k.dtype, v.dtype, do.dtype, o.dtype}) != 1:
+        raise ValueError(f"dtypes: q {q.dtype}, k {k.dtype}, v {v.dtype}, o {o.dtype}, do {do.dtype}")
+    config.validate(D, q.dtype, q.device)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(D)
+    off = causal_offset(causal_align, N_Q, k.shape[2]) if causal else 0
+    if dq_config is None:
+        dq_config = _default("bwd", D, q.dtype, q.device, bool(causal))
+    if dq_config.atomic_dq:
+        dq_config = dataclasses.replace(dq_config, atomic_dq=0)
+    delta = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    dq = torch.empty_like(q)
+    int64 = backward.needs_int64(q, k, v, o, do, dq)
+    precision = backward.dot_precision(q.dtype, "tf32")
+    with on_device(q):
+        backward._preprocess(o, do, delta, int64=int64)
+        dk, dv = gluon_dkdv(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off)
+        backward._launch_dq(q, k, v, do, dq, lse2, delta, dq_config, causal=causal, sm_scale=sm_scale,
+                            precision=precision, int64=int64, causal_off=off)
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------
+# Compiling for sm_90 without a GPU (tests/kernels/gluon_compile_sm90.py)
+# ----------------------------------------------------------------------------------
+def compile_for_sm90(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool):
+    """Compile the dK/dV kernel for sm_90 (ptxas; no GPU needed) as a launch on contiguous
+    inputs would; returns triton's CompiledKernel (``.metadata.shared``, ``.asm``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _gluon_attn_bwd_dkdv_kernel
+    el = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+    def desc(rows: int) -> str:
+        return f"tensordesc<{el}[1,1,{rows},{head_dim}],{tile_layout(rows, head_dim, dtype)!r}>"
+
+    constexprs = kernel_constexprs(config, head_dim, causal)
+    types = {"desc_q": desc(config.BLOCK_M), "desc_do": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N),
+             "desc_v": desc(config.BLOCK_N), "DK": f"*{el}", "DV": f"*{el}", "LSE": "*fp32", "DELTA": "*fp32",
+             "qk_scale": "fp32", "sm_scale": "fp32"}
+    constexprs["stride_dkd"] = 1
+    constexprs["stride_dvd"] = 1
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        else:
+            signature[name] = types.get(name, "i32")
+            if name in ("DK", "DV", "LSE", "DELTA") or name.startswith("stride"):
+                attrs[(i, )] = [["tt.divisibility", 16]]
+    src = GluonASTSource(fn, signature, constexprs, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": CONSUMER_WARPS, "maxnreg": config.maxnreg()})

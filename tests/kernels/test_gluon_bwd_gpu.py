@@ -1,0 +1,113 @@
+"""On an H100/H200: the Gluon backward (kernels/gluon_backward.py: the Gluon dK/dV kernel with
+the Triton preprocess and dQ kernel) against the references.
+
+Marked ``gpu``; skipped without CUDA and on any GPU but compute capability 9.0. The forward
+is the Gluon forward (o and the base-2 log-sum-exp the backward reads); dQ, dK and dV are
+checked by kernel_checks.py's rule (error vs the float64 reference <= factor x the error of
+torch's own attention in the input dtype + slack), with GQA groups 1/4/8, odd lengths,
+Nq != Nk, both causal alignments and strided layouts.
+
+Run: ``python -m pytest -m gpu tests/kernels/test_gluon_bwd_gpu.py -q``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_checks import assert_close_to_reference, make_tensor, reference_outputs, sdpa_outputs, tolerance
+
+gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward", reason="this triton has no Gluon")
+from flashtune.kernels import gluon_forward  # noqa: E402  (after the skip: it needs Gluon too)
+
+GluonBwdConfig = gluon_backward.GluonBwdConfig
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                       reason="the Gluon backward runs on compute capability 9.0 (H100/H200) only"),
+]
+
+# A kernel with mbarrier rings that has never run can hang rather than fail: one small call
+# runs first in a process of its own, under a timeout (as test_gluon_gpu.py's forward smoke).
+SMOKE = """
+import torch
+from flashtune.kernels import gluon_backward as g, gluon_forward as f
+q, k, v, do = (torch.randn(1, 2, 200, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+o, lse2 = f.gluon_attention_forward(q, k, v, f.default_gluon_config(64), causal=True)
+for cfg in (g.GluonBwdConfig(BLOCK_M=32), g.GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3)):
+    g.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=True)
+torch.cuda.synchronize()
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _the_kernel_comes_back():
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", SMOKE], capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the Gluon backward did not return within 180 s on a 1x2x200x64 call (a hang in its "
+                    "Q/dO ring)", pytrace=False)
+    if done.returncode != 0:
+        pytest.fail(f"the Gluon backward's smoke call failed:\n{done.stderr[-3000:]}", pytrace=False)
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+CONFIGS = {"m32": GluonBwdConfig(BLOCK_M=32), "m64": GluonBwdConfig(BLOCK_M=64),
+           "m64b3dv": GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DV_EARLY=1)}
+
+
+def check_gluon_backward(n_q, n_k, d, *, dtype_name="bf16", causal=True, heads=(8, 2), batch=2, config="m64",
+                         causal_align="top_left", layout="bhnd", seed=0) -> dict:
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator().manual_seed(seed * 1000003 + n_q * 7919 + n_k * 31 + d)
+    hq, hkv = heads
+    q = make_tensor((batch, hq, n_q, d), layout=layout, dtype=dtype, device="cuda", gen=gen)
+    k = make_tensor((batch, hkv, n_k, d), layout=layout, dtype=dtype, device="cuda", gen=gen)
+    v = make_tensor((batch, hkv, n_k, d), layout=layout, dtype=dtype, device="cuda", gen=gen)
+    do = make_tensor((batch, hq, n_q, d), layout=layout, dtype=dtype, device="cuda", gen=gen)
+    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(d), causal=causal,
+                                                    causal_align=causal_align)
+    cfg = CONFIGS[config]
+    dq, dk, dv = gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=causal,
+                                                         causal_align=causal_align)
+    torch.cuda.synchronize()
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    assert dq.dtype == dk.dtype == dv.dtype == dtype
+    truth = reference_outputs(q, k, v, do, causal=causal, sm_scale=None, causal_align=causal_align)
+    base = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=None, dtype=dtype, causal_align=causal_align)
+    tol = tolerance(dtype_name, q.device)
+    return {name: assert_close_to_reference(name, got, getattr(truth, name), getattr(base, name), tol=tol)
+            for name, got in (("dq", dq), ("dk", dk), ("dv", dv))}
+
+
+LENGTHS = [(n, n) for n in (1, 17, 130, 1000, 1024, 2048)] + [(1000, 2048), (2048, 1000), (64, 257)]
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("n_q,n_k", LENGTHS, ids=[f"{a}x{b}" for a, b in LENGTHS])
+def test_gluon_backward_matches_the_reference(n_q, n_k, d, causal, config):
+    if config == "m64b3dv" and (n_q, n_k) not in ((1000, 1000), (2048, 1000)):
+        pytest.skip("the third config on two lengths only")
+    check_gluon_backward(n_q, n_k, d, causal=causal, config=config)
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (8, 1), (16, 2)], ids=["mha", "mqa", "gqa8"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_backward_grouped_heads(heads, causal):
+    check_gluon_backward(1000, 1000, 128, heads=heads, causal=causal, batch=1)
+
+
+@pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
+@pytest.mark.parametrize("n_q,n_k", [(1000, 300), (300, 1000), (511, 511)])
+def test_gluon_backward_bottom_right_and_fp16(dtype_name, n_q, n_k):
+    check_gluon_backward(n_q, n_k, 64, dtype_name=dtype_name, causal=True, causal_align="bottom_right")
+
+
+@pytest.mark.parametrize("layout", ["bnhd", "bhdn", "shifted", "padded"])
+def test_gluon_backward_strided_layouts(layout):
+    check_gluon_backward(777, 777, 128, causal=True, layout=layout)
