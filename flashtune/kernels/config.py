@@ -266,11 +266,11 @@ class FwdConfig(_ConfigBase):
     rows; num_stages is its K/V ring's slot count; ``pingpong`` 1 makes the consumers take
     turns issuing their matmuls; ``overlap`` 1 pipelines each consumer's blocks, the
     softmax of one under the PV matmul of the one before). A Gluon config validates only for head dims 64 and 128,
-    float16/bfloat16 and a device of compute capability 9.0, so the search never tries it
-    and the dispatcher never serves it anywhere else; num_warps, tma and the schedule do
-    not apply to it (its canonical form fixes them). A call the Gluon kernel cannot run
-    (a softcap, packed sequences, dropout, fp8) runs the Triton kernel's default
-    (``as_triton``).
+    float16/bfloat16 or fp8 (attention_fp8) and a device of compute capability 9.0, so the
+    search never tries it and the dispatcher never serves it anywhere else; num_warps, tma
+    and the schedule do not apply to it (its canonical form fixes them). A call the Gluon
+    kernel cannot run (a softcap, packed sequences, dropout, an fp8 V with its head dim
+    contiguous) runs the Triton kernel's default (``as_triton``).
     """
 
     BLOCK_M: int
@@ -323,8 +323,9 @@ class FwdConfig(_ConfigBase):
 
     def as_triton(self, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None) -> "FwdConfig":
         """The config that runs a call the Gluon kernel cannot (a softcap, packed
-        sequences, dropout, fp8): the Triton kernel's heuristic default for the head dim,
-        dtype, device and masking (``_triton_default``, cached); a Triton config itself."""
+        sequences, dropout, an fp8 V with its head dim contiguous): the Triton kernel's
+        heuristic default for the head dim, dtype, device and masking (``_triton_default``,
+        cached: never a Gluon entry); a Triton config itself."""
         return self if not self.family else _triton_default(head_dim, dtype, resolve_device(device), causal)
 
     def check_fields(self) -> None:
@@ -636,12 +637,25 @@ _SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 2)
 # Other devices: it does not validate, and the entries after it serve.
 _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1)
 _SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
-# fp8 forward: untuned, never measured; chosen by analogy with the bf16 entries and
+# fp8 forward, the Triton kernel: untuned; chosen by analogy with the bf16 entries and
 # Triton's fused-attention tutorial's fp8 configs (128x128, 8 warps, 3 stages at D=128:
 # 112 KiB of shared memory in one-byte tiles). D=256 keeps BLOCK_N 64, 2 stages (96 KiB).
-# Decode-sized fp8 calls take these too: fp8 runs the plain kernel only.
+# Decode-sized fp8 calls take these too: fp8 runs the plain kernel only. Also what a Gluon
+# fp8 call runs where the Gluon kernel cannot (V with its head dim contiguous, a softcap):
+# as_triton passes over Gluon entries. At D=128, e4m3 B=4 H=16 N=4096, 0.804 / 0.454 ms full
+# / causal, 1.26x / 1.30x flashtune's bf16 forward (the run cited below).
 _SM90_FWD.update({(_f8, d): _F(128, 128, 8, 3) for d in (32, 64, 128)})
 _SM90_FWD[(_f8, 256)] = _F(128, 64, 8, 2)
+# fp8 D=128 from LONG_MIN_Q queries: the Gluon kernel's FP8 variant, 2 x 64 rows, 128 keys,
+# 2 buffers, no ping-pong, no overlap (P in registers): the fastest of 24 Gluon configs
+# (BLOCK_N 64/128 x 2-4 buffers x ping-pong x overlap) on both masks at e4m3 B=4 H=16
+# N=4096, 0.732 / 0.433 ms full / causal against flashtune bf16's 1.010 / 0.592: 1.38x /
+# 1.37x (Triton fp8 default above 1.26x / 1.30x); a second run 1.38x / 1.28-1.32x. At
+# N=2048 (B=8) 1.32x / 1.34x (Triton 1.21x / 1.34x); at N=1024 (B=16) causal 0.83x (Triton
+# 1.18x), hence the long bucket only. benchmarks/fp8_sweep.py --extra-seq 1024 2048, H200,
+# triton 3.6, 2026-12-03 (docs/fp8.md, docs/data/h200-2026-12-03-fp8-sweep/). D=64: not
+# measured, Triton's. Other devices: it does not validate, and the entries above serve.
+_SM90_FWD[(_f8, 128, "long")] = _F(64, 128, 4, 2, family=1, pingpong=0, overlap=0)
 _GENERIC_FWD = {(_bf, d): _F(64, 32, 4, 2) for d in (16, 32, 64, 128, 256)}
 _GENERIC_FWD.update({(_bf, d, "decode"): _F(32, 64, 4, 2) for d in (16, 32, 64, 128, 256)})
 _GENERIC_FWD.update({(_f32, d, "decode"): _F(32, 32, 4, 2) for d in (16, 32, 64, 128, 256)})
@@ -736,12 +750,13 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
 
 @functools.lru_cache(maxsize=256)
 def _triton_default(head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool | None) -> FwdConfig:
-    """The heuristic forward config without the long bucket (never the Gluon kernel)."""
-    return default_config("fwd", head_dim, dtype, device, causal=causal)
+    """The heuristic forward config without the long bucket and without Gluon entries (never
+    the Gluon kernel, also where a table serves it for all lengths, as fp8's on sm_90 may)."""
+    return default_config("fwd", head_dim, dtype, device, causal=causal, triton_only=True)
 
 
 def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None,
-                   seq_q: int | None = None):
+                   seq_q: int | None = None, triton_only: bool = False):
     """The heuristic config for a pass ("fwd" or "bwd") on ``device``.
 
     Walks the tables from the device's architecture down to the generic one and
@@ -749,7 +764,8 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     decode ((dtype, head_dim, "decode"), forward calls with ``seq_q`` at most
     DECODE_MAX_Q) or for long queries ((dtype, head_dim, "long"), at least LONG_MIN_Q)
     comes first, then one for this masking ((dtype, head_dim, causal)),
-    then the one for both.
+    then the one for both. ``triton_only``: entries of another kernel family (the Gluon
+    forward, ``family=1``) are passed over (``FwdConfig.as_triton``'s fallback).
     """
     config_class(pass_)  # a bad pass raises ValueError
     cap = device_capability(device)
@@ -764,7 +780,7 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     candidates.append(_SMALLEST_FWD if pass_ == "fwd" else _SMALLEST_BWD)
     last_error: ConfigError | None = None
     for cfg in candidates:
-        if cfg is None:
+        if cfg is None or (triton_only and getattr(cfg, "family", 0)):
             continue
         try:
             return cfg.validate(head_dim, dtype, device)

@@ -6,7 +6,9 @@ kernel's FP8 variant runs it (kernels/forward.py): Q K^T as an fp8 dot with fp32
 accumulation, q_descale * k_descale folded into the score scale, P cast to V's fp8 type for
 the P V dot, v_descale applied once to the output (acc * v_descale / l), the output cast to
 fp16 or bf16. The split-KV kernel (kernels/decode.py) does not take fp8: decode-sized calls
-run the plain kernel too.
+run the plain kernel too. A Gluon config (family=1) runs the Gluon forward's FP8 variant on
+sm_90 (kernels/gluon_forward.py) when V's keys are contiguous; the heuristic default is that
+kernel at D=128 from LONG_MIN_Q queries on sm_90 (config.py, docs/fp8.md).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numbers
 import torch
 
 from flashtune.kernels.common import LN2
-from flashtune.kernels.config import FP8_DTYPES, FwdConfig
+from flashtune.kernels.config import FP8_DTYPES, LONG_MIN_Q, FwdConfig
 from flashtune.kernels.forward import attention_forward
 from flashtune.kernels.function import _default, _validated, check_inputs, check_softcap, check_window
 
@@ -116,11 +118,13 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_descal
 
     ``causal``, ``causal_align``, ``softcap``, ``window_size``: as ``attention()``.
     ``config``: a FwdConfig (BLOCK_N >= 32, tma=0; num_splits and pack_gqa are ignored: the
-    plain kernel runs, also for decode-sized calls) or None for the heuristic default
-    (untuned for fp8). ``relayout_v`` (default True): a V whose keys are not contiguous (the
-    usual (B, H, N, D) layout, head dim contiguous) is first copied into the key-contiguous
-    layout (``keys_contiguous``), the one Hopper's fp8 tensor cores read P V's V in; pass V in
-    that layout to skip the copy, or False to run on V as given.
+    plain kernel runs, also for decode-sized calls; ``family=1``: the Gluon kernel's FP8
+    variant on sm_90, where V's keys are contiguous, else the Triton default) or None for
+    the heuristic default (on sm_90 at D=128 from 4096 queries the Gluon kernel, measured;
+    elsewhere the Triton kernel, untuned). ``relayout_v`` (default True): a V whose keys are
+    not contiguous (the usual (B, H, N, D) layout, head dim contiguous) is first copied into
+    the key-contiguous layout (``keys_contiguous``), the one Hopper's fp8 tensor cores read
+    P V's V in; pass V in that layout to skip the copy, or False to run on V as given.
 
     fp8 needs compute capability 8.9 or newer (ValueError otherwise), or CPU tensors under the
     Triton interpreter. Bad input raises ValueError naming the argument (check_fp8_inputs);
@@ -139,7 +143,9 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_descal
     window = check_window(window_size)
     D = q.shape[-1]
     if config is None:
-        config = _default("fwd", D, q.dtype, q.device, bool(causal))
+        # the long bucket from LONG_MIN_Q queries (on sm_90 at D=128 the Gluon kernel's FP8
+        # variant, config.py); no decode bucket: fp8 runs the plain kernel at every length
+        config = _default("fwd", D, q.dtype, q.device, bool(causal), LONG_MIN_Q if q.shape[2] >= LONG_MIN_Q else None)
     elif not isinstance(config, FwdConfig):
         raise TypeError(f"config: expected a FwdConfig or None, got {type(config).__name__}")
     else:

@@ -218,6 +218,67 @@ def test_long_d128_forward_calls_default_to_the_gluon_kernel_on_sm90_only(monkey
         assert cfg.family == 0
 
 
+@pytest.fixture
+def sm(monkeypatch):
+    """sm(capability): make the CPU look like a CUDA device of that capability (the H200's
+    shared memory) to the heuristic tables; the cached Triton fallback is cleared around it."""
+    def set_capability(capability):
+        monkeypatch.setattr(config_mod, "device_capability", lambda device: capability)
+        monkeypatch.setattr(gluon_forward, "device_capability", lambda device: capability)
+        monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)
+        monkeypatch.setattr(config_mod, "resolve_device", lambda device=None: torch.device("cuda", 0))
+    config_mod._triton_default.cache_clear()
+    yield set_capability
+    config_mod._triton_default.cache_clear()
+
+
+@pytest.mark.parametrize("capability", [(9, 0), (10, 0)])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_long_d128_fp8_calls_default_to_the_gluon_kernel_on_sm90_only(sm, capability, dtype):
+    """fp8 at D=128 from LONG_MIN_Q queries: the Gluon kernel's FP8 variant on sm_90 (measured,
+    docs/fp8.md); its fallback (V with the head dim contiguous, a softcap) and every other
+    fp8 call: the Triton fp8 default of the sm_90 table (not the generic table's)."""
+    from flashtune.kernels.config import LONG_MIN_Q, default_config
+
+    sm(capability)
+    triton = FwdConfig(128, 128, 8, 3)
+    for causal in (False, True):
+        long = default_config("fwd", 128, dtype, "cuda", causal=causal, seq_q=LONG_MIN_Q)
+        if capability == (9, 0):
+            assert long == FwdConfig(64, 128, 4, 2, family=1, pingpong=0, overlap=0)
+        else:
+            assert long == triton
+        assert FwdConfig(64, 128, 4, 2, family=1).as_triton(128, dtype, "cuda", causal) == triton
+        for cfg in (default_config("fwd", 128, dtype, "cuda", causal=causal, seq_q=LONG_MIN_Q // 2),
+                    default_config("fwd", 128, dtype, "cuda", causal=causal),
+                    default_config("fwd", 64, dtype, "cuda", causal=causal, seq_q=LONG_MIN_Q)):
+            assert cfg == triton
+
+
+def test_the_triton_fallback_passes_over_a_gluon_entry_at_any_key(sm, monkeypatch):
+    """as_triton's default never is a Gluon entry, also one a table serves for all lengths
+    (not only from the long bucket): the Triton entry after it."""
+    sm((9, 0))
+    e4m3 = torch.float8_e4m3fn
+    gluon = FwdConfig(64, 128, 4, 3, family=1, overlap=0)
+    monkeypatch.setitem(config_mod._SM90_FWD, (e4m3, 128, True), gluon)
+    assert config_mod.default_config("fwd", 128, e4m3, "cuda", causal=True) == gluon
+    assert gluon.as_triton(128, e4m3, "cuda", True) == FwdConfig(128, 128, 8, 3)
+
+
+@pytest.mark.parametrize("n, bucket", [(4096, 4096), (5000, 4096), (4095, None), (1, None)])
+def test_attention_fp8_reads_the_long_entry_for_long_calls_only(monkeypatch, n, bucket):
+    from flashtune.kernels import fp8
+
+    asked = []
+    monkeypatch.setattr(fp8, "_default", lambda pass_, d, dtype, device, causal, seq_q=None:
+                        asked.append(seq_q) or FwdConfig(16, 32, 4, 1))
+    monkeypatch.setattr(fp8, "attention_forward", lambda q, k, v, cfg, **kw: (q, None))
+    q = torch.zeros(1, 1, n, 32, dtype=torch.float8_e4m3fn)
+    fp8.attention_fp8(q, q, q, q_descale=1.0, k_descale=1.0, v_descale=1.0, causal=True)
+    assert asked == [bucket]
+
+
 def test_attention_defaults_read_the_long_entry_for_long_calls_only(monkeypatch):
     """flashtune.attention()'s heuristic forward config: the long bucket (the Gluon kernel's
     entry on sm_90) from LONG_MIN_Q queries, unless packed or with dropout."""
