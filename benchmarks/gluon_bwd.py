@@ -14,8 +14,10 @@ every shape each runner's dQ, dK and dV are first checked against cuDNN's (max |
 max |cuDNN's| within 4x FlashAttention-2's own relative distance from cuDNN, and at most
 0.05); a runner that fails is reported and not timed. Then each is timed with
 triton.testing.do_bench (median), in --rounds interleaved rounds, each figure the median of
-its rounds. "dq" is the Triton dQ kernel alone (with the Gluon dK/dV it makes the Gluon
-backward), so gluon ms - dq ms is about the Gluon dK/dV kernel and its Delta preprocess.
+its rounds. The Gluon backward runs its dK/dV kernel with either the Triton dQ kernel
+(labels ending "/triton-dq") or the Gluon dQ kernel ("/dq-nNbB"). "dq" is the Triton dQ
+kernel alone, so a "/triton-dq" time minus it is about the Gluon dK/dV kernel and the Delta
+preprocess.
 Ratios are speed ratios (1.10: 1.10x as fast). TFLOP/s counts 10 x B x Hq x Nq x Nk x D
 (halved for causal): the backward's five matmuls (2.5x the forward's).
 """
@@ -43,8 +45,10 @@ LARGE = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal or None for both)
     ("4x16x4k-d64", 4, 16, 16, 4096, 4096, 64, None),
     ("2x16x8k-d128", 2, 16, 16, 8192, 8192, 128, None),
 ]
-NEIGHBOURS = [GluonBwdConfig(BLOCK_M=32), GluonBwdConfig(BLOCK_M=64, DV_EARLY=1), GluonBwdConfig(NUM_BUFFERS=3),
-              GluonBwdConfig(BLOCK_M=32, NUM_BUFFERS=3), GluonBwdConfig(BLOCK_M=64)]
+# (the dK/dV kernel's config with the Gluon dQ kernel's fields, whether dQ is the Gluon kernel's)
+NEIGHBOURS = [(GluonBwdConfig(BLOCK_M=32), False), (GluonBwdConfig(NUM_BUFFERS=3), False),
+              (GluonBwdConfig(NUM_BUFFERS=3, DQ_BUFFERS=3), True), (GluonBwdConfig(DQ_BLOCK_N=128), True),
+              (GluonBwdConfig(BLOCK_M=32, DQ_BUFFERS=3), True), (GluonBwdConfig(NUM_BUFFERS=3, DQ_BLOCK_N=128), True)]
 
 
 def shapes(args) -> list[tuple]:
@@ -87,7 +91,7 @@ def main() -> int:
     env = (f"{datetime.date.today()} {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
            f"{triton.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, {args.dtype}")
     print(env)
-    print(f"{'shape':>28} {'mask':>6} {'gluon cfg':>18} {'gluon ms':>9} {'TFLOP/s':>8} {'triton':>8} {'cudnn':>8} "
+    print(f"{'shape':>28} {'mask':>6} {'gluon cfg':>34} {'gluon ms':>9} {'TFLOP/s':>8} {'triton':>8} {'cudnn':>8} "
           f"{'flash':>8} {'dq':>8} {'g/triton':>8} {'g/cudnn':>8} {'g/flash':>8} {'t/cudnn':>8}")
     rows = []
     for name, B, Hq, Hkv, Nq, Nk, D, causal_of in shapes(args):
@@ -107,18 +111,19 @@ def main() -> int:
                 "flash": sdpa_backward(SDPBackend.FLASH_ATTENTION, q, k, v, do, causal, scale),
             }
             dq_alone = dq_kernel_alone(do, q, k, v, o, lse2, bwd_cfg, causal=causal, sm_scale=scale)
-            configs = [default_gluon_bwd_config(D)]
+            configs = [(default_gluon_bwd_config(D), False), (default_gluon_bwd_config(D), True)]
             if args.configs == "all":
                 configs += [c for c in NEIGHBOURS if c not in configs]
             errors = {}
-            for cfg in configs:
+            for cfg, gdq in configs:
+                name = cfg.short() if gdq else cfg.short().split("/dq")[0] + "/triton-dq"
                 try:
                     cfg.validate(D, dtype, q.device)
                 except Exception as e:  # noqa: BLE001 - report and go on
-                    errors[cfg.short()] = f"invalid: {e}"
+                    errors[name] = f"invalid: {e}"
                     continue
-                fns[f"gluon {cfg.short()}"] = (lambda cfg=cfg: gluon_attention_backward(
-                    do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale))
+                fns[f"gluon {name}"] = (lambda cfg=cfg, gdq=gdq: gluon_attention_backward(
+                    do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale, gluon_dq=gdq))
             ref = [g.float() for g in fns["cudnn"]()]
             flash = [g.float() for g in fns["flash"]()]
 
@@ -156,7 +161,7 @@ def main() -> int:
                 return f"{x:8.3f}" if x is not None else f"{'-':>8}"
 
             g_ms = ms.get(best)
-            print(f"{name:>28} {'causal' if causal else 'full':>6} {(best or '-')[6:]:>18} "
+            print(f"{name:>28} {'causal' if causal else 'full':>6} {(best or '-')[6:]:>34} "
                   f"{g_ms if g_ms else float('nan'):9.3f} {flops / g_ms / 1e9 if g_ms else float('nan'):8.1f} "
                   f"{f(ms.get('triton'))} {f(ms.get('cudnn'))} {f(ms.get('flash'))} {f(ms.get('dq'))} "
                   f"{f(row['gluon/triton'])} {f(row['gluon/cudnn'])} {f(row['gluon/flash'])} "

@@ -469,7 +469,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     q, k, v with these arguments (autograd's backward has it): it fixes every tensor's layout
     but dO's, so the launch plan's signature need not read them again.
     """
-    if compile_only or varlen is not None or dropout is not None:
+    if compile_only or varlen is not None or dropout is not None or config.family:
         return _backward(do, q, k, v, o, lse2, config, causal, sm_scale, fp32_precision, compile_only, causal_align,
                          softcap, window_size, varlen, dropout)
     # one launch plan per call signature (kernels/launch.py): what follows runs once per signature
@@ -490,6 +490,13 @@ _BWD_PLANS: dict = {}
 def _backward(do, q, k, v, o, lse2, config: BwdConfig, causal, sm_scale, fp32_precision, compile_only, causal_align,
               softcap, window_size, varlen, dropout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """attention_backward's launches."""
+    if config.family:
+        if not softcap and window_size is None and varlen is None and dropout is None \
+                and q.dtype in (torch.float16, torch.bfloat16):
+            return _gluon_backward(do, q, k, v, o, lse2, config, causal=causal, sm_scale=sm_scale,
+                                   compile_only=compile_only, causal_align=causal_align)
+        # what the Gluon kernel lacks (softcap, window, varlen, dropout): the Triton default
+        config = config.as_triton(q.shape[-1], q.dtype, q.device, bool(causal))
     B, H, H_KV, N_Q, N_K, D, window, off = call_geometry(q, k, varlen, causal, causal_align, window_size)
     BLOCK_D = padded_head_dim(D)
     precision = dot_precision(q.dtype, fp32_precision)
@@ -551,6 +558,20 @@ def _backward(do, q, k, v, o, lse2, config: BwdConfig, causal, sm_scale, fp32_pr
                    int64=int64, compile_only=compile_only, causal_off=off, softcap=softcap, window=window,
                    varlen=varlen, dropout=dropout)
     return dq, dk, dv
+
+
+def _gluon_backward(do, q, k, v, o, lse2, config: BwdConfig, *, causal: bool, sm_scale: float, compile_only: bool,
+                    causal_align: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Gluon config's backward (kernels/gluon_backward.py, imported on first use: it loads
+    triton's Gluon): the Gluon dK/dV kernel with this config's dQ half (family 2: the Gluon dQ
+    kernel, else the Triton one). ``compile_only``
+    leaves the compile to the first launch (Gluon's launcher has no warmup entry)."""
+    from flashtune.kernels.gluon_backward import gluon_attention_backward
+
+    if compile_only:
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return gluon_attention_backward(do, q, k, v, o, lse2, config.gluon(), causal=causal, sm_scale=sm_scale,
+                                    causal_align=causal_align, dq_config=config, gluon_dq=config.family == 2)
 
 
 def _preprocess(o, do, delta, *, int64: bool, compile_only: bool = False) -> None:

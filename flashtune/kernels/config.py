@@ -386,6 +386,15 @@ class FwdConfig(_ConfigBase):
         return self
 
 
+# what BwdConfig fixes on construction per family (as _UNUSED_BY_FAMILY for FwdConfig)
+_BWD_UNUSED_BY_FAMILY = {
+    1: {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1)), "dkdv_split": (1, range(MAX_DKDV_SPLIT + 1))},
+    2: {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1)), "dkdv_split": (1, range(MAX_DKDV_SPLIT + 1)),
+        "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, (16, 32, 64, 128, 256)), "tma": (0, (0, 1))},
+}
+BWD_FAMILIES = (0, 1, 2)
+
+
 @dataclasses.dataclass(frozen=True, order=True)
 class BwdConfig(_ConfigBase):
     """Backward launch config.
@@ -416,6 +425,19 @@ class BwdConfig(_ConfigBase):
     K/V heads x batch is small (one K/V head, batch 1), at the cost of the partials'
     traffic and one launch; on a shape that fills the GPU an explicit value is lowered
     (see ``dkdv_split()``).
+
+    The kernel family, ``family``: 0 (the default) the Triton kernels above; 1 the Gluon
+    warp-specialised dK/dV kernel for sm_90 (kernels/gluon_backward.py: a TMA producer warp
+    and two consumer warp groups of BLOCK_N1 keys each, so a program covers 2 x BLOCK_N1
+    keys, walking BLOCK_M1 queries a step; num_stages is its Q/dO ring's slot count) with
+    the Triton preprocess and dQ kernel (the dQ half's fields and ``tma`` apply to it); 2 the
+    same dK/dV kernel and the Gluon dQ kernel (two consumer warp groups of BLOCK_M2 = 64
+    queries each walking BLOCK_N2 keys a step through a ring of dq_num_stages K/V slots).
+    A Gluon config validates only for BLOCK_N1 64, head dims 64 and 128, float16/bfloat16
+    and a device of compute capability 9.0; num_warps, atomic_dq and dkdv_split do not apply
+    to it (its canonical form fixes them: 4, 0, 1; family 2 also dq_num_warps 4, BLOCK_M2 64
+    and tma 0). A call the Gluon kernels cannot run (a softcap, a window, packed sequences,
+    dropout) runs the Triton default (``as_triton``).
     """
 
     BLOCK_M1: int
@@ -429,6 +451,7 @@ class BwdConfig(_ConfigBase):
     atomic_dq: int = 0
     tma: int = 0
     dkdv_split: int = 0
+    family: int = 0
 
     PASS: ClassVar[str] = "bwd"
     # the fields only the dQ kernel uses (a config's "dQ half")
@@ -441,7 +464,11 @@ class BwdConfig(_ConfigBase):
             object.__setattr__(self, "dq_num_warps", self.num_warps)
         if self.dq_num_stages is None:
             object.__setattr__(self, "dq_num_stages", self.num_stages)
-        self._flags_as_ints("atomic_dq", "tma")
+        self._flags_as_ints("atomic_dq", "tma", "family")
+        fixed = _BWD_UNUSED_BY_FAMILY.get(self.family if type(self.family) is int else None, {})
+        for name, (value, valid) in fixed.items():
+            if type(getattr(self, name)) is int and getattr(self, name) in valid:
+                object.__setattr__(self, name, value)
 
     def label(self) -> str:
         """Compact: ``M1xN1/M2xN2 wW sS`` (dK/dV then dQ blocks), ``M1xN1 wW sS / M2xN2 wW sS``
@@ -450,6 +477,12 @@ class BwdConfig(_ConfigBase):
         launch = f"w{self.num_warps} s{self.num_stages}"
         dq_launch = f"w{self.dq_num_warps} s{self.dq_num_stages}"
         tma = " tma" if self.tma else ""
+        if self.family == 2:  # ``gluon 2xN1 mM1 bS / gluon-dq nN2 bS``: both Gluon kernels
+            return (f"gluon 2x{self.BLOCK_N1} m{self.BLOCK_M1} b{self.num_stages} / gluon-dq n{self.BLOCK_N2} "
+                    f"b{self.dq_num_stages}")
+        if self.family:  # ``gluon 2xN1 mM1 bS / M2xN2 wW sS``: the Gluon dK/dV kernel, the dQ kernel
+            return (f"gluon 2x{self.BLOCK_N1} m{self.BLOCK_M1} b{self.num_stages} / {self.BLOCK_M2}x{self.BLOCK_N2} "
+                    f"{dq_launch}{tma}")
         if self.atomic_dq:
             text = f"{self.BLOCK_M1}x{self.BLOCK_N1} {launch} atomic-dQ{tma}"
         elif dq_launch == launch:
@@ -459,6 +492,26 @@ class BwdConfig(_ConfigBase):
         shown = ("BLOCK_M1", "BLOCK_N1", "num_warps", "num_stages", "atomic_dq", "tma", *self.DQ_FIELDS)
         return text + self._extra_label(shown)
 
+    def gluon(self):
+        """The Gluon dK/dV kernel's own config class for this config (kernels/gluon_backward.py)."""
+        from flashtune.kernels.gluon_backward import GluonBwdConfig
+
+        dq = dict(DQ_BLOCK_N=self.BLOCK_N2, DQ_BUFFERS=self.dq_num_stages) if self.family == 2 else {}
+        return GluonBwdConfig(BLOCK_M=self.BLOCK_M1, BLOCK_N=self.BLOCK_N1, NUM_BUFFERS=self.num_stages, **dq)
+
+    def as_triton(self, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None) -> "BwdConfig":
+        """The config that runs a call the Gluon kernel cannot (a softcap, a window, packed
+        sequences, dropout): the Triton heuristic default (cached); a Triton config itself."""
+        return self if not self.family else _triton_default_bwd(head_dim, dtype, resolve_device(device), causal)
+
+    def validate_anywhere(self, head_dim: int, dtype: torch.dtype) -> "BwdConfig":
+        """A Gluon config: against sm_90's limits, the one architecture it runs on."""
+        if not self.family:
+            return super().validate_anywhere(head_dim, dtype)
+        self.check_fields()
+        self.gluon().validate(head_dim, dtype, None)
+        return self
+
     def check_fields(self) -> None:
         for name in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2"):
             _check_block(name, getattr(self, name))
@@ -466,6 +519,9 @@ class BwdConfig(_ConfigBase):
         _check_launch(self.dq_num_warps, self.dq_num_stages, prefix="dq_")
         _check_flag("atomic_dq", self.atomic_dq)
         _check_flag("tma", self.tma)
+        if type(self.family) is not int or self.family not in BWD_FAMILIES:
+            raise ConfigError(f"family: expected one of {BWD_FAMILIES} (0 Triton, 1 the Gluon dK/dV kernel, 2 both "
+                              f"Gluon kernels), got {self.family!r}")
         if (not isinstance(self.dkdv_split, int) or isinstance(self.dkdv_split, bool)
                 or not 0 <= self.dkdv_split <= MAX_DKDV_SPLIT):
             raise ConfigError(f"dkdv_split: expected an integer in [0, {MAX_DKDV_SPLIT}] (0: chosen at launch), "
@@ -512,17 +568,50 @@ class BwdConfig(_ConfigBase):
             m = max(self.BLOCK_M1, 32)
             dkdv = max(dkdv + e * self.BLOCK_M1 * self.BLOCK_N1 // 8,
                        tiles + 1024 + 4 * m * d + (8 * m * self.BLOCK_N1 if self.BLOCK_M1 < 64 else 0))
-        dq = e * d * (2 * self.BLOCK_M2 + 2 * self.dq_num_stages * self.BLOCK_N2) \
-            + 4 * self.BLOCK_M2 * self.BLOCK_N2 * scratch(self.dq_num_warps)
+        dq = self._dq_shared_memory(head_dim, dtype)
+        if self.family == 2:  # the Gluon kernels' own estimates
+            return max(self.gluon().shared_memory(head_dim, dtype), self.gluon().dq_shared_memory(head_dim, dtype))
+        if self.family:  # the Gluon dK/dV kernel's own estimate, with the Triton dQ kernel's
+            return max(self.gluon().shared_memory(head_dim, dtype), dq + 1024 * self.tma)
         # TMA loads add their barriers and alignment: at most 1 KiB per kernel over the
         # pointer kernels (32 D=128 bf16 configs compiled for sm_90, 2026-11-30)
         return max(dkdv, dq) + 1024 * self.tma
 
+    def _dq_shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
+        """The dQ kernel's estimate (shared_memory's terms), without TMA's barriers."""
+        d, e = padded_head_dim(head_dim), _element_size(dtype)
+        scratch = max(9, self.dq_num_warps + 1) if e == 4 else 2
+        return e * d * (2 * self.BLOCK_M2 + 2 * self.dq_num_stages * self.BLOCK_N2) \
+            + 4 * self.BLOCK_M2 * self.BLOCK_N2 * scratch
+
     def validate(self, head_dim: int, dtype: torch.dtype, device=None, dropout: bool = False) -> "BwdConfig":
         """Raise ConfigError naming the field if this config cannot run; return self. The
         estimate covers the DROPOUT kernels as they are (``dropout`` changes nothing: compiled
-        for sm_90, tests/kernels/test_shared_memory_sm90.py)."""
+        for sm_90, tests/kernels/test_shared_memory_sm90.py).
+
+        A Gluon config (``family=1``) is checked by GluonBwdConfig.validate on the device
+        (None: the current CUDA device, else the CPU), which must be a CUDA sm_90 one, and its
+        dQ half as the Triton dQ kernel's; with ``dropout`` also the Triton configs that run
+        such a call instead (``as_triton``)."""
         self.check_fields()
+        if self.family:
+            if self.family == 2 and self.BLOCK_M2 != 64:  # only a sampled value the class did not fix
+                raise ConfigError(f"BLOCK_M2: the Gluon dQ kernel holds 64 query rows per warp group, got "
+                                  f"{self.BLOCK_M2}")
+            self.gluon().validate(head_dim, dtype, device if device is not None else resolve_device())
+            if self.family == 2:
+                if dropout:
+                    for causal in (False, True):
+                        self.as_triton(head_dim, dtype, device, causal).validate(head_dim, dtype, device,
+                                                                                 dropout=True)
+                return self
+            if self.tma:
+                _check_tma(head_dim, dtype, device)
+            _check_smem("BwdConfig", self._dq_shared_memory(head_dim, dtype) + 1024 * self.tma, device)
+            if dropout:
+                for causal in (False, True):
+                    self.as_triton(head_dim, dtype, device, causal).validate(head_dim, dtype, device, dropout=True)
+            return self
         if self.atomic_dq and padded_head_dim(head_dim) > ATOMIC_DQ_MAX_HEAD_DIM:
             raise ConfigError(f"atomic_dq: supported up to head_dim {ATOMIC_DQ_MAX_HEAD_DIM}, got head_dim {head_dim}; "
                               "use atomic_dq=0")
@@ -732,20 +821,35 @@ def portfolio(pass_: str, head_dim: int, dtype: torch.dtype, device=None) -> lis
 
 def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) -> list:
     """The starting config of each other kernel family that runs this head dim and dtype on
-    the device: the Gluon forward's default (gluon_forward.default_gluon_config) on sm_90.
-    The search times these first (key_search.warm_start), so the family is chosen per key
-    by measurement."""
+    the device: on sm_90 the Gluon forward's default (gluon_forward.default_gluon_config),
+    and the Gluon dK/dV kernel's (gluon_backward.default_gluon_bwd_config) with the Triton
+    default's dQ half. The search times these first (key_search.warm_start), so the family
+    is chosen per key by measurement."""
     config_class(pass_)
-    if pass_ != "fwd" or device_capability(device) != (9, 0) or dtype not in (_bf, _fp) or head_dim not in (64, 128):
+    if device_capability(device) != (9, 0) or dtype not in (_bf, _fp) or head_dim not in (64, 128):
         return []
-    from flashtune.kernels.gluon_forward import default_gluon_config
+    if pass_ == "fwd":
+        from flashtune.kernels.gluon_forward import default_gluon_config
 
-    g = default_gluon_config(head_dim)
-    cfg = FwdConfig(g.BLOCK_M, g.BLOCK_N, 4, g.NUM_BUFFERS, family=1, pingpong=g.PINGPONG, overlap=g.OVERLAP)
+        g = default_gluon_config(head_dim)
+        cfg = FwdConfig(g.BLOCK_M, g.BLOCK_N, 4, g.NUM_BUFFERS, family=1, pingpong=g.PINGPONG, overlap=g.OVERLAP)
+    else:
+        from flashtune.kernels.gluon_backward import default_gluon_bwd_config
+
+        g = default_gluon_bwd_config(head_dim)
+        t = default_config("bwd", head_dim, dtype, device, triton_only=True)
+        cfg = BwdConfig(g.BLOCK_M, g.BLOCK_N, t.BLOCK_M2, t.BLOCK_N2, 4, g.NUM_BUFFERS, t.dq_num_warps,
+                        t.dq_num_stages, tma=t.tma, family=1)
     try:
         return [cfg.validate(head_dim, dtype, device)]
     except ConfigError:
         return []
+
+
+@functools.lru_cache(maxsize=256)
+def _triton_default_bwd(head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool | None) -> BwdConfig:
+    """The heuristic backward config without Gluon entries (BwdConfig.as_triton's fallback)."""
+    return default_config("bwd", head_dim, dtype, device, causal=causal, triton_only=True)
 
 
 @functools.lru_cache(maxsize=256)

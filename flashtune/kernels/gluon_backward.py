@@ -2,9 +2,10 @@
 
 The first step of the Gluon backward: dK and dV come from the kernel here, Delta from the
 Triton preprocess and dQ from the Triton dQ kernel (kernels/backward.py), so the two
-families share every convention. Called directly through ``gluon_attention_backward``
-(tests/kernels/test_gluon_gpu.py, benchmarks/gluon_bwd.py); not in the search space or the
-dispatcher yet.
+families share every convention. A BwdConfig with ``family=1`` runs it
+(backward.attention_backward; BwdConfig.gluon() is its GluonBwdConfig); also callable
+directly through ``gluon_attention_backward`` (tests/kernels/test_gluon_bwd_gpu.py,
+benchmarks/gluon_bwd.py).
 
 Conventions are ``backward.attention_backward``'s: q, do (B, Hq, Nq, D); k, v (B, Hkv, Nk,
 D); query head h reads key/value head h // (Hq // Hkv); lse2 (B, Hq, Nq) float32, the
@@ -57,6 +58,7 @@ from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, 
 # the lse and Delta columns): with 16, BLOCK_M 64 at D=128 is allowed, whose compile (ptxas,
 # sm_90a, triton 3.6) spills 112-248 bytes per thread; BLOCK_M 128 at D=64 (920) is not
 _BWD_SPARE_REGS = 16
+DQ_BLOCK_M = 64  # query rows per consumer warp group of the dQ kernel (a CTA covers 2 x 64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +69,10 @@ class GluonBwdConfig:
     BLOCK_N: keys per consumer warp group (a CTA covers 2 x BLOCK_N keys).
     NUM_BUFFERS: Q/dO ring slots in shared memory.
     PRODUCER_REGS / CONSUMER_REGS: registers per thread of the TMA warp's and of each
-    consumer warp group's (setmaxnreg).
+    consumer warp group's (setmaxnreg), in both kernels.
+    DV_EARLY: 1 issues dV's wgmma before dS^T's arithmetic (more registers live).
+    DQ_BLOCK_N / DQ_BUFFERS: the Gluon dQ kernel's keys per step and K/V ring slots (its
+    consumers hold 64 query rows each); used where that kernel runs (``gluon_dq``).
     """
 
     BLOCK_M: int = 64
@@ -76,13 +81,26 @@ class GluonBwdConfig:
     PRODUCER_REGS: int = 24
     CONSUMER_REGS: int = 240
     DV_EARLY: int = 0
+    DQ_BLOCK_N: int = 64
+    DQ_BUFFERS: int = 2
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
     def short(self) -> str:
         return (f"m{self.BLOCK_M}n2x{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
-                f"{'dv' if self.DV_EARLY else ''}")
+                f"{'dv' if self.DV_EARLY else ''}/dq-n{self.DQ_BLOCK_N}b{self.DQ_BUFFERS}")
+
+    def dq_shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
+        """The dQ kernel's bytes: both consumers' Q and dO tiles, the K/V ring, the mbarriers."""
+        e = torch.empty((), dtype=dtype).element_size()
+        tiles = 2 * 2 * DQ_BLOCK_M * head_dim * e + 2 * self.DQ_BUFFERS * self.DQ_BLOCK_N * head_dim * e
+        return tiles + (2 + 3 * self.DQ_BUFFERS) * _BARRIER_BYTES + _SHARED_SLACK
+
+    def dq_registers_needed(self, head_dim: int) -> int:
+        """The dQ kernel's fp32 dQ, S and dP tiles and 16-bit dS, per consumer thread, plus spare."""
+        return (DQ_BLOCK_M * head_dim + 2 * DQ_BLOCK_M * self.DQ_BLOCK_N + DQ_BLOCK_M * self.DQ_BLOCK_N // 2) \
+            // (32 * CONSUMER_WARPS) + _BWD_SPARE_REGS
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         """Bytes of shared memory: the CTA's K and V tiles, the Q/dO ring, the mbarriers."""
@@ -109,7 +127,8 @@ class GluonBwdConfig:
     def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "GluonBwdConfig":
         """Raise ConfigError naming the field if this config cannot run; return self
         (``device`` as GluonFwdConfig.validate's)."""
-        for name in ("BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "PRODUCER_REGS", "CONSUMER_REGS", "DV_EARLY"):
+        for name in ("BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "PRODUCER_REGS", "CONSUMER_REGS", "DV_EARLY", "DQ_BLOCK_N",
+                     "DQ_BUFFERS"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigError(f"{name}: expected an integer, got {value!r}")
@@ -121,6 +140,10 @@ class GluonBwdConfig:
             raise ConfigError(f"DV_EARLY: expected 0 or 1, got {self.DV_EARLY}")
         if not 2 <= self.NUM_BUFFERS <= 4:
             raise ConfigError(f"NUM_BUFFERS: expected 2 to 4 Q/dO slots, got {self.NUM_BUFFERS}")
+        if self.DQ_BLOCK_N not in (64, 128):
+            raise ConfigError(f"DQ_BLOCK_N: expected 64 or 128 keys per step of the dQ kernel, got {self.DQ_BLOCK_N}")
+        if not 2 <= self.DQ_BUFFERS <= 4:
+            raise ConfigError(f"DQ_BUFFERS: expected 2 to 4 K/V slots of the dQ kernel, got {self.DQ_BUFFERS}")
         for name in ("PRODUCER_REGS", "CONSUMER_REGS"):
             value = getattr(self, name)
             if not 24 <= value <= 256 or value % 8:
@@ -143,6 +166,15 @@ class GluonBwdConfig:
         if smem > SM90_SHARED_MEMORY:
             raise ConfigError(f"NUM_BUFFERS: needs {smem} bytes of shared memory, sm_90 allows "
                               f"{SM90_SHARED_MEMORY}; use fewer buffers or a smaller BLOCK_M")
+        needed = self.dq_registers_needed(head_dim)
+        if needed > self.CONSUMER_REGS:
+            raise ConfigError(f"DQ_BLOCK_N: {self.DQ_BLOCK_N} keys a step of the dQ kernel at head_dim {head_dim} "
+                              f"need about {needed} registers per consumer thread, CONSUMER_REGS is "
+                              f"{self.CONSUMER_REGS}; use 64")
+        smem = self.dq_shared_memory(head_dim, dtype)
+        if smem > SM90_SHARED_MEMORY:
+            raise ConfigError(f"DQ_BUFFERS: the dQ kernel needs {smem} bytes of shared memory, sm_90 allows "
+                              f"{SM90_SHARED_MEMORY}; use fewer buffers or DQ_BLOCK_N 64")
         if device is not None:
             dev = torch.device(device)
             if dev.type != "cuda":
@@ -313,6 +345,134 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
 
 
 # ----------------------------------------------------------------------------------
+# The dQ kernel: the forward's structure (gluon_forward.py), one accumulator
+# ----------------------------------------------------------------------------------
+@gluon.jit
+def _dq_producer(desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
+                 kv_empty, off_b, off_h, off_hk, start_m, n_blocks,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr):
+    # the two consumers' Q and dO tiles, once (rows past Nq read as zeros)
+    for w in gl.static_range(2):
+        mbarrier.expect(q_ready.index(w), desc_q.block_type.nbytes + desc_do.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [off_b, off_h, start_m + w * BLOCK_M, 0], q_ready.index(w),
+                                        q_smem.index(w))
+        tma.async_copy_global_to_shared(desc_do, [off_b, off_h, start_m + w * BLOCK_M, 0], q_ready.index(w),
+                                        do_smem.index(w))
+    for j in range(n_blocks):
+        s = j % NUM_BUFFERS
+        mbarrier.wait(kv_empty.index(s), ((j // NUM_BUFFERS) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_k, [off_b, off_hk, j * BLOCK_N, 0], k_ready.index(s), k_bufs.index(s))
+        mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, j * BLOCK_N, 0], v_ready.index(s), v_bufs.index(s))
+
+
+@gluon.jit
+def _dq_consumer(which, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, DQ, LSE, DELTA,
+                 qk_scale, sm_scale, stride_dqb, stride_dqh, stride_dqn, stride_dqd, off_b, off_h, H, N_Q,
+                 causal_off, start_m, n_blocks, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+
+    row0 = start_m + which * BLOCK_M
+    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    row_base = (off_b.to(gl.int64) * H + off_h) * N_Q
+    # rows past Nq: lse +inf makes their P 0 (their dQ rows are not stored)
+    lse = gl.load(LSE + row_base + rows, mask=rows < N_Q, other=float("inf"))
+    delta = gl.load(DELTA + row_base + rows, mask=rows < N_Q, other=0.0)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
+    # blocks from here on have keys past some row's diagonal (causal): masked
+    mask_from = n_blocks
+    if CAUSAL:
+        mask_from = gl.minimum(gl.maximum(row0 + causal_off + 1, 0) // BLOCK_N, n_blocks)
+
+    mbarrier.wait(q_ready.index(which), 0)
+    q = q_smem.index(which).reshape([BLOCK_M, HEAD_DIM])
+    do = do_smem.index(which).reshape([BLOCK_M, HEAD_DIM])
+    for j in range(n_blocks):
+        s = j % NUM_BUFFERS
+        phase = (j // NUM_BUFFERS) & 1
+        k = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
+        v = v_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
+        mbarrier.wait(k_ready.index(s), phase)
+        qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(s), phase)
+        dp = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        qk, _q, _k = warpgroup_mma_wait(1, deps=(qk, q, k))
+        # keys past Nk read as zeros: their P is not 0, but their K rows are, so dS K is not moved
+        p = gl.exp2(qk * qk_scale - lse[:, None])
+        if CAUSAL:
+            if j >= mask_from:
+                keys = j * BLOCK_N + cols
+                p = gl.where(keys[None, :] <= rows[:, None] + causal_off, p, 0.0)
+        dp, _do, _v = warpgroup_mma_wait(0, deps=(dp, do, v))
+        ds16 = gl.convert_layout((p * (dp - delta[:, None])).to(q.dtype), a_layout)
+        dq = warpgroup_mma(ds16, k, dq, is_async=True)
+        dq, _ds, _k2 = warpgroup_mma_wait(0, deps=(dq, ds16, k))
+        gl.thread_barrier()
+        mbarrier.arrive(kv_empty.index(s))
+
+    dq = dq * sm_scale
+    o_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    ptrs = DQ + off_b.to(gl.int64) * stride_dqb + off_h.to(gl.int64) * stride_dqh \
+        + o_rows.to(gl.int64)[:, None] * stride_dqn + o_cols[None, :] * stride_dqd
+    gl.store(ptrs, dq.to(DQ.dtype.element_ty), mask=o_rows[:, None] < N_Q)
+
+
+@gluon.jit
+def _gluon_attn_bwd_dq_kernel(desc_q, desc_do, desc_k, desc_v, DQ, LSE, DELTA, qk_scale, sm_scale,
+                              stride_dqb, stride_dqh, stride_dqn, stride_dqd, H, GROUP, N_Q, N_K, causal_off,
+                              CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                              BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
+                              PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    pid_m = gl.program_id(0)
+    if CAUSAL:  # the last query blocks have the most keys: start them first
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    off_h = gl.program_id(1)
+    off_b = gl.program_id(2)
+    off_hk = off_h // GROUP
+    start_m = pid_m * (2 * BLOCK_M)
+    hi = N_K
+    if CAUSAL:  # the CTA's last row's last visible key
+        hi = gl.maximum(gl.minimum(start_m + 2 * BLOCK_M + causal_off, N_K), 0)
+    n_blocks = gl.cdiv(hi, BLOCK_N)
+
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
+    do_smem = gl.allocate_shared_memory(desc_do.dtype, [2] + desc_do.block_type.shape, desc_do.layout)
+    k_bufs = gl.allocate_shared_memory(desc_k.dtype, [NUM_BUFFERS] + desc_k.block_type.shape, desc_k.layout)
+    v_bufs = gl.allocate_shared_memory(desc_v.dtype, [NUM_BUFFERS] + desc_v.block_type.shape, desc_v.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_ready.index(i), count=1)
+    for i in gl.static_range(NUM_BUFFERS):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_dq_consumer, (0, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, DQ, LSE, DELTA,
+                        qk_scale, sm_scale, stride_dqb, stride_dqh, stride_dqn, stride_dqd, off_b, off_h, H, N_Q,
+                        causal_off, start_m, n_blocks, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS)),
+        (_dq_consumer, (1, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, DQ, LSE, DELTA,
+                        qk_scale, sm_scale, stride_dqb, stride_dqh, stride_dqn, stride_dqd, off_b, off_h, H, N_Q,
+                        causal_off, start_m, n_blocks, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS)),
+        (_dq_producer, (desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
+                        kv_empty, off_b, off_h, off_hk, start_m, n_blocks, BLOCK_M, BLOCK_N, NUM_BUFFERS)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------
 def kernel_constexprs(config: GluonBwdConfig, head_dim: int, causal: bool) -> dict:
@@ -324,15 +484,15 @@ def kernel_constexprs(config: GluonBwdConfig, head_dim: int, causal: bool) -> di
 def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
                delta: torch.Tensor, config: GluonBwdConfig, *, causal: bool, sm_scale: float,
                causal_off: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """dK and dV (in k's and v's dtype, dense) from the Gluon kernel, given the forward's
-    lse2 and Delta = rowsum(dO * O), both (B, Hq, Nq) float32 and contiguous."""
+    """dK and dV (in k's and v's dtype and layout, as torch.empty_like makes them) from the
+    Gluon kernel, given the forward's lse2 and Delta = rowsum(dO * O), both (B, Hq, Nq)
+    float32. Inputs the copy engine cannot address are copied dense first."""
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
     q, k, v, do = (t if _tma_addressable(t) else t.clone(memory_format=torch.contiguous_format)
                    for t in (q, k, v, do))
     lse2, delta = lse2.contiguous(), delta.contiguous()
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     desc_q, desc_do = _descriptor(q, config.BLOCK_M), _descriptor(do, config.BLOCK_M)
     desc_k, desc_v = _descriptor(k, config.BLOCK_N), _descriptor(v, config.BLOCK_N)
     grid = (cdiv(N_K, 2 * config.BLOCK_N), H_KV, B)
@@ -344,13 +504,43 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     return dk, dv
 
 
+def dq_kernel_constexprs(config: GluonBwdConfig, head_dim: int, causal: bool) -> dict:
+    return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=DQ_BLOCK_M, BLOCK_N=config.DQ_BLOCK_N,
+                NUM_BUFFERS=config.DQ_BUFFERS, PRODUCER_REGS=config.PRODUCER_REGS,
+                CONSUMER_REGS=config.CONSUMER_REGS)
+
+
+def gluon_dq_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
+             delta: torch.Tensor, config: GluonBwdConfig, *, causal: bool, sm_scale: float,
+             causal_off: int = 0) -> torch.Tensor:
+    """dQ (in q's dtype and layout, as torch.empty_like makes it) from the Gluon dQ kernel,
+    given lse2 and Delta as ``gluon_dkdv`` takes them."""
+    B, H, N_Q, D = q.shape
+    H_KV, N_K = k.shape[1], k.shape[2]
+    dq = torch.empty_like(q)
+    q, k, v, do = (t if _tma_addressable(t) else t.clone(memory_format=torch.contiguous_format)
+                   for t in (q, k, v, do))
+    lse2, delta = lse2.contiguous(), delta.contiguous()
+    desc_q, desc_do = _descriptor(q, DQ_BLOCK_M), _descriptor(do, DQ_BLOCK_M)
+    desc_k, desc_v = _descriptor(k, config.DQ_BLOCK_N), _descriptor(v, config.DQ_BLOCK_N)
+    grid = (cdiv(N_Q, 2 * DQ_BLOCK_M), H, B)
+    with on_device(q):
+        _gluon_attn_bwd_dq_kernel[grid](desc_q, desc_do, desc_k, desc_v, dq, lse2, delta, sm_scale * LOG2E, sm_scale,
+                                        *dq.stride(), H, H // H_KV, N_Q, N_K, causal_off,
+                                        **dq_kernel_constexprs(config, D, causal), num_warps=CONSUMER_WARPS,
+                                        maxnreg=config.maxnreg())
+    return dq
+
+
 def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                              lse2: torch.Tensor, config: GluonBwdConfig, *, causal: bool,
                              sm_scale: float | None = None, causal_align: str = "top_left",
-                             dq_config=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                             dq_config=None, gluon_dq: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) as ``backward.attention_backward`` returns them: dK and dV from the Gluon
     kernel, Delta and dQ from the Triton preprocess and dQ kernel (``dq_config``: a BwdConfig
-    whose dQ half runs; default the device's heuristic default, its dQ kernel kept apart)."""
+    whose dQ half runs, with its ``tma``; default the device's Triton default, its dQ kernel
+    kept apart), or with ``gluon_dq`` from the Gluon dQ kernel (the config's DQ_ fields).
+    dq, dk and dv come in q's, k's and v's layouts where those are dense."""
     from flashtune.kernels import backward
     from flashtune.kernels.function import _default
 
@@ -367,49 +557,60 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         sm_scale = 1.0 / math.sqrt(D)
     off = causal_offset(causal_align, N_Q, k.shape[2]) if causal else 0
     if dq_config is None:
-        dq_config = _default("bwd", D, q.dtype, q.device, bool(causal))
+        dq_config = _default("bwd", D, q.dtype, q.device, bool(causal)).as_triton(D, q.dtype, q.device, bool(causal))
     if dq_config.atomic_dq:
         dq_config = dataclasses.replace(dq_config, atomic_dq=0)
     delta = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
-    dq = torch.empty_like(q)
-    int64 = backward.needs_int64(q, k, v, o, do, dq)
-    precision = backward.dot_precision(q.dtype, "tf32")
+    int64 = backward.needs_int64(q, k, v, o, do)
     with on_device(q):
         backward._preprocess(o, do, delta, int64=int64)
         dk, dv = gluon_dkdv(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off)
+        if gluon_dq:
+            dq = gluon_dq_kernel(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off)
+            return dq, dk, dv
+        dq = torch.empty_like(q)
         backward._launch_dq(q, k, v, do, dq, lse2, delta, dq_config, causal=causal, sm_scale=sm_scale,
-                            precision=precision, int64=int64, causal_off=off)
+                            precision=backward.dot_precision(q.dtype, "tf32"), int64=int64 or backward.needs_int64(dq),
+                            causal_off=off)
     return dq, dk, dv
 
 
 # ----------------------------------------------------------------------------------
 # Compiling for sm_90 without a GPU (tests/kernels/gluon_compile_sm90.py)
 # ----------------------------------------------------------------------------------
-def compile_for_sm90(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool):
-    """Compile the dK/dV kernel for sm_90 (ptxas; no GPU needed) as a launch on contiguous
-    inputs would; returns triton's CompiledKernel (``.metadata.shared``, ``.asm``)."""
+def compile_for_sm90(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool, kernel: str = "dkdv"):
+    """Compile the dK/dV kernel (or, ``kernel="dq"``, the dQ kernel) for sm_90 (ptxas; no GPU
+    needed) as a launch on contiguous inputs would; returns triton's CompiledKernel
+    (``.metadata.shared``, ``.asm``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = _gluon_attn_bwd_dkdv_kernel
     el = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
     def desc(rows: int) -> str:
         return f"tensordesc<{el}[1,1,{rows},{head_dim}],{tile_layout(rows, head_dim, dtype)!r}>"
 
-    constexprs = kernel_constexprs(config, head_dim, causal)
-    types = {"desc_q": desc(config.BLOCK_M), "desc_do": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N),
-             "desc_v": desc(config.BLOCK_N), "DK": f"*{el}", "DV": f"*{el}", "LSE": "*fp32", "DELTA": "*fp32",
-             "qk_scale": "fp32", "sm_scale": "fp32"}
-    constexprs["stride_dkd"] = 1
-    constexprs["stride_dvd"] = 1
+    if kernel == "dq":
+        fn = _gluon_attn_bwd_dq_kernel
+        constexprs = dq_kernel_constexprs(config, head_dim, causal)
+        types = {"desc_q": desc(DQ_BLOCK_M), "desc_do": desc(DQ_BLOCK_M), "desc_k": desc(config.DQ_BLOCK_N),
+                 "desc_v": desc(config.DQ_BLOCK_N), "DQ": f"*{el}"}
+        constexprs["stride_dqd"] = 1
+    else:
+        fn = _gluon_attn_bwd_dkdv_kernel
+        constexprs = kernel_constexprs(config, head_dim, causal)
+        types = {"desc_q": desc(config.BLOCK_M), "desc_do": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N),
+                 "desc_v": desc(config.BLOCK_N), "DK": f"*{el}", "DV": f"*{el}"}
+        constexprs["stride_dkd"] = 1
+        constexprs["stride_dvd"] = 1
+    types.update({"LSE": "*fp32", "DELTA": "*fp32", "qk_scale": "fp32", "sm_scale": "fp32"})
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
         else:
             signature[name] = types.get(name, "i32")
-            if name in ("DK", "DV", "LSE", "DELTA") or name.startswith("stride"):
+            if name in ("DK", "DV", "DQ", "LSE", "DELTA") or name.startswith("stride"):
                 attrs[(i, )] = [["tt.divisibility", 16]]
     src = GluonASTSource(fn, signature, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),

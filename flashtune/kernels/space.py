@@ -7,11 +7,12 @@ that ``validate()`` rejects for a shape and device, so they never cost a compile
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
 import torch
 
-from flashtune.kernels.config import BwdConfig, ConfigError, FwdConfig
+from flashtune.kernels.config import _BWD_UNUSED_BY_FAMILY, _UNUSED_BY_FAMILY, BwdConfig, ConfigError, FwdConfig
 
 FWD_SPACE: dict[str, list[int]] = {
     "BLOCK_M": [16, 32, 64, 128, 256],
@@ -48,19 +49,43 @@ BWD_SPACE: dict[str, list[int]] = {
     # 0: chosen at launch from the shape (the tuning key cannot tell the batch and heads
     # apart); explicit values for a sweep at one shape
     "dkdv_split": [0, 1, 2, 4, 8],
+    # the kernel family: 0 Triton, 1 the Gluon warp-specialised dK/dV kernel with the Triton
+    # dQ kernel, 2 both Gluon (sm_90, D 64/128, 16-bit, BLOCK_N1 64; BwdConfig's docstring)
+    "family": [0, 1, 2],
 }
 
 SPACES = {"fwd": (FwdConfig, FWD_SPACE), "bwd": (BwdConfig, BWD_SPACE)}
+# the fields each family fixes (the config classes' __post_init__ applies the same maps)
+_FIXED_BY_FAMILY = {"fwd": _UNUSED_BY_FAMILY, "bwd": _BWD_UNUSED_BY_FAMILY}
 
 
 def candidates(pass_: str) -> list:
     """Every distinct config of the pass's search space, in a fixed order (canonical
-    forms: combinations that differ only in fields the launch does not use count once)."""
+    forms: combinations that differ only in fields the launch does not use count once).
+    Each kernel family's combinations are enumerated with the fields it fixes held at their
+    fixed values (the canonical forms are the same; the enumeration is smaller)."""
     if pass_ not in SPACES:
         raise ValueError(f"pass_: expected 'fwd' or 'bwd', got {pass_!r}")
     cls, space = SPACES[pass_]
-    configs = (cls(**dict(zip(space, values))).canonical() for values in itertools.product(*space.values()))
-    return list(dict.fromkeys(configs))
+    # cached per space as it is now (a test or a sweep may replace SPACES[pass_])
+    return list(_candidates(pass_, cls, tuple((name, tuple(values)) for name, values in space.items())))
+
+
+@functools.lru_cache(maxsize=16)
+def _candidates(pass_: str, cls, frozen_space: tuple) -> tuple:
+    space = {name: list(values) for name, values in frozen_space}
+    fixed_by_family = _FIXED_BY_FAMILY[pass_]
+    out: dict = {}
+    for family in space.get("family", [None]):
+        sub = dict(space)
+        if family is not None:
+            sub["family"] = [family]
+        for name, (value, _valid) in fixed_by_family.get(family, {}).items():
+            if name in sub:
+                sub[name] = [value]
+        for values in itertools.product(*sub.values()):
+            out.setdefault(cls(**dict(zip(sub, values))).canonical(), None)
+    return tuple(out)
 
 
 def valid_candidates(pass_: str, head_dim: int, dtype: torch.dtype, device=None) -> list:

@@ -1,5 +1,6 @@
 """Compile the Gluon forward (kernels/gluon_forward.py) or, with "kernel": "bwd" in an item,
-the Gluon dK/dV kernel (kernels/gluon_backward.py) for sm_90 without a GPU.
+the Gluon dK/dV kernel (kernels/gluon_backward.py; with "bwd_kernel": "dq" its dQ kernel) for
+sm_90 without a GPU.
 
 Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
 "dtype", "causal"} (optionally "window": the sliding-window variant) on stdin and prints one JSON line per item with the compiled kernel's
@@ -22,7 +23,8 @@ def compile_item(item: dict) -> dict:
     if item.get("kernel") == "bwd":  # the Gluon dK/dV kernel (kernels/gluon_backward.py)
         from flashtune.kernels.gluon_backward import GluonBwdConfig, compile_for_sm90 as compile_bwd
 
-        compiled = compile_bwd(GluonBwdConfig(**item["config"]), item["head_dim"], dtype, item["causal"])
+        compiled = compile_bwd(GluonBwdConfig(**item["config"]), item["head_dim"], dtype, item["causal"],
+                               item.get("bwd_kernel", "dkdv"))
     else:
         from flashtune.kernels.gluon_forward import GluonFwdConfig, compile_for_sm90
 

@@ -1,5 +1,7 @@
-"""The Gluon dK/dV kernel (kernels/gluon_backward.py) on the CPU: its config class's checks,
-and its compile for sm_90 (ptxas, no GPU) within the budgets the checks assume.
+"""The Gluon backward's kernels (kernels/gluon_backward.py: dK/dV and dQ) on the CPU: their
+config classes' checks (GluonBwdConfig; BwdConfig's families 1 and 2), the routing of
+attention_backward, and their compile for sm_90 (ptxas, no GPU) within the budgets the
+checks assume.
 
 Nothing here runs the kernel: its numbers are checked by test_gluon_bwd_gpu.py on an H200.
 """
@@ -37,6 +39,10 @@ SM90_SHARED_MEMORY = 232448
     (C(), 96, torch.bfloat16, "head_dim"),
     (C(), 128, torch.float32, "dtype"),
     (C(), 128, torch.float8_e4m3fn, "dtype"),
+    (C(DQ_BLOCK_N=32), 128, torch.bfloat16, "DQ_BLOCK_N"),
+    (C(DQ_BUFFERS=1), 128, torch.bfloat16, "DQ_BUFFERS"),
+    (C(DQ_BLOCK_N=128, DQ_BUFFERS=4), 128, torch.bfloat16, "DQ_BUFFERS"),  # 64 KiB Q/dO + 256 KiB K/V ring
+    (C(BLOCK_M=32, DQ_BLOCK_N=128, CONSUMER_REGS=232), 128, torch.bfloat16, "DQ_BLOCK_N"),
 ])
 def test_invalid_configs_name_their_field(cfg, d, dtype, field):
     with pytest.raises(ConfigError, match=f"^{field}:"):
@@ -67,19 +73,25 @@ def test_shared_memory_counts_the_tiles_and_the_ring():
 # every config here is one validate() accepts; both causal modes, bf16 and fp16
 ITEMS = ((C(BLOCK_M=32), (64, 128)), (C(BLOCK_M=64), (64, 128)), (C(BLOCK_M=64, NUM_BUFFERS=3, DV_EARLY=1), (128, )),
          (C(BLOCK_M=32, NUM_BUFFERS=4), (128, )))
+# the dQ kernel (its DQ_ fields)
+DQ_ITEMS = ((C(), (64, 128)), (C(DQ_BLOCK_N=128), (64, 128)), (C(DQ_BUFFERS=3), (128, )),
+            (C(DQ_BLOCK_N=128, DQ_BUFFERS=3), (64, )))
 
 
-def test_gluon_dkdv_compiles_for_sm90_within_budgets():
-    request = [{"kernel": "bwd", "config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal}
-               for cfg, dims in ITEMS for d in dims for dt in ("bfloat16", "float16") for causal in (False, True)]
+def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets():
+    request = [{"kernel": "bwd", "bwd_kernel": which, "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
+                "causal": causal}
+               for which, items in (("dkdv", ITEMS), ("dq", DQ_ITEMS)) for cfg, dims in items for d in dims
+               for dt in ("bfloat16", "float16") for causal in (False, True)]
     for item in request:
         C(**item["config"]).validate(item["head_dim"], getattr(torch, item["dtype"]))
     problems = []
     for res in compile_for_sm90(SCRIPT, request, timeout=1800, what="the Gluon dK/dV kernel"):
         cfg = C(**{k: v for k, v in res["config"].items()})
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
-        estimate = cfg.shared_memory(d, dtype)
-        where = f"{cfg.short()} D={d} {res['dtype']} causal={res['causal']}"
+        dq = res["bwd_kernel"] == "dq"
+        estimate = cfg.dq_shared_memory(d, dtype) if dq else cfg.shared_memory(d, dtype)
+        where = f"{res['bwd_kernel']} {cfg.short()} D={d} {res['dtype']} causal={res['causal']}"
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > min(estimate, SM90_SHARED_MEMORY):
@@ -89,8 +101,98 @@ def test_gluon_dkdv_compiles_for_sm90_within_budgets():
         for regs in (cfg.PRODUCER_REGS, cfg.CONSUMER_REGS):
             if regs not in res["setmaxnreg"]:
                 problems.append(f"{where}: no setmaxnreg {regs} among {res['setmaxnreg']}")
-        # S^T, dP^T, dV, dK: four wgmma kinds; K, V, Q, dO: four TMA copies
+        # S^T, dP^T, dV, dK (dQ kernel: S, dP, dQ): the wgmma kinds; K, V, Q, dO: four TMA copies
         if res["wgmma"] < 4 or res["tma_loads"] < 4:
             problems.append(f"{where}: expected wgmma and TMA instructions, got {res['wgmma']} and "
                             f"{res['tma_loads']}")
     assert not problems, "\n".join(problems)
+
+
+# ----------------------------------------------------------------------------------
+# BwdConfig's family 1: the Gluon dK/dV kernel through attention_backward
+# ----------------------------------------------------------------------------------
+from flashtune.kernels import backward, reference_attention  # noqa: E402
+from flashtune.kernels import config as config_mod  # noqa: E402
+from flashtune.kernels.config import BwdConfig  # noqa: E402
+
+
+def test_a_gluon_bwd_config_fixes_what_it_does_not_use():
+    cfg = BwdConfig(64, 64, 128, 64, 8, 3, 8, 3, atomic_dq=1, dkdv_split=4, family=1)
+    assert (cfg.num_warps, cfg.atomic_dq, cfg.dkdv_split) == (4, 0, 1)
+    assert cfg.dq_num_warps == 8  # the dQ kernel's own warps stay
+    assert cfg == BwdConfig(64, 64, 128, 64, 4, 3, 8, 3, family=1) == cfg.canonical()
+    assert cfg.label() == "gluon 2x64 m64 b3 / 128x64 w8 s3"
+    assert cfg.gluon() == C(BLOCK_M=64, BLOCK_N=64, NUM_BUFFERS=3)
+    assert BwdConfig.from_dict(cfg.to_dict()) == cfg
+    old = {k: v for k, v in BwdConfig(64, 64, 128, 64, 8, 3).to_dict().items() if k != "family"}
+    assert BwdConfig.from_dict(old).family == 0  # a row stored before the field existed
+
+
+@pytest.mark.parametrize("field, value", [("family", 3), ("family", -1), ("family", 0.5)])
+def test_a_bad_family_is_named(field, value):
+    with pytest.raises(ConfigError, match=rf"^{field}:"):
+        BwdConfig.from_dict({**BwdConfig(64, 64, 64, 64, 4, 2).to_dict(), field: value})
+
+
+def test_a_gluon_bwd_config_runs_on_sm90_only_and_checks_its_blocks():
+    cfg = BwdConfig(64, 64, 128, 64, 4, 2, family=1)
+    with pytest.raises(ConfigError, match=r"^device:"):
+        cfg.validate(128, torch.bfloat16, "cpu")
+    assert cfg.validate_anywhere(128, torch.bfloat16) is cfg  # against sm_90's limits
+    with pytest.raises(ConfigError, match=r"^BLOCK_N:"):
+        BwdConfig(64, 128, 128, 64, 4, 2, family=1).validate_anywhere(128, torch.bfloat16)
+    with pytest.raises(ConfigError, match=r"^head_dim:"):
+        cfg.validate_anywhere(96, torch.bfloat16)
+
+
+def test_the_search_space_has_gluon_bwd_configs_the_cpu_never_runs():
+    from flashtune.kernels.space import candidates, valid_candidates
+
+    every = candidates("bwd")
+    gluon = [c for c in every if c.family]
+    assert gluon and len(set(gluon)) == len(gluon)
+    assert all((c.num_warps, c.atomic_dq, c.dkdv_split) == (4, 0, 1) for c in gluon)
+    assert all(c.family == 0 for c in valid_candidates("bwd", 64, torch.float32, "cpu"))
+
+
+@pytest.mark.parametrize("variant", [dict(softcap=2.0), dict(window_size=(5, 0))])
+def test_a_call_the_gluon_dkdv_kernel_cannot_run_runs_the_triton_default(monkeypatch, variant):
+    if torch.cuda.is_available():
+        pytest.skip("the CPU interpreter's check: on a GPU the Triton kernel would compile")
+    launched = []
+    real = backward._bwd_dkdv_kernel.run
+
+    def spy(*args, **kwargs):
+        launched.append((kwargs["BLOCK_M"], kwargs["BLOCK_N"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backward._bwd_dkdv_kernel, "run", spy)
+    monkeypatch.setattr(backward, "_gluon_backward",
+                        lambda *a, **k: pytest.fail("the Gluon kernel has no " + str(variant)))
+    from flashtune.kernels import attention_forward
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2, 37, 64, generator=gen, dtype=torch.float64).float() for _ in range(4))
+    fwd = config_mod.default_config("fwd", 64, torch.float32, "cpu", causal=True)
+    o, lse2 = attention_forward(q, k, v, fwd, causal=True, sm_scale=0.125, **variant)
+    dq, dk, dv = backward.attention_backward(do, q, k, v, o, lse2, BwdConfig(64, 64, 32, 32, 4, 2, family=1),
+                                             causal=True, sm_scale=0.125, fp32_precision="ieee", **variant)
+    qr, kr, vr = (x.double().requires_grad_() for x in (q, k, v))
+    ref, _ = reference_attention(qr, kr, vr, causal=True, sm_scale=0.125, dtype=torch.float64, **variant)
+    want = torch.autograd.grad(ref, (qr, kr, vr), do.double())
+    for got, w in zip((dq, dk, dv), want):
+        torch.testing.assert_close(got.double(), w, atol=2e-4, rtol=0)
+    triton = config_mod.default_config("bwd", 64, torch.float32, "cpu", causal=True)
+    assert triton.family == 0 and launched == [(triton.BLOCK_M1, triton.BLOCK_N1)]
+
+
+def test_a_gluon_bwd_config_goes_to_the_gluon_kernel(monkeypatch):
+    seen = []
+    monkeypatch.setattr(backward, "_gluon_backward",
+                        lambda do, q, k, v, o, lse2, config, **kw: seen.append((config, kw)) or "grads")
+    q = torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
+    lse2 = torch.zeros(1, 2, 8)
+    cfg = BwdConfig(64, 64, 128, 64, 4, 2, family=1)
+    assert backward.attention_backward(q, q, q, q, q, lse2, cfg, causal=True, sm_scale=0.5,
+                                       causal_align="bottom_right") == "grads"
+    assert seen == [(cfg, dict(causal=True, sm_scale=0.5, compile_only=False, causal_align="bottom_right"))]

@@ -55,8 +55,12 @@ def _the_kernel_comes_back():
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-CONFIGS = {"m32": GluonBwdConfig(BLOCK_M=32), "m64": GluonBwdConfig(BLOCK_M=64),
-           "m64b3dv": GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DV_EARLY=1)}
+# name -> (the dK/dV kernel's config with the dQ kernel's fields, whether dQ is the Gluon kernel's)
+CONFIGS = {"m32": (GluonBwdConfig(BLOCK_M=32), False), "m64": (GluonBwdConfig(BLOCK_M=64), False),
+           "m64-gdq": (GluonBwdConfig(BLOCK_M=64), True),
+           "m64b3dv": (GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DV_EARLY=1), False),
+           "m32-gdq128b3": (GluonBwdConfig(BLOCK_M=32, DQ_BLOCK_N=128, DQ_BUFFERS=3), True)}
+SOME_LENGTHS_ONLY = ("m64b3dv", "m32-gdq128b3")
 
 
 def check_gluon_backward(n_q, n_k, d, *, dtype_name="bf16", causal=True, heads=(8, 2), batch=2, config="m64",
@@ -70,9 +74,9 @@ def check_gluon_backward(n_q, n_k, d, *, dtype_name="bf16", causal=True, heads=(
     do = make_tensor((batch, hq, n_q, d), layout=layout, dtype=dtype, device="cuda", gen=gen)
     o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(d), causal=causal,
                                                     causal_align=causal_align)
-    cfg = CONFIGS[config]
+    cfg, gluon_dq = CONFIGS[config]
     dq, dk, dv = gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=causal,
-                                                         causal_align=causal_align)
+                                                         causal_align=causal_align, gluon_dq=gluon_dq)
     torch.cuda.synchronize()
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     assert dq.dtype == dk.dtype == dv.dtype == dtype
@@ -91,23 +95,49 @@ LENGTHS = [(n, n) for n in (1, 17, 130, 1000, 1024, 2048)] + [(1000, 2048), (204
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("n_q,n_k", LENGTHS, ids=[f"{a}x{b}" for a, b in LENGTHS])
 def test_gluon_backward_matches_the_reference(n_q, n_k, d, causal, config):
-    if config == "m64b3dv" and (n_q, n_k) not in ((1000, 1000), (2048, 1000)):
-        pytest.skip("the third config on two lengths only")
+    if config in SOME_LENGTHS_ONLY and (n_q, n_k) not in ((1000, 1000), (2048, 1000), (64, 257)):
+        pytest.skip("this config on three lengths only")
     check_gluon_backward(n_q, n_k, d, causal=causal, config=config)
 
 
+@pytest.mark.parametrize("config", ["m64", "m64-gdq"])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 1), (16, 2)], ids=["mha", "mqa", "gqa8"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gluon_backward_grouped_heads(heads, causal):
-    check_gluon_backward(1000, 1000, 128, heads=heads, causal=causal, batch=1)
+def test_gluon_backward_grouped_heads(heads, causal, config):
+    check_gluon_backward(1000, 1000, 128, heads=heads, causal=causal, batch=1, config=config)
 
 
+@pytest.mark.parametrize("config", ["m64", "m64-gdq"])
 @pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
 @pytest.mark.parametrize("n_q,n_k", [(1000, 300), (300, 1000), (511, 511)])
-def test_gluon_backward_bottom_right_and_fp16(dtype_name, n_q, n_k):
-    check_gluon_backward(n_q, n_k, 64, dtype_name=dtype_name, causal=True, causal_align="bottom_right")
+def test_gluon_backward_bottom_right_and_fp16(dtype_name, n_q, n_k, config):
+    check_gluon_backward(n_q, n_k, 64, dtype_name=dtype_name, causal=True, causal_align="bottom_right",
+                         config=config)
 
 
+@pytest.mark.parametrize("config", ["m64", "m64-gdq"])
 @pytest.mark.parametrize("layout", ["bnhd", "bhdn", "shifted", "padded"])
-def test_gluon_backward_strided_layouts(layout):
-    check_gluon_backward(777, 777, 128, causal=True, layout=layout)
+def test_gluon_backward_strided_layouts(layout, config):
+    check_gluon_backward(777, 777, 128, causal=True, layout=layout, config=config)
+
+
+@pytest.mark.parametrize("family", [1, 2])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n,d,heads", [(1000, 128, (8, 2)), (4096, 64, (4, 4)), (333, 128, (4, 1))])
+def test_attention_trains_through_a_gluon_bwd_config(n, d, heads, causal, family):
+    """flashtune.attention with a BwdConfig of family 1 or 2: autograd's backward runs the
+    Gluon kernels (the forward its default), checked as every backward is (check_attention:
+    o, lse, every gradient, the gradients' layouts)."""
+    from kernel_checks import check_attention
+
+    from flashtune.kernels.config import BwdConfig
+
+    gen = torch.Generator().manual_seed(n * 31 + d + family)
+    hq, hkv = heads
+    q = make_tensor((2, hq, n, d), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
+    k, v = (make_tensor((2, hkv, n, d), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
+            for _ in range(2))
+    do = make_tensor((2, hq, n, d), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
+    cfg = BwdConfig(64, 64, 128, 64, 4, 2, 8, 3, family=family)
+    check_attention(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do, dtype_name="bf16",
+                    causal=causal, bwd_config=cfg)

@@ -122,7 +122,13 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     assert cfg.family == 1 and cfg.gluon() == gluon_forward.default_gluon_config(128)
     assert family_defaults("fwd", 96, torch.bfloat16, "cuda") == []  # the Gluon kernel: D 64 and 128
     assert family_defaults("fwd", 128, torch.float32, "cuda") == []
-    assert family_defaults("bwd", 128, torch.bfloat16, "cuda") == []
+    gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward")
+    monkeypatch.setattr(gluon_backward, "device_capability", lambda device: (9, 0))
+    (bwd,) = family_defaults("bwd", 128, torch.bfloat16, "cuda")  # the Gluon dK/dV kernel, the Triton dQ half
+    triton_bwd = config_mod.default_config("bwd", 128, torch.bfloat16, "cuda", triton_only=True)
+    assert bwd.family == 1 and bwd.gluon() == gluon_backward.default_gluon_bwd_config(128)
+    assert (bwd.BLOCK_M2, bwd.BLOCK_N2, bwd.dq_num_warps, bwd.dq_num_stages) == \
+        (triton_bwd.BLOCK_M2, triton_bwd.BLOCK_N2, triton_bwd.dq_num_warps, triton_bwd.dq_num_stages)
     valid = valid_candidates("fwd", 64, torch.bfloat16, "cuda")
     assert any(c.family for c in valid) and any(not c.family for c in valid)
     with pytest.raises(ConfigError, match=r"^head_dim:"):
