@@ -47,8 +47,9 @@ LARGE = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal or None for both)
 ]
 # (the dK/dV kernel's config with the Gluon dQ kernel's fields, whether dQ is the Gluon kernel's)
 NEIGHBOURS = [(GluonBwdConfig(BLOCK_M=32), False), (GluonBwdConfig(NUM_BUFFERS=3), False),
-              (GluonBwdConfig(NUM_BUFFERS=3, DQ_BUFFERS=3), True), (GluonBwdConfig(DQ_BLOCK_N=128), True),
-              (GluonBwdConfig(BLOCK_M=32, DQ_BUFFERS=3), True), (GluonBwdConfig(NUM_BUFFERS=3, DQ_BLOCK_N=128), True)]
+              (GluonBwdConfig(NUM_BUFFERS=3, DQ_BUFFERS=3), True), (GluonBwdConfig(DQ_OVERLAP=0), True),
+              (GluonBwdConfig(DQ_BLOCK_N=128, DQ_OVERLAP=0), True), (GluonBwdConfig(BLOCK_M=32, DQ_BUFFERS=3), True),
+              (GluonBwdConfig(DQ_BLOCK_N=128), True)]
 
 
 def shapes(args) -> list[tuple]:

@@ -41,8 +41,8 @@ TMA_MAX_HEAD_DIM = 128
 MAX_SPLITS = 128
 # calls with at most this many queries per head take the decode entries of the heuristic tables
 DECODE_MAX_Q = 16
-# Forward calls with at least this many queries per head read a table's "long" entry first
-# (the Gluon kernel on sm_90 at D=128)
+# Calls with at least this many queries per head read a table's "long" entry first (the Gluon
+# kernels on sm_90 at D=128)
 LONG_MIN_Q = 4096
 # fp8 inputs (kernels/fp8.py): the forward only. Triton's fp8 dots need a reduction of at
 # least 32 (the tensor cores' fp8 K step): the head dim pads to 32, BLOCK_N (P @ V's K) >= 32.
@@ -866,8 +866,8 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     Walks the tables from the device's architecture down to the generic one and
     returns the first entry that validates on the device; within a table an entry for
     decode ((dtype, head_dim, "decode"), forward calls with ``seq_q`` at most
-    DECODE_MAX_Q) or for long queries ((dtype, head_dim, "long"), at least LONG_MIN_Q)
-    comes first, then one for this masking ((dtype, head_dim, causal)),
+    DECODE_MAX_Q) or for long queries ((dtype, head_dim, "long"), at least LONG_MIN_Q, both
+    passes) comes first, then one for this masking ((dtype, head_dim, causal)),
     then the one for both. ``triton_only``: entries of another kernel family (the Gluon
     forward, ``family=1``) are passed over (``FwdConfig.as_triton``'s fallback).
     """
@@ -877,7 +877,7 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     keys = [key] if causal is None else [(*key, bool(causal)), key]
     if pass_ == "fwd" and seq_q is not None and seq_q <= DECODE_MAX_Q:
         keys.insert(0, (*key, "decode"))
-    if pass_ == "fwd" and seq_q is not None and seq_q >= LONG_MIN_Q:
+    if seq_q is not None and seq_q >= LONG_MIN_Q:
         keys.insert(0, (*key, "long"))
     candidates = [tables[0 if pass_ == "fwd" else 1].get(k)
                   for c, tables in sorted(HEURISTICS.items(), reverse=True) if c <= cap for k in keys]

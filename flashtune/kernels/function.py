@@ -179,7 +179,8 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
     """The configs to launch with: the given ones, validated (the forward's for its DROPOUT
     kernel with ``dropout``), or the heuristic defaults (the forward's decode entry for at
     most DECODE_MAX_Q queries, its long entry from LONG_MIN_Q; neither for a packed ``varlen``
-    q or with dropout, which run the plain Triton forward kernel)."""
+    q or with dropout, which run the plain Triton forward kernel); the backward's long entry
+    from LONG_MIN_Q."""
     D, dtype, device = q.shape[-1], q.dtype, q.device
     bucket = None
     if not varlen and not dropout:
@@ -188,7 +189,9 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
     for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
                                   ("bwd_config", bwd_config, BwdConfig, "bwd")):
         if cfg is None:
-            resolved.append(_default(pass_, D, dtype, device, bool(causal), bucket if pass_ == "fwd" else None))
+            # the backward reads the long bucket only (its decode-sized calls are few)
+            resolved.append(_default(pass_, D, dtype, device, bool(causal),
+                                     bucket if pass_ == "fwd" or bucket == LONG_MIN_Q else None))
         elif not isinstance(cfg, cls):
             raise TypeError(f"{name}: expected a {cls.__name__} or None, got {type(cfg).__name__}")
         else:

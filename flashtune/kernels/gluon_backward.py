@@ -73,6 +73,7 @@ class GluonBwdConfig:
     DV_EARLY: 1 issues dV's wgmma before dS^T's arithmetic (more registers live).
     DQ_BLOCK_N / DQ_BUFFERS: the Gluon dQ kernel's keys per step and K/V ring slots (its
     consumers hold 64 query rows each); used where that kernel runs (``gluon_dq``).
+    DQ_OVERLAP: 1 runs each block's dQ wgmma under the next block's S, dP and softmax.
     """
 
     BLOCK_M: int = 64
@@ -83,13 +84,14 @@ class GluonBwdConfig:
     DV_EARLY: int = 0
     DQ_BLOCK_N: int = 64
     DQ_BUFFERS: int = 2
+    DQ_OVERLAP: int = 1
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
     def short(self) -> str:
         return (f"m{self.BLOCK_M}n2x{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
-                f"{'dv' if self.DV_EARLY else ''}/dq-n{self.DQ_BLOCK_N}b{self.DQ_BUFFERS}")
+                f"{'dv' if self.DV_EARLY else ''}/dq-n{self.DQ_BLOCK_N}b{self.DQ_BUFFERS}{'' if self.DQ_OVERLAP else 'seq'}")
 
     def dq_shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         """The dQ kernel's bytes: both consumers' Q and dO tiles, the K/V ring, the mbarriers."""
@@ -98,9 +100,11 @@ class GluonBwdConfig:
         return tiles + (2 + 3 * self.DQ_BUFFERS) * _BARRIER_BYTES + _SHARED_SLACK
 
     def dq_registers_needed(self, head_dim: int) -> int:
-        """The dQ kernel's fp32 dQ, S and dP tiles and 16-bit dS, per consumer thread, plus spare."""
-        return (DQ_BLOCK_M * head_dim + 2 * DQ_BLOCK_M * self.DQ_BLOCK_N + DQ_BLOCK_M * self.DQ_BLOCK_N // 2) \
-            // (32 * CONSUMER_WARPS) + _BWD_SPARE_REGS
+        """The dQ kernel's fp32 dQ, S and dP tiles and 16-bit dS (two with the overlap: the
+        previous block's, read by its dQ wgmma, and this one's), per consumer thread, plus spare."""
+        ds_tiles = 2 if self.DQ_OVERLAP else 1
+        return (DQ_BLOCK_M * head_dim + 2 * DQ_BLOCK_M * self.DQ_BLOCK_N
+                + ds_tiles * DQ_BLOCK_M * self.DQ_BLOCK_N // 2) // (32 * CONSUMER_WARPS) + _BWD_SPARE_REGS
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         """Bytes of shared memory: the CTA's K and V tiles, the Q/dO ring, the mbarriers."""
@@ -128,7 +132,7 @@ class GluonBwdConfig:
         """Raise ConfigError naming the field if this config cannot run; return self
         (``device`` as GluonFwdConfig.validate's)."""
         for name in ("BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "PRODUCER_REGS", "CONSUMER_REGS", "DV_EARLY", "DQ_BLOCK_N",
-                     "DQ_BUFFERS"):
+                     "DQ_BUFFERS", "DQ_OVERLAP"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigError(f"{name}: expected an integer, got {value!r}")
@@ -140,6 +144,8 @@ class GluonBwdConfig:
             raise ConfigError(f"DV_EARLY: expected 0 or 1, got {self.DV_EARLY}")
         if not 2 <= self.NUM_BUFFERS <= 4:
             raise ConfigError(f"NUM_BUFFERS: expected 2 to 4 Q/dO slots, got {self.NUM_BUFFERS}")
+        if self.DQ_OVERLAP not in (0, 1):
+            raise ConfigError(f"DQ_OVERLAP: expected 0 or 1, got {self.DQ_OVERLAP}")
         if self.DQ_BLOCK_N not in (64, 128):
             raise ConfigError(f"DQ_BLOCK_N: expected 64 or 128 keys per step of the dQ kernel, got {self.DQ_BLOCK_N}")
         if not 2 <= self.DQ_BUFFERS <= 4:
@@ -368,10 +374,79 @@ def _dq_producer(desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_bufs, v_buf
 
 
 @gluon.jit
+def _dq_scores(q, do, k_bufs, v_bufs, k_ready, v_ready, j, rows, cols, lse, delta, qk_scale, causal_off, mask_from,
+               CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
+               s_zero, a_layout: gl.constexpr):
+    """Key block j's dS = P (dP - Delta) as the dQ wgmma's 16-bit A operand: S = Q K^T and
+    dP = dO V^T issued together, P while dP runs. Waits for every wgmma this warp group
+    issued before (wgmma groups complete in order)."""
+    s = j % NUM_BUFFERS
+    phase = (j // NUM_BUFFERS) & 1
+    k = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
+    v = v_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
+    mbarrier.wait(k_ready.index(s), phase)
+    qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(s), phase)
+    dp = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    qk, _q, _k = warpgroup_mma_wait(1, deps=(qk, q, k))
+    # keys past Nk read as zeros: their P is not 0, but their K rows are, so dS K is not moved
+    p = gl.exp2(qk * qk_scale - lse[:, None])
+    if CAUSAL:
+        if j >= mask_from:
+            keys = j * BLOCK_N + cols
+            p = gl.where(keys[None, :] <= rows[:, None] + causal_off, p, 0.0)
+    dp, _do, _v = warpgroup_mma_wait(0, deps=(dp, do, v))
+    return gl.convert_layout((p * (dp - delta[:, None])).to(q.dtype), a_layout)
+
+
+@gluon.jit
+def _dq_blocks_overlapped(dq, q, do, k_bufs, v_bufs, k_ready, v_ready, kv_empty, rows, cols, lse, delta, qk_scale,
+                          causal_off, mask_from, n_blocks, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+                          BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, s_zero, a_layout: gl.constexpr):
+    """The key blocks with block j-1's dQ wgmma running under block j's S, dP and softmax:
+    S_j and dP_j are issued, then dQ += dS_{j-1} K_{j-1}; P_j waits for S_j only, dS_j for
+    dP_j; slot j-1 is released once its dQ wgmma is done."""
+    if n_blocks > 0:
+        ds16 = _dq_scores(q, do, k_bufs, v_bufs, k_ready, v_ready, 0, rows, cols, lse, delta, qk_scale, causal_off,
+                          mask_from, CAUSAL, HEAD_DIM, BLOCK_N, NUM_BUFFERS, s_zero, a_layout)
+        for j in range(1, n_blocks):
+            s = j % NUM_BUFFERS
+            sp = (j - 1) % NUM_BUFFERS
+            phase = (j // NUM_BUFFERS) & 1
+            k = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
+            v = v_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
+            k_prev = k_bufs.index(sp).reshape([BLOCK_N, HEAD_DIM])
+            mbarrier.wait(k_ready.index(s), phase)
+            qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(s), phase)
+            dp = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dq = warpgroup_mma(ds16, k_prev, dq, is_async=True)
+            qk, _q, _k = warpgroup_mma_wait(2, deps=(qk, q, k))
+            p = gl.exp2(qk * qk_scale - lse[:, None])
+            if CAUSAL:
+                if j >= mask_from:
+                    keys = j * BLOCK_N + cols
+                    p = gl.where(keys[None, :] <= rows[:, None] + causal_off, p, 0.0)
+            dp, _do, _v = warpgroup_mma_wait(1, deps=(dp, do, v))
+            ds = p * (dp - delta[:, None])
+            dq, _ds, _kp = warpgroup_mma_wait(0, deps=(dq, ds16, k_prev))
+            gl.thread_barrier()  # every warp is done with slot j-1 before its one arrival
+            mbarrier.arrive(kv_empty.index(sp))
+            ds16 = gl.convert_layout(ds.to(q.dtype), a_layout)
+        sl = (n_blocks - 1) % NUM_BUFFERS
+        k_last = k_bufs.index(sl).reshape([BLOCK_N, HEAD_DIM])
+        dq = warpgroup_mma(ds16, k_last, dq, is_async=True)
+        dq, _ds, _kl = warpgroup_mma_wait(0, deps=(dq, ds16, k_last))
+        gl.thread_barrier()
+        mbarrier.arrive(kv_empty.index(sl))
+    return dq
+
+
+@gluon.jit
 def _dq_consumer(which, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, DQ, LSE, DELTA,
                  qk_scale, sm_scale, stride_dqb, stride_dqh, stride_dqn, stride_dqd, off_b, off_h, H, N_Q,
                  causal_off, start_m, n_blocks, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr):
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, OVERLAP: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -395,28 +470,20 @@ def _dq_consumer(which, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_rea
     mbarrier.wait(q_ready.index(which), 0)
     q = q_smem.index(which).reshape([BLOCK_M, HEAD_DIM])
     do = do_smem.index(which).reshape([BLOCK_M, HEAD_DIM])
-    for j in range(n_blocks):
-        s = j % NUM_BUFFERS
-        phase = (j // NUM_BUFFERS) & 1
-        k = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
-        v = v_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
-        mbarrier.wait(k_ready.index(s), phase)
-        qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(s), phase)
-        dp = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        qk, _q, _k = warpgroup_mma_wait(1, deps=(qk, q, k))
-        # keys past Nk read as zeros: their P is not 0, but their K rows are, so dS K is not moved
-        p = gl.exp2(qk * qk_scale - lse[:, None])
-        if CAUSAL:
-            if j >= mask_from:
-                keys = j * BLOCK_N + cols
-                p = gl.where(keys[None, :] <= rows[:, None] + causal_off, p, 0.0)
-        dp, _do, _v = warpgroup_mma_wait(0, deps=(dp, do, v))
-        ds16 = gl.convert_layout((p * (dp - delta[:, None])).to(q.dtype), a_layout)
-        dq = warpgroup_mma(ds16, k, dq, is_async=True)
-        dq, _ds, _k2 = warpgroup_mma_wait(0, deps=(dq, ds16, k))
-        gl.thread_barrier()
-        mbarrier.arrive(kv_empty.index(s))
+    if OVERLAP:
+        dq = _dq_blocks_overlapped(dq, q, do, k_bufs, v_bufs, k_ready, v_ready, kv_empty, rows, cols, lse, delta,
+                                   qk_scale, causal_off, mask_from, n_blocks, CAUSAL, HEAD_DIM, BLOCK_N, NUM_BUFFERS,
+                                   s_zero, a_layout)
+    else:
+        for j in range(n_blocks):
+            s = j % NUM_BUFFERS
+            k = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
+            ds16 = _dq_scores(q, do, k_bufs, v_bufs, k_ready, v_ready, j, rows, cols, lse, delta, qk_scale, causal_off,
+                              mask_from, CAUSAL, HEAD_DIM, BLOCK_N, NUM_BUFFERS, s_zero, a_layout)
+            dq = warpgroup_mma(ds16, k, dq, is_async=True)
+            dq, _ds, _k2 = warpgroup_mma_wait(0, deps=(dq, ds16, k))
+            gl.thread_barrier()
+            mbarrier.arrive(kv_empty.index(s))
 
     dq = dq * sm_scale
     o_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
@@ -430,7 +497,7 @@ def _dq_consumer(which, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_rea
 def _gluon_attn_bwd_dq_kernel(desc_q, desc_do, desc_k, desc_v, DQ, LSE, DELTA, qk_scale, sm_scale,
                               stride_dqb, stride_dqh, stride_dqn, stride_dqd, H, GROUP, N_Q, N_K, causal_off,
                               CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                              BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
+                              BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, OVERLAP: gl.constexpr,
                               PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     pid_m = gl.program_id(0)
     if CAUSAL:  # the last query blocks have the most keys: start them first
@@ -463,10 +530,12 @@ def _gluon_attn_bwd_dq_kernel(desc_q, desc_do, desc_k, desc_v, DQ, LSE, DELTA, q
     gl.warp_specialize([
         (_dq_consumer, (0, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, DQ, LSE, DELTA,
                         qk_scale, sm_scale, stride_dqb, stride_dqh, stride_dqn, stride_dqd, off_b, off_h, H, N_Q,
-                        causal_off, start_m, n_blocks, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS)),
+                        causal_off, start_m, n_blocks, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
+                        OVERLAP)),
         (_dq_consumer, (1, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, DQ, LSE, DELTA,
                         qk_scale, sm_scale, stride_dqb, stride_dqh, stride_dqn, stride_dqd, off_b, off_h, H, N_Q,
-                        causal_off, start_m, n_blocks, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS)),
+                        causal_off, start_m, n_blocks, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
+                        OVERLAP)),
         (_dq_producer, (desc_q, desc_do, desc_k, desc_v, q_smem, do_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready,
                         kv_empty, off_b, off_h, off_hk, start_m, n_blocks, BLOCK_M, BLOCK_N, NUM_BUFFERS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -506,7 +575,7 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
 
 def dq_kernel_constexprs(config: GluonBwdConfig, head_dim: int, causal: bool) -> dict:
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=DQ_BLOCK_M, BLOCK_N=config.DQ_BLOCK_N,
-                NUM_BUFFERS=config.DQ_BUFFERS, PRODUCER_REGS=config.PRODUCER_REGS,
+                NUM_BUFFERS=config.DQ_BUFFERS, OVERLAP=bool(config.DQ_OVERLAP), PRODUCER_REGS=config.PRODUCER_REGS,
                 CONSUMER_REGS=config.CONSUMER_REGS)
 
 

@@ -40,8 +40,10 @@ SM90_SHARED_MEMORY = 232448
     (C(), 128, torch.float32, "dtype"),
     (C(), 128, torch.float8_e4m3fn, "dtype"),
     (C(DQ_BLOCK_N=32), 128, torch.bfloat16, "DQ_BLOCK_N"),
+    (C(DQ_BLOCK_N=128), 128, torch.bfloat16, "DQ_BLOCK_N"),  # with the overlap: two dS tiles (ptxas spills)
+    (C(DQ_OVERLAP=2), 128, torch.bfloat16, "DQ_OVERLAP"),
     (C(DQ_BUFFERS=1), 128, torch.bfloat16, "DQ_BUFFERS"),
-    (C(DQ_BLOCK_N=128, DQ_BUFFERS=4), 128, torch.bfloat16, "DQ_BUFFERS"),  # 64 KiB Q/dO + 256 KiB K/V ring
+    (C(DQ_BLOCK_N=128, DQ_BUFFERS=4, DQ_OVERLAP=0), 128, torch.bfloat16, "DQ_BUFFERS"),  # 64 KiB Q/dO + 256 KiB K/V ring
     (C(BLOCK_M=32, DQ_BLOCK_N=128, CONSUMER_REGS=232), 128, torch.bfloat16, "DQ_BLOCK_N"),
 ])
 def test_invalid_configs_name_their_field(cfg, d, dtype, field):
@@ -74,8 +76,8 @@ def test_shared_memory_counts_the_tiles_and_the_ring():
 ITEMS = ((C(BLOCK_M=32), (64, 128)), (C(BLOCK_M=64), (64, 128)), (C(BLOCK_M=64, NUM_BUFFERS=3, DV_EARLY=1), (128, )),
          (C(BLOCK_M=32, NUM_BUFFERS=4), (128, )))
 # the dQ kernel (its DQ_ fields)
-DQ_ITEMS = ((C(), (64, 128)), (C(DQ_BLOCK_N=128), (64, 128)), (C(DQ_BUFFERS=3), (128, )),
-            (C(DQ_BLOCK_N=128, DQ_BUFFERS=3), (64, )))
+DQ_ITEMS = ((C(), (64, 128)), (C(DQ_OVERLAP=0), (64, 128)), (C(DQ_BLOCK_N=128, DQ_OVERLAP=0), (128, )),
+            (C(DQ_BUFFERS=3), (128, )), (C(DQ_BLOCK_N=128, DQ_BUFFERS=3), (64, )))
 
 
 def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets():
