@@ -117,13 +117,13 @@ def main() -> int:
                 configs += [c for c in NEIGHBOURS if c not in configs]
             errors = {}
             for cfg, gdq in configs:
-                name = cfg.short() if gdq else cfg.short().split("/dq")[0] + "/triton-dq"
+                label = cfg.short() if gdq else cfg.short().split("/dq")[0] + "/triton-dq"
                 try:
                     cfg.validate(D, dtype, q.device)
                 except Exception as e:  # noqa: BLE001 - report and go on
-                    errors[name] = f"invalid: {e}"
+                    errors[label] = f"invalid: {e}"
                     continue
-                fns[f"gluon {name}"] = (lambda cfg=cfg, gdq=gdq: gluon_attention_backward(
+                fns[f"gluon {label}"] = (lambda cfg=cfg, gdq=gdq: gluon_attention_backward(
                     do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale, gluon_dq=gdq))
             ref = [g.float() for g in fns["cudnn"]()]
             flash = [g.float() for g in fns["flash"]()]

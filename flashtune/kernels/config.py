@@ -821,9 +821,10 @@ def portfolio(pass_: str, head_dim: int, dtype: torch.dtype, device=None) -> lis
 
 def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) -> list:
     """The starting config of each other kernel family that runs this head dim and dtype on
-    the device: on sm_90 the Gluon forward's default (gluon_forward.default_gluon_config),
-    and the Gluon dK/dV kernel's (gluon_backward.default_gluon_bwd_config) with the Triton
-    default's dQ half. The search times these first (key_search.warm_start), so the family
+    the device: on sm_90 the Gluon forward's default (gluon_forward.default_gluon_config);
+    for the backward the Gluon dK/dV kernel's (gluon_backward.default_gluon_bwd_config) with
+    the Triton default's dQ half (family 1), then with the Gluon dQ kernel (family 2). The
+    search times these first (key_search.warm_start), so the family
     is chosen per key by measurement."""
     config_class(pass_)
     if device_capability(device) != (9, 0) or dtype not in (_bf, _fp) or head_dim not in (64, 128):
@@ -836,10 +837,21 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
     else:
         from flashtune.kernels.gluon_backward import default_gluon_bwd_config
 
+        # family 1 (the Gluon dK/dV kernel with the Triton default's dQ half) and family 2
+        # (both Gluon, 3-slot rings: the best at 4x16x4k D=128 on the H200, 0.85x cuDNN
+        # against family 1's 0.81x; docs/gluon.md)
         g = default_gluon_bwd_config(head_dim)
         t = default_config("bwd", head_dim, dtype, device, triton_only=True)
-        cfg = BwdConfig(g.BLOCK_M, g.BLOCK_N, t.BLOCK_M2, t.BLOCK_N2, 4, g.NUM_BUFFERS, t.dq_num_warps,
-                        t.dq_num_stages, tma=t.tma, family=1)
+        configs = [BwdConfig(g.BLOCK_M, g.BLOCK_N, t.BLOCK_M2, t.BLOCK_N2, 4, g.NUM_BUFFERS, t.dq_num_warps,
+                             t.dq_num_stages, tma=t.tma, family=1),
+                   BwdConfig(g.BLOCK_M, g.BLOCK_N, 64, 64, 4, 3, 4, 3, family=2)]
+        out = []
+        for cfg in configs:
+            try:
+                out.append(cfg.validate(head_dim, dtype, device))
+            except ConfigError:
+                pass
+        return out
     try:
         return [cfg.validate(head_dim, dtype, device)]
     except ConfigError:

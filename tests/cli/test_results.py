@@ -125,7 +125,7 @@ def test_list_of_a_bad_url(invoke):
 
 SHOW_TEXT = """\
 bwd bfloat16 d64 n1024 causal on NVIDIA H200@sm90
-  config        BLOCK_M1=32 BLOCK_N1=64 BLOCK_M2=64 BLOCK_N2=32 num_warps=8 num_stages=2 dq_num_warps=8 dq_num_stages=2 atomic_dq=0 tma=0 dkdv_split=0
+  config        BLOCK_M1=32 BLOCK_N1=64 BLOCK_M2=64 BLOCK_N2=32 num_warps=8 num_stages=2 dq_num_warps=8 dq_num_stages=2 atomic_dq=0 tma=0 dkdv_split=0 family=0
   time          0.5 ms
   TFLOPS        512.5
   default time  1 ms

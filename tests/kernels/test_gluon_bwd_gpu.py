@@ -59,9 +59,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 CONFIGS = {"m32": (GluonBwdConfig(BLOCK_M=32), False), "m64": (GluonBwdConfig(BLOCK_M=64), False),
            "m64-gdq": (GluonBwdConfig(BLOCK_M=64), True),
            "m64b3dv": (GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DV_EARLY=1), False),
-           "m32-gdq128b3seq": (GluonBwdConfig(BLOCK_M=32, DQ_BLOCK_N=128, DQ_BUFFERS=3, DQ_OVERLAP=0), True),
+           "m32-gdq128b2seq": (GluonBwdConfig(BLOCK_M=32, DQ_BLOCK_N=128, DQ_BUFFERS=2, DQ_OVERLAP=0), True),
            "m64-gdqseq": (GluonBwdConfig(BLOCK_M=64, DQ_OVERLAP=0), True)}
-SOME_LENGTHS_ONLY = ("m64b3dv", "m32-gdq128b3seq", "m64-gdqseq")
+SOME_LENGTHS_ONLY = ("m64b3dv", "m32-gdq128b2seq", "m64-gdqseq")
 
 
 def check_gluon_backward(n_q, n_k, d, *, dtype_name="bf16", causal=True, heads=(8, 2), batch=2, config="m64",

@@ -124,7 +124,8 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     assert family_defaults("fwd", 128, torch.float32, "cuda") == []
     gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward")
     monkeypatch.setattr(gluon_backward, "device_capability", lambda device: (9, 0))
-    (bwd,) = family_defaults("bwd", 128, torch.bfloat16, "cuda")  # the Gluon dK/dV kernel, the Triton dQ half
+    bwd, both = family_defaults("bwd", 128, torch.bfloat16, "cuda")  # Gluon dK/dV with the Triton dQ half; both Gluon
+    assert both.family == 2 and both.gluon().DQ_BUFFERS == 3 and both.gluon().NUM_BUFFERS == 3
     triton_bwd = config_mod.default_config("bwd", 128, torch.bfloat16, "cuda", triton_only=True)
     assert bwd.family == 1 and bwd.gluon() == gluon_backward.default_gluon_bwd_config(128)
     assert (bwd.BLOCK_M2, bwd.BLOCK_N2, bwd.dq_num_warps, bwd.dq_num_stages) == \
@@ -286,8 +287,9 @@ def test_attention_fp8_reads_the_long_entry_for_long_calls_only(monkeypatch, n, 
 
 
 def test_attention_defaults_read_the_long_entry_for_long_calls_only(monkeypatch):
-    """flashtune.attention()'s heuristic forward config: the long bucket (the Gluon kernel's
-    entry on sm_90) from LONG_MIN_Q queries, unless packed or with dropout."""
+    """flashtune.attention()'s heuristic configs: the long bucket (the Gluon kernel's forward
+    entry on sm_90) from LONG_MIN_Q queries, unless packed or with dropout; the backward's
+    long bucket too, never its decode one."""
     from flashtune.kernels import function
     from flashtune.kernels.config import DECODE_MAX_Q, LONG_MIN_Q
 
@@ -301,6 +303,7 @@ def test_attention_defaults_read_the_long_entry_for_long_calls_only(monkeypatch)
             asked.clear()
             function._default.cache_clear()
             function.resolve_configs(torch.empty(1, 2, n, 16), None, None, **kwargs)
-            assert asked == [("fwd", bucket), ("bwd", None)], (n, kwargs)
+            # the backward reads the long bucket only
+            assert asked == [("fwd", bucket), ("bwd", bucket if bucket == LONG_MIN_Q else None)], (n, kwargs)
     finally:
         function._default.cache_clear()
