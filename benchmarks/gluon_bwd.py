@@ -28,7 +28,8 @@ import argparse
 import datetime
 import json
 import math
-import statistics
+import pathlib
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +39,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from flashtune.kernels import attention_forward, default_config
 from flashtune.kernels.backward import attention_backward, dq_kernel_alone
 from flashtune.kernels.gluon_backward import GluonBwdConfig, default_gluon_bwd_config, gluon_attention_backward
-from flashtune.protocol import GRID_SEQ_LENS, geomean, grid_shape
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import gluon_bench  # noqa: E402  (benchmarks/gluon_bench.py: shapes, rounds, ratios, summary)
 
 LARGE = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal or None for both)
     ("4x16x4k-d128", 4, 16, 16, 4096, 4096, 128, None),
@@ -53,18 +56,7 @@ NEIGHBOURS = [(GluonBwdConfig(BLOCK_M=32), False), (GluonBwdConfig(NUM_BUFFERS=3
 
 
 def shapes(args) -> list[tuple]:
-    out = []
-    if args.grid:
-        for d in (64, 128):
-            for n in GRID_SEQ_LENS:
-                b, h = grid_shape(d, n)
-                out.append((f"grid-d{d}-{n}", b, h, h, n, n, d, None))
-    if args.realistic:
-        from flashtune.shapes import REALISTIC_GRID
-
-        out += [(s.name, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, s.head_dim, s.causal)
-                for s in REALISTIC_GRID if s.head_dim in (64, 128) and s.seq_q >= 1024 and s.seq_k >= 1024]
-    return out or LARGE
+    return gluon_bench.shapes(args, LARGE, min_seq_k=1024)
 
 
 def sdpa_backward(backend, q, k, v, do, causal, scale):
@@ -139,51 +131,11 @@ def main() -> int:
                     del fns[label]
             if dq_alone is not None:
                 fns["dq"] = dq_alone
-            times = {label: [] for label in fns}
-            for _ in range(args.rounds):
-                for label, fn in fns.items():
-                    times[label].append(triton.testing.do_bench(fn, warmup=25, rep=args.rep, return_mode="median"))
-            ms = {label: statistics.median(t) for label, t in times.items()}
-            gluon = {label: t for label, t in ms.items() if label.startswith("gluon")}
-            best = min(gluon, key=gluon.get) if gluon else None
-            row = dict(name=name, B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, causal=causal, ms=ms, errors=errors,
-                       gluon_best=best)
-
-            def speed(a, b):
-                return ms[b] / ms[a] if a in ms and b in ms else None
-
-            row.update({f"gluon/{x}": speed(best, x) for x in ("triton", "cudnn", "flash")},
-                       **{"triton/cudnn": speed("triton", "cudnn")})
+            ms = gluon_bench.time_rounds(fns, args.rounds, args.rep)
+            row = gluon_bench.ratio_row(name, B, Hq, Hkv, Nq, Nk, D, causal, ms, errors)
             rows.append(row)
-            for label, msg in errors.items():
-                print(f"{name:>28} {'causal' if causal else 'full':>6} {label}: {msg}")
-
-            def f(x):
-                return f"{x:8.3f}" if x is not None else f"{'-':>8}"
-
-            g_ms = ms.get(best)
-            print(f"{name:>28} {'causal' if causal else 'full':>6} {(best or '-')[6:]:>34} "
-                  f"{g_ms if g_ms else float('nan'):9.3f} {flops / g_ms / 1e9 if g_ms else float('nan'):8.1f} "
-                  f"{f(ms.get('triton'))} {f(ms.get('cudnn'))} {f(ms.get('flash'))} {f(ms.get('dq'))} "
-                  f"{f(row['gluon/triton'])} {f(row['gluon/cudnn'])} {f(row['gluon/flash'])} "
-                  f"{f(row['triton/cudnn'])}", flush=True)
-            if len(gluon) > 1:  # every Gluon config's time, as a speed ratio to cuDNN
-                print(f"{'':>36}" + ", ".join(f"{label[6:]} {ms['cudnn'] / t:.3f}" for label, t in gluon.items()))
-    summary = {}
-    for d in (64, 128):
-        for causal in (False, True):
-            sel = [r for r in rows if r["D"] == d and r["causal"] == causal and r["gluon/cudnn"]]
-            if sel:
-                summary[f"d{d}-{'causal' if causal else 'full'}"] = {
-                    x: geomean([r[x] for r in sel]) for x in ("gluon/cudnn", "gluon/triton", "gluon/flash",
-                                                             "triton/cudnn")} | {"rows": len(sel)}
-    d128 = [r["gluon/cudnn"] for r in rows if r["D"] == 128 and r["gluon/cudnn"]]
-    if d128:
-        summary["d128"] = {"gluon/cudnn": geomean(d128), "rows": len(d128)}
-    print("geometric means (speed ratios):")
-    for group, vals in summary.items():
-        print(f"  {group:>12}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                            for k, v in vals.items()))
+            gluon_bench.print_row(row, flops, extra=('dq',), label_width=34)
+    summary = gluon_bench.summarize(rows)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump({"env": env, "rows": rows, "summary": summary}, fh, indent=1)

@@ -49,10 +49,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device
-from flashtune.kernels.config import ConfigError, device_capability
-from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, SM90_REGISTERS, SM90_SHARED_MEMORY,
-                                             _BARRIER_BYTES, _SHARED_SLACK, _descriptor, _tma_addressable,
-                                             tile_layout)
+from flashtune.kernels.config import ConfigError
+from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, SM90_SHARED_MEMORY, _BARRIER_BYTES,
+                                             _SHARED_SLACK, _descriptor, _tma_addressable, check_int_fields,
+                                             check_register_split, check_sm90_device, kernel_maxnreg, tile_layout)
 
 # registers per consumer thread beside the tiles the estimate counts (addresses, loop state;
 # the lse and Delta columns): with 16, BLOCK_M 64 at D=128 is allowed, whose compile (ptxas,
@@ -114,12 +114,8 @@ class GluonBwdConfig:
         return tiles + barriers + _SHARED_SLACK
 
     def maxnreg(self) -> int:
-        """As GluonFwdConfig.maxnreg: 3 warp groups of 128 threads."""
-        total = 2 * self.CONSUMER_REGS + self.PRODUCER_REGS
-        regs = -(-total // 24) * 8
-        if 3 * regs > SM90_REGISTERS // 128:
-            regs -= 8
-        return regs
+        """The kernels' maxnreg (gluon_forward.kernel_maxnreg)."""
+        return kernel_maxnreg(self.PRODUCER_REGS, self.CONSUMER_REGS)
 
     def consumer_registers_needed(self, head_dim: int) -> int:
         """fp32 dK and dV accumulators, fp32 S^T and dP^T, 16-bit P^T and dS^T (wgmma A
@@ -131,11 +127,8 @@ class GluonBwdConfig:
     def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "GluonBwdConfig":
         """Raise ConfigError naming the field if this config cannot run; return self
         (``device`` as GluonFwdConfig.validate's)."""
-        for name in ("BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "PRODUCER_REGS", "CONSUMER_REGS", "DV_EARLY", "DQ_BLOCK_N",
-                     "DQ_BUFFERS", "DQ_OVERLAP"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigError(f"{name}: expected an integer, got {value!r}")
+        check_int_fields(self, ("BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "PRODUCER_REGS", "CONSUMER_REGS", "DV_EARLY",
+                                "DQ_BLOCK_N", "DQ_BUFFERS", "DQ_OVERLAP"))
         if self.BLOCK_M not in (32, 64, 128):
             raise ConfigError(f"BLOCK_M: expected 32, 64 or 128 query rows per step, got {self.BLOCK_M}")
         if self.BLOCK_N != 64:
@@ -150,15 +143,7 @@ class GluonBwdConfig:
             raise ConfigError(f"DQ_BLOCK_N: expected 64 or 128 keys per step of the dQ kernel, got {self.DQ_BLOCK_N}")
         if not 2 <= self.DQ_BUFFERS <= 4:
             raise ConfigError(f"DQ_BUFFERS: expected 2 to 4 K/V slots of the dQ kernel, got {self.DQ_BUFFERS}")
-        for name in ("PRODUCER_REGS", "CONSUMER_REGS"):
-            value = getattr(self, name)
-            if not 24 <= value <= 256 or value % 8:
-                raise ConfigError(f"{name}: expected a multiple of 8 in [24, 256] (setmaxnreg), got {value}")
-        budget = SM90_REGISTERS // 128
-        if 2 * self.CONSUMER_REGS + self.PRODUCER_REGS > budget:
-            raise ConfigError(f"CONSUMER_REGS: 2 x {self.CONSUMER_REGS} + PRODUCER_REGS {self.PRODUCER_REGS} "
-                              f"registers per thread exceed the {SM90_REGISTERS} of an SM over 3 warp groups "
-                              f"(at most {budget} in all)")
+        check_register_split(self.PRODUCER_REGS, self.CONSUMER_REGS)
         if head_dim not in HEAD_DIMS:
             raise ConfigError(f"head_dim: the Gluon backward supports {HEAD_DIMS}, got {head_dim}")
         if dtype not in DTYPES:
@@ -182,13 +167,7 @@ class GluonBwdConfig:
             raise ConfigError(f"DQ_BUFFERS: the dQ kernel needs {smem} bytes of shared memory, sm_90 allows "
                               f"{SM90_SHARED_MEMORY}; use fewer buffers or DQ_BLOCK_N 64")
         if device is not None:
-            dev = torch.device(device)
-            if dev.type != "cuda":
-                raise ConfigError(f"device: the Gluon backward runs on CUDA sm_90 only, got {dev}")
-            cap = device_capability(dev)
-            if cap != (9, 0):
-                raise ConfigError(f"device: the Gluon backward needs compute capability 9.0 (H100/H200), {dev} "
-                                  f"has {'.'.join(map(str, cap))}")
+            check_sm90_device(device, "the Gluon backward")
         return self
 
 

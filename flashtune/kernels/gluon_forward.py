@@ -73,6 +73,48 @@ _BARRIER_BYTES = 8
 _SHARED_SLACK = 512
 
 
+def check_int_fields(config, names) -> None:
+    """ConfigError naming the first of ``names`` that is not an int (a bool is not one)."""
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{name}: expected an integer, got {value!r}")
+
+
+def check_register_split(producer_regs: int, consumer_regs: int) -> None:
+    """The setmaxnreg values of a producer warp and two consumer warp groups: multiples of 8 in
+    [24, 256] that fit an SM's registers over the three warp groups."""
+    for name, value in (("PRODUCER_REGS", producer_regs), ("CONSUMER_REGS", consumer_regs)):
+        if not 24 <= value <= 256 or value % 8:
+            raise ConfigError(f"{name}: expected a multiple of 8 in [24, 256] (setmaxnreg), got {value}")
+    budget = SM90_REGISTERS // 128  # per thread, summed over the 3 warp groups
+    if 2 * consumer_regs + producer_regs > budget:
+        raise ConfigError(f"CONSUMER_REGS: 2 x {consumer_regs} + PRODUCER_REGS {producer_regs} "
+                          f"registers per thread exceed the {SM90_REGISTERS} of an SM over 3 warp groups "
+                          f"(at most {budget} in all)")
+
+
+def kernel_maxnreg(producer_regs: int, consumer_regs: int) -> int:
+    """A kernel's maxnreg: 3 warp groups (2 consumers, the producer's warp rounded up to a group)
+    of 128 threads; the default partition (the first consumer) gets what the workers leave of
+    maxnreg x 3 warp groups."""
+    regs = -(-(2 * consumer_regs + producer_regs) // 24) * 8  # a multiple of 8: the first consumer gets enough
+    if 3 * regs > SM90_REGISTERS // 128:
+        regs -= 8
+    return regs
+
+
+def check_sm90_device(device, what: str) -> None:
+    """ConfigError unless ``device`` is a CUDA device of compute capability 9.0."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ConfigError(f"device: {what} runs on CUDA sm_90 only, got {dev}")
+    cap = device_capability(dev)
+    if cap != (9, 0):
+        raise ConfigError(f"device: {what} needs compute capability 9.0 (H100/H200), {dev} has "
+                          f"{'.'.join(map(str, cap))}")
+
+
 @dataclasses.dataclass(frozen=True)
 class GluonFwdConfig:
     """Launch config of the Gluon forward; ``validate`` before compiling.
@@ -109,14 +151,8 @@ class GluonFwdConfig:
         return tiles + barriers + _SHARED_SLACK
 
     def maxnreg(self) -> int:
-        """The kernel's maxnreg: 3 warp groups (2 consumers, the producer's warp rounded up
-        to a group) of 128 threads; the default partition (the first consumer) gets what the
-        workers leave of maxnreg x 3 warp groups."""
-        total = 2 * self.CONSUMER_REGS + self.PRODUCER_REGS
-        regs = -(-total // 24) * 8  # rounded up to a multiple of 8: the first consumer gets >= CONSUMER_REGS
-        if 3 * regs > SM90_REGISTERS // 128:
-            regs -= 8
-        return regs
+        """The kernel's maxnreg (``kernel_maxnreg``)."""
+        return kernel_maxnreg(self.PRODUCER_REGS, self.CONSUMER_REGS)
 
     def default_partition_regs(self) -> int:
         """Registers per thread the first consumer (the default partition) runs with."""
@@ -136,10 +172,8 @@ class GluonFwdConfig:
         ``device`` None checks against the sm_90 limits only (compiling without a GPU);
         a device must be a CUDA device of compute capability 9.0 exactly.
         """
-        for name in ("BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "PRODUCER_REGS", "CONSUMER_REGS", "PINGPONG", "OVERLAP"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigError(f"{name}: expected an integer, got {value!r}")
+        check_int_fields(self, ("BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "PRODUCER_REGS", "CONSUMER_REGS", "PINGPONG",
+                                "OVERLAP"))
         if self.BLOCK_M not in (64, 128):
             raise ConfigError(f"BLOCK_M: expected 64 or 128 rows per consumer warp group, got {self.BLOCK_M}")
         if self.BLOCK_N not in (64, 128):
@@ -150,15 +184,7 @@ class GluonFwdConfig:
             raise ConfigError(f"PINGPONG: expected 0 or 1, got {self.PINGPONG}")
         if self.OVERLAP not in (0, 1):
             raise ConfigError(f"OVERLAP: expected 0 or 1, got {self.OVERLAP}")
-        for name in ("PRODUCER_REGS", "CONSUMER_REGS"):
-            value = getattr(self, name)
-            if not 24 <= value <= 256 or value % 8:
-                raise ConfigError(f"{name}: expected a multiple of 8 in [24, 256] (setmaxnreg), got {value}")
-        budget = SM90_REGISTERS // 128  # per thread, summed over the 3 warp groups
-        if 2 * self.CONSUMER_REGS + self.PRODUCER_REGS > budget:
-            raise ConfigError(f"CONSUMER_REGS: 2 x {self.CONSUMER_REGS} + PRODUCER_REGS {self.PRODUCER_REGS} "
-                              f"registers per thread exceed the {SM90_REGISTERS} of an SM over 3 warp groups "
-                              f"(at most {budget} in all)")
+        check_register_split(self.PRODUCER_REGS, self.CONSUMER_REGS)
         if head_dim not in HEAD_DIMS:
             raise ConfigError(f"head_dim: the Gluon forward supports {HEAD_DIMS}, got {head_dim}")
         if dtype not in ALL_DTYPES:
@@ -173,13 +199,7 @@ class GluonFwdConfig:
             raise ConfigError(f"NUM_BUFFERS: needs {smem} bytes of shared memory, sm_90 allows "
                               f"{SM90_SHARED_MEMORY}; use fewer buffers or smaller blocks")
         if device is not None:
-            dev = torch.device(device)
-            if dev.type != "cuda":
-                raise ConfigError(f"device: the Gluon forward runs on CUDA sm_90 only, got {dev}")
-            cap = device_capability(dev)
-            if cap != (9, 0):
-                raise ConfigError(f"device: the Gluon forward needs compute capability 9.0 (H100/H200), {dev} has "
-                                  f"{'.'.join(map(str, cap))}")
+            check_sm90_device(device, "the Gluon forward")
         return self
 
 

@@ -371,6 +371,24 @@ def run_case(case: Case, device) -> dict:
                            dropout=case.dropout, seed=dropout_seed(case) if case.dropout else None)
 
 
+def smoke_in_subprocess(code: str, *, what: str, hang_hint: str, timeout: float = 180) -> None:
+    """Run ``code`` in a process of its own under a timeout and fail the calling test (a
+    module fixture's, so every test of the module) at once if it hangs or fails: a kernel
+    with mbarrier rings that has never run can hang rather than fail, and a hang would hold
+    the GPU run until its limit."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what} did not return within {timeout:g} s ({hang_hint})", pytrace=False)
+    if done.returncode != 0:
+        pytest.fail(f"{what}'s smoke call failed:\n{done.stderr[-3000:]}", pytrace=False)
+
+
 def compile_for_sm90(script, request: list[dict], *, timeout: float, what: str) -> list[dict]:
     """The result line per requested item of a script that compiles kernels for sm_90 without
     a GPU (sm90_shared_memory.py, gluon_compile_sm90.py: JSON items on stdin, one JSON line

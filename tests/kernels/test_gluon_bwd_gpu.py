@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_checks import assert_close_to_reference, make_tensor, reference_outputs, sdpa_outputs, tolerance
+from kernel_checks import (assert_close_to_reference, make_tensor, reference_outputs, sdpa_outputs,
+                           smoke_in_subprocess, tolerance)
 
 gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward", reason="this triton has no Gluon")
 from flashtune.kernels import gluon_forward  # noqa: E402  (after the skip: it needs Gluon too)
@@ -27,8 +28,7 @@ pytestmark = [
                        reason="the Gluon backward runs on compute capability 9.0 (H100/H200) only"),
 ]
 
-# A kernel with mbarrier rings that has never run can hang rather than fail: one small call
-# runs first in a process of its own, under a timeout (as test_gluon_gpu.py's forward smoke).
+# One small call of each kernel first, in a process of its own (kernel_checks.smoke_in_subprocess).
 SMOKE = """
 import torch
 from flashtune.kernels import gluon_backward as g, gluon_forward as f
@@ -42,16 +42,7 @@ torch.cuda.synchronize()
 
 @pytest.fixture(scope="module", autouse=True)
 def _the_kernel_comes_back():
-    import subprocess
-    import sys
-
-    try:
-        done = subprocess.run([sys.executable, "-c", SMOKE], capture_output=True, text=True, timeout=180)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the Gluon backward did not return within 180 s on a 1x2x200x64 call (a hang in its "
-                    "Q/dO ring)", pytrace=False)
-    if done.returncode != 0:
-        pytest.fail(f"the Gluon backward's smoke call failed:\n{done.stderr[-3000:]}", pytrace=False)
+    smoke_in_subprocess(SMOKE, what="the Gluon backward", hang_hint="a hang in a ring on a 1x2x200x64 call")
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -123,7 +123,6 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     assert family_defaults("fwd", 96, torch.bfloat16, "cuda") == []  # the Gluon kernel: D 64 and 128
     assert family_defaults("fwd", 128, torch.float32, "cuda") == []
     gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward")
-    monkeypatch.setattr(gluon_backward, "device_capability", lambda device: (9, 0))
     bwd, both = family_defaults("bwd", 128, torch.bfloat16, "cuda")  # Gluon dK/dV with the Triton dQ half; both Gluon
     assert both.family == 2 and both.gluon().DQ_BUFFERS == 3 and both.gluon().NUM_BUFFERS == 3
     triton_bwd = config_mod.default_config("bwd", 128, torch.bfloat16, "cuda", triton_only=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_checks import assert_close_to_reference, make_tensor, tolerance, torch_precision
+from kernel_checks import assert_close_to_reference, make_tensor, smoke_in_subprocess, tolerance, torch_precision
 
 from flashtune.kernels import reference_attention
 from flashtune.kernels.common import LN2
@@ -44,16 +44,8 @@ for pingpong in (0, 1):
 
 @pytest.fixture(scope="module", autouse=True)
 def _the_kernel_comes_back():
-    import subprocess
-    import sys
-
-    try:
-        done = subprocess.run([sys.executable, "-c", SMOKE], capture_output=True, text=True, timeout=180)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the Gluon forward did not return within 180 s on a 1x2x200x64 call (a hang: "
-                    "docs/gluon.md says how to tell the ring from the ping-pong)", pytrace=False)
-    if done.returncode != 0:
-        pytest.fail(f"the Gluon forward's smoke call failed:\n{done.stderr[-3000:]}", pytrace=False)
+    smoke_in_subprocess(SMOKE, what="the Gluon forward", hang_hint="a hang on a 1x2x200x64 call: docs/gluon.md "
+                        "says how to tell the ring from the ping-pong")
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -1,0 +1,100 @@
+"""What benchmarks/gluon_fwd.py and benchmarks/gluon_bwd.py share: the shape lists, the
+interleaved timing rounds, the per-row ratios and line, and the geometric-mean summary.
+
+Not a script: the two benchmarks import it (``python benchmarks/gluon_fwd.py`` puts
+benchmarks/ first on the import path).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import triton
+
+from flashtune.protocol import GRID_SEQ_LENS, geomean, grid_shape
+
+
+def shapes(args, large: list[tuple], *, min_seq_k: int = 1) -> list[tuple]:
+    """(name, B, Hq, Hkv, Nq, Nk, D, causal or None for both): the standard grid at D 64/128
+    (``--grid``), SHAPES.md's rows at D 64/128 with Nq >= 1024 and Nk >= ``min_seq_k``
+    (``--realistic``), else ``large``."""
+    out = []
+    if args.grid:
+        for d in (64, 128):
+            for n in GRID_SEQ_LENS:
+                b, h = grid_shape(d, n)
+                out.append((f"grid-d{d}-{n}", b, h, h, n, n, d, None))
+    if args.realistic:
+        from flashtune.shapes import REALISTIC_GRID
+
+        out += [(s.name, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, s.head_dim, s.causal)
+                for s in REALISTIC_GRID if s.head_dim in (64, 128) and s.seq_q >= 1024 and s.seq_k >= min_seq_k]
+    return out or large
+
+
+def time_rounds(fns: dict, rounds: int, rep: int) -> dict[str, float]:
+    """Each callable's median time (ms, triton's do_bench) over ``rounds`` interleaved rounds."""
+    times = {label: [] for label in fns}
+    for _ in range(rounds):
+        for label, fn in fns.items():
+            times[label].append(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
+    return {label: statistics.median(t) for label, t in times.items()}
+
+
+def ratio_row(name, B, Hq, Hkv, Nq, Nk, D, causal, ms: dict, errors: dict) -> dict:
+    """The row of one shape: the times, the best "gluon ..." runner and its speed ratios to
+    the Triton kernel, cuDNN and FlashAttention-2 (time(other) / time(gluon)), and Triton's
+    to cuDNN."""
+    gluon = {label: t for label, t in ms.items() if label.startswith("gluon")}
+    best = min(gluon, key=gluon.get) if gluon else None
+    row = dict(name=name, B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, causal=causal, ms=ms, errors=errors,
+               gluon_best=best)
+
+    def speed(a, b):
+        return ms[b] / ms[a] if a in ms and b in ms else None
+
+    row.update({f"gluon/{x}": speed(best, x) for x in ("triton", "cudnn", "flash")},
+               **{"triton/cudnn": speed("triton", "cudnn")})
+    return row
+
+
+def print_row(row: dict, flops: float, extra: tuple[str, ...] = (), label_width: int = 20) -> None:
+    """The row's line (and its errors, and every Gluon runner's ratio to cuDNN); ``extra``:
+    more runners' times after FlashAttention-2's."""
+    ms, mask = row["ms"], "causal" if row["causal"] else "full"
+    for label, msg in row["errors"].items():
+        print(f"{row['name']:>28} {mask:>6} {label}: {msg}")
+
+    def f(x):
+        return f"{x:8.3f}" if x is not None else f"{'-':>8}"
+
+    best = row["gluon_best"]
+    g_ms = ms.get(best)
+    cells = " ".join(f(ms.get(x)) for x in ("triton", "cudnn", "flash", *extra))
+    print(f"{row['name']:>28} {mask:>6} {(best or '-')[6:]:>{label_width}} "
+          f"{g_ms if g_ms else float('nan'):9.3f} {flops / g_ms / 1e9 if g_ms else float('nan'):8.1f} {cells} "
+          f"{f(row['gluon/triton'])} {f(row['gluon/cudnn'])} {f(row['gluon/flash'])} {f(row['triton/cudnn'])}",
+          flush=True)
+    gluon = {label: t for label, t in ms.items() if label.startswith("gluon")}
+    if len(gluon) > 1:  # every Gluon config's time, as a speed ratio to cuDNN
+        print(f"{'':>36}" + ", ".join(f"{label[6:]} {ms['cudnn'] / t:.3f}" for label, t in gluon.items()))
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Geometric means of the ratios per (head dim, masking) and over the D=128 rows, printed."""
+    summary = {}
+    for d in (64, 128):
+        for causal in (False, True):
+            sel = [r for r in rows if r["D"] == d and r["causal"] == causal and r["gluon/cudnn"]]
+            if sel:
+                summary[f"d{d}-{'causal' if causal else 'full'}"] = {
+                    x: geomean([r[x] for r in sel]) for x in ("gluon/cudnn", "gluon/triton", "gluon/flash",
+                                                             "triton/cudnn")} | {"rows": len(sel)}
+    d128 = [r["gluon/cudnn"] for r in rows if r["D"] == 128 and r["gluon/cudnn"]]
+    if d128:
+        summary["d128"] = {"gluon/cudnn": geomean(d128), "rows": len(d128)}
+    print("geometric means (speed ratios):")
+    for group, vals in summary.items():
+        print(f"  {group:>12}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                            for k, v in vals.items()))
+    return summary
