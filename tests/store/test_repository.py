@@ -56,6 +56,21 @@ def test_a_gluon_config_is_stored_whatever_the_host(store):
     assert loaded.config == saved.config and loaded.config.family == 1
 
 
+@pytest.mark.parametrize("family", [1, 2])
+def test_a_gluon_bwd_config_is_stored_whatever_the_host(store, family):
+    """The Gluon backward's families (BwdConfig family 1 and 2) likewise: checked against
+    sm_90's limits, stored, loaded as they were; one that sm_90 cannot run is refused."""
+    cfg = BwdConfig(64, 64, 128, 64, 4, 3, 8, 3, family=family)
+    saved = dataclasses.replace(result(key(head_dim=128, pass_="bwd")), config=cfg)
+    assert store.save_result(saved) is True
+    [loaded] = store.list_results()
+    assert loaded.config == cfg and loaded.config.family == family
+    with pytest.raises(ValueError, match="BLOCK_N"):  # 2 x 64 keys a CTA: BLOCK_N1 64 only
+        store.save_result(dataclasses.replace(saved, config=BwdConfig(64, 128, 128, 64, 4, 3, family=family)),
+                          replace=True)
+    assert [r.config for r in store.list_results()] == [cfg]
+
+
 def test_save_result_keeps_the_faster_unless_replace(store):
     k = key()
     assert store.save_result(result(k, 1.0, block=64))
