@@ -46,7 +46,8 @@ import statistics
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import attention as grid_bench  # noqa: E402  (benchmarks/attention.py: environment, time_rounds, tflops)
+import attention as grid_bench  # noqa: E402  (benchmarks/attention.py: environment, time_rounds, tflops, _rel)
+from variants import _first_line  # noqa: E402  (benchmarks/variants.py: an exception's first line)
 
 GOAL = 1.3  # issue 19 item 5: fp8 forward / flashtune bf16 forward
 BASELINE = "flashtune-bf16"
@@ -145,15 +146,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------------
 # The GPU part
 # ----------------------------------------------------------------------------------
-def _rel(a, b) -> float:
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
-def _first_line(e: Exception) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-
-
 def make_inputs(b: int, h: int, n: int, d: int, fp8_dtype):
     """bf16 q, k, v (seeded randn), their fp8 quantization (per tensor, amax to the type's
     max), V keys-contiguous, and the descales."""
@@ -212,7 +204,7 @@ def check_and_time(args, runners: dict, masks, flops_of) -> tuple[dict, dict, di
             try:
                 o = run(causal)
                 torch.cuda.synchronize()
-                rel = _rel(o, ref)
+                rel = grid_bench._rel(o, ref)
             except Exception as e:  # noqa: BLE001 - a config that does not compile or run: report it
                 checks[mask][name] = {"error": _first_line(e)}
                 print(f"  {mask} {name}: FAILED {_first_line(e)}", flush=True)

@@ -191,6 +191,19 @@ class _ConfigBase:
 
         return SPACES[cls.PASS][1]
 
+    # family -> {field: (its fixed value, the valid values it replaces)}: the fields a kernel
+    # family does not read (each class sets its own; kernels/space.py enumerates with it)
+    UNUSED_BY_FAMILY: ClassVar[dict] = {}
+
+    def _fix_unused_fields(self) -> None:
+        # The fields the config's family does not read take fixed values, so a config is its
+        # own canonical form: a sampled config, the row it is stored as and its re-run compare
+        # equal. Only valid values are replaced (check_fields still names a bad one).
+        fixed = self.UNUSED_BY_FAMILY.get(self.family if type(self.family) is int else None, {})
+        for name, (value, valid) in fixed.items():
+            if type(getattr(self, name)) is int and getattr(self, name) in valid:
+                object.__setattr__(self, name, value)
+
     def _flags_as_ints(self, *names: str) -> None:
         # True/False given for a 0/1 flag field: stored (and compared) as the int
         for name in names:
@@ -219,9 +232,9 @@ class _ConfigBase:
                        if name not in shown and getattr(self, name) != defaults[name])
 
 
-# family -> {field: (its fixed value, the valid values it replaces)}: what FwdConfig fixes on
-# construction, so its canonical form (_ConfigBase.canonical) is the config itself
-_UNUSED_BY_FAMILY = {
+# what FwdConfig fixes on construction per family (_ConfigBase.UNUSED_BY_FAMILY), so its
+# canonical form (_ConfigBase.canonical) is the config itself
+_FWD_UNUSED_BY_FAMILY = {
     0: {"pingpong": (1, (0, 1)), "overlap": (1, (0, 1))},
     1: {"num_warps": (4, (1, 2, 4, 8, 16)), "tma": (0, (0, 1)), "num_splits": (1, range(MAX_SPLITS + 1)),
         "pack_gqa": (0, (-1, 0, 1))},
@@ -285,16 +298,11 @@ class FwdConfig(_ConfigBase):
     overlap: int = 1
 
     PASS: ClassVar[str] = "fwd"
+    UNUSED_BY_FAMILY: ClassVar[dict] = _FWD_UNUSED_BY_FAMILY
 
     def __post_init__(self) -> None:
         self._flags_as_ints("tma", "pack_gqa", "family", "pingpong", "overlap")
-        # The fields a family does not read take fixed values, so a config is its own canonical
-        # form: a sampled config, the row it is stored as and its re-run compare equal. Only
-        # valid values are replaced (check_fields still names a bad one).
-        fixed = _UNUSED_BY_FAMILY.get(self.family if type(self.family) is int else None, {})
-        for name, (value, valid) in fixed.items():
-            if type(getattr(self, name)) is int and getattr(self, name) in valid:
-                object.__setattr__(self, name, value)
+        self._fix_unused_fields()
 
     def label(self) -> str:
         """Compact: ``BLOCK_MxBLOCK_N wW sS``, `` tma`` when tiles load through TMA; a Gluon
@@ -326,7 +334,7 @@ class FwdConfig(_ConfigBase):
         sequences, dropout, an fp8 V with its head dim contiguous): the Triton kernel's
         heuristic default for the head dim, dtype, device and masking (``_triton_default``,
         cached: never a Gluon entry); a Triton config itself."""
-        return self if not self.family else _triton_default(head_dim, dtype, resolve_device(device), causal)
+        return self if not self.family else _triton_default("fwd", head_dim, dtype, resolve_device(device), causal)
 
     def check_fields(self) -> None:
         _check_block("BLOCK_M", self.BLOCK_M)
@@ -386,11 +394,14 @@ class FwdConfig(_ConfigBase):
         return self
 
 
-# what BwdConfig fixes on construction per family (as _UNUSED_BY_FAMILY for FwdConfig)
+# what BwdConfig fixes on construction per family (_ConfigBase.UNUSED_BY_FAMILY): the Gluon
+# dK/dV kernel's unused fields; with the Gluon dQ kernel (2) also the Triton dQ kernel's
+_GLUON_DKDV_UNUSED = {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1)),
+                      "dkdv_split": (1, range(MAX_DKDV_SPLIT + 1))}
 _BWD_UNUSED_BY_FAMILY = {
-    1: {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1)), "dkdv_split": (1, range(MAX_DKDV_SPLIT + 1))},
-    2: {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1)), "dkdv_split": (1, range(MAX_DKDV_SPLIT + 1)),
-        "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, (16, 32, 64, 128, 256)), "tma": (0, (0, 1))},
+    1: _GLUON_DKDV_UNUSED,
+    2: {**_GLUON_DKDV_UNUSED, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, (16, 32, 64, 128, 256)),
+        "tma": (0, (0, 1))},
 }
 BWD_FAMILIES = (0, 1, 2)
 
@@ -454,6 +465,7 @@ class BwdConfig(_ConfigBase):
     family: int = 0
 
     PASS: ClassVar[str] = "bwd"
+    UNUSED_BY_FAMILY: ClassVar[dict] = _BWD_UNUSED_BY_FAMILY
     # the fields only the dQ kernel uses (a config's "dQ half")
     DQ_FIELDS: ClassVar[tuple[str, ...]] = ("BLOCK_M2", "BLOCK_N2", "dq_num_warps", "dq_num_stages")
 
@@ -465,10 +477,7 @@ class BwdConfig(_ConfigBase):
         if self.dq_num_stages is None:
             object.__setattr__(self, "dq_num_stages", self.num_stages)
         self._flags_as_ints("atomic_dq", "tma", "family")
-        fixed = _BWD_UNUSED_BY_FAMILY.get(self.family if type(self.family) is int else None, {})
-        for name, (value, valid) in fixed.items():
-            if type(getattr(self, name)) is int and getattr(self, name) in valid:
-                object.__setattr__(self, name, value)
+        self._fix_unused_fields()
 
     def label(self) -> str:
         """Compact: ``M1xN1/M2xN2 wW sS`` (dK/dV then dQ blocks), ``M1xN1 wW sS / M2xN2 wW sS``
@@ -502,7 +511,7 @@ class BwdConfig(_ConfigBase):
     def as_triton(self, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None) -> "BwdConfig":
         """The config that runs a call the Gluon kernel cannot (a softcap, a window, packed
         sequences, dropout): the Triton heuristic default (cached); a Triton config itself."""
-        return self if not self.family else _triton_default_bwd(head_dim, dtype, resolve_device(device), causal)
+        return self if not self.family else _triton_default("bwd", head_dim, dtype, resolve_device(device), causal)
 
     def validate_anywhere(self, head_dim: int, dtype: torch.dtype) -> "BwdConfig":
         """A Gluon config: against sm_90's limits, the one architecture it runs on."""
@@ -568,9 +577,9 @@ class BwdConfig(_ConfigBase):
             m = max(self.BLOCK_M1, 32)
             dkdv = max(dkdv + e * self.BLOCK_M1 * self.BLOCK_N1 // 8,
                        tiles + 1024 + 4 * m * d + (8 * m * self.BLOCK_N1 if self.BLOCK_M1 < 64 else 0))
-        dq = self._dq_shared_memory(head_dim, dtype)
         if self.family == 2:  # the Gluon kernels' own estimates
             return max(self.gluon().shared_memory(head_dim, dtype), self.gluon().dq_shared_memory(head_dim, dtype))
+        dq = self._dq_shared_memory(head_dim, dtype)
         if self.family:  # the Gluon dK/dV kernel's own estimate, with the Triton dQ kernel's
             return max(self.gluon().shared_memory(head_dim, dtype), dq + 1024 * self.tma)
         # TMA loads add their barriers and alignment: at most 1 KiB per kernel over the
@@ -595,9 +604,6 @@ class BwdConfig(_ConfigBase):
         such a call instead (``as_triton``)."""
         self.check_fields()
         if self.family:
-            if self.family == 2 and self.BLOCK_M2 != 64:  # only a sampled value the class did not fix
-                raise ConfigError(f"BLOCK_M2: the Gluon dQ kernel holds 64 query rows per warp group, got "
-                                  f"{self.BLOCK_M2}")
             self.gluon().validate(head_dim, dtype, device if device is not None else resolve_device())
             if self.family == 2:
                 if dropout:
@@ -833,7 +839,8 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
         from flashtune.kernels.gluon_forward import default_gluon_config
 
         g = default_gluon_config(head_dim)
-        cfg = FwdConfig(g.BLOCK_M, g.BLOCK_N, 4, g.NUM_BUFFERS, family=1, pingpong=g.PINGPONG, overlap=g.OVERLAP)
+        configs = [FwdConfig(g.BLOCK_M, g.BLOCK_N, 4, g.NUM_BUFFERS, family=1, pingpong=g.PINGPONG,
+                             overlap=g.OVERLAP)]
     else:
         from flashtune.kernels.gluon_backward import default_gluon_bwd_config
 
@@ -845,30 +852,21 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
         configs = [BwdConfig(g.BLOCK_M, g.BLOCK_N, t.BLOCK_M2, t.BLOCK_N2, 4, g.NUM_BUFFERS, t.dq_num_warps,
                              t.dq_num_stages, tma=t.tma, family=1),
                    BwdConfig(g.BLOCK_M, g.BLOCK_N, 64, 64, 4, 3, 4, 3, family=2)]
-        out = []
-        for cfg in configs:
-            try:
-                out.append(cfg.validate(head_dim, dtype, device))
-            except ConfigError:
-                pass
-        return out
-    try:
-        return [cfg.validate(head_dim, dtype, device)]
-    except ConfigError:
-        return []
+    out = []
+    for cfg in configs:
+        try:
+            out.append(cfg.validate(head_dim, dtype, device))
+        except ConfigError:
+            pass
+    return out
 
 
 @functools.lru_cache(maxsize=256)
-def _triton_default_bwd(head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool | None) -> BwdConfig:
-    """The heuristic backward config without Gluon entries (BwdConfig.as_triton's fallback)."""
-    return default_config("bwd", head_dim, dtype, device, causal=causal, triton_only=True)
-
-
-@functools.lru_cache(maxsize=256)
-def _triton_default(head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool | None) -> FwdConfig:
-    """The heuristic forward config without the long bucket and without Gluon entries (never
-    the Gluon kernel, also where a table serves it for all lengths, as fp8's on sm_90 may)."""
-    return default_config("fwd", head_dim, dtype, device, causal=causal, triton_only=True)
+def _triton_default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool | None):
+    """The heuristic config of the pass without the long bucket and without Gluon entries
+    (never a Gluon kernel, also where a table serves one for all lengths, as fp8's forward on
+    sm_90 may): the ``as_triton`` fallback of both config classes."""
+    return default_config(pass_, head_dim, dtype, device, causal=causal, triton_only=True)
 
 
 def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None,

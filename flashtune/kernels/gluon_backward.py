@@ -49,7 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device
-from flashtune.kernels.config import ConfigError
+from flashtune.kernels.config import ConfigError, _triton_default
 from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, SM90_SHARED_MEMORY, _BARRIER_BYTES,
                                              _SHARED_SLACK, _descriptor, _tma_addressable, check_int_fields,
                                              check_register_split, check_sm90_device, kernel_maxnreg, tile_layout)
@@ -91,7 +91,8 @@ class GluonBwdConfig:
 
     def short(self) -> str:
         return (f"m{self.BLOCK_M}n2x{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
-                f"{'dv' if self.DV_EARLY else ''}/dq-n{self.DQ_BLOCK_N}b{self.DQ_BUFFERS}{'' if self.DQ_OVERLAP else 'seq'}")
+                f"{'dv' if self.DV_EARLY else ''}/dq-n{self.DQ_BLOCK_N}b{self.DQ_BUFFERS}"
+                f"{'' if self.DQ_OVERLAP else 'seq'}")
 
     def dq_shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         """The dQ kernel's bytes: both consumers' Q and dO tiles, the K/V ring, the mbarriers."""
@@ -127,8 +128,7 @@ class GluonBwdConfig:
     def validate(self, head_dim: int, dtype: torch.dtype, device=None) -> "GluonBwdConfig":
         """Raise ConfigError naming the field if this config cannot run; return self
         (``device`` as GluonFwdConfig.validate's)."""
-        check_int_fields(self, ("BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "PRODUCER_REGS", "CONSUMER_REGS", "DV_EARLY",
-                                "DQ_BLOCK_N", "DQ_BUFFERS", "DQ_OVERLAP"))
+        check_int_fields(self)
         if self.BLOCK_M not in (32, 64, 128):
             raise ConfigError(f"BLOCK_M: expected 32, 64 or 128 query rows per step, got {self.BLOCK_M}")
         if self.BLOCK_N != 64:
@@ -529,6 +529,14 @@ def kernel_constexprs(config: GluonBwdConfig, head_dim: int, causal: bool) -> di
                 CONSUMER_REGS=config.CONSUMER_REGS)
 
 
+def _kernel_inputs(q, k, v, do, lse2, delta) -> tuple:
+    """Both kernels' operands: q, k, v, dO as the copy engine can address them (a dense copy
+    where not) and the row statistics contiguous."""
+    q, k, v, do = (t if _tma_addressable(t) else t.clone(memory_format=torch.contiguous_format)
+                   for t in (q, k, v, do))
+    return q, k, v, do, lse2.contiguous(), delta.contiguous()
+
+
 def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
                delta: torch.Tensor, config: GluonBwdConfig, *, causal: bool, sm_scale: float,
                causal_off: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -538,9 +546,7 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    q, k, v, do = (t if _tma_addressable(t) else t.clone(memory_format=torch.contiguous_format)
-                   for t in (q, k, v, do))
-    lse2, delta = lse2.contiguous(), delta.contiguous()
+    q, k, v, do, lse2, delta = _kernel_inputs(q, k, v, do, lse2, delta)
     desc_q, desc_do = _descriptor(q, config.BLOCK_M), _descriptor(do, config.BLOCK_M)
     desc_k, desc_v = _descriptor(k, config.BLOCK_N), _descriptor(v, config.BLOCK_N)
     grid = (cdiv(N_K, 2 * config.BLOCK_N), H_KV, B)
@@ -559,16 +565,14 @@ def dq_kernel_constexprs(config: GluonBwdConfig, head_dim: int, causal: bool) ->
 
 
 def gluon_dq_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
-             delta: torch.Tensor, config: GluonBwdConfig, *, causal: bool, sm_scale: float,
-             causal_off: int = 0) -> torch.Tensor:
+                    delta: torch.Tensor, config: GluonBwdConfig, *, causal: bool, sm_scale: float,
+                    causal_off: int = 0) -> torch.Tensor:
     """dQ (in q's dtype and layout, as torch.empty_like makes it) from the Gluon dQ kernel,
     given lse2 and Delta as ``gluon_dkdv`` takes them."""
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
     dq = torch.empty_like(q)
-    q, k, v, do = (t if _tma_addressable(t) else t.clone(memory_format=torch.contiguous_format)
-                   for t in (q, k, v, do))
-    lse2, delta = lse2.contiguous(), delta.contiguous()
+    q, k, v, do, lse2, delta = _kernel_inputs(q, k, v, do, lse2, delta)
     desc_q, desc_do = _descriptor(q, DQ_BLOCK_M), _descriptor(do, DQ_BLOCK_M)
     desc_k, desc_v = _descriptor(k, config.DQ_BLOCK_N), _descriptor(v, config.DQ_BLOCK_N)
     grid = (cdiv(N_Q, 2 * DQ_BLOCK_M), H, B)
@@ -590,7 +594,6 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     kept apart), or with ``gluon_dq`` from the Gluon dQ kernel (the config's DQ_ fields).
     dq, dk and dv come in q's, k's and v's layouts where those are dense."""
     from flashtune.kernels import backward
-    from flashtune.kernels.function import _default
 
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or do.shape != q.shape or o.shape != q.shape:
         raise ValueError(f"shapes: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
@@ -605,7 +608,7 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         sm_scale = 1.0 / math.sqrt(D)
     off = causal_offset(causal_align, N_Q, k.shape[2]) if causal else 0
     if dq_config is None:
-        dq_config = _default("bwd", D, q.dtype, q.device, bool(causal)).as_triton(D, q.dtype, q.device, bool(causal))
+        dq_config = _triton_default("bwd", D, q.dtype, q.device, bool(causal))
     if dq_config.atomic_dq:
         dq_config = dataclasses.replace(dq_config, atomic_dq=0)
     delta = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)

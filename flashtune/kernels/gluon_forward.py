@@ -73,9 +73,10 @@ _BARRIER_BYTES = 8
 _SHARED_SLACK = 512
 
 
-def check_int_fields(config, names) -> None:
-    """ConfigError naming the first of ``names`` that is not an int (a bool is not one)."""
-    for name in names:
+def check_int_fields(config) -> None:
+    """ConfigError naming the first field of the (all-int) config dataclass that is not an int
+    (a bool is not one)."""
+    for name in (f.name for f in dataclasses.fields(config)):
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool):
             raise ConfigError(f"{name}: expected an integer, got {value!r}")
@@ -172,8 +173,7 @@ class GluonFwdConfig:
         ``device`` None checks against the sm_90 limits only (compiling without a GPU);
         a device must be a CUDA device of compute capability 9.0 exactly.
         """
-        check_int_fields(self, ("BLOCK_M", "BLOCK_N", "NUM_BUFFERS", "PRODUCER_REGS", "CONSUMER_REGS", "PINGPONG",
-                                "OVERLAP"))
+        check_int_fields(self)
         if self.BLOCK_M not in (64, 128):
             raise ConfigError(f"BLOCK_M: expected 64 or 128 rows per consumer warp group, got {self.BLOCK_M}")
         if self.BLOCK_N not in (64, 128):

@@ -12,7 +12,7 @@ import itertools
 
 import torch
 
-from flashtune.kernels.config import _BWD_UNUSED_BY_FAMILY, _UNUSED_BY_FAMILY, BwdConfig, ConfigError, FwdConfig
+from flashtune.kernels.config import BwdConfig, ConfigError, FwdConfig
 
 FWD_SPACE: dict[str, list[int]] = {
     "BLOCK_M": [16, 32, 64, 128, 256],
@@ -55,8 +55,6 @@ BWD_SPACE: dict[str, list[int]] = {
 }
 
 SPACES = {"fwd": (FwdConfig, FWD_SPACE), "bwd": (BwdConfig, BWD_SPACE)}
-# the fields each family fixes (the config classes' __post_init__ applies the same maps)
-_FIXED_BY_FAMILY = {"fwd": _UNUSED_BY_FAMILY, "bwd": _BWD_UNUSED_BY_FAMILY}
 
 
 def candidates(pass_: str) -> list:
@@ -68,19 +66,18 @@ def candidates(pass_: str) -> list:
         raise ValueError(f"pass_: expected 'fwd' or 'bwd', got {pass_!r}")
     cls, space = SPACES[pass_]
     # cached per space as it is now (a test or a sweep may replace SPACES[pass_])
-    return list(_candidates(pass_, cls, tuple((name, tuple(values)) for name, values in space.items())))
+    return list(_candidates(cls, tuple((name, tuple(values)) for name, values in space.items())))
 
 
 @functools.lru_cache(maxsize=16)
-def _candidates(pass_: str, cls, frozen_space: tuple) -> tuple:
+def _candidates(cls, frozen_space: tuple) -> tuple:
     space = {name: list(values) for name, values in frozen_space}
-    fixed_by_family = _FIXED_BY_FAMILY[pass_]
     out: dict = {}
     for family in space.get("family", [None]):
         sub = dict(space)
         if family is not None:
             sub["family"] = [family]
-        for name, (value, _valid) in fixed_by_family.get(family, {}).items():
+        for name, (value, _valid) in cls.UNUSED_BY_FAMILY.get(family, {}).items():
             if name in sub:
                 sub[name] = [value]
         for values in itertools.product(*sub.values()):
