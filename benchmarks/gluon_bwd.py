@@ -74,6 +74,11 @@ def main() -> int:
     ap.add_argument("--configs", choices=("default", "all"), default="default")
     ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
     ap.add_argument("--realistic", action="store_true", help="SHAPES.md's rows with D 64/128, Nq and Nk >= 1024")
+    ap.add_argument("--rows", metavar="NAMES", help="only the shapes of these names (comma-separated)")
+    ap.add_argument("--splits", default="0", metavar="LIST",
+                    help="dkdv_split values for every Gluon config (comma-separated; 0: chosen from the shape)")
+    ap.add_argument("--grid-order", action="store_true",
+                    help="also each Gluon runner with its CTAs in grid order (LPT_UNITS 0) instead of heaviest first")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
     ap.add_argument("--out", metavar="FILE.json")
@@ -87,7 +92,11 @@ def main() -> int:
     print(f"{'shape':>28} {'mask':>6} {'gluon cfg':>34} {'gluon ms':>9} {'TFLOP/s':>8} {'triton':>8} {'cudnn':>8} "
           f"{'flash':>8} {'dq':>8} {'g/triton':>8} {'g/cudnn':>8} {'g/flash':>8} {'t/cudnn':>8}")
     rows = []
+    splits = [int(x) for x in args.splits.split(",")]
+    wanted = set(args.rows.split(",")) if args.rows else None
     for name, B, Hq, Hkv, Nq, Nk, D, causal_of in shapes(args):
+        if wanted is not None and name not in wanted:
+            continue
         gen = torch.Generator(device="cuda").manual_seed(0)
         q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=gen)
         k, v = (torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
@@ -115,8 +124,13 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001 - report and go on
                     errors[label] = f"invalid: {e}"
                     continue
-                fns[f"gluon {label}"] = (lambda cfg=cfg, gdq=gdq: gluon_attention_backward(
-                    do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale, gluon_dq=gdq))
+                for split in splits:
+                    for lpt in ((None, 0) if args.grid_order else (None,)):
+                        tag = (f" s{split}" if splits != [0] else "") + (" grid-order" if lpt == 0 else "")
+                        fns[f"gluon {label}{tag}"] = (lambda cfg=cfg, gdq=gdq, split=split, lpt=lpt:
+                                                      gluon_attention_backward(
+                                                          do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale,
+                                                          gluon_dq=gdq, dkdv_split=split, lpt=lpt))
             ref = [g.float() for g in fns["cudnn"]()]
             flash = [g.float() for g in fns["flash"]()]
 

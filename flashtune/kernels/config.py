@@ -33,6 +33,8 @@ MAX_STAGES = 8
 MAX_DKDV_SPLIT = 16
 DKDV_PROGRAMS_PER_SM = 4
 DKDV_MIN_CHUNK = 4
+# the Gluon dK/dV kernel (one CTA per SM): programs per SM its auto split aims at
+GLUON_DKDV_PROGRAMS_PER_SM = 1
 # the atomic-dQ backward's shared-memory need was measured up to this head dim only
 ATOMIC_DQ_MAX_HEAD_DIM = 128
 # TMA tile loads: run on the H200 for 16-bit inputs up to this padded head dim
@@ -396,8 +398,7 @@ class FwdConfig(_ConfigBase):
 
 # what BwdConfig fixes on construction per family (_ConfigBase.UNUSED_BY_FAMILY): the Gluon
 # dK/dV kernel's unused fields; with the Gluon dQ kernel (2) also the Triton dQ kernel's
-_GLUON_DKDV_UNUSED = {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1)),
-                      "dkdv_split": (1, range(MAX_DKDV_SPLIT + 1))}
+_GLUON_DKDV_UNUSED = {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1))}
 _BWD_UNUSED_BY_FAMILY = {
     1: _GLUON_DKDV_UNUSED,
     2: {**_GLUON_DKDV_UNUSED, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, (16, 32, 64, 128, 256)),
@@ -445,9 +446,10 @@ class BwdConfig(_ConfigBase):
     same dK/dV kernel and the Gluon dQ kernel (two consumer warp groups of BLOCK_M2 = 64
     queries each walking BLOCK_N2 keys a step through a ring of dq_num_stages K/V slots).
     A Gluon config validates only for BLOCK_N1 64, head dims 64 and 128, float16/bfloat16
-    and a device of compute capability 9.0; num_warps, atomic_dq and dkdv_split do not apply
-    to it (its canonical form fixes them: 4, 0, 1; family 2 also dq_num_warps 4, BLOCK_M2 64
-    and tma 0). A call the Gluon kernels cannot run (a softcap, a window, packed sequences,
+    and a device of compute capability 9.0; num_warps and atomic_dq do not apply to it (its
+    canonical form fixes them: 4, 0; family 2 also dq_num_warps 4, BLOCK_M2 64 and tma 0);
+    ``dkdv_split`` does, with its own auto target (``dkdv_split()``; configs stored before it
+    did hold 1, unsplit, and launch as they did). A call the Gluon kernels cannot run (a softcap, a window, packed sequences,
     dropout) runs the Triton default (``as_triton``).
     """
 
@@ -486,12 +488,14 @@ class BwdConfig(_ConfigBase):
         launch = f"w{self.num_warps} s{self.num_stages}"
         dq_launch = f"w{self.dq_num_warps} s{self.dq_num_stages}"
         tma = " tma" if self.tma else ""
+        # the Gluon families' labels: every field but dkdv_split shown or fixed by the family
+        gluon_shown = tuple(name for name in self.FIELDS if name != "dkdv_split")
         if self.family == 2:  # ``gluon 2xN1 mM1 bS / gluon-dq nN2 bS``: both Gluon kernels
             return (f"gluon 2x{self.BLOCK_N1} m{self.BLOCK_M1} b{self.num_stages} / gluon-dq n{self.BLOCK_N2} "
-                    f"b{self.dq_num_stages}")
+                    f"b{self.dq_num_stages}" + self._extra_label(gluon_shown))
         if self.family:  # ``gluon 2xN1 mM1 bS / M2xN2 wW sS``: the Gluon dK/dV kernel, the dQ kernel
             return (f"gluon 2x{self.BLOCK_N1} m{self.BLOCK_M1} b{self.num_stages} / {self.BLOCK_M2}x{self.BLOCK_N2} "
-                    f"{dq_launch}{tma}")
+                    f"{dq_launch}{tma}" + self._extra_label(gluon_shown))
         if self.atomic_dq:
             text = f"{self.BLOCK_M1}x{self.BLOCK_N1} {launch} atomic-dQ{tma}"
         elif dq_launch == launch:
@@ -641,14 +645,29 @@ def dkdv_split(config: BwdConfig, *, batch: int, heads_q: int, heads_kv: int, n_
     bf16 D=128 causal) head splits paid and query chunks cost: B=2 Hq=8 Hkv=1 N=4k 281 TFLOPS
     split 8 heads, 261 with 8 heads x 2 chunks, 135 unsplit; B=1 32/8 N=8k: 390 with 4, 373
     with 2, 352 unsplit, 348 with 4 x 2; B=4 32/8 N=2k: 285 with 2, 276 with 4, 272 unsplit.
+
+    A Gluon config (``family`` 1 or 2) is a program per 2 x BLOCK_N1 keys, one resident per
+    SM: its target is GLUON_DKDV_PROGRAMS_PER_SM programs per SM.
     """
+    gluon = bool(config.family)
+    return split_work(config.dkdv_split, block_m=config.BLOCK_M1,
+                      keys_per_program=config.BLOCK_N1 * (2 if gluon else 1),
+                      programs_per_sm=GLUON_DKDV_PROGRAMS_PER_SM if gluon else DKDV_PROGRAMS_PER_SM,
+                      batch=batch, heads_q=heads_q, heads_kv=heads_kv, n_q=n_q, n_k=n_k, sm_count=sm_count)
+
+
+def split_work(requested: int, *, block_m: int, keys_per_program: int, programs_per_sm: int, batch: int,
+               heads_q: int, heads_kv: int, n_q: int, n_k: int, sm_count: int) -> tuple[int, int]:
+    """``dkdv_split``'s rule for a kernel of ``keys_per_program`` keys and ``block_m``
+    queries a step, targeting ``programs_per_sm`` programs per SM; ``requested`` as
+    ``BwdConfig.dkdv_split`` (0: auto)."""
     group = heads_q // heads_kv
-    q_blocks = -(-n_q // config.BLOCK_M1)
-    programs = -(-n_k // config.BLOCK_N1) * heads_kv * batch
-    target = DKDV_PROGRAMS_PER_SM * sm_count
+    q_blocks = -(-n_q // block_m)
+    programs = -(-n_k // keys_per_program) * heads_kv * batch
+    target = programs_per_sm * sm_count
     # an explicit split (tuned where the key's shape left the GPU idle) never takes the grid
     # past twice the target: the partials cost 2 x split x dK's size in fp32
-    split = max(1, min(config.dkdv_split, 2 * target // programs)) if config.dkdv_split else 0
+    split = max(1, min(requested, 2 * target // programs)) if requested else 0
     if split == 0:
         if programs >= target:
             return 1, 1

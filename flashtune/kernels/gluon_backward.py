@@ -48,8 +48,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device
-from flashtune.kernels.config import ConfigError, _triton_default
+from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device, sm_count
+from flashtune.kernels.config import GLUON_DKDV_PROGRAMS_PER_SM, ConfigError, _triton_default, split_work
 from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, SM90_SHARED_MEMORY, _BARRIER_BYTES,
                                              _SHARED_SLACK, _descriptor, _tma_addressable, check_int_fields,
                                              check_register_split, check_sm90_device, kernel_maxnreg, tile_layout)
@@ -59,6 +59,9 @@ from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, 
 # sm_90a, triton 3.6) spills 112-248 bytes per thread; BLOCK_M 128 at D=64 (920) is not
 _BWD_SPARE_REGS = 16
 DQ_BLOCK_M = 64  # query rows per consumer warp group of the dQ kernel (a CTA covers 2 x 64)
+# the Q and dO bytes the dK/dV CTAs running together should share in L2 (lpt_units): half of
+# the H200's 50 MB
+LPT_L2_BYTES = 24 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,14 +184,14 @@ def default_gluon_bwd_config(head_dim: int) -> GluonBwdConfig:
 # The kernel
 # ----------------------------------------------------------------------------------
 @gluon.jit
-def _step(it, n_qb, first_qb, off_hk, GROUP):
-    """The walk's step ``it``: (query head, query block) of the group's heads x blocks."""
-    return off_hk * GROUP + it // n_qb, first_qb + it % n_qb
+def _step(it, n_qb, first_qb, head0):
+    """The walk's step ``it``: (query head, query block) of the CTA's heads x blocks."""
+    return head0 + it // n_qb, first_qb + it % n_qb
 
 
 @gluon.jit
 def _producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
-              q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, GROUP,
+              q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr):
     # the two consumers' K and V tiles, once (rows past Nk read as zeros)
     for w in gl.static_range(2):
@@ -198,7 +201,7 @@ def _producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, 
         tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, start_n + w * BLOCK_N, 0], kv_ready.index(w),
                                         v_smem.index(w))
     for it in range(n_steps):
-        h, qb = _step(it, n_qb, first_qb, off_hk, GROUP)
+        h, qb = _step(it, n_qb, first_qb, head0)
         s = it % NUM_BUFFERS
         # a fresh mbarrier counts as having completed the phase before its first
         mbarrier.wait(q_empty.index(s), ((it // NUM_BUFFERS) & 1) ^ 1)
@@ -211,8 +214,8 @@ def _producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, 
 @gluon.jit
 def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
               qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
-              stride_dvn, stride_dvd, off_b, off_hk, H, GROUP, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-              n_steps, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+              stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
+              n_steps, head0, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -231,7 +234,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
     k = k_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
     v = v_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
     for it in range(n_steps):
-        h, qb = _step(it, n_qb, first_qb, off_hk, GROUP)
+        h, qb = _step(it, n_qb, first_qb, head0)
         s = it % NUM_BUFFERS
         phase = (it // NUM_BUFFERS) & 1
         rows = qb * BLOCK_M + cols  # the queries, along the columns of S^T
@@ -280,23 +283,56 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
 
 
 @gluon.jit
+def _dkdv_tile(pid, n_kb, n_units, LPT_UNITS):
+    """(key block, unit) of CTA ``pid``. LPT_UNITS 0: key blocks fastest (unit-major). Else
+    the units in groups of LPT_UNITS, and within a group the key blocks slowest, first
+    block first: with causal masking the first key blocks are seen by the most queries, so
+    the heaviest CTAs start first (longest-processing-time order) while the CTAs running
+    together share the Q and dO of a few units in L2."""
+    kb = pid % n_kb
+    unit = pid // n_kb
+    if LPT_UNITS > 0:
+        per_group = n_kb * LPT_UNITS
+        group = pid // per_group
+        units_here = gl.minimum(LPT_UNITS, n_units - group * LPT_UNITS)
+        r = pid % per_group
+        kb = r // units_here
+        unit = group * LPT_UNITS + r % units_here
+    return kb, unit
+
+
+@gluon.jit
 def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DELTA, qk_scale, sm_scale,
-                                stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-                                stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                                H, GROUP, N_Q, N_K, causal_off,
+                                stride_dks, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                                stride_dvs, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                                H, H_KV, GROUP, N_Q, N_K, causal_off, SPLIT_H, SPLIT_Q, LPT_UNITS,
                                 CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                 BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr,
                                 PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    off_hk = gl.program_id(1)
-    off_b = gl.program_id(2)
-    start_n = gl.program_id(0) * (2 * BLOCK_N)
-    # the query blocks this CTA walks, per query head of the group: causal starts at the
-    # block of the first query that sees its first key (key <= query + causal_off)
+    # a 1-D grid of key blocks (2 x BLOCK_N keys) x units, a unit being one (batch, K/V head,
+    # split) in that order; the CTA's key block and unit from its index (_dkdv_tile)
+    n_kb = gl.cdiv(N_K, 2 * BLOCK_N)
+    kb, unit = _dkdv_tile(gl.program_id(0), n_kb, gl.num_programs(0) // n_kb, LPT_UNITS)
+    split = unit % (SPLIT_H * SPLIT_Q)
+    off_hk = (unit // (SPLIT_H * SPLIT_Q)) % H_KV
+    off_b = unit // (SPLIT_H * SPLIT_Q * H_KV)
+    start_n = kb * (2 * BLOCK_N)
+    # the query blocks this CTA walks, per query head of its share of the group: causal
+    # starts at the block of the first query that sees its first key (key <= query +
+    # causal_off); a split takes GROUP // SPLIT_H heads and one of SPLIT_Q chunks of the blocks
     first_qb = 0
     if CAUSAL:
-        first_qb = gl.maximum(start_n - causal_off, 0) // BLOCK_M
-    n_qb = gl.maximum(gl.cdiv(N_Q, BLOCK_M) - first_qb, 0)
-    n_steps = GROUP * n_qb
+        first_qb = gl.minimum(gl.maximum(start_n - causal_off, 0) // BLOCK_M, gl.cdiv(N_Q, BLOCK_M))
+    end_qb = gl.cdiv(N_Q, BLOCK_M)
+    chunk = gl.cdiv(end_qb - first_qb, SPLIT_Q)
+    first_qb = gl.minimum(first_qb + (split % SPLIT_Q) * chunk, end_qb)
+    n_qb = gl.minimum(chunk, end_qb - first_qb)
+    heads = GROUP // SPLIT_H
+    head0 = off_hk * GROUP + (split // SPLIT_Q) * heads
+    n_steps = heads * n_qb
+    # a split CTA's dK/dV go to its own fp32 slot (summed afterwards); unsplit, stride 0
+    DK += split.to(gl.int64) * stride_dks
+    DV += split.to(gl.int64) * stride_dvs
 
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [2] + desc_k.block_type.shape, desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [2] + desc_v.block_type.shape, desc_v.layout)
@@ -317,14 +353,14 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
     gl.warp_specialize([
         (_consumer, (0, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
-                     stride_dvn, stride_dvd, off_b, off_hk, H, GROUP, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-                     n_steps, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, DV_EARLY)),
+                     stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
+                     n_steps, head0, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, DV_EARLY)),
         (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
-                     stride_dvn, stride_dvd, off_b, off_hk, H, GROUP, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-                     n_steps, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, DV_EARLY)),
+                     stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
+                     n_steps, head0, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, DV_EARLY)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
-                     q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, GROUP, BLOCK_M, BLOCK_N,
+                     q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0, BLOCK_M, BLOCK_N,
                      NUM_BUFFERS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
 
@@ -537,24 +573,55 @@ def _kernel_inputs(q, k, v, do, lse2, delta) -> tuple:
     return q, k, v, do, lse2.contiguous(), delta.contiguous()
 
 
+def lpt_units(q: torch.Tensor, heads_per_unit: int, causal: bool) -> int:
+    """The dK/dV kernel's LPT_UNITS for a causal launch (0, grid order, without masking): as
+    many units as keep the Q and dO they walk within about half of the L2 cache."""
+    if not causal:
+        return 0
+    per_unit = 2 * heads_per_unit * q.shape[2] * q.shape[3] * q.element_size()
+    return max(1, LPT_L2_BYTES // per_unit)
+
+
 def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
                delta: torch.Tensor, config: GluonBwdConfig, *, causal: bool, sm_scale: float,
-               causal_off: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+               causal_off: int = 0, split: tuple[int, int] = (1, 1),
+               lpt: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """dK and dV (in k's and v's dtype and layout, as torch.empty_like makes them) from the
     Gluon kernel, given the forward's lse2 and Delta = rowsum(dO * O), both (B, Hq, Nq)
-    float32. Inputs the copy engine cannot address are copied dense first."""
+    float32. Inputs the copy engine cannot address are copied dense first. ``split``:
+    (head splits, query chunks) of each key block's work over CTAs, as ``config.dkdv_split``
+    gives them (the head splits divide the group); their fp32 partials are summed by the
+    Triton backward's sum kernel. ``lpt``: LPT_UNITS (None: ``lpt_units``)."""
+    from flashtune.kernels import backward
+
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
+    split_h, split_q = split
+    group = H // H_KV
+    if split_h < 1 or split_q < 1 or group % split_h:
+        raise ValueError(f"split: expected (head splits dividing the group of {group}, query chunks >= 1), "
+                         f"got {split}")
     dk, dv = torch.empty_like(k), torch.empty_like(v)
+    n_split = split_h * split_q
+    if n_split > 1:  # (dK, dV) x split x (B, H_KV, N_K, D) fp32 slots
+        parts = torch.empty((2, n_split, B, H_KV, N_K, D), device=q.device, dtype=torch.float32)
+        outs = (parts[0], parts[1])
+    else:
+        outs = (dk, dv)
+    strides = [(o.stride(0) if n_split > 1 else 0, *o.stride()[-4:]) for o in outs]
     q, k, v, do, lse2, delta = _kernel_inputs(q, k, v, do, lse2, delta)
     desc_q, desc_do = _descriptor(q, config.BLOCK_M), _descriptor(do, config.BLOCK_M)
     desc_k, desc_v = _descriptor(k, config.BLOCK_N), _descriptor(v, config.BLOCK_N)
-    grid = (cdiv(N_K, 2 * config.BLOCK_N), H_KV, B)
+    if lpt is None:
+        lpt = lpt_units(q, group // split_h, causal)
+    grid = (cdiv(N_K, 2 * config.BLOCK_N) * B * H_KV * n_split, )
     with on_device(q):
-        _gluon_attn_bwd_dkdv_kernel[grid](desc_q, desc_do, desc_k, desc_v, dk, dv, lse2, delta, sm_scale * LOG2E,
-                                          sm_scale, *dk.stride(), *dv.stride(), H, H // H_KV, N_Q, N_K, causal_off,
-                                          **kernel_constexprs(config, D, causal), num_warps=CONSUMER_WARPS,
-                                          maxnreg=config.maxnreg())
+        _gluon_attn_bwd_dkdv_kernel[grid](desc_q, desc_do, desc_k, desc_v, *outs, lse2, delta, sm_scale * LOG2E,
+                                          sm_scale, *strides[0], *strides[1], H, H_KV, group, N_Q, N_K, causal_off,
+                                          split_h, split_q, lpt, **kernel_constexprs(config, D, causal),
+                                          num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
+        if n_split > 1:
+            backward._sum_partials(parts, dk, dv, int64=backward.needs_int64(parts, dk, dv))
     return dk, dv
 
 
@@ -587,12 +654,16 @@ def gluon_dq_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
 def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                              lse2: torch.Tensor, config: GluonBwdConfig, *, causal: bool,
                              sm_scale: float | None = None, causal_align: str = "top_left",
-                             dq_config=None, gluon_dq: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                             dq_config=None, gluon_dq: bool = False,
+                             dkdv_split: int = 0,
+                             lpt: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) as ``backward.attention_backward`` returns them: dK and dV from the Gluon
     kernel, Delta and dQ from the Triton preprocess and dQ kernel (``dq_config``: a BwdConfig
     whose dQ half runs, with its ``tma``; default the device's Triton default, its dQ kernel
     kept apart), or with ``gluon_dq`` from the Gluon dQ kernel (the config's DQ_ fields).
-    dq, dk and dv come in q's, k's and v's layouts where those are dense."""
+    ``dkdv_split``: BwdConfig.dkdv_split's value for the dK/dV kernel (0: chosen from the
+    shape); ``lpt`` as ``gluon_dkdv``'s. dq, dk and dv come in q's, k's and v's layouts where
+    those are dense."""
     from flashtune.kernels import backward
 
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or do.shape != q.shape or o.shape != q.shape:
@@ -615,7 +686,11 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     int64 = backward.needs_int64(q, k, v, o, do)
     with on_device(q):
         backward._preprocess(o, do, delta, int64=int64)
-        dk, dv = gluon_dkdv(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off)
+        split = split_work(dkdv_split, block_m=config.BLOCK_M, keys_per_program=2 * config.BLOCK_N,
+                           programs_per_sm=GLUON_DKDV_PROGRAMS_PER_SM, batch=B, heads_q=H, heads_kv=k.shape[1],
+                           n_q=N_Q, n_k=k.shape[2], sm_count=sm_count(q.device))
+        dk, dv = gluon_dkdv(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off,
+                            split=split, lpt=lpt)
         if gluon_dq:
             dq = gluon_dq_kernel(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off)
             return dq, dk, dv

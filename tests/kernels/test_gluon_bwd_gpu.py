@@ -46,17 +46,19 @@ def _the_kernel_comes_back():
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-# name -> (the dK/dV kernel's config with the dQ kernel's fields, whether dQ is the Gluon kernel's)
-CONFIGS = {"m32": (GluonBwdConfig(BLOCK_M=32), False), "m64": (GluonBwdConfig(BLOCK_M=64), False),
-           "m64-gdq": (GluonBwdConfig(BLOCK_M=64), True),
-           "m64b3dv": (GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DV_EARLY=1), False),
-           "m32-gdq128b2seq": (GluonBwdConfig(BLOCK_M=32, DQ_BLOCK_N=128, DQ_BUFFERS=2, DQ_OVERLAP=0), True),
-           "m64-gdqseq": (GluonBwdConfig(BLOCK_M=64, DQ_OVERLAP=0), True)}
+# name -> (the dK/dV kernel's config with the dQ kernel's fields, whether dQ is the Gluon kernel's,
+# dkdv_split: 0 chosen from the shape, which on these small shapes splits the key blocks' work)
+CONFIGS = {"m32": (GluonBwdConfig(BLOCK_M=32), False, 0), "m64": (GluonBwdConfig(BLOCK_M=64), False, 0),
+           "m64-unsplit": (GluonBwdConfig(BLOCK_M=64), False, 1),
+           "m64-gdq": (GluonBwdConfig(BLOCK_M=64), True, 0),
+           "m64b3dv": (GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DV_EARLY=1), False, 0),
+           "m32-gdq128b2seq": (GluonBwdConfig(BLOCK_M=32, DQ_BLOCK_N=128, DQ_BUFFERS=2, DQ_OVERLAP=0), True, 1),
+           "m64-gdqseq": (GluonBwdConfig(BLOCK_M=64, DQ_OVERLAP=0), True, 0)}
 SOME_LENGTHS_ONLY = ("m64b3dv", "m32-gdq128b2seq", "m64-gdqseq")
 
 
 def check_gluon_backward(n_q, n_k, d, *, dtype_name="bf16", causal=True, heads=(8, 2), batch=2, config="m64",
-                         causal_align="top_left", layout="bhnd", seed=0) -> dict:
+                         causal_align="top_left", layout="bhnd", seed=0, split=None) -> dict:
     dtype = DTYPES[dtype_name]
     gen = torch.Generator().manual_seed(seed * 1000003 + n_q * 7919 + n_k * 31 + d)
     hq, hkv = heads
@@ -66,9 +68,10 @@ def check_gluon_backward(n_q, n_k, d, *, dtype_name="bf16", causal=True, heads=(
     do = make_tensor((batch, hq, n_q, d), layout=layout, dtype=dtype, device="cuda", gen=gen)
     o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(d), causal=causal,
                                                     causal_align=causal_align)
-    cfg, gluon_dq = CONFIGS[config]
-    dq, dk, dv = gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=causal,
-                                                         causal_align=causal_align, gluon_dq=gluon_dq)
+    cfg, gluon_dq, config_split = CONFIGS[config]
+    dq, dk, dv = gluon_backward.gluon_attention_backward(
+        do, q, k, v, o, lse2, cfg, causal=causal, causal_align=causal_align, gluon_dq=gluon_dq,
+        dkdv_split=config_split if split is None else split)
     torch.cuda.synchronize()
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     assert dq.dtype == dk.dtype == dv.dtype == dtype
@@ -97,6 +100,38 @@ def test_gluon_backward_matches_the_reference(n_q, n_k, d, causal, config):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gluon_backward_grouped_heads(heads, causal, config):
     check_gluon_backward(1000, 1000, 128, heads=heads, causal=causal, batch=1, config=config)
+
+
+# (Hq, Hkv, N, dkdv_split): head splits (2, 4, 8 of a group of 8; 7 of 7), query chunks (3 on
+# a group of 8 is 1 x 3; 16 on a group of 4 is 4 x 4, more chunks than 3 blocks: empty ones)
+SPLITS = [(8, 1, 1000, 2), (8, 1, 1000, 4), (8, 1, 777, 8), (16, 2, 2048, 3), (28, 4, 1000, 7),
+          (8, 2, 130, 16), (8, 1, 4096, 0)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("hq,hkv,n,split", SPLITS, ids=[f"{a}-{b}-n{c}-s{d}" for a, b, c, d in SPLITS])
+def test_gluon_backward_split_key_blocks(hq, hkv, n, split, causal):
+    """dkdv_split: a key block's dK/dV spread over CTAs (the group's query heads, then its
+    query blocks), the fp32 partials summed afterwards."""
+    check_gluon_backward(n, n, 128, heads=(hq, hkv), causal=causal, batch=1, split=split)
+
+
+def test_the_heaviest_first_order_changes_no_bit():
+    """LPT_UNITS only reorders the CTAs (each computes the same thing): dK and dV agree
+    exactly with the grid order, in groups of 1, 3 and 64 units, split and not."""
+    gen = torch.Generator().manual_seed(5)
+    q, do = (make_tensor((3, 8, 1500, 128), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
+             for _ in range(2))
+    k, v = (make_tensor((3, 2, 1500, 128), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
+            for _ in range(2))
+    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128), causal=True)
+    delta = (o.float() * do.float()).sum(-1)
+    cfg = GluonBwdConfig(BLOCK_M=64)
+    for split in ((1, 1), (2, 2)):
+        runs = [gluon_backward.gluon_dkdv(q, k, v, do, lse2, delta, cfg, causal=True, sm_scale=128 ** -0.5,
+                                          split=split, lpt=lpt) for lpt in (0, 1, 3, 64)]
+        for dk, dv in runs[1:]:
+            assert torch.equal(dk, runs[0][0]) and torch.equal(dv, runs[0][1])
 
 
 @pytest.mark.parametrize("config", ["m64", "m64-gdq"])
