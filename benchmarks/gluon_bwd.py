@@ -15,7 +15,8 @@ max |cuDNN's| within 4x FlashAttention-2's own relative distance from cuDNN, and
 0.05); a runner that fails is reported and not timed. Then each is timed with
 triton.testing.do_bench (median), in --rounds interleaved rounds, each figure the median of
 its rounds. The Gluon backward runs its dK/dV kernel with either the Triton dQ kernel
-(labels ending "/triton-dq") or the Gluon dQ kernel ("/dq-nNbB"). "dq" is the Triton dQ
+(labels ending "/triton-dq") or the Gluon dQ kernel ("/dq-nNbB"), or computes dQ itself
+("/fused-dq"). "dq" is the Triton dQ
 kernel alone, so a "/triton-dq" time minus it is about the Gluon dK/dV kernel and the Delta
 preprocess.
 Ratios are speed ratios (1.10: 1.10x as fast). TFLOP/s counts 10 x B x Hq x Nq x Nk x D
@@ -113,12 +114,13 @@ def main() -> int:
                 "flash": sdpa_backward(SDPBackend.FLASH_ATTENTION, q, k, v, do, causal, scale),
             }
             dq_alone = dq_kernel_alone(do, q, k, v, o, lse2, bwd_cfg, causal=causal, sm_scale=scale)
-            configs = [(default_gluon_bwd_config(D), False), (default_gluon_bwd_config(D), True)]
+            configs = [(default_gluon_bwd_config(D), False), (default_gluon_bwd_config(D), True),
+                       (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1), False)]
             if args.configs == "all":
                 configs += [c for c in NEIGHBOURS if c not in configs]
             errors = {}
             for cfg, gdq in configs:
-                label = cfg.short() if gdq else cfg.short().split("/dq")[0] + "/triton-dq"
+                label = cfg.short() if gdq or cfg.DQ_FUSED else cfg.short().split("/dq")[0] + "/triton-dq"
                 try:
                     cfg.validate(D, dtype, q.device)
                 except Exception as e:  # noqa: BLE001 - report and go on

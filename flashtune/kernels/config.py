@@ -399,12 +399,15 @@ class FwdConfig(_ConfigBase):
 # what BwdConfig fixes on construction per family (_ConfigBase.UNUSED_BY_FAMILY): the Gluon
 # dK/dV kernel's unused fields; with the Gluon dQ kernel (2) also the Triton dQ kernel's
 _GLUON_DKDV_UNUSED = {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1))}
+_BLOCKS = (16, 32, 64, 128, 256)
 _BWD_UNUSED_BY_FAMILY = {
     1: _GLUON_DKDV_UNUSED,
-    2: {**_GLUON_DKDV_UNUSED, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, (16, 32, 64, 128, 256)),
-        "tma": (0, (0, 1))},
+    2: {**_GLUON_DKDV_UNUSED, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, _BLOCKS), "tma": (0, (0, 1))},
+    # the fused dQ: no dQ kernel, so no dQ half
+    3: {**_GLUON_DKDV_UNUSED, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, _BLOCKS),
+        "BLOCK_N2": (64, _BLOCKS), "dq_num_stages": (2, range(1, 9)), "tma": (0, (0, 1))},
 }
-BWD_FAMILIES = (0, 1, 2)
+BWD_FAMILIES = (0, 1, 2, 3)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -449,8 +452,12 @@ class BwdConfig(_ConfigBase):
     and a device of compute capability 9.0; num_warps and atomic_dq do not apply to it (its
     canonical form fixes them: 4, 0; family 2 also dq_num_warps 4, BLOCK_M2 64 and tma 0);
     ``dkdv_split`` does, with its own auto target (``dkdv_split()``; configs stored before it
-    did hold 1, unsplit, and launch as they did). A call the Gluon kernels cannot run (a softcap, a window, packed sequences,
-    dropout) runs the Triton default (``as_triton``).
+    did hold 1, unsplit, and launch as they did). Family 3: the Gluon dK/dV kernel computing
+    dQ too (GluonBwdConfig.DQ_FUSED: TMA bulk reduce-adds into an fp32 buffer, five matmuls;
+    BLOCK_M1 64 only; no dQ half, its fields fixed at 64, 64, 4 warps, 2 stages, tma 0; under
+    ``torch.use_deterministic_algorithms`` dQ comes from the Triton default's dQ kernel). A
+    call the Gluon kernels cannot run (a softcap, a window, packed sequences, dropout) runs
+    the Triton default (``as_triton``).
     """
 
     BLOCK_M1: int
@@ -490,6 +497,9 @@ class BwdConfig(_ConfigBase):
         tma = " tma" if self.tma else ""
         # the Gluon families' labels: every field but dkdv_split shown or fixed by the family
         gluon_shown = tuple(name for name in self.FIELDS if name != "dkdv_split")
+        if self.family == 3:  # ``gluon 2xN1 mM1 bS fused-dQ``: dQ in the Gluon dK/dV kernel
+            return (f"gluon 2x{self.BLOCK_N1} m{self.BLOCK_M1} b{self.num_stages} fused-dQ"
+                    + self._extra_label(gluon_shown))
         if self.family == 2:  # ``gluon 2xN1 mM1 bS / gluon-dq nN2 bS``: both Gluon kernels
             return (f"gluon 2x{self.BLOCK_N1} m{self.BLOCK_M1} b{self.num_stages} / gluon-dq n{self.BLOCK_N2} "
                     f"b{self.dq_num_stages}" + self._extra_label(gluon_shown))
@@ -510,6 +520,8 @@ class BwdConfig(_ConfigBase):
         from flashtune.kernels.gluon_backward import GluonBwdConfig
 
         dq = dict(DQ_BLOCK_N=self.BLOCK_N2, DQ_BUFFERS=self.dq_num_stages) if self.family == 2 else {}
+        if self.family == 3:
+            dq = dict(DQ_FUSED=1)
         return GluonBwdConfig(BLOCK_M=self.BLOCK_M1, BLOCK_N=self.BLOCK_N1, NUM_BUFFERS=self.num_stages, **dq)
 
     def as_triton(self, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None) -> "BwdConfig":
@@ -534,7 +546,7 @@ class BwdConfig(_ConfigBase):
         _check_flag("tma", self.tma)
         if type(self.family) is not int or self.family not in BWD_FAMILIES:
             raise ConfigError(f"family: expected one of {BWD_FAMILIES} (0 Triton, 1 the Gluon dK/dV kernel, 2 both "
-                              f"Gluon kernels), got {self.family!r}")
+                              f"Gluon kernels, 3 the Gluon dK/dV kernel with dQ fused), got {self.family!r}")
         if (not isinstance(self.dkdv_split, int) or isinstance(self.dkdv_split, bool)
                 or not 0 <= self.dkdv_split <= MAX_DKDV_SPLIT):
             raise ConfigError(f"dkdv_split: expected an integer in [0, {MAX_DKDV_SPLIT}] (0: chosen at launch), "
@@ -581,6 +593,8 @@ class BwdConfig(_ConfigBase):
             m = max(self.BLOCK_M1, 32)
             dkdv = max(dkdv + e * self.BLOCK_M1 * self.BLOCK_N1 // 8,
                        tiles + 1024 + 4 * m * d + (8 * m * self.BLOCK_N1 if self.BLOCK_M1 < 64 else 0))
+        if self.family == 3:  # one kernel (the Triton dQ kernel of the deterministic fallback is the default's)
+            return self.gluon().shared_memory(head_dim, dtype)
         if self.family == 2:  # the Gluon kernels' own estimates
             return max(self.gluon().shared_memory(head_dim, dtype), self.gluon().dq_shared_memory(head_dim, dtype))
         dq = self._dq_shared_memory(head_dim, dtype)
@@ -609,7 +623,7 @@ class BwdConfig(_ConfigBase):
         self.check_fields()
         if self.family:
             self.gluon().validate(head_dim, dtype, device if device is not None else resolve_device())
-            if self.family == 2:
+            if self.family >= 2:
                 if dropout:
                     for causal in (False, True):
                         self.as_triton(head_dim, dtype, device, causal).validate(head_dim, dtype, device,
@@ -848,7 +862,8 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
     """The starting config of each other kernel family that runs this head dim and dtype on
     the device: on sm_90 the Gluon forward's default (gluon_forward.default_gluon_config);
     for the backward the Gluon dK/dV kernel's (gluon_backward.default_gluon_bwd_config) with
-    the Triton default's dQ half (family 1), then with the Gluon dQ kernel (family 2). The
+    the Triton default's dQ half (family 1), then with the Gluon dQ kernel (family 2), then
+    with dQ fused into it (family 3). The
     search times these first (key_search.warm_start), so the family
     is chosen per key by measurement."""
     config_class(pass_)
@@ -870,7 +885,8 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
         t = default_config("bwd", head_dim, dtype, device, triton_only=True)
         configs = [BwdConfig(g.BLOCK_M, g.BLOCK_N, t.BLOCK_M2, t.BLOCK_N2, 4, g.NUM_BUFFERS, t.dq_num_warps,
                              t.dq_num_stages, tma=t.tma, family=1),
-                   BwdConfig(g.BLOCK_M, g.BLOCK_N, 64, 64, 4, 3, 4, 3, family=2)]
+                   BwdConfig(g.BLOCK_M, g.BLOCK_N, 64, 64, 4, 3, 4, 3, family=2),
+                   BwdConfig(64, g.BLOCK_N, 64, 64, 4, 2, family=3)]
     out = []
     for cfg in configs:
         try:

@@ -43,16 +43,20 @@ import math
 
 import torch
 import triton
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device, sm_count
 from flashtune.kernels.config import GLUON_DKDV_PROGRAMS_PER_SM, ConfigError, _triton_default, split_work
 from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, SM90_SHARED_MEMORY, _BARRIER_BYTES,
                                              _SHARED_SLACK, _descriptor, _tma_addressable, check_int_fields,
-                                             check_register_split, check_sm90_device, kernel_maxnreg, tile_layout)
+                                             check_register_split, check_sm90_device, kernel_maxnreg, p_tile_layout,
+                                             tile_layout)
 
 # registers per consumer thread beside the tiles the estimate counts (addresses, loop state;
 # the lse and Delta columns): with 16, BLOCK_M 64 at D=128 is allowed, whose compile (ptxas,
@@ -77,6 +81,11 @@ class GluonBwdConfig:
     DQ_BLOCK_N / DQ_BUFFERS: the Gluon dQ kernel's keys per step and K/V ring slots (its
     consumers hold 64 query rows each); used where that kernel runs (``gluon_dq``).
     DQ_OVERLAP: 1 runs each block's dQ wgmma under the next block's S, dP and softmax.
+    DQ_FUSED: 1 computes dQ in the dK/dV kernel instead (five matmuls, not seven): each step
+    both consumers store dS^T to shared memory, each computes dQ = dS K for its half of the
+    head dim over the CTA's 2 x BLOCK_N keys and sends it as one TMA bulk reduce-add into a
+    zeroed fp32 buffer (FlashAttention-3's scheme; the order of the adds, hence dQ's last
+    bits, varies from run to run). BLOCK_M 64 only (a wgmma's M); the DQ_ fields unused.
     """
 
     BLOCK_M: int = 64
@@ -88,14 +97,17 @@ class GluonBwdConfig:
     DQ_BLOCK_N: int = 64
     DQ_BUFFERS: int = 2
     DQ_OVERLAP: int = 1
+    DQ_FUSED: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
     def short(self) -> str:
-        return (f"m{self.BLOCK_M}n2x{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
-                f"{'dv' if self.DV_EARLY else ''}/dq-n{self.DQ_BLOCK_N}b{self.DQ_BUFFERS}"
-                f"{'' if self.DQ_OVERLAP else 'seq'}")
+        head = f"m{self.BLOCK_M}n2x{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
+        head += "dv" if self.DV_EARLY else ""
+        if self.DQ_FUSED:
+            return head + "/fused-dq"
+        return head + f"/dq-n{self.DQ_BLOCK_N}b{self.DQ_BUFFERS}{'' if self.DQ_OVERLAP else 'seq'}"
 
     def dq_shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         """The dQ kernel's bytes: both consumers' Q and dO tiles, the K/V ring, the mbarriers."""
@@ -111,10 +123,14 @@ class GluonBwdConfig:
                 + ds_tiles * DQ_BLOCK_M * self.DQ_BLOCK_N // 2) // (32 * CONSUMER_WARPS) + _BWD_SPARE_REGS
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
-        """Bytes of shared memory: the CTA's K and V tiles, the Q/dO ring, the mbarriers."""
+        """Bytes of shared memory: the CTA's K and V tiles, the Q/dO ring, the mbarriers; with
+        DQ_FUSED also four dS^T tiles and the two consumers' fp32 dQ shares."""
         e = torch.empty((), dtype=dtype).element_size()
         tiles = 2 * 2 * self.BLOCK_N * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_M * head_dim * e
         barriers = (2 + 3 * self.NUM_BUFFERS) * _BARRIER_BYTES
+        if self.DQ_FUSED:
+            tiles += 4 * self.BLOCK_N * self.BLOCK_M * e + 2 * self.BLOCK_M * (head_dim // 2) * 4
+            barriers += 2 * _BARRIER_BYTES
         return tiles + barriers + _SHARED_SLACK
 
     def maxnreg(self) -> int:
@@ -123,7 +139,8 @@ class GluonBwdConfig:
 
     def consumer_registers_needed(self, head_dim: int) -> int:
         """fp32 dK and dV accumulators, fp32 S^T and dP^T, 16-bit P^T and dS^T (wgmma A
-        operands), per thread of a consumer warp group, plus spare."""
+        operands), per thread of a consumer warp group, plus spare (the fused dQ share, fp32
+        BLOCK_M x head_dim / 2, lives after S^T and dP^T are dead: not counted)."""
         threads = 32 * CONSUMER_WARPS
         return (2 * self.BLOCK_N * head_dim + 2 * self.BLOCK_N * self.BLOCK_M
                 + self.BLOCK_N * self.BLOCK_M) // threads + _BWD_SPARE_REGS
@@ -142,6 +159,11 @@ class GluonBwdConfig:
             raise ConfigError(f"NUM_BUFFERS: expected 2 to 4 Q/dO slots, got {self.NUM_BUFFERS}")
         if self.DQ_OVERLAP not in (0, 1):
             raise ConfigError(f"DQ_OVERLAP: expected 0 or 1, got {self.DQ_OVERLAP}")
+        if self.DQ_FUSED not in (0, 1):
+            raise ConfigError(f"DQ_FUSED: expected 0 or 1, got {self.DQ_FUSED}")
+        if self.DQ_FUSED and self.BLOCK_M != 64:
+            raise ConfigError(f"BLOCK_M: the fused dQ (DQ_FUSED=1) takes 64 query rows per step (a wgmma's M), "
+                              f"got {self.BLOCK_M}")
         if self.DQ_BLOCK_N not in (64, 128):
             raise ConfigError(f"DQ_BLOCK_N: expected 64 or 128 keys per step of the dQ kernel, got {self.DQ_BLOCK_N}")
         if not 2 <= self.DQ_BUFFERS <= 4:
@@ -183,6 +205,16 @@ def default_gluon_bwd_config(head_dim: int) -> GluonBwdConfig:
 # ----------------------------------------------------------------------------------
 # The kernel
 # ----------------------------------------------------------------------------------
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """A TMA bulk reduce-add of shared-memory tile ``src`` into ``tensor_desc``'s tensor at
+    ``coord`` (cp.reduce.async.bulk.tensor .add; completion as tma.store_wait counts it).
+    Triton 3.6's Gluon builder has the op (``create_async_tma_reduce``), its Hopper ``tma``
+    module no wrapper for it."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
 @gluon.jit
 def _step(it, n_qb, first_qb, head0):
     """The walk's step ``it``: (query head, query block) of the CTA's heads x blocks."""
@@ -215,13 +247,18 @@ def _producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, 
 def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
               qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
               stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-              n_steps, head0, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr):
+              n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, CAUSAL: gl.constexpr,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
+              DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    # fused dQ: this warp group's half of the head dim of the CTA's dQ share per step
+    HALF: gl.constexpr = HEAD_DIM // 2
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HALF, 16])
 
     key0 = start_n + which * BLOCK_N
     keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
@@ -262,13 +299,43 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
             dpt, _v, _do = warpgroup_mma_wait(0, deps=(dpt, v, do))
         dst = pt * (dpt - delta[None, :])
         dst16 = gl.convert_layout(dst.to(q.dtype), a_layout)
+        if FUSED_DQ:  # dS^T to shared memory, where both groups' halves make the CTA's dS
+            ds_smem.index((it % 2) * 2 + which).store(dst.to(q.dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(ds_ready.index(it % 2))
         if not DV_EARLY:
             dv = warpgroup_mma(pt16, do, dv, is_async=True)
         dk = warpgroup_mma(dst16, q, dk, is_async=True)
-        dv, dk, _p, _ds, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, pt16, dst16, do, q))
+        if FUSED_DQ:
+            # dQ[:, half] = dS K[:, half] over both groups' keys, once both stored their dS^T
+            # (a slot of ds_smem is written again two steps on, after the other group has
+            # arrived for the step between, so after its dQ wgmma of this step is done)
+            mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)
+            ds0 = ds_smem.index((it % 2) * 2).permute((1, 0))
+            ds1 = ds_smem.index((it % 2) * 2 + 1).permute((1, 0))
+            k0 = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).slice(which * HALF, HALF, dim=1)
+            k1 = k_smem.index(1).reshape([BLOCK_N, HEAD_DIM]).slice(which * HALF, HALF, dim=1)
+            dq = warpgroup_mma(ds0, k0, gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
+                               is_async=True)
+            dq = warpgroup_mma(ds1, k1, dq, is_async=True)
+            dv, dk, dq, _p, _ds, _do2, _q2, _d0, _d1 = warpgroup_mma_wait(
+                0, deps=(dv, dk, dq, pt16, dst16, do, q, ds0, ds1))
+        else:
+            dv, dk, _p, _ds, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, pt16, dst16, do, q))
         # every warp of the group is done with the slot before its one arrival
         gl.thread_barrier()
         mbarrier.arrive(q_empty.index(s))
+        if FUSED_DQ:  # the share goes out as one TMA bulk reduce-add into the fp32 dQ buffer
+            dq_buf = dq_smem.index(which)
+            tma.store_wait(0)  # the previous step's reduce has read the buffer
+            gl.thread_barrier()
+            dq_buf.reshape([BLOCK_M, HALF]).store(dq * sm_scale)
+            fence_async_shared()
+            gl.thread_barrier()
+            _tma_reduce_add(desc_dqa, [off_b, h, qb * BLOCK_M, which * HALF], dq_buf)
+    if FUSED_DQ:
+        tma.store_wait(0)
 
     dk = dk * sm_scale
     o_rows = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
@@ -305,9 +372,10 @@ def _dkdv_tile(pid, n_kb, n_units, LPT_UNITS):
 def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DELTA, qk_scale, sm_scale,
                                 stride_dks, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                                 stride_dvs, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                                H, H_KV, GROUP, N_Q, N_K, causal_off, SPLIT_H, SPLIT_Q, LPT_UNITS,
+                                H, H_KV, GROUP, N_Q, N_K, causal_off, SPLIT_H, SPLIT_Q, LPT_UNITS, desc_dqa,
                                 CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                 BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr,
+                                FUSED_DQ: gl.constexpr, DS_LAYOUT: gl.constexpr,
                                 PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     # a 1-D grid of key blocks (2 x BLOCK_N keys) x units, a unit being one (batch, K/V head,
     # split) in that order; the CTA's key block and unit from its index (_dkdv_tile)
@@ -348,17 +416,29 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(do_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # both consumers release a slot
+    if FUSED_DQ:  # dS^T per (step parity, consumer); each consumer's dQ share; dS ready per parity
+        ds_smem = gl.allocate_shared_memory(desc_q.dtype, [4, BLOCK_N, BLOCK_M], DS_LAYOUT)
+        dq_smem = gl.allocate_shared_memory(desc_dqa.dtype, [2] + desc_dqa.block_type.shape, desc_dqa.layout)
+        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(ds_ready.index(i), count=2)
+    else:  # not read: stand-ins (warp_specialize takes values, not None)
+        ds_smem = q_bufs
+        dq_smem = q_bufs
+        ds_ready = q_empty
     fence_async_shared()
 
     gl.warp_specialize([
         (_consumer, (0, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-                     n_steps, head0, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, DV_EARLY)),
+                     n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ)),
         (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-                     n_steps, head0, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, DV_EARLY)),
+                     n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
                      q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0, BLOCK_M, BLOCK_N,
                      NUM_BUFFERS)),
@@ -559,10 +639,17 @@ def _gluon_attn_bwd_dq_kernel(desc_q, desc_do, desc_k, desc_v, DQ, LSE, DELTA, q
 # ----------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------
-def kernel_constexprs(config: GluonBwdConfig, head_dim: int, causal: bool) -> dict:
+def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool) -> dict:
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
-                NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), PRODUCER_REGS=config.PRODUCER_REGS,
+                NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=bool(config.DQ_FUSED),
+                DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
                 CONSUMER_REGS=config.CONSUMER_REGS)
+
+
+def _dq_share_layout(rows: int, head_dim: int):
+    """The shared layout of a consumer's fp32 [1, 1, rows, head_dim / 2] dQ share (the fused
+    dQ's reduce-add tile)."""
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim // 2], gl.float32)
 
 
 def _kernel_inputs(q, k, v, do, lse2, delta) -> tuple:
@@ -584,14 +671,16 @@ def lpt_units(q: torch.Tensor, heads_per_unit: int, causal: bool) -> int:
 
 def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
                delta: torch.Tensor, config: GluonBwdConfig, *, causal: bool, sm_scale: float,
-               causal_off: int = 0, split: tuple[int, int] = (1, 1),
-               lpt: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               causal_off: int = 0, split: tuple[int, int] = (1, 1), lpt: int | None = None,
+               dq_acc: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """dK and dV (in k's and v's dtype and layout, as torch.empty_like makes them) from the
     Gluon kernel, given the forward's lse2 and Delta = rowsum(dO * O), both (B, Hq, Nq)
     float32. Inputs the copy engine cannot address are copied dense first. ``split``:
     (head splits, query chunks) of each key block's work over CTAs, as ``config.dkdv_split``
     gives them (the head splits divide the group); their fp32 partials are summed by the
-    Triton backward's sum kernel. ``lpt``: LPT_UNITS (None: ``lpt_units``)."""
+    Triton backward's sum kernel. ``lpt``: LPT_UNITS (None: ``lpt_units``). A DQ_FUSED
+    config also adds sm_scale dS K into ``dq_acc``, a zeroed contiguous (B, Hq, Nq, D)
+    float32 tensor."""
     from flashtune.kernels import backward
 
     B, H, N_Q, D = q.shape
@@ -614,11 +703,19 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     desc_k, desc_v = _descriptor(k, config.BLOCK_N), _descriptor(v, config.BLOCK_N)
     if lpt is None:
         lpt = lpt_units(q, group // split_h, causal)
+    if config.DQ_FUSED:
+        if dq_acc is None or dq_acc.dtype != torch.float32 or dq_acc.shape != q.shape or not dq_acc.is_contiguous():
+            raise ValueError("dq_acc: a DQ_FUSED config needs a zeroed contiguous float32 tensor of q's shape")
+        desc_dqa = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [1, 1, config.BLOCK_M, D // 2],
+                                    _dq_share_layout(config.BLOCK_M, D))
+    else:
+        desc_dqa = desc_q  # not read
     grid = (cdiv(N_K, 2 * config.BLOCK_N) * B * H_KV * n_split, )
     with on_device(q):
         _gluon_attn_bwd_dkdv_kernel[grid](desc_q, desc_do, desc_k, desc_v, *outs, lse2, delta, sm_scale * LOG2E,
                                           sm_scale, *strides[0], *strides[1], H, H_KV, group, N_Q, N_K, causal_off,
-                                          split_h, split_q, lpt, **kernel_constexprs(config, D, causal),
+                                          split_h, split_q, lpt, desc_dqa,
+                                          **kernel_constexprs(config, D, q.dtype, causal),
                                           num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
         if n_split > 1:
             backward._sum_partials(parts, dk, dv, int64=backward.needs_int64(parts, dk, dv))
@@ -660,7 +757,9 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     """(dq, dk, dv) as ``backward.attention_backward`` returns them: dK and dV from the Gluon
     kernel, Delta and dQ from the Triton preprocess and dQ kernel (``dq_config``: a BwdConfig
     whose dQ half runs, with its ``tma``; default the device's Triton default, its dQ kernel
-    kept apart), or with ``gluon_dq`` from the Gluon dQ kernel (the config's DQ_ fields).
+    kept apart), or with ``gluon_dq`` from the Gluon dQ kernel (the config's DQ_ fields), or
+    with ``config.DQ_FUSED`` from the dK/dV kernel itself (but under
+    ``torch.use_deterministic_algorithms``, where the dQ kernel named runs).
     ``dkdv_split``: BwdConfig.dkdv_split's value for the dK/dV kernel (0: chosen from the
     shape); ``lpt`` as ``gluon_dkdv``'s. dq, dk and dv come in q's, k's and v's layouts where
     those are dense."""
@@ -682,6 +781,8 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         dq_config = _triton_default("bwd", D, q.dtype, q.device, bool(causal))
     if dq_config.atomic_dq:
         dq_config = dataclasses.replace(dq_config, atomic_dq=0)
+    if config.DQ_FUSED and torch.are_deterministic_algorithms_enabled():
+        config = dataclasses.replace(config, DQ_FUSED=0)  # dQ by its own kernel: a fixed order of adds
     delta = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     int64 = backward.needs_int64(q, k, v, o, do)
     with on_device(q):
@@ -689,8 +790,13 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         split = split_work(dkdv_split, block_m=config.BLOCK_M, keys_per_program=2 * config.BLOCK_N,
                            programs_per_sm=GLUON_DKDV_PROGRAMS_PER_SM, batch=B, heads_q=H, heads_kv=k.shape[1],
                            n_q=N_Q, n_k=k.shape[2], sm_count=sm_count(q.device))
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if config.DQ_FUSED else None
         dk, dv = gluon_dkdv(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off,
-                            split=split, lpt=lpt)
+                            split=split, lpt=lpt, dq_acc=dq_acc)
+        if dq_acc is not None:
+            dq = torch.empty_like(q)
+            dq.copy_(dq_acc)
+            return dq, dk, dv
         if gluon_dq:
             dq = gluon_dq_kernel(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off)
             return dq, dk, dv
@@ -724,9 +830,12 @@ def compile_for_sm90(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, 
         constexprs["stride_dqd"] = 1
     else:
         fn = _gluon_attn_bwd_dkdv_kernel
-        constexprs = kernel_constexprs(config, head_dim, causal)
+        constexprs = kernel_constexprs(config, head_dim, dtype, causal)
         types = {"desc_q": desc(config.BLOCK_M), "desc_do": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N),
-                 "desc_v": desc(config.BLOCK_N), "DK": f"*{el}", "DV": f"*{el}"}
+                 "desc_v": desc(config.BLOCK_N), "DK": f"*{el}", "DV": f"*{el}",
+                 "desc_dqa": (f"tensordesc<fp32[1,1,{config.BLOCK_M},{head_dim // 2}],"
+                              f"{_dq_share_layout(config.BLOCK_M, head_dim)!r}>" if config.DQ_FUSED
+                              else desc(config.BLOCK_M))}
         constexprs["stride_dkd"] = 1
         constexprs["stride_dvd"] = 1
     types.update({"LSE": "*fp32", "DELTA": "*fp32", "qk_scale": "fp32", "sm_scale": "fp32"})

@@ -5,7 +5,7 @@ sm_90 without a GPU.
 Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
 "dtype", "causal"} (optionally "window": the sliding-window variant) on stdin and prints one JSON line per item with the compiled kernel's
 shared memory in bytes ("shared"), its PTX register cap ("maxnreg"), the setmaxnreg
-values of its partitions ("setmaxnreg") and whether ptxas reported spills ("spills"), or
+values of its partitions ("setmaxnreg"), its wgmma and TMA copy and reduce-add counts, or
 one {"skip": ...} line when this triton cannot compile Gluon for sm_90 here.
 """
 
@@ -35,7 +35,8 @@ def compile_item(item: dict) -> dict:
     return {"shared": int(compiled.metadata.shared), "maxnreg": int(maxnreg.group(1)) if maxnreg else None,
             "setmaxnreg": sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
-            "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor", ptx))}
+            "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
+            "tma_reduces": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx))}
 
 
 def main() -> int:

@@ -75,7 +75,7 @@ def test_shared_memory_counts_the_tiles_and_the_ring():
 
 # every config here is one validate() accepts; both causal modes, bf16 and fp16
 ITEMS = ((C(BLOCK_M=32), (64, 128)), (C(BLOCK_M=64), (64, 128)), (C(BLOCK_M=64, NUM_BUFFERS=3, DV_EARLY=1), (128, )),
-         (C(BLOCK_M=32, NUM_BUFFERS=4), (128, )))
+         (C(BLOCK_M=32, NUM_BUFFERS=4), (128, )), (C(DQ_FUSED=1), (64, 128)), (C(DQ_FUSED=1, NUM_BUFFERS=3), (64, 128)))
 # the dQ kernel (its DQ_ fields)
 DQ_ITEMS = ((C(), (64, 128)), (C(DQ_OVERLAP=0), (64, 128)), (C(DQ_BLOCK_N=128, DQ_OVERLAP=0), (128, )),
             (C(DQ_BUFFERS=3), (128, )), (C(DQ_BLOCK_N=128, DQ_BUFFERS=3), (64, )))
@@ -108,6 +108,11 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets():
         if res["wgmma"] < 4 or res["tma_loads"] < 4:
             problems.append(f"{where}: expected wgmma and TMA instructions, got {res['wgmma']} and "
                             f"{res['tma_loads']}")
+        # the fused dQ: its two dS K wgmmas and one TMA reduce-add a step; none without it
+        fused = bool(cfg.DQ_FUSED) and not dq
+        if (res["tma_reduces"] > 0) != fused or (fused and res["wgmma"] < 6):
+            problems.append(f"{where}: {res['tma_reduces']} TMA reduce-adds and {res['wgmma']} wgmma "
+                            f"({'fused' if fused else 'not fused'})")
     assert not problems, "\n".join(problems)
 
 
@@ -132,10 +137,26 @@ def test_a_gluon_bwd_config_fixes_what_it_does_not_use():
     assert BwdConfig.from_dict(old).family == 0  # a row stored before the field existed
 
 
-@pytest.mark.parametrize("field, value", [("family", 3), ("family", -1), ("family", 0.5)])
+@pytest.mark.parametrize("field, value", [("family", 4), ("family", -1), ("family", 0.5)])
 def test_a_bad_family_is_named(field, value):
     with pytest.raises(ConfigError, match=rf"^{field}:"):
         BwdConfig.from_dict({**BwdConfig(64, 64, 64, 64, 4, 2).to_dict(), field: value})
+
+
+def test_the_fused_dq_family_fixes_the_dq_half_and_takes_64_query_rows():
+    cfg = BwdConfig(64, 64, 128, 32, 8, 3, 8, 4, tma=1, dkdv_split=2, family=3)
+    assert (cfg.BLOCK_M2, cfg.BLOCK_N2, cfg.dq_num_warps, cfg.dq_num_stages, cfg.tma) == (64, 64, 4, 2, 0)
+    assert cfg == cfg.canonical() and BwdConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.label() == "gluon 2x64 m64 b3 fused-dQ dkdv_split=2"
+    assert cfg.gluon() == C(BLOCK_M=64, NUM_BUFFERS=3, DQ_FUSED=1)
+    assert cfg.validate_anywhere(128, torch.bfloat16) is cfg
+    assert cfg.shared_memory(128, torch.bfloat16) == cfg.gluon().shared_memory(128, torch.bfloat16)
+    with pytest.raises(ConfigError, match=r"^BLOCK_M:"):
+        BwdConfig(32, 64, 64, 64, 4, 2, family=3).validate_anywhere(128, torch.bfloat16)
+    with pytest.raises(ConfigError, match=r"^NUM_BUFFERS:"):  # 4 slots and the dS and dQ tiles at D=128
+        BwdConfig(64, 64, 64, 64, 4, 4, family=3).validate_anywhere(128, torch.bfloat16)
+    with pytest.raises(ConfigError, match=r"^DQ_FUSED:"):
+        C(DQ_FUSED=2).validate(128, torch.bfloat16)
 
 
 def test_a_gluon_bwd_config_runs_on_sm90_only_and_checks_its_blocks():

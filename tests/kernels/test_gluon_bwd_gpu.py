@@ -53,8 +53,10 @@ CONFIGS = {"m32": (GluonBwdConfig(BLOCK_M=32), False, 0), "m64": (GluonBwdConfig
            "m64-gdq": (GluonBwdConfig(BLOCK_M=64), True, 0),
            "m64b3dv": (GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DV_EARLY=1), False, 0),
            "m32-gdq128b2seq": (GluonBwdConfig(BLOCK_M=32, DQ_BLOCK_N=128, DQ_BUFFERS=2, DQ_OVERLAP=0), True, 1),
-           "m64-gdqseq": (GluonBwdConfig(BLOCK_M=64, DQ_OVERLAP=0), True, 0)}
-SOME_LENGTHS_ONLY = ("m64b3dv", "m32-gdq128b2seq", "m64-gdqseq")
+           "m64-gdqseq": (GluonBwdConfig(BLOCK_M=64, DQ_OVERLAP=0), True, 0),
+           "m64-fused": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1), False, 0),
+           "m64b3-fused-unsplit": (GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DQ_FUSED=1), False, 1)}
+SOME_LENGTHS_ONLY = ("m64b3dv", "m32-gdq128b2seq", "m64-gdqseq", "m64b3-fused-unsplit")
 
 
 def check_gluon_backward(n_q, n_k, d, *, dtype_name="bf16", causal=True, heads=(8, 2), batch=2, config="m64",
@@ -95,7 +97,7 @@ def test_gluon_backward_matches_the_reference(n_q, n_k, d, causal, config):
     check_gluon_backward(n_q, n_k, d, causal=causal, config=config)
 
 
-@pytest.mark.parametrize("config", ["m64", "m64-gdq"])
+@pytest.mark.parametrize("config", ["m64", "m64-gdq", "m64-fused"])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 1), (16, 2)], ids=["mha", "mqa", "gqa8"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gluon_backward_grouped_heads(heads, causal, config):
@@ -110,10 +112,33 @@ SPLITS = [(8, 1, 1000, 2), (8, 1, 1000, 4), (8, 1, 777, 8), (16, 2, 2048, 3), (2
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("hq,hkv,n,split", SPLITS, ids=[f"{a}-{b}-n{c}-s{d}" for a, b, c, d in SPLITS])
-def test_gluon_backward_split_key_blocks(hq, hkv, n, split, causal):
+@pytest.mark.parametrize("config", ["m64", "m64-fused"])
+def test_gluon_backward_split_key_blocks(hq, hkv, n, split, causal, config):
     """dkdv_split: a key block's dK/dV spread over CTAs (the group's query heads, then its
-    query blocks), the fp32 partials summed afterwards."""
-    check_gluon_backward(n, n, 128, heads=(hq, hkv), causal=causal, batch=1, split=split)
+    query blocks), the fp32 partials summed afterwards; the fused dQ adds from every CTA."""
+    check_gluon_backward(n, n, 128, heads=(hq, hkv), causal=causal, batch=1, split=split, config=config)
+
+
+def test_the_fused_dq_gives_way_to_a_dq_kernel_under_deterministic_algorithms():
+    """The fused dQ's reduce-adds land in any order; with torch.use_deterministic_algorithms
+    dQ comes from the Triton dQ kernel: two runs agree bitwise (and match the reference)."""
+    gen = torch.Generator().manual_seed(3)
+    q, do = (make_tensor((2, 8, 1000, 128), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
+             for _ in range(2))
+    k, v = (make_tensor((2, 2, 1000, 128), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
+            for _ in range(2))
+    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128), causal=True)
+    cfg = CONFIGS["m64-fused"][0]
+    fused = gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=True)
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = [gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=True) for _ in range(2)]
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    # the same gradients as the fused run, within bf16 rounding (dK and dV: the same kernel)
+    for a, b in zip(runs[0], fused):
+        assert (a.float() - b.float()).abs().max() <= 0.02 * b.float().abs().max()
 
 
 def test_the_heaviest_first_order_changes_no_bit():
@@ -134,7 +159,7 @@ def test_the_heaviest_first_order_changes_no_bit():
             assert torch.equal(dk, runs[0][0]) and torch.equal(dv, runs[0][1])
 
 
-@pytest.mark.parametrize("config", ["m64", "m64-gdq"])
+@pytest.mark.parametrize("config", ["m64", "m64-gdq", "m64-fused"])
 @pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
 @pytest.mark.parametrize("n_q,n_k", [(1000, 300), (300, 1000), (511, 511)])
 def test_gluon_backward_bottom_right_and_fp16(dtype_name, n_q, n_k, config):
@@ -142,13 +167,13 @@ def test_gluon_backward_bottom_right_and_fp16(dtype_name, n_q, n_k, config):
                          config=config)
 
 
-@pytest.mark.parametrize("config", ["m64", "m64-gdq"])
+@pytest.mark.parametrize("config", ["m64", "m64-gdq", "m64-fused"])
 @pytest.mark.parametrize("layout", ["bnhd", "bhdn", "shifted", "padded"])
 def test_gluon_backward_strided_layouts(layout, config):
     check_gluon_backward(777, 777, 128, causal=True, layout=layout, config=config)
 
 
-@pytest.mark.parametrize("family", [1, 2])
+@pytest.mark.parametrize("family", [1, 2, 3])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("n,d,heads", [(1000, 128, (8, 2)), (4096, 64, (4, 4)), (333, 128, (4, 1))])
 def test_attention_trains_through_a_gluon_bwd_config(n, d, heads, causal, family):
@@ -165,6 +190,6 @@ def test_attention_trains_through_a_gluon_bwd_config(n, d, heads, causal, family
     k, v = (make_tensor((2, hkv, n, d), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
             for _ in range(2))
     do = make_tensor((2, hq, n, d), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
-    cfg = BwdConfig(64, 64, 128, 64, 4, 2, 8, 3, family=family)
+    cfg = BwdConfig(64, 64, 128, 64, 4, 2, 8, 3, family=family).canonical()
     check_attention(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do, dtype_name="bf16",
                     causal=causal, bwd_config=cfg)
