@@ -911,8 +911,9 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     Walks the tables from the device's architecture down to the generic one and
     returns the first entry that validates on the device; within a table an entry for
     decode ((dtype, head_dim, "decode"), forward calls with ``seq_q`` at most
-    DECODE_MAX_Q) or for long queries ((dtype, head_dim, "long"), at least LONG_MIN_Q, both
-    passes) comes first, then one for this masking ((dtype, head_dim, causal)),
+    DECODE_MAX_Q) or for long queries ((dtype, head_dim, "long", causal), then (dtype,
+    head_dim, "long"), at least LONG_MIN_Q, both passes) comes first, then one for this
+    masking ((dtype, head_dim, causal)),
     then the one for both. ``triton_only``: entries of another kernel family (the Gluon
     forward, ``family=1``) are passed over (``FwdConfig.as_triton``'s fallback).
     """
@@ -924,6 +925,8 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
         keys.insert(0, (*key, "decode"))
     if seq_q is not None and seq_q >= LONG_MIN_Q:
         keys.insert(0, (*key, "long"))
+        if causal is not None:  # an entry for long queries with this masking first
+            keys.insert(0, (*key, "long", bool(causal)))
     candidates = [tables[0 if pass_ == "fwd" else 1].get(k)
                   for c, tables in sorted(HEURISTICS.items(), reverse=True) if c <= cap for k in keys]
     candidates.append(_SMALLEST_FWD if pass_ == "fwd" else _SMALLEST_BWD)

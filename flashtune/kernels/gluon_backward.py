@@ -106,7 +106,7 @@ class GluonBwdConfig:
         head = f"m{self.BLOCK_M}n2x{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
         head += "dv" if self.DV_EARLY else ""
         if self.DQ_FUSED:
-            return head + "/fused-dq"
+            return head + ("/fused-dq" if self.DQ_FUSED == 1 else "/fused-dq-after")
         return head + f"/dq-n{self.DQ_BLOCK_N}b{self.DQ_BUFFERS}{'' if self.DQ_OVERLAP else 'seq'}"
 
     def dq_shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
@@ -159,8 +159,8 @@ class GluonBwdConfig:
             raise ConfigError(f"NUM_BUFFERS: expected 2 to 4 Q/dO slots, got {self.NUM_BUFFERS}")
         if self.DQ_OVERLAP not in (0, 1):
             raise ConfigError(f"DQ_OVERLAP: expected 0 or 1, got {self.DQ_OVERLAP}")
-        if self.DQ_FUSED not in (0, 1):
-            raise ConfigError(f"DQ_FUSED: expected 0 or 1, got {self.DQ_FUSED}")
+        if self.DQ_FUSED not in (0, 1, 2):
+            raise ConfigError(f"DQ_FUSED: expected 0, 1 or 2, got {self.DQ_FUSED}")
         if self.DQ_FUSED and self.BLOCK_M != 64:
             raise ConfigError(f"BLOCK_M: the fused dQ (DQ_FUSED=1) takes 64 query rows per step (a wgmma's M), "
                               f"got {self.BLOCK_M}")
@@ -307,6 +307,8 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
         if not DV_EARLY:
             dv = warpgroup_mma(pt16, do, dv, is_async=True)
         dk = warpgroup_mma(dst16, q, dk, is_async=True)
+        if FUSED_DQ == 2:  # dV and dK done first: P^T and dS^T's registers free before dQ's
+            dv, dk, _p, _ds, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, pt16, dst16, do, q))
         if FUSED_DQ:
             # dQ[:, half] = dS K[:, half] over both groups' keys, once both stored their dS^T
             # (a slot of ds_smem is written again two steps on, after the other group has
@@ -641,7 +643,7 @@ def _gluon_attn_bwd_dq_kernel(desc_q, desc_do, desc_k, desc_v, DQ, LSE, DELTA, q
 # ----------------------------------------------------------------------------------
 def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool) -> dict:
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
-                NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=bool(config.DQ_FUSED),
+                NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=config.DQ_FUSED,
                 DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
                 CONSUMER_REGS=config.CONSUMER_REGS)
 

@@ -123,8 +123,10 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     assert family_defaults("fwd", 96, torch.bfloat16, "cuda") == []  # the Gluon kernel: D 64 and 128
     assert family_defaults("fwd", 128, torch.float32, "cuda") == []
     gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward")
-    bwd, both = family_defaults("bwd", 128, torch.bfloat16, "cuda")  # Gluon dK/dV with the Triton dQ half; both Gluon
+    # Gluon dK/dV with the Triton dQ half; both Gluon; dQ fused into the Gluon dK/dV kernel
+    bwd, both, fused = family_defaults("bwd", 128, torch.bfloat16, "cuda")
     assert both.family == 2 and both.gluon().DQ_BUFFERS == 3 and both.gluon().NUM_BUFFERS == 3
+    assert fused.family == 3 and fused.gluon().DQ_FUSED == 1 and fused.BLOCK_M1 == 64
     triton_bwd = config_mod.default_config("bwd", 128, torch.bfloat16, "cuda", triton_only=True)
     assert bwd.family == 1 and bwd.gluon() == gluon_backward.default_gluon_bwd_config(128)
     assert (bwd.BLOCK_M2, bwd.BLOCK_N2, bwd.dq_num_warps, bwd.dq_num_stages) == \
