@@ -115,7 +115,8 @@ def main() -> int:
             }
             dq_alone = dq_kernel_alone(do, q, k, v, o, lse2, bwd_cfg, causal=causal, sm_scale=scale)
             configs = [(default_gluon_bwd_config(D), False), (default_gluon_bwd_config(D), True),
-                       (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1), False), (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2), False)]
+                       (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1), False), (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2), False),
+                       (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=3), False)]
             if args.configs == "all":
                 configs += [c for c in NEIGHBOURS if c not in configs]
             errors = {}

@@ -106,7 +106,7 @@ class GluonBwdConfig:
         head = f"m{self.BLOCK_M}n2x{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
         head += "dv" if self.DV_EARLY else ""
         if self.DQ_FUSED:
-            return head + ("/fused-dq" if self.DQ_FUSED == 1 else "/fused-dq-after")
+            return head + {1: "/fused-dq", 2: "/fused-dq-after", 3: "/fused-dq-late"}[self.DQ_FUSED]
         return head + f"/dq-n{self.DQ_BLOCK_N}b{self.DQ_BUFFERS}{'' if self.DQ_OVERLAP else 'seq'}"
 
     def dq_shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
@@ -129,8 +129,9 @@ class GluonBwdConfig:
         tiles = 2 * 2 * self.BLOCK_N * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_M * head_dim * e
         barriers = (2 + 3 * self.NUM_BUFFERS) * _BARRIER_BYTES
         if self.DQ_FUSED:
-            tiles += 4 * self.BLOCK_N * self.BLOCK_M * e + 2 * self.BLOCK_M * (head_dim // 2) * 4
-            barriers += 2 * _BARRIER_BYTES
+            slots = 4 if self.DQ_FUSED == 3 else 2
+            tiles += 2 * slots * self.BLOCK_N * self.BLOCK_M * e + 2 * self.BLOCK_M * (head_dim // 2) * 4
+            barriers += slots * _BARRIER_BYTES
         return tiles + barriers + _SHARED_SLACK
 
     def maxnreg(self) -> int:
@@ -159,8 +160,8 @@ class GluonBwdConfig:
             raise ConfigError(f"NUM_BUFFERS: expected 2 to 4 Q/dO slots, got {self.NUM_BUFFERS}")
         if self.DQ_OVERLAP not in (0, 1):
             raise ConfigError(f"DQ_OVERLAP: expected 0 or 1, got {self.DQ_OVERLAP}")
-        if self.DQ_FUSED not in (0, 1, 2):
-            raise ConfigError(f"DQ_FUSED: expected 0, 1 or 2, got {self.DQ_FUSED}")
+        if self.DQ_FUSED not in (0, 1, 2, 3):
+            raise ConfigError(f"DQ_FUSED: expected 0 to 3, got {self.DQ_FUSED}")
         if self.DQ_FUSED and self.BLOCK_M != 64:
             raise ConfigError(f"BLOCK_M: the fused dQ (DQ_FUSED=1) takes 64 query rows per step (a wgmma's M), "
                               f"got {self.BLOCK_M}")
@@ -244,6 +245,34 @@ def _producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, 
 
 
 @gluon.jit
+def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DS_SLOTS: gl.constexpr):
+    """Step p's dQ share of consumer ``which``: dQ[:, half] = dS K[:, half] over both groups'
+    keys once both stored their dS^T (two wgmmas: A dS^T transposed from shared memory, B a
+    column slice of each K tile), scaled, sent as one TMA bulk reduce-add into the fp32 dQ
+    buffer at (batch, query head h, query block qb). Waits for every wgmma of the group."""
+    HALF: gl.constexpr = HEAD_DIM // 2
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HALF, 16])
+    slot = p % DS_SLOTS
+    mbarrier.wait(ds_ready.index(slot), (p // DS_SLOTS) & 1)
+    ds0 = ds_smem.index(slot * 2).permute((1, 0))
+    ds1 = ds_smem.index(slot * 2 + 1).permute((1, 0))
+    k0 = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).slice(which * HALF, HALF, dim=1)
+    k1 = k_smem.index(1).reshape([BLOCK_N, HEAD_DIM]).slice(which * HALF, HALF, dim=1)
+    dq = warpgroup_mma(ds0, k0, gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False, is_async=True)
+    dq = warpgroup_mma(ds1, k1, dq, is_async=True)
+    dq, _d0, _d1, _k0, _k1 = warpgroup_mma_wait(0, deps=(dq, ds0, ds1, k0, k1))
+    dq_buf = dq_smem.index(which)
+    tma.store_wait(0)  # the previous share's reduce has read the buffer
+    gl.thread_barrier()
+    dq_buf.reshape([BLOCK_M, HALF]).store(dq * sm_scale)
+    fence_async_shared()
+    gl.thread_barrier()
+    _tma_reduce_add(desc_dqa, [off_b, h, qb * BLOCK_M, which * HALF], dq_buf)
+
+
+@gluon.jit
 def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
               qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
               stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
@@ -255,10 +284,6 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    # fused dQ: this warp group's half of the head dim of the CTA's dQ share per step
-    HALF: gl.constexpr = HEAD_DIM // 2
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HALF, 16])
 
     key0 = start_n + which * BLOCK_N
     keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
@@ -266,6 +291,12 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+
+    # fused dQ: dS^T slots per group (reused after the other group has read them: two steps on,
+    # four when the share is computed a step late)
+    DS_SLOTS: gl.constexpr = 4 if FUSED_DQ == 3 else 2
+    h_prev = head0
+    qb_prev = first_qb
 
     mbarrier.wait(kv_ready.index(which), 0)
     k = k_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
@@ -300,42 +331,32 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
         dst = pt * (dpt - delta[None, :])
         dst16 = gl.convert_layout(dst.to(q.dtype), a_layout)
         if FUSED_DQ:  # dS^T to shared memory, where both groups' halves make the CTA's dS
-            ds_smem.index((it % 2) * 2 + which).store(dst.to(q.dtype))
+            ds_smem.index((it % DS_SLOTS) * 2 + which).store(dst.to(q.dtype))
             fence_async_shared()
             gl.thread_barrier()
-            mbarrier.arrive(ds_ready.index(it % 2))
+            mbarrier.arrive(ds_ready.index(it % DS_SLOTS))
         if not DV_EARLY:
             dv = warpgroup_mma(pt16, do, dv, is_async=True)
         dk = warpgroup_mma(dst16, q, dk, is_async=True)
         if FUSED_DQ == 2:  # dV and dK done first: P^T and dS^T's registers free before dQ's
             dv, dk, _p, _ds, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, pt16, dst16, do, q))
-        if FUSED_DQ:
-            # dQ[:, half] = dS K[:, half] over both groups' keys, once both stored their dS^T
-            # (a slot of ds_smem is written again two steps on, after the other group has
-            # arrived for the step between, so after its dQ wgmma of this step is done)
-            mbarrier.wait(ds_ready.index(it % 2), (it // 2) & 1)
-            ds0 = ds_smem.index((it % 2) * 2).permute((1, 0))
-            ds1 = ds_smem.index((it % 2) * 2 + 1).permute((1, 0))
-            k0 = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).slice(which * HALF, HALF, dim=1)
-            k1 = k_smem.index(1).reshape([BLOCK_N, HEAD_DIM]).slice(which * HALF, HALF, dim=1)
-            dq = warpgroup_mma(ds0, k0, gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
-                               is_async=True)
-            dq = warpgroup_mma(ds1, k1, dq, is_async=True)
-            dv, dk, dq, _p, _ds, _do2, _q2, _d0, _d1 = warpgroup_mma_wait(
-                0, deps=(dv, dk, dq, pt16, dst16, do, q, ds0, ds1))
-        else:
-            dv, dk, _p, _ds, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, pt16, dst16, do, q))
+        if FUSED_DQ == 1 or FUSED_DQ == 2:  # this step's dQ share
+            _fused_dq_share(which, it, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale,
+                            HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS)
+        if FUSED_DQ == 3:  # the previous step's, so the groups may drift a step apart
+            if it > 0:
+                _fused_dq_share(which, it - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
+                                off_b, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS)
+        dv, dk, _p, _ds, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, pt16, dst16, do, q))
         # every warp of the group is done with the slot before its one arrival
         gl.thread_barrier()
         mbarrier.arrive(q_empty.index(s))
-        if FUSED_DQ:  # the share goes out as one TMA bulk reduce-add into the fp32 dQ buffer
-            dq_buf = dq_smem.index(which)
-            tma.store_wait(0)  # the previous step's reduce has read the buffer
-            gl.thread_barrier()
-            dq_buf.reshape([BLOCK_M, HALF]).store(dq * sm_scale)
-            fence_async_shared()
-            gl.thread_barrier()
-            _tma_reduce_add(desc_dqa, [off_b, h, qb * BLOCK_M, which * HALF], dq_buf)
+        h_prev = h
+        qb_prev = qb
+    if FUSED_DQ == 3:
+        if n_steps > 0:
+            _fused_dq_share(which, n_steps - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
+                            off_b, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS)
     if FUSED_DQ:
         tma.store_wait(0)
 
@@ -419,10 +440,11 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
         mbarrier.init(do_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # both consumers release a slot
     if FUSED_DQ:  # dS^T per (step parity, consumer); each consumer's dQ share; dS ready per parity
-        ds_smem = gl.allocate_shared_memory(desc_q.dtype, [4, BLOCK_N, BLOCK_M], DS_LAYOUT)
+        DS_SLOTS: gl.constexpr = 4 if FUSED_DQ == 3 else 2
+        ds_smem = gl.allocate_shared_memory(desc_q.dtype, [2 * DS_SLOTS, BLOCK_N, BLOCK_M], DS_LAYOUT)
         dq_smem = gl.allocate_shared_memory(desc_dqa.dtype, [2] + desc_dqa.block_type.shape, desc_dqa.layout)
-        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
+        ds_ready = gl.allocate_shared_memory(gl.int64, [DS_SLOTS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(DS_SLOTS):
             mbarrier.init(ds_ready.index(i), count=2)
     else:  # not read: stand-ins (warp_specialize takes values, not None)
         ds_smem = q_bufs

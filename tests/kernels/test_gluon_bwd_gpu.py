@@ -55,6 +55,7 @@ CONFIGS = {"m32": (GluonBwdConfig(BLOCK_M=32), False, 0), "m64": (GluonBwdConfig
            "m32-gdq128b2seq": (GluonBwdConfig(BLOCK_M=32, DQ_BLOCK_N=128, DQ_BUFFERS=2, DQ_OVERLAP=0), True, 1),
            "m64-gdqseq": (GluonBwdConfig(BLOCK_M=64, DQ_OVERLAP=0), True, 0),
            "m64-fused": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1), False, 0),
+           "m64-fused-late": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=3), False, 0),
            "m64b3-fused-unsplit": (GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DQ_FUSED=1), False, 1)}
 SOME_LENGTHS_ONLY = ("m64b3dv", "m32-gdq128b2seq", "m64-gdqseq", "m64b3-fused-unsplit")
 
@@ -112,7 +113,7 @@ SPLITS = [(8, 1, 1000, 2), (8, 1, 1000, 4), (8, 1, 777, 8), (16, 2, 2048, 3), (2
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("hq,hkv,n,split", SPLITS, ids=[f"{a}-{b}-n{c}-s{d}" for a, b, c, d in SPLITS])
-@pytest.mark.parametrize("config", ["m64", "m64-fused"])
+@pytest.mark.parametrize("config", ["m64", "m64-fused", "m64-fused-late"])
 def test_gluon_backward_split_key_blocks(hq, hkv, n, split, causal, config):
     """dkdv_split: a key block's dK/dV spread over CTAs (the group's query heads, then its
     query blocks), the fp32 partials summed afterwards; the fused dQ adds from every CTA."""
