@@ -75,7 +75,8 @@ def test_shared_memory_counts_the_tiles_and_the_ring():
 
 # every config here is one validate() accepts; both causal modes, bf16 and fp16
 ITEMS = ((C(BLOCK_M=32), (64, 128)), (C(BLOCK_M=64), (64, 128)), (C(BLOCK_M=64, NUM_BUFFERS=3, DV_EARLY=1), (128, )),
-         (C(BLOCK_M=32, NUM_BUFFERS=4), (128, )), (C(DQ_FUSED=1), (64, 128)), (C(DQ_FUSED=1, NUM_BUFFERS=3), (64, 128)))
+         (C(BLOCK_M=32, NUM_BUFFERS=4), (128, )), (C(DQ_FUSED=1), (64, 128)), (C(DQ_FUSED=1, NUM_BUFFERS=3), (64, 128)),
+         (C(DQ_FUSED=3), (64, 128)))
 # the dQ kernel (its DQ_ fields)
 DQ_ITEMS = ((C(), (64, 128)), (C(DQ_OVERLAP=0), (64, 128)), (C(DQ_BLOCK_N=128, DQ_OVERLAP=0), (128, )),
             (C(DQ_BUFFERS=3), (128, )), (C(DQ_BLOCK_N=128, DQ_BUFFERS=3), (64, )))
@@ -156,7 +157,7 @@ def test_the_fused_dq_family_fixes_the_dq_half_and_takes_64_query_rows():
     with pytest.raises(ConfigError, match=r"^NUM_BUFFERS:"):  # 4 slots and the dS and dQ tiles at D=128
         BwdConfig(64, 64, 64, 64, 4, 4, family=3).validate_anywhere(128, torch.bfloat16)
     with pytest.raises(ConfigError, match=r"^DQ_FUSED:"):
-        C(DQ_FUSED=2).validate(128, torch.bfloat16)
+        C(DQ_FUSED=7).validate(128, torch.bfloat16)
 
 
 def test_a_gluon_bwd_config_runs_on_sm90_only_and_checks_its_blocks():
