@@ -120,15 +120,21 @@ def test_gluon_backward_split_key_blocks(hq, hkv, n, split, causal, config):
     check_gluon_backward(n, n, 128, heads=(hq, hkv), causal=causal, batch=1, split=split, config=config)
 
 
+def causal_inputs(batch, hq, hkv, n, *, seed):
+    """bf16 D=128 q, k, v, dO (contiguous) and the Gluon forward's causal o and lse2."""
+    gen = torch.Generator().manual_seed(seed)
+    q, do = (make_tensor((batch, hq, n, 128), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
+             for _ in range(2))
+    k, v = (make_tensor((batch, hkv, n, 128), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
+            for _ in range(2))
+    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128), causal=True)
+    return q, k, v, do, o, lse2
+
+
 def test_the_fused_dq_gives_way_to_a_dq_kernel_under_deterministic_algorithms():
     """The fused dQ's reduce-adds land in any order; with torch.use_deterministic_algorithms
     dQ comes from the Triton dQ kernel: two runs agree bitwise (and match the reference)."""
-    gen = torch.Generator().manual_seed(3)
-    q, do = (make_tensor((2, 8, 1000, 128), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
-             for _ in range(2))
-    k, v = (make_tensor((2, 2, 1000, 128), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
-            for _ in range(2))
-    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128), causal=True)
+    q, k, v, do, o, lse2 = causal_inputs(2, 8, 2, 1000, seed=3)
     cfg = CONFIGS["m64-fused"][0]
     fused = gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=True)
     torch.use_deterministic_algorithms(True)
@@ -145,12 +151,7 @@ def test_the_fused_dq_gives_way_to_a_dq_kernel_under_deterministic_algorithms():
 def test_the_heaviest_first_order_changes_no_bit():
     """LPT_UNITS only reorders the CTAs (each computes the same thing): dK and dV agree
     exactly with the grid order, in groups of 1, 3 and 64 units, split and not."""
-    gen = torch.Generator().manual_seed(5)
-    q, do = (make_tensor((3, 8, 1500, 128), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
-             for _ in range(2))
-    k, v = (make_tensor((3, 2, 1500, 128), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
-            for _ in range(2))
-    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128), causal=True)
+    q, k, v, do, o, lse2 = causal_inputs(3, 8, 2, 1500, seed=5)
     delta = (o.float() * do.float()).sum(-1)
     cfg = GluonBwdConfig(BLOCK_M=64)
     for split in ((1, 1), (2, 2)):
