@@ -571,7 +571,7 @@ def _gluon_backward(do, q, k, v, o, lse2, config: BwdConfig, *, causal: bool, sm
     if compile_only:
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     return gluon_attention_backward(do, q, k, v, o, lse2, config.gluon(), causal=causal, sm_scale=sm_scale,
-                                    causal_align=causal_align, dq_config=None if config.family == 3 else config,
+                                    causal_align=causal_align, dq_config=None if config.family >= 3 else config,
                                     gluon_dq=config.family == 2,
                                     dkdv_split=config.dkdv_split)
 

@@ -403,11 +403,12 @@ _BLOCKS = (16, 32, 64, 128, 256)
 _BWD_UNUSED_BY_FAMILY = {
     1: _GLUON_DKDV_UNUSED,
     2: {**_GLUON_DKDV_UNUSED, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, _BLOCKS), "tma": (0, (0, 1))},
-    # the fused dQ: no dQ kernel, so no dQ half
+    # the fused dQ (each step's share in its step, or a step late): no dQ kernel, no dQ half
     3: {**_GLUON_DKDV_UNUSED, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, _BLOCKS),
         "BLOCK_N2": (64, _BLOCKS), "dq_num_stages": (2, range(1, 9)), "tma": (0, (0, 1))},
 }
-BWD_FAMILIES = (0, 1, 2, 3)
+_BWD_UNUSED_BY_FAMILY[4] = _BWD_UNUSED_BY_FAMILY[3]
+BWD_FAMILIES = (0, 1, 2, 3, 4)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -455,7 +456,8 @@ class BwdConfig(_ConfigBase):
     did hold 1, unsplit, and launch as they did). Family 3: the Gluon dK/dV kernel computing
     dQ too (GluonBwdConfig.DQ_FUSED: TMA bulk reduce-adds into an fp32 buffer, five matmuls;
     BLOCK_M1 64 only; no dQ half, its fields fixed at 64, 64, 4 warps, 2 stages, tma 0; under
-    ``torch.use_deterministic_algorithms`` dQ comes from the Triton default's dQ kernel). A
+    ``torch.use_deterministic_algorithms`` dQ comes from the Triton default's dQ kernel);
+    family 4 the same with each step's dQ share computed a step late (DQ_FUSED=2). A
     call the Gluon kernels cannot run (a softcap, a window, packed sequences, dropout) runs
     the Triton default (``as_triton``).
     """
@@ -497,9 +499,9 @@ class BwdConfig(_ConfigBase):
         tma = " tma" if self.tma else ""
         # the Gluon families' labels: every field but dkdv_split shown or fixed by the family
         gluon_shown = tuple(name for name in self.FIELDS if name != "dkdv_split")
-        if self.family == 3:  # ``gluon 2xN1 mM1 bS fused-dQ``: dQ in the Gluon dK/dV kernel
+        if self.family >= 3:  # ``gluon 2xN1 mM1 bS fused-dQ[ late]``: dQ in the Gluon dK/dV kernel
             return (f"gluon 2x{self.BLOCK_N1} m{self.BLOCK_M1} b{self.num_stages} fused-dQ"
-                    + self._extra_label(gluon_shown))
+                    f"{' late' if self.family == 4 else ''}" + self._extra_label(gluon_shown))
         if self.family == 2:  # ``gluon 2xN1 mM1 bS / gluon-dq nN2 bS``: both Gluon kernels
             return (f"gluon 2x{self.BLOCK_N1} m{self.BLOCK_M1} b{self.num_stages} / gluon-dq n{self.BLOCK_N2} "
                     f"b{self.dq_num_stages}" + self._extra_label(gluon_shown))
@@ -520,8 +522,8 @@ class BwdConfig(_ConfigBase):
         from flashtune.kernels.gluon_backward import GluonBwdConfig
 
         dq = dict(DQ_BLOCK_N=self.BLOCK_N2, DQ_BUFFERS=self.dq_num_stages) if self.family == 2 else {}
-        if self.family == 3:
-            dq = dict(DQ_FUSED=1)
+        if self.family >= 3:
+            dq = dict(DQ_FUSED=self.family - 2)
         return GluonBwdConfig(BLOCK_M=self.BLOCK_M1, BLOCK_N=self.BLOCK_N1, NUM_BUFFERS=self.num_stages, **dq)
 
     def as_triton(self, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None) -> "BwdConfig":
@@ -546,7 +548,7 @@ class BwdConfig(_ConfigBase):
         _check_flag("tma", self.tma)
         if type(self.family) is not int or self.family not in BWD_FAMILIES:
             raise ConfigError(f"family: expected one of {BWD_FAMILIES} (0 Triton, 1 the Gluon dK/dV kernel, 2 both "
-                              f"Gluon kernels, 3 the Gluon dK/dV kernel with dQ fused), got {self.family!r}")
+                              f"Gluon kernels, 3 and 4 the Gluon dK/dV kernel with dQ fused), got {self.family!r}")
         if (not isinstance(self.dkdv_split, int) or isinstance(self.dkdv_split, bool)
                 or not 0 <= self.dkdv_split <= MAX_DKDV_SPLIT):
             raise ConfigError(f"dkdv_split: expected an integer in [0, {MAX_DKDV_SPLIT}] (0: chosen at launch), "
@@ -593,7 +595,7 @@ class BwdConfig(_ConfigBase):
             m = max(self.BLOCK_M1, 32)
             dkdv = max(dkdv + e * self.BLOCK_M1 * self.BLOCK_N1 // 8,
                        tiles + 1024 + 4 * m * d + (8 * m * self.BLOCK_N1 if self.BLOCK_M1 < 64 else 0))
-        if self.family == 3:  # one kernel (the Triton dQ kernel of the deterministic fallback is the default's)
+        if self.family >= 3:  # one kernel (the Triton dQ kernel of the deterministic fallback is the default's)
             return self.gluon().shared_memory(head_dim, dtype)
         if self.family == 2:  # the Gluon kernels' own estimates
             return max(self.gluon().shared_memory(head_dim, dtype), self.gluon().dq_shared_memory(head_dim, dtype))
@@ -764,6 +766,18 @@ _SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 2)
 # benchmarks/gluon_fwd.py --grid --realistic --configs all, H200, 2026-12-02 (docs/gluon.md).
 # Other devices: it does not validate, and the entries after it serve.
 _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1)
+# The backward from LONG_MIN_Q queries at D=128: the Gluon families. Causal: the Gluon dK/dV
+# kernel with the Triton default's dQ kernel (family 1, dkdv_split chosen at launch),
+# 1.03-1.16x the Triton default on every causal row measured (grid 4k/8k/16k 1.03-1.10x not
+# its best there, llama3-8b-train-8k 1.04x, llama3-70b-tp8-train-4k 1.03x, qwen-28h 1.14x;
+# the fused dQ is faster on the grid's causal rows but 4-10 % slower than family 1 on the
+# grouped-query ones, which the table cannot tell apart). Non-causal: dQ fused a step late
+# (family 4), 1.25-1.33x the Triton default, 0.89-0.95x cuDNN (grid 4k/8k/16k).
+# benchmarks/gluon_bwd.py --grid --realistic --rows ..., H200, triton 3.6, 2026-12-03
+# (docs/gluon.md, docs/data/h200-2026-12-03-gluon-fused-variants/). Other devices: they do
+# not validate, and the entries after them serve.
+_SM90_BWD[(_bf, 128, "long", True)] = _B(64, 64, 128, 64, 4, 2, 8, 3, family=1)
+_SM90_BWD[(_bf, 128, "long", False)] = _B(64, 64, 64, 64, 4, 2, family=4)
 _SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
 # fp8 forward, the Triton kernel: untuned; chosen by analogy with the bf16 entries and
 # Triton's fused-attention tutorial's fp8 configs (128x128, 8 warps, 3 stages at D=128:
@@ -863,7 +877,7 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
     the device: on sm_90 the Gluon forward's default (gluon_forward.default_gluon_config);
     for the backward the Gluon dK/dV kernel's (gluon_backward.default_gluon_bwd_config) with
     the Triton default's dQ half (family 1), then with the Gluon dQ kernel (family 2), then
-    with dQ fused into it (family 3). The
+    with dQ fused into it (families 3 and 4). The
     search times these first (key_search.warm_start), so the family
     is chosen per key by measurement."""
     config_class(pass_)
@@ -886,7 +900,7 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
         configs = [BwdConfig(g.BLOCK_M, g.BLOCK_N, t.BLOCK_M2, t.BLOCK_N2, 4, g.NUM_BUFFERS, t.dq_num_warps,
                              t.dq_num_stages, tma=t.tma, family=1),
                    BwdConfig(g.BLOCK_M, g.BLOCK_N, 64, 64, 4, 3, 4, 3, family=2),
-                   BwdConfig(64, g.BLOCK_N, 64, 64, 4, 2, family=3)]
+                   BwdConfig(64, g.BLOCK_N, 64, 64, 4, 2, family=3), BwdConfig(64, g.BLOCK_N, 64, 64, 4, 2, family=4)]
     out = []
     for cfg in configs:
         try:

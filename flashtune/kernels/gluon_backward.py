@@ -85,7 +85,10 @@ class GluonBwdConfig:
     both consumers store dS^T to shared memory, each computes dQ = dS K for its half of the
     head dim over the CTA's 2 x BLOCK_N keys and sends it as one TMA bulk reduce-add into a
     zeroed fp32 buffer (FlashAttention-3's scheme; the order of the adds, hence dQ's last
-    bits, varies from run to run). BLOCK_M 64 only (a wgmma's M); the DQ_ fields unused.
+    bits, varies from run to run). 2: the same, each step's share computed during the next
+    step (four dS^T slots instead of two), so the two consumers are not held in lock-step
+    (on the H200 the faster without causal masking, the slower with it). BLOCK_M 64 only
+    (a wgmma's M); the other DQ_ fields unused.
     """
 
     BLOCK_M: int = 64
@@ -106,7 +109,7 @@ class GluonBwdConfig:
         head = f"m{self.BLOCK_M}n2x{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
         head += "dv" if self.DV_EARLY else ""
         if self.DQ_FUSED:
-            return head + {1: "/fused-dq", 2: "/fused-dq-after", 3: "/fused-dq-late"}[self.DQ_FUSED]
+            return head + ("/fused-dq" if self.DQ_FUSED == 1 else "/fused-dq-late")
         return head + f"/dq-n{self.DQ_BLOCK_N}b{self.DQ_BUFFERS}{'' if self.DQ_OVERLAP else 'seq'}"
 
     def dq_shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
@@ -129,7 +132,7 @@ class GluonBwdConfig:
         tiles = 2 * 2 * self.BLOCK_N * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_M * head_dim * e
         barriers = (2 + 3 * self.NUM_BUFFERS) * _BARRIER_BYTES
         if self.DQ_FUSED:
-            slots = 4 if self.DQ_FUSED == 3 else 2
+            slots = 4 if self.DQ_FUSED == 2 else 2
             tiles += 2 * slots * self.BLOCK_N * self.BLOCK_M * e + 2 * self.BLOCK_M * (head_dim // 2) * 4
             barriers += slots * _BARRIER_BYTES
         return tiles + barriers + _SHARED_SLACK
@@ -160,8 +163,8 @@ class GluonBwdConfig:
             raise ConfigError(f"NUM_BUFFERS: expected 2 to 4 Q/dO slots, got {self.NUM_BUFFERS}")
         if self.DQ_OVERLAP not in (0, 1):
             raise ConfigError(f"DQ_OVERLAP: expected 0 or 1, got {self.DQ_OVERLAP}")
-        if self.DQ_FUSED not in (0, 1, 2, 3):
-            raise ConfigError(f"DQ_FUSED: expected 0 to 3, got {self.DQ_FUSED}")
+        if self.DQ_FUSED not in (0, 1, 2):
+            raise ConfigError(f"DQ_FUSED: expected 0, 1 or 2, got {self.DQ_FUSED}")
         if self.DQ_FUSED and self.BLOCK_M != 64:
             raise ConfigError(f"BLOCK_M: the fused dQ (DQ_FUSED=1) takes 64 query rows per step (a wgmma's M), "
                               f"got {self.BLOCK_M}")
@@ -294,7 +297,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
 
     # fused dQ: dS^T slots per group (reused after the other group has read them: two steps on,
     # four when the share is computed a step late)
-    DS_SLOTS: gl.constexpr = 4 if FUSED_DQ == 3 else 2
+    DS_SLOTS: gl.constexpr = 4 if FUSED_DQ == 2 else 2
     h_prev = head0
     qb_prev = first_qb
 
@@ -338,12 +341,10 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
         if not DV_EARLY:
             dv = warpgroup_mma(pt16, do, dv, is_async=True)
         dk = warpgroup_mma(dst16, q, dk, is_async=True)
-        if FUSED_DQ == 2:  # dV and dK done first: P^T and dS^T's registers free before dQ's
-            dv, dk, _p, _ds, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, pt16, dst16, do, q))
-        if FUSED_DQ == 1 or FUSED_DQ == 2:  # this step's dQ share
+        if FUSED_DQ == 1:  # this step's dQ share
             _fused_dq_share(which, it, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale,
                             HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS)
-        if FUSED_DQ == 3:  # the previous step's, so the groups may drift a step apart
+        if FUSED_DQ == 2:  # the previous step's, so the groups may drift a step apart
             if it > 0:
                 _fused_dq_share(which, it - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
                                 off_b, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS)
@@ -353,7 +354,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
         mbarrier.arrive(q_empty.index(s))
         h_prev = h
         qb_prev = qb
-    if FUSED_DQ == 3:
+    if FUSED_DQ == 2:
         if n_steps > 0:
             _fused_dq_share(which, n_steps - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
                             off_b, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS)
@@ -440,7 +441,7 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
         mbarrier.init(do_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # both consumers release a slot
     if FUSED_DQ:  # dS^T per (step parity, consumer); each consumer's dQ share; dS ready per parity
-        DS_SLOTS: gl.constexpr = 4 if FUSED_DQ == 3 else 2
+        DS_SLOTS: gl.constexpr = 4 if FUSED_DQ == 2 else 2
         ds_smem = gl.allocate_shared_memory(desc_q.dtype, [2 * DS_SLOTS, BLOCK_N, BLOCK_M], DS_LAYOUT)
         dq_smem = gl.allocate_shared_memory(desc_dqa.dtype, [2] + desc_dqa.block_type.shape, desc_dqa.layout)
         ds_ready = gl.allocate_shared_memory(gl.int64, [DS_SLOTS, 1], mbarrier.MBarrierLayout())

@@ -50,9 +50,9 @@ BWD_SPACE: dict[str, list[int]] = {
     # apart); explicit values for a sweep at one shape
     "dkdv_split": [0, 1, 2, 4, 8],
     # the kernel family: 0 Triton, 1 the Gluon warp-specialised dK/dV kernel with the Triton
-    # dQ kernel, 2 both Gluon, 3 the Gluon dK/dV kernel with dQ fused (sm_90, D 64/128,
+    # dQ kernel, 2 both Gluon, 3 and 4 the Gluon dK/dV kernel with dQ fused (sm_90, D 64/128,
     # 16-bit, BLOCK_N1 64; BwdConfig's docstring)
-    "family": [0, 1, 2, 3],
+    "family": [0, 1, 2, 3, 4],
 }
 
 SPACES = {"fwd": (FwdConfig, FWD_SPACE), "bwd": (BwdConfig, BWD_SPACE)}

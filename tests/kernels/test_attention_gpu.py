@@ -228,10 +228,12 @@ def fwd_kernel_cover(configs):
 def _bwd_kernels(cfg) -> tuple[tuple, tuple | None]:
     """The two kernel launches of a backward config: (dK/dV, dQ or None)."""
     # a split dK/dV (dkdv_split != 1; 0 splits at SPACE_SHAPE) writes fp32 partials: another kernel
-    # the kernel family (BwdConfig.family): 1 and 2 launch the Gluon dK/dV kernel, 2 the Gluon dQ kernel too
+    # the kernel family (BwdConfig.family): 1-4 launch the Gluon dK/dV kernel, 2 the Gluon dQ kernel too
+    # (families 1 and 2 share one Gluon dK/dV kernel; 3 and 4 fuse dQ into theirs)
     dkdv = (cfg.BLOCK_M1, cfg.BLOCK_N1, cfg.num_warps, cfg.num_stages, cfg.atomic_dq, cfg.tma, cfg.dkdv_split != 1,
-            cfg.family > 0)
-    return dkdv, None if cfg.atomic_dq else (cfg.BLOCK_M2, cfg.BLOCK_N2, cfg.dq_num_warps, cfg.dq_num_stages, cfg.tma,
+            min(cfg.family, 1) if cfg.family < 3 else cfg.family)
+    fused = cfg.atomic_dq or cfg.family >= 3  # no dQ kernel
+    return dkdv, None if fused else (cfg.BLOCK_M2, cfg.BLOCK_N2, cfg.dq_num_warps, cfg.dq_num_stages, cfg.tma,
                                              cfg.family == 2)
 
 

@@ -76,7 +76,7 @@ def test_shared_memory_counts_the_tiles_and_the_ring():
 # every config here is one validate() accepts; both causal modes, bf16 and fp16
 ITEMS = ((C(BLOCK_M=32), (64, 128)), (C(BLOCK_M=64), (64, 128)), (C(BLOCK_M=64, NUM_BUFFERS=3, DV_EARLY=1), (128, )),
          (C(BLOCK_M=32, NUM_BUFFERS=4), (128, )), (C(DQ_FUSED=1), (64, 128)), (C(DQ_FUSED=1, NUM_BUFFERS=3), (64, 128)),
-         (C(DQ_FUSED=3), (64, 128)))
+         (C(DQ_FUSED=2), (64, 128)))
 # the dQ kernel (its DQ_ fields)
 DQ_ITEMS = ((C(), (64, 128)), (C(DQ_OVERLAP=0), (64, 128)), (C(DQ_BLOCK_N=128, DQ_OVERLAP=0), (128, )),
             (C(DQ_BUFFERS=3), (128, )), (C(DQ_BLOCK_N=128, DQ_BUFFERS=3), (64, )))
@@ -138,7 +138,7 @@ def test_a_gluon_bwd_config_fixes_what_it_does_not_use():
     assert BwdConfig.from_dict(old).family == 0  # a row stored before the field existed
 
 
-@pytest.mark.parametrize("field, value", [("family", 4), ("family", -1), ("family", 0.5)])
+@pytest.mark.parametrize("field, value", [("family", 5), ("family", -1), ("family", 0.5)])
 def test_a_bad_family_is_named(field, value):
     with pytest.raises(ConfigError, match=rf"^{field}:"):
         BwdConfig.from_dict({**BwdConfig(64, 64, 64, 64, 4, 2).to_dict(), field: value})
@@ -157,7 +157,9 @@ def test_the_fused_dq_family_fixes_the_dq_half_and_takes_64_query_rows():
     with pytest.raises(ConfigError, match=r"^NUM_BUFFERS:"):  # 4 slots and the dS and dQ tiles at D=128
         BwdConfig(64, 64, 64, 64, 4, 4, family=3).validate_anywhere(128, torch.bfloat16)
     with pytest.raises(ConfigError, match=r"^DQ_FUSED:"):
-        C(DQ_FUSED=7).validate(128, torch.bfloat16)
+        C(DQ_FUSED=3).validate(128, torch.bfloat16)
+    late = dataclasses.replace(cfg, family=4)
+    assert late.label() == "gluon 2x64 m64 b3 fused-dQ late dkdv_split=2" and late.gluon().DQ_FUSED == 2
 
 
 def test_a_gluon_bwd_config_runs_on_sm90_only_and_checks_its_blocks():

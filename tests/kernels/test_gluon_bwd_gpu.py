@@ -55,7 +55,7 @@ CONFIGS = {"m32": (GluonBwdConfig(BLOCK_M=32), False, 0), "m64": (GluonBwdConfig
            "m32-gdq128b2seq": (GluonBwdConfig(BLOCK_M=32, DQ_BLOCK_N=128, DQ_BUFFERS=2, DQ_OVERLAP=0), True, 1),
            "m64-gdqseq": (GluonBwdConfig(BLOCK_M=64, DQ_OVERLAP=0), True, 0),
            "m64-fused": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1), False, 0),
-           "m64-fused-late": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=3), False, 0),
+           "m64-fused-late": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2), False, 0),
            "m64b3-fused-unsplit": (GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DQ_FUSED=1), False, 1)}
 SOME_LENGTHS_ONLY = ("m64b3dv", "m32-gdq128b2seq", "m64-gdqseq", "m64b3-fused-unsplit")
 
@@ -175,7 +175,7 @@ def test_gluon_backward_strided_layouts(layout, config):
     check_gluon_backward(777, 777, 128, causal=True, layout=layout, config=config)
 
 
-@pytest.mark.parametrize("family", [1, 2, 3])
+@pytest.mark.parametrize("family", [1, 2, 3, 4])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("n,d,heads", [(1000, 128, (8, 2)), (4096, 64, (4, 4)), (333, 128, (4, 1))])
 def test_attention_trains_through_a_gluon_bwd_config(n, d, heads, causal, family):

@@ -124,9 +124,10 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     assert family_defaults("fwd", 128, torch.float32, "cuda") == []
     gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward")
     # Gluon dK/dV with the Triton dQ half; both Gluon; dQ fused into the Gluon dK/dV kernel
-    bwd, both, fused = family_defaults("bwd", 128, torch.bfloat16, "cuda")
+    bwd, both, fused, late = family_defaults("bwd", 128, torch.bfloat16, "cuda")
     assert both.family == 2 and both.gluon().DQ_BUFFERS == 3 and both.gluon().NUM_BUFFERS == 3
     assert fused.family == 3 and fused.gluon().DQ_FUSED == 1 and fused.BLOCK_M1 == 64
+    assert late.family == 4 and late.gluon().DQ_FUSED == 2
     triton_bwd = config_mod.default_config("bwd", 128, torch.bfloat16, "cuda", triton_only=True)
     assert bwd.family == 1 and bwd.gluon() == gluon_backward.default_gluon_bwd_config(128)
     assert (bwd.BLOCK_M2, bwd.BLOCK_N2, bwd.dq_num_warps, bwd.dq_num_stages) == \
@@ -135,6 +136,23 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     assert any(c.family for c in valid) and any(not c.family for c in valid)
     with pytest.raises(ConfigError, match=r"^head_dim:"):
         FwdConfig(64, 128, 4, 2, family=1).validate(96, torch.bfloat16, "cuda")
+
+
+def test_on_sm90_long_d128_backward_calls_default_to_the_gluon_families(monkeypatch):
+    """From LONG_MIN_Q queries at D=128: family 1 causal, the late fused dQ (4) without
+    masking; shorter calls, other head dims and fp32 keep the Triton entries."""
+    monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(gluon_forward, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)
+    pytest.importorskip("flashtune.kernels.gluon_backward")
+    default = config_mod.default_config
+    long_q = config_mod.LONG_MIN_Q
+    assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q).family == 1
+    assert default("bwd", 128, torch.float16, "cuda", causal=False, seq_q=4 * long_q).family == 4
+    assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q - 1).family == 0
+    assert default("bwd", 64, torch.bfloat16, "cuda", causal=True, seq_q=long_q).family == 0
+    assert default("bwd", 128, torch.float32, "cuda", causal=True, seq_q=long_q).family == 0
+    assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q, triton_only=True).family == 0
 
 
 @pytest.mark.parametrize("variant", [dict(softcap=2.0), dict(softcap=2.0, window_size=(5, 0))])
