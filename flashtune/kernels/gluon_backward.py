@@ -32,8 +32,14 @@ backward roles, the forward's machinery (gluon_forward.py) with queries and keys
   (the descriptors' bounds) and their lse as +inf, so their P is 0 without a mask;
   key rows past Nk give rows of dK and dV that are never stored.
 
-Everything numeric is unverified until the GPU tests run on an H200: the CPU can only
-compile this kernel (tests/kernels/test_gluon_compile_sm90.py).
+- a key block's work may be split over CTAs (``split``: the group's query heads, then chunks
+  of its query blocks; fp32 partials summed afterwards), and under causal masking the CTAs
+  start heaviest first (``_dkdv_tile``);
+- with ``DQ_FUSED`` the kernel also computes dQ (``_fused_dq_share``: dS^T through shared
+  memory, one TMA bulk reduce-add per consumer and step), so no dQ kernel runs.
+
+The CPU can only compile these kernels (tests/kernels/test_gluon_compile_sm90.py); the GPU
+tests (tests/kernels/test_gluon_bwd_gpu.py) check them on an H200.
 """
 
 from __future__ import annotations
@@ -440,7 +446,7 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(do_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # both consumers release a slot
-    if FUSED_DQ:  # dS^T per (step parity, consumer); each consumer's dQ share; dS ready per parity
+    if FUSED_DQ:  # dS^T per (slot, consumer); each consumer's dQ share; a dS-ready mbarrier per slot
         DS_SLOTS: gl.constexpr = 4 if FUSED_DQ == 2 else 2
         ds_smem = gl.allocate_shared_memory(desc_q.dtype, [2 * DS_SLOTS, BLOCK_N, BLOCK_M], DS_LAYOUT)
         dq_smem = gl.allocate_shared_memory(desc_dqa.dtype, [2] + desc_dqa.block_type.shape, desc_dqa.layout)
