@@ -33,8 +33,6 @@ MAX_STAGES = 8
 MAX_DKDV_SPLIT = 16
 DKDV_PROGRAMS_PER_SM = 4
 DKDV_MIN_CHUNK = 4
-# the Gluon dK/dV kernel (one CTA per SM): programs per SM its auto split aims at
-GLUON_DKDV_PROGRAMS_PER_SM = 1
 # the atomic-dQ backward's shared-memory need was measured up to this head dim only
 ATOMIC_DQ_MAX_HEAD_DIM = 128
 # TMA tile loads: run on the H200 for 16-bit inputs up to this padded head dim
@@ -400,14 +398,15 @@ class FwdConfig(_ConfigBase):
 # dK/dV kernel's unused fields; with the Gluon dQ kernel (2) also the Triton dQ kernel's
 _GLUON_DKDV_UNUSED = {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1))}
 _BLOCKS = (16, 32, 64, 128, 256)
+_FUSED_DQ_UNUSED = {**_GLUON_DKDV_UNUSED, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, _BLOCKS),
+                    "BLOCK_N2": (64, _BLOCKS), "dq_num_stages": (2, range(1, 9)), "tma": (0, (0, 1))}
 _BWD_UNUSED_BY_FAMILY = {
     1: _GLUON_DKDV_UNUSED,
     2: {**_GLUON_DKDV_UNUSED, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, _BLOCKS), "tma": (0, (0, 1))},
     # the fused dQ (each step's share in its step, or a step late): no dQ kernel, no dQ half
-    3: {**_GLUON_DKDV_UNUSED, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, _BLOCKS),
-        "BLOCK_N2": (64, _BLOCKS), "dq_num_stages": (2, range(1, 9)), "tma": (0, (0, 1))},
+    3: _FUSED_DQ_UNUSED,
+    4: _FUSED_DQ_UNUSED,
 }
-_BWD_UNUSED_BY_FAMILY[4] = _BWD_UNUSED_BY_FAMILY[3]
 BWD_FAMILIES = (0, 1, 2, 3, 4)
 
 
@@ -662,14 +661,12 @@ def dkdv_split(config: BwdConfig, *, batch: int, heads_q: int, heads_kv: int, n_
     split 8 heads, 261 with 8 heads x 2 chunks, 135 unsplit; B=1 32/8 N=8k: 390 with 4, 373
     with 2, 352 unsplit, 348 with 4 x 2; B=4 32/8 N=2k: 285 with 2, 276 with 4, 272 unsplit.
 
-    A Gluon config (``family`` 1 or 2) is a program per 2 x BLOCK_N1 keys, one resident per
-    SM: its target is GLUON_DKDV_PROGRAMS_PER_SM programs per SM.
+    (The Gluon dK/dV kernel applies the same rule to its own program size and target:
+    gluon_backward.gluon_attention_backward.)
     """
-    gluon = bool(config.family)
-    return split_work(config.dkdv_split, block_m=config.BLOCK_M1,
-                      keys_per_program=config.BLOCK_N1 * (2 if gluon else 1),
-                      programs_per_sm=GLUON_DKDV_PROGRAMS_PER_SM if gluon else DKDV_PROGRAMS_PER_SM,
-                      batch=batch, heads_q=heads_q, heads_kv=heads_kv, n_q=n_q, n_k=n_k, sm_count=sm_count)
+    return split_work(config.dkdv_split, block_m=config.BLOCK_M1, keys_per_program=config.BLOCK_N1,
+                      programs_per_sm=DKDV_PROGRAMS_PER_SM, batch=batch, heads_q=heads_q, heads_kv=heads_kv,
+                      n_q=n_q, n_k=n_k, sm_count=sm_count)
 
 
 def split_work(requested: int, *, block_m: int, keys_per_program: int, programs_per_sm: int, batch: int,

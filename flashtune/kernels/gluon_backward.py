@@ -58,7 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device, sm_count
-from flashtune.kernels.config import GLUON_DKDV_PROGRAMS_PER_SM, ConfigError, _triton_default, split_work
+from flashtune.kernels.config import ConfigError, _triton_default, split_work
 from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, SM90_SHARED_MEMORY, _BARRIER_BYTES,
                                              _SHARED_SLACK, _descriptor, _tma_addressable, check_int_fields,
                                              check_register_split, check_sm90_device, kernel_maxnreg, p_tile_layout,
@@ -72,6 +72,9 @@ DQ_BLOCK_M = 64  # query rows per consumer warp group of the dQ kernel (a CTA co
 # the Q and dO bytes the dK/dV CTAs running together should share in L2 (lpt_units): half of
 # the H200's 50 MB
 LPT_L2_BYTES = 24 << 20
+# the dK/dV kernel (one CTA per SM, its shared memory allows no more): programs per SM its
+# auto split (config.split_work) aims at
+GLUON_DKDV_PROGRAMS_PER_SM = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +136,8 @@ class GluonBwdConfig:
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         """Bytes of shared memory: the CTA's K and V tiles, the Q/dO ring, the mbarriers; with
-        DQ_FUSED also four dS^T tiles and the two consumers' fp32 dQ shares."""
+        DQ_FUSED also the dS^T slots (two per consumer, four a step late) and the two
+        consumers' fp32 dQ shares."""
         e = torch.empty((), dtype=dtype).element_size()
         tiles = 2 * 2 * self.BLOCK_N * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_M * head_dim * e
         barriers = (2 + 3 * self.NUM_BUFFERS) * _BARRIER_BYTES
@@ -172,7 +176,7 @@ class GluonBwdConfig:
         if self.DQ_FUSED not in (0, 1, 2):
             raise ConfigError(f"DQ_FUSED: expected 0, 1 or 2, got {self.DQ_FUSED}")
         if self.DQ_FUSED and self.BLOCK_M != 64:
-            raise ConfigError(f"BLOCK_M: the fused dQ (DQ_FUSED=1) takes 64 query rows per step (a wgmma's M), "
+            raise ConfigError(f"BLOCK_M: the fused dQ (DQ_FUSED) takes 64 query rows per step (a wgmma's M), "
                               f"got {self.BLOCK_M}")
         if self.DQ_BLOCK_N not in (64, 128):
             raise ConfigError(f"DQ_BLOCK_N: expected 64 or 128 keys per step of the dQ kernel, got {self.DQ_BLOCK_N}")
@@ -418,10 +422,10 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
     # the query blocks this CTA walks, per query head of its share of the group: causal
     # starts at the block of the first query that sees its first key (key <= query +
     # causal_off); a split takes GROUP // SPLIT_H heads and one of SPLIT_Q chunks of the blocks
+    end_qb = gl.cdiv(N_Q, BLOCK_M)
     first_qb = 0
     if CAUSAL:
-        first_qb = gl.minimum(gl.maximum(start_n - causal_off, 0) // BLOCK_M, gl.cdiv(N_Q, BLOCK_M))
-    end_qb = gl.cdiv(N_Q, BLOCK_M)
+        first_qb = gl.minimum(gl.maximum(start_n - causal_off, 0) // BLOCK_M, end_qb)
     chunk = gl.cdiv(end_qb - first_qb, SPLIT_Q)
     first_qb = gl.minimum(first_qb + (split % SPLIT_Q) * chunk, end_qb)
     n_qb = gl.minimum(chunk, end_qb - first_qb)
@@ -818,6 +822,7 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     int64 = backward.needs_int64(q, k, v, o, do)
     with on_device(q):
         backward._preprocess(o, do, delta, int64=int64)
+        # config.dkdv_split's rule for this kernel: 2 x BLOCK_N keys a CTA, one CTA per SM
         split = split_work(dkdv_split, block_m=config.BLOCK_M, keys_per_program=2 * config.BLOCK_N,
                            programs_per_sm=GLUON_DKDV_PROGRAMS_PER_SM, batch=B, heads_q=H, heads_kv=k.shape[1],
                            n_q=N_Q, n_k=k.shape[2], sm_count=sm_count(q.device))
