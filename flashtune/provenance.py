@@ -15,7 +15,7 @@ _KERNEL_DIR = Path(__file__).parent / "kernels"
 # heuristic tables, search space, input checks and reference live beside them and may
 # change without making stored results stale. (A change to how a stored config maps to
 # a launch, e.g. a config field's default in config.py, shows in the launchers too.)
-KERNEL_FILES = ("common.py", "forward.py", "backward.py", "decode.py", "gluon_forward.py")
+KERNEL_FILES = ("common.py", "forward.py", "backward.py", "decode.py", "gluon_forward.py", "gluon_backward.py")
 # GPU code that no stored result configures, so a change to it makes nothing stale: the
 # forward-mode JVP kernel (never tuned; it runs its own defaults or a config given per call).
 # A file moves to KERNEL_FILES once the search tunes its kernel.

@@ -42,8 +42,16 @@ MAX_SPLITS = 128
 # calls with at most this many queries per head take the decode entries of the heuristic tables
 DECODE_MAX_Q = 16
 # Calls with at least this many queries per head read a table's "long" entry first (the Gluon
-# kernels on sm_90 at D=128)
+# kernels on sm_90 at D=128): the forward from LONG_MIN_Q, the backward from LONG_MIN_Q_BWD
+# (the Gluon backward families gained from 2048 queries where the Gluon forward lost: see
+# the tables' long entries)
 LONG_MIN_Q = 4096
+LONG_MIN_Q_BWD = 2048
+
+
+def long_min_q(pass_: str) -> int:
+    """The fewest queries per head at which a pass reads the tables' long entries."""
+    return LONG_MIN_Q if pass_ == "fwd" else LONG_MIN_Q_BWD
 # fp8 inputs (kernels/fp8.py): the forward only. Triton's fp8 dots need a reduction of at
 # least 32 (the tensor cores' fp8 K step): the head dim pads to 32, BLOCK_N (P @ V's K) >= 32.
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -763,7 +771,7 @@ _SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 2)
 # benchmarks/gluon_fwd.py --grid --realistic --configs all, H200, 2026-12-02 (docs/gluon.md).
 # Other devices: it does not validate, and the entries after it serve.
 _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1)
-# The backward from LONG_MIN_Q queries at D=128: the Gluon families. Causal: the Gluon dK/dV
+# The backward from LONG_MIN_Q_BWD queries at D=128: the Gluon families. Causal: the Gluon dK/dV
 # kernel with the Triton default's dQ kernel (family 1, dkdv_split chosen at launch),
 # 1.03-1.16x the Triton default on every causal row measured (grid 4k/8k/16k 1.03-1.10x not
 # its best there, llama3-8b-train-8k 1.04x, llama3-70b-tp8-train-4k 1.03x, qwen-28h 1.14x;
@@ -771,7 +779,11 @@ _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1)
 # grouped-query ones, which the table cannot tell apart). Non-causal: dQ fused a step late
 # (family 4), 1.25-1.33x the Triton default, 0.89-0.95x cuDNN (grid 4k/8k/16k).
 # benchmarks/gluon_bwd.py --grid --realistic --rows ..., H200, triton 3.6, 2026-12-03
-# (docs/gluon.md, docs/data/h200-2026-12-03-gluon-fused-variants/). Other devices: they do
+# (docs/gluon.md, docs/data/h200-2026-12-03-gluon-fused-variants/). From 2048 queries too
+# (LONG_MIN_Q_BWD): grid-d128-2048 (B16 H16) causal family 1 1.05x, full family 4 1.23x the
+# Triton default, mistral-7b-train-2k (B4 32/8) family 1 1.16x (0.829x cuDNN); benchmarks/
+# gluon_bwd.py --grid --realistic --rows grid-d128-2048,mistral-7b-train-2k, H200, 2026-12-03
+# 13:05 UTC (docs/data/h200-2026-12-03-e2e/gluon_bwd_2k.txt). Other devices: they do
 # not validate, and the entries after them serve.
 _SM90_BWD[(_bf, 128, "long", True)] = _B(64, 64, 128, 64, 4, 2, 8, 3, family=1)
 _SM90_BWD[(_bf, 128, "long", False)] = _B(64, 64, 64, 64, 4, 2, family=4)
@@ -923,7 +935,7 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     returns the first entry that validates on the device; within a table an entry for
     decode ((dtype, head_dim, "decode"), forward calls with ``seq_q`` at most
     DECODE_MAX_Q) or for long queries ((dtype, head_dim, "long", causal), then (dtype,
-    head_dim, "long"), at least LONG_MIN_Q, both passes) comes first, then one for this
+    head_dim, "long"), at least long_min_q(pass_) queries) comes first, then one for this
     masking ((dtype, head_dim, causal)),
     then the one for both. ``triton_only``: entries of another kernel family (the Gluon
     forward, ``family=1``) are passed over (``FwdConfig.as_triton``'s fallback).
@@ -934,7 +946,7 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     keys = [key] if causal is None else [(*key, bool(causal)), key]
     if pass_ == "fwd" and seq_q is not None and seq_q <= DECODE_MAX_Q:
         keys.insert(0, (*key, "decode"))
-    if seq_q is not None and seq_q >= LONG_MIN_Q:
+    if seq_q is not None and seq_q >= long_min_q(pass_):
         keys.insert(0, (*key, "long"))
         if causal is not None:  # an entry for long queries with this masking first
             keys.insert(0, (*key, "long", bool(causal)))

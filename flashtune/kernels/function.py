@@ -11,8 +11,8 @@ from torch.autograd import forward_ad as _forward_ad
 
 from flashtune.kernels.backward import attention_backward
 from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, Dropout, Varlen, torch_fp32_precision
-from flashtune.kernels.config import (DECODE_MAX_Q, FP8_DTYPES, LONG_MIN_Q, MAX_HEAD_DIM, BwdConfig, ConfigError,
-                                      FwdConfig, default_config)
+from flashtune.kernels.config import (DECODE_MAX_Q, FP8_DTYPES, LONG_MIN_Q, LONG_MIN_Q_BWD, MAX_HEAD_DIM, BwdConfig,
+                                      ConfigError, FwdConfig, default_config)
 from flashtune.kernels.forward import attention_forward, forward_key
 from flashtune.kernels.jvp import attention_jvp_forward, attention_jvp_op, default_jvp_config, validate_jvp_config
 
@@ -170,7 +170,7 @@ def dropout_fwd_config(config: FwdConfig, head_dim: int, dtype: torch.dtype, dev
 @functools.lru_cache(maxsize=1024)
 def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool,
              seq_q: int | None = None):
-    """The heuristic config; ``seq_q`` only as its bucket (1: decode, LONG_MIN_Q: long, None: other)."""
+    """The heuristic config; ``seq_q`` only as its bucket (1: decode, long_min_q(pass_): long, None: other)."""
     return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=seq_q)
 
 
@@ -180,18 +180,18 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
     kernel with ``dropout``), or the heuristic defaults (the forward's decode entry for at
     most DECODE_MAX_Q queries, its long entry from LONG_MIN_Q; neither for a packed ``varlen``
     q or with dropout, which run the plain Triton forward kernel); the backward's long entry
-    from LONG_MIN_Q."""
+    from LONG_MIN_Q_BWD (no decode entry: its decode-sized calls are few)."""
     D, dtype, device = q.shape[-1], q.dtype, q.device
-    bucket = None
+    n_q = q.shape[2]
+    buckets = {"fwd": None, "bwd": None}
     if not varlen and not dropout:
-        bucket = 1 if q.shape[2] <= DECODE_MAX_Q else LONG_MIN_Q if q.shape[2] >= LONG_MIN_Q else None
+        buckets["fwd"] = 1 if n_q <= DECODE_MAX_Q else LONG_MIN_Q if n_q >= LONG_MIN_Q else None
+        buckets["bwd"] = LONG_MIN_Q_BWD if n_q >= LONG_MIN_Q_BWD else None
     resolved = []
     for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
                                   ("bwd_config", bwd_config, BwdConfig, "bwd")):
         if cfg is None:
-            # the backward reads the long bucket only (its decode-sized calls are few)
-            resolved.append(_default(pass_, D, dtype, device, bool(causal),
-                                     bucket if pass_ == "fwd" or bucket == LONG_MIN_Q else None))
+            resolved.append(_default(pass_, D, dtype, device, bool(causal), buckets[pass_]))
         elif not isinstance(cfg, cls):
             raise TypeError(f"{name}: expected a {cls.__name__} or None, got {type(cfg).__name__}")
         else:

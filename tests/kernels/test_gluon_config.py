@@ -139,14 +139,16 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
 
 
 def test_on_sm90_long_d128_backward_calls_default_to_the_gluon_families(monkeypatch):
-    """From LONG_MIN_Q queries at D=128: family 1 causal, the late fused dQ (4) without
+    """From LONG_MIN_Q_BWD queries at D=128: family 1 causal, the late fused dQ (4) without
     masking; shorter calls, other head dims and fp32 keep the Triton entries."""
     monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(gluon_forward, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)
     pytest.importorskip("flashtune.kernels.gluon_backward")
     default = config_mod.default_config
-    long_q = config_mod.LONG_MIN_Q
+    long_q = config_mod.LONG_MIN_Q_BWD
+    assert long_q == config_mod.long_min_q("bwd") < config_mod.long_min_q("fwd") == config_mod.LONG_MIN_Q
+    assert default("fwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q).family == 0
     assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q).family == 1
     assert default("bwd", 128, torch.float16, "cuda", causal=False, seq_q=4 * long_q).family == 4
     assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q - 1).family == 0
@@ -308,21 +310,25 @@ def test_attention_fp8_reads_the_long_entry_for_long_calls_only(monkeypatch, n, 
 def test_attention_defaults_read_the_long_entry_for_long_calls_only(monkeypatch):
     """flashtune.attention()'s heuristic configs: the long bucket (the Gluon kernel's forward
     entry on sm_90) from LONG_MIN_Q queries, unless packed or with dropout; the backward's
-    long bucket too, never its decode one."""
+    long bucket from LONG_MIN_Q_BWD, never its decode one."""
     from flashtune.kernels import function
-    from flashtune.kernels.config import DECODE_MAX_Q, LONG_MIN_Q
+    from flashtune.kernels.config import DECODE_MAX_Q, LONG_MIN_Q, LONG_MIN_Q_BWD
 
     asked = []
     monkeypatch.setattr(function, "default_config",
                         lambda pass_, *a, seq_q=None, **kw: asked.append((pass_, seq_q)) or FwdConfig(16, 16, 4, 1))
     function._default.cache_clear()
     try:
-        for n, kwargs, bucket in ((LONG_MIN_Q, {}, LONG_MIN_Q), (LONG_MIN_Q + 3, {"dropout": True}, None),
-                                  (LONG_MIN_Q, {"varlen": True}, None), (DECODE_MAX_Q, {}, 1), (100, {}, None)):
+        for n, kwargs, fwd, bwd in ((LONG_MIN_Q, {}, LONG_MIN_Q, LONG_MIN_Q_BWD),
+                                    (LONG_MIN_Q_BWD, {}, None, LONG_MIN_Q_BWD),
+                                    (LONG_MIN_Q_BWD - 1, {}, None, None),
+                                    (LONG_MIN_Q + 3, {"dropout": True}, None, None),
+                                    (LONG_MIN_Q, {"varlen": True}, None, None), (DECODE_MAX_Q, {}, 1, None),
+                                    (100, {}, None, None)):
             asked.clear()
             function._default.cache_clear()
             function.resolve_configs(torch.empty(1, 2, n, 16), None, None, **kwargs)
             # the backward reads the long bucket only
-            assert asked == [("fwd", bucket), ("bwd", bucket if bucket == LONG_MIN_Q else None)], (n, kwargs)
+            assert asked == [("fwd", fwd), ("bwd", bwd)], (n, kwargs)
     finally:
         function._default.cache_clear()

@@ -37,9 +37,12 @@ def test_tables_space_checks_and_reference_do_not(kernel_copy, name):
     assert _hash_after(kernel_copy / name, "\n# changed\n") == before
 
 
-def test_every_file_with_triton_code_is_hashed():
-    """... or named as untuned: GPU code no stored result configures (the JVP kernel)."""
-    jit_files = {p.name for p in provenance._KERNEL_DIR.glob("*.py") if "@triton.jit" in p.read_text()}
+def test_every_file_with_gpu_code_is_hashed():
+    """Triton or Gluon kernels, or named as untuned: GPU code no stored result configures
+    (the JVP kernel)."""
+    jit_files = {p.name for p in provenance._KERNEL_DIR.glob("*.py")
+                 if "@triton.jit" in p.read_text() or "@gluon.jit" in p.read_text()}
+    assert {"gluon_forward.py", "gluon_backward.py"} <= jit_files
     assert jit_files and jit_files <= set(provenance.KERNEL_FILES) | set(provenance.UNTUNED_KERNEL_FILES)
     assert not set(provenance.KERNEL_FILES) & set(provenance.UNTUNED_KERNEL_FILES)
 
