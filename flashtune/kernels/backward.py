@@ -469,7 +469,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     q, k, v with these arguments (autograd's backward has it): it fixes every tensor's layout
     but dO's, so the launch plan's signature need not read them again.
     """
-    if compile_only or varlen is not None or dropout is not None or config.family:
+    if compile_only or varlen is not None or dropout is not None:
         return _backward(do, q, k, v, o, lse2, config, causal, sm_scale, fp32_precision, compile_only, causal_align,
                          softcap, window_size, varlen, dropout)
     # one launch plan per call signature (kernels/launch.py): what follows runs once per signature

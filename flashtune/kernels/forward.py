@@ -262,7 +262,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config:
     Nq) float32 holding the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for
     natural log); with ``varlen``, (Hq, total_q).
     """
-    if compile_only or varlen is not None or dropout is not None or config.family:
+    if compile_only or varlen is not None or dropout is not None:
         return _forward(q, k, v, config, causal, sm_scale, fp32_precision, compile_only, causal_align, softcap,
                         window_size, varlen, v_descale, out_dtype, dropout)
     # one launch plan per call signature (kernels/launch.py): what follows runs once per signature

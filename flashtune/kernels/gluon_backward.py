@@ -57,6 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from flashtune.kernels import launch
 from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device, sm_count
 from flashtune.kernels.config import ConfigError, _triton_default, split_work
 from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, SM90_SHARED_MEMORY, _BARRIER_BYTES,
@@ -689,10 +690,19 @@ def _dq_share_layout(rows: int, head_dim: int):
 
 def _kernel_inputs(q, k, v, do, lse2, delta) -> tuple:
     """Both kernels' operands: q, k, v, dO as the copy engine can address them (a dense copy
-    where not) and the row statistics contiguous."""
-    q, k, v, do = (t if _tma_addressable(t) else t.clone(memory_format=torch.contiguous_format)
-                   for t in (q, k, v, do))
-    return q, k, v, do, lse2.contiguous(), delta.contiguous()
+    where not: such a call gets no launch plan) and the row statistics contiguous."""
+    def addressable(t):
+        if _tma_addressable(t):
+            return t
+        launch.unplannable()
+        return t.clone(memory_format=torch.contiguous_format)
+
+    def contiguous(t):
+        if not t.is_contiguous():
+            launch.unplannable()
+        return t.contiguous()
+
+    return (*(addressable(t) for t in (q, k, v, do)), contiguous(lse2), contiguous(delta))
 
 
 def lpt_units(q: torch.Tensor, heads_per_unit: int, causal: bool) -> int:
@@ -725,10 +735,10 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     if split_h < 1 or split_q < 1 or group % split_h:
         raise ValueError(f"split: expected (head splits dividing the group of {group}, query chunks >= 1), "
                          f"got {split}")
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dk, dv = launch.empty_like(k), launch.empty_like(v)
     n_split = split_h * split_q
     if n_split > 1:  # (dK, dV) x split x (B, H_KV, N_K, D) fp32 slots
-        parts = torch.empty((2, n_split, B, H_KV, N_K, D), device=q.device, dtype=torch.float32)
+        parts = launch.empty((2, n_split, B, H_KV, N_K, D), device=q.device, dtype=torch.float32)
         outs = (parts[0], parts[1])
     else:
         outs = (dk, dv)
@@ -747,11 +757,10 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
         desc_dqa = desc_q  # not read
     grid = (cdiv(N_K, 2 * config.BLOCK_N) * B * H_KV * n_split, )
     with on_device(q):
-        _gluon_attn_bwd_dkdv_kernel[grid](desc_q, desc_do, desc_k, desc_v, *outs, lse2, delta, sm_scale * LOG2E,
-                                          sm_scale, *strides[0], *strides[1], H, H_KV, group, N_Q, N_K, causal_off,
-                                          split_h, split_q, lpt, desc_dqa,
-                                          **kernel_constexprs(config, D, q.dtype, causal),
-                                          num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
+        launch.launch(_gluon_attn_bwd_dkdv_kernel, desc_q, desc_do, desc_k, desc_v, *outs, lse2, delta,
+                      sm_scale * LOG2E, sm_scale, *strides[0], *strides[1], H, H_KV, group, N_Q, N_K, causal_off,
+                      split_h, split_q, lpt, desc_dqa, grid=grid, **kernel_constexprs(config, D, q.dtype, causal),
+                      num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
         if n_split > 1:
             backward._sum_partials(parts, dk, dv, int64=backward.needs_int64(parts, dk, dv))
     return dk, dv
@@ -770,16 +779,15 @@ def gluon_dq_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     given lse2 and Delta as ``gluon_dkdv`` takes them."""
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
-    dq = torch.empty_like(q)
+    dq = launch.empty_like(q)
     q, k, v, do, lse2, delta = _kernel_inputs(q, k, v, do, lse2, delta)
     desc_q, desc_do = _descriptor(q, DQ_BLOCK_M), _descriptor(do, DQ_BLOCK_M)
     desc_k, desc_v = _descriptor(k, config.DQ_BLOCK_N), _descriptor(v, config.DQ_BLOCK_N)
     grid = (cdiv(N_Q, 2 * DQ_BLOCK_M), H, B)
     with on_device(q):
-        _gluon_attn_bwd_dq_kernel[grid](desc_q, desc_do, desc_k, desc_v, dq, lse2, delta, sm_scale * LOG2E, sm_scale,
-                                        *dq.stride(), H, H // H_KV, N_Q, N_K, causal_off,
-                                        **dq_kernel_constexprs(config, D, causal), num_warps=CONSUMER_WARPS,
-                                        maxnreg=config.maxnreg())
+        launch.launch(_gluon_attn_bwd_dq_kernel, desc_q, desc_do, desc_k, desc_v, dq, lse2, delta, sm_scale * LOG2E,
+                      sm_scale, *dq.stride(), H, H // H_KV, N_Q, N_K, causal_off, grid=grid,
+                      **dq_kernel_constexprs(config, D, causal), num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
     return dq
 
 
@@ -818,7 +826,7 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         dq_config = dataclasses.replace(dq_config, atomic_dq=0)
     if config.DQ_FUSED and torch.are_deterministic_algorithms_enabled():
         config = dataclasses.replace(config, DQ_FUSED=0)  # dQ by its own kernel: a fixed order of adds
-    delta = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    delta = launch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     int64 = backward.needs_int64(q, k, v, o, do)
     with on_device(q):
         backward._preprocess(o, do, delta, int64=int64)
@@ -826,17 +834,16 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         split = split_work(dkdv_split, block_m=config.BLOCK_M, keys_per_program=2 * config.BLOCK_N,
                            programs_per_sm=GLUON_DKDV_PROGRAMS_PER_SM, batch=B, heads_q=H, heads_kv=k.shape[1],
                            n_q=N_Q, n_k=k.shape[2], sm_count=sm_count(q.device))
-        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if config.DQ_FUSED else None
+        dq_acc = launch.zeros(q.shape, device=q.device, dtype=torch.float32) if config.DQ_FUSED else None
         dk, dv = gluon_dkdv(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off,
                             split=split, lpt=lpt, dq_acc=dq_acc)
         if dq_acc is not None:
-            dq = torch.empty_like(q)
-            dq.copy_(dq_acc)
+            dq = launch.copy_(launch.empty_like(q), dq_acc)
             return dq, dk, dv
         if gluon_dq:
             dq = gluon_dq_kernel(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off)
             return dq, dk, dv
-        dq = torch.empty_like(q)
+        dq = launch.empty_like(q)
         backward._launch_dq(q, k, v, do, dq, lse2, delta, dq_config, causal=causal, sm_scale=sm_scale,
                             precision=backward.dot_precision(q.dtype, "tf32"), int64=int64 or backward.needs_int64(dq),
                             causal_off=off)

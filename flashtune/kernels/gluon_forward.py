@@ -51,6 +51,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from flashtune.kernels import launch
 from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device, window_bounds
 from flashtune.kernels.config import ConfigError, device_capability
 
@@ -654,10 +655,15 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
                          f"got strides {tuple(v.stride())}")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
-    # a fresh copy: .contiguous() of a dense tensor off a 16-byte boundary is the same tensor
+    # a fresh copy: .contiguous() of a dense tensor off a 16-byte boundary is the same tensor.
+    # A copy is tensor work a launch plan does not repeat (kernels/launch.py): such a call
+    # runs all of this every time.
+    if not all(_tma_addressable(t) for t in (q, k)) or (not fp8 and not _tma_addressable(v)):
+        launch.unplannable()
     q, k = (t if _tma_addressable(t) else t.clone(memory_format=torch.contiguous_format) for t in (q, k))
     if fp8:
-        vt = _v_transposed(v)
+        vt = _v_transposed(v)  # a view of an input, or a copy: no plan either way
+        launch.unplannable()
     elif not _tma_addressable(v):
         v = v.clone(memory_format=torch.contiguous_format)
     window = None
@@ -668,10 +674,10 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     # the diagonal's offset: the causal mask's and the window's frame
     off = causal_offset(causal_align, N_Q, N_K) if causal or window else 0
     o_dtype = (out_dtype or torch.bfloat16) if fp8 else q.dtype
-    o = torch.empty_like(q, dtype=o_dtype)
-    if o.stride(-1) != 1:
-        o = torch.empty(q.shape, dtype=o_dtype, device=q.device)
-    lse2 = torch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    # o in q's layout, unless q's head dim is strided: then dense
+    o = launch.empty_like(q, dtype=o_dtype) if q.stride(-1) == 1 else launch.empty(q.shape, dtype=o_dtype,
+                                                                                  device=q.device)
+    lse2 = launch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     desc_q = _descriptor(q, config.BLOCK_M)
     desc_k = _descriptor(k, config.BLOCK_N)
     if fp8:  # [D, BLOCK_N] tiles of V^T
@@ -681,10 +687,10 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         desc_v = _descriptor(v, config.BLOCK_N)
     grid = (cdiv(N_Q, 2 * config.BLOCK_M), H, B)  # common.cdiv: triton.cdiv is a jit function
     with on_device(q):
-        _gluon_attn_fwd_kernel[grid](desc_q, desc_k, desc_v, o, lse2, sm_scale * LOG2E, float(v_descale),
-                                     *o.stride(), H, H // Hk, N_Q, N_K, off, *(window or (0, 0)),
-                                     **kernel_constexprs(config, D, q.dtype, causal, window is not None),
-                                     num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
+        launch.launch(_gluon_attn_fwd_kernel, desc_q, desc_k, desc_v, o, lse2, sm_scale * LOG2E, float(v_descale),
+                      *o.stride(), H, H // Hk, N_Q, N_K, off, *(window or (0, 0)), grid=grid,
+                      **kernel_constexprs(config, D, q.dtype, causal, window is not None),
+                      num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
     return o, lse2
 
 

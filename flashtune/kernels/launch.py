@@ -7,12 +7,13 @@ small call's host time computing what does not change between calls of one signa
 40-60 values, and triton's binding and specialisation of that list, before the launch
 itself (docs/dispatch-overhead.md: 97 us of host time for a forward whose launch is 13 us
 on the H200). ``planned()`` runs a launcher under a recorder the first time it sees a
-signature: the launcher allocates through ``empty``/``empty_like`` here and launches
-through ``launch`` here, and the recorder notes each allocation, each launch's compiled
-kernel and its bound arguments, and which argument is which tensor (an input, an
-allocation, a view of one, a TMA descriptor over one). The next call of the signature
-allocates the same tensors and calls each compiled kernel's own launcher with the
-recorded arguments, the tensors swapped in.
+signature: the launcher allocates through ``empty``/``empty_like``/``zeros`` here, launches
+through ``launch`` here (Triton or Gluon kernels) and copies through ``copy_`` here, and the
+recorder notes each allocation, each launch's compiled kernel and its bound arguments, each
+copy, and which argument is which tensor (an input, an allocation, a view of one, a TMA
+descriptor over one: triton's or Gluon's). The next call of the signature allocates the same
+tensors and calls each compiled kernel's own launcher with the recorded arguments, the
+tensors swapped in, and makes the same copies, in the recorded order.
 
 A plan is made only when everything the launcher did is known to the recorder: a
 launcher that does other tensor work (a copy, a zero fill) calls ``unplannable()``, and a
@@ -45,6 +46,10 @@ try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover
     TensorDescriptor = None
+# Gluon's descriptor classes (triton.experimental.gluon.nvidia.*: dataclasses with a ``base``
+# tensor and a shared-memory layout) are recognised by module, so that recording never
+# imports Gluon
+_GLUON_DESCRIPTOR_MODULE = "triton.experimental.gluon."
 
 ENABLED = os.environ.get("FLASHTUNE_LAUNCH_PLANS", "1") != "0"
 MAX_PLANS = 4096  # per cache; a cache past it is cleared (a new signature costs one recorded call)
@@ -87,6 +92,25 @@ def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
     return _allocated(torch.empty_like(t, dtype=dtype))
 
 
+def zeros(shape, *, dtype: torch.dtype, device) -> torch.Tensor:
+    """``torch.zeros(shape, dtype=dtype, device=device)``, noted by the recorder (a replay
+    allocates and zero-fills it at the same point)."""
+    return _allocated(torch.zeros(shape, dtype=dtype, device=device), zero=True)
+
+
+def copy_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``dst.copy_(src)``, noted by the recorder: both must be inputs or allocations of the
+    call (or views of allocations), else the call gets no plan."""
+    dst.copy_(src)
+    recorder = getattr(_local, "recorder", None)
+    if recorder is not None and recorder.ok:
+        try:
+            recorder.steps.append(("copy", recorder.ref(dst), recorder.ref(src)))
+        except Unplannable:
+            recorder.ok = False
+    return dst
+
+
 def unplannable() -> None:
     """Say that the call being run does tensor work outside ``launch`` and the
     allocators here (a copy, a fill): its signature then never gets a plan."""
@@ -95,12 +119,14 @@ def unplannable() -> None:
         recorder.ok = False
 
 
-def _allocated(t: torch.Tensor) -> torch.Tensor:
+def _allocated(t: torch.Tensor, zero: bool = False) -> torch.Tensor:
     recorder = getattr(_local, "recorder", None)
     if recorder is not None:
         recorder.slot_of[id(t)] = len(recorder.slots)
         recorder.slots.append(t)
         recorder.allocs.append((tuple(t.shape), t.stride(), t.dtype, t.device))
+        if zero:  # the fill is a step: it runs where the call made it, between launches
+            recorder.steps.append(("zero", ("slot", len(recorder.slots) - 1)))
     return t
 
 
@@ -125,8 +151,13 @@ class _Recorder:
         self.n_inputs = len(inputs)
         self.slot_of = {id(t): i for i, t in enumerate(inputs)}
         self.allocs: list[tuple] = []
-        self.launches: list[_Launch] = []
+        # in call order: _Launch, ("zero", ref) or ("copy", dst ref, src ref)
+        self.steps: list = []
         self.ok = True
+
+    @property
+    def launches(self) -> list:
+        return [st for st in self.steps if isinstance(st, _Launch)]
 
     def ref(self, x):
         """How a replay rebuilds argument ``x``: ("slot", i), ("view", i, shape, stride,
@@ -144,9 +175,10 @@ class _Recorder:
                 if s.untyped_storage().data_ptr() == ptr and s.dtype == x.dtype and s.device == x.device:
                     return ("view", i, tuple(x.shape), x.stride(), x.storage_offset())
             raise Unplannable("a tensor argument that is neither an input nor allocated by the call")
-        if TensorDescriptor is not None and isinstance(x, TensorDescriptor):
+        if (TensorDescriptor is not None and isinstance(x, TensorDescriptor)) \
+                or type(x).__module__.startswith(_GLUON_DESCRIPTOR_MODULE) and hasattr(x, "base"):
             fields = {name: value for name, value in vars(x).items() if name != "base"}
-            return ("desc", self.ref(x.base), fields)
+            return ("desc", self.ref(x.base), fields, type(x))
         return None
 
     def launched(self, kernel, compiled, args, kwargs, grid, warmup) -> None:
@@ -176,13 +208,13 @@ class _Recorder:
         except Unplannable:
             self.ok = False
             return
-        self.launches.append(_Launch(kernel, runner, function, packed, grid, template, refs, kw, kw_refs))
+        self.steps.append(_Launch(kernel, runner, function, packed, grid, template, refs, kw, kw_refs))
 
 
-def _descriptor(fields: dict, base: torch.Tensor):
-    """A TMA descriptor over ``base`` with a recorded one's fields (checked when it was made:
-    the signature keeps base's alignment and strides as they were)."""
-    desc = TensorDescriptor.__new__(TensorDescriptor)
+def _descriptor(cls, fields: dict, base: torch.Tensor):
+    """A TMA descriptor of class ``cls`` over ``base`` with a recorded one's fields (checked
+    when it was made: the signature keeps base's alignment and strides as they were)."""
+    desc = cls.__new__(cls)
     desc.__dict__.update(fields)
     desc.base = base
     return desc
@@ -196,6 +228,7 @@ class Plan:
     def __init__(self, recorder: _Recorder, outputs: tuple, device: torch.device):
         self.n_inputs = recorder.n_inputs
         self.allocs = tuple(recorder.allocs)
+        self.steps = tuple(recorder.steps)
         self.launches = tuple(recorder.launches)
         self.outputs = outputs
         self.device_index = device.index if device.type == "cuda" else None
@@ -218,7 +251,7 @@ class Plan:
                 return f"s{ref[1]}"
             if ref[0] == "view":
                 return f"s{ref[1]}.as_strided({const(ref[2])}, {const(ref[3])}, {ref[4]})"
-            return f"_descriptor({const(ref[2])}, {expr(ref[1])})"
+            return f"_descriptor({const(ref[3])}, {const(ref[2])}, {expr(ref[1])})"
 
         body = []
         if self.device_index is not None:
@@ -226,7 +259,13 @@ class Plan:
         for j, (shape, stride, dtype, device) in enumerate(self.allocs):
             body.append(f"s{self.n_inputs + j} = _empty_strided({const(shape)}, {const(stride)}, dtype={const(dtype)}, "
                         f"device={const(device)})")
-        for ln in self.launches:
+        for ln in self.steps:
+            if not isinstance(ln, _Launch):
+                if ln[0] == "zero":
+                    body.append(f"{expr(ln[1])}.zero_()")
+                else:
+                    body.append(f"{expr(ln[1])}.copy_({expr(ln[2])})")
+                continue
             refs = dict(ln.refs)
             args = [expr(refs[p]) if p in refs else const(v) for p, v in enumerate(ln.template)]
             if ln.runner is None:  # the interpreter: the kernel's run, as the launcher called it
