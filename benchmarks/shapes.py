@@ -12,7 +12,10 @@ helpers of benchmarks/attention.py). Figures:
   backward FLOPs = 2.5 * forward; backward time = o.backward(do, retain_graph=True) alone
   decode rows: K/V bytes read (2 * B * Hkv * Nk * D * element size) per second, as a
                fraction of the copy bandwidth measured in the same run (read + write
-               bytes of a 1 GiB device copy per second)
+               bytes of a 1 GiB device copy per second); and, on a second line ("clean
+               L2"), the same with every call timed after the L2 is emptied by a read
+               instead of do_bench's zero fill (time_clean_l2: the fill leaves the L2 full
+               of dirty lines that a call reading ~100 MB pays to write back)
 
 and, for each forward, flashtune's time when its launches replay from a CUDA graph
 (``graph_ms``: the GPU's time without the host's; far below ``ms`` means host-bound).
@@ -90,6 +93,8 @@ class Result:
     rounds_ms: dict = dataclasses.field(default_factory=dict)
     tflops: dict = dataclasses.field(default_factory=dict)
     copy_fraction: dict = dataclasses.field(default_factory=dict)  # decode rows: K/V read rate / copy bandwidth
+    clean_ms: dict = dataclasses.field(default_factory=dict)  # decode rows: time_clean_l2 medians
+    clean_fraction: dict = dataclasses.field(default_factory=dict)  # ... as a fraction of its copy bandwidth
     graph_ms: float | None = None  # flashtune forward replayed from a CUDA graph
     config: dict | None = None
     config_source: str = "default"
@@ -174,6 +179,15 @@ def format_result(r: Result) -> str:
                    f"{graph}  {r.config_source}: {cfg}{sched}")
 
 
+def format_clean(r: Result) -> str:
+    """Decode rows: the clean-L2 figures, under the row's line."""
+    c = r.clean_fraction
+    best = max((c[b] for b in BACKENDS if c.get(b)), default=None)
+    return (f"{'':<26} {'':<4}   clean L2: {_fmt(c.get('flashtune'), '9.2f')} {_fmt(c.get('cudnn'), '7.2f')} "
+            f"{_fmt(c.get('flash'), '7.2f')} {_fmt(c.get('efficient'), '7.2f')} | "
+            f"{_fmt(grid_bench.ratio(c.get('flashtune'), best), '7.3f')} of best SDPA")
+
+
 def format_dropin(r: Result) -> str:
     """--db: the drop-in's figure and its choice for the row, under the row's line."""
     rat = r.ratios()
@@ -218,6 +232,39 @@ def summarize(results: list[Result]) -> dict:
 # ----------------------------------------------------------------------------------
 # Measuring
 # ----------------------------------------------------------------------------------
+_CLEAN_L2: dict = {}
+
+
+def time_clean_l2(fn, device, *, rep: float = 20.0) -> float:
+    """Median ms of ``fn`` over about ``rep`` ms of calls, each after the L2 is emptied by
+    reading a 256 MiB buffer. triton's do_bench empties it by zero-filling one, which leaves
+    the L2 full of dirty lines: a call that reads more than the L2 holds then also writes
+    them back (about 12 us of a 50 us decode step on the H200, 2026-12-03). After a read the
+    lines are clean, as after a model's weight-streaming matmuls."""
+    import torch
+
+    buf = _CLEAN_L2.get(device)
+    if buf is None:
+        buf = _CLEAN_L2[device] = torch.ones(64 << 20, dtype=torch.int32, device=device)
+    fn()
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    n = max(10, min(2000, int(rep / max(start.elapsed_time(end) / 5, 1e-3))))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for a, b in events:
+        buf.sum()
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize(device)
+    return statistics.median(a.elapsed_time(b) for a, b in events)
+
+
 def copy_bandwidth(device, time_one, nbytes: int) -> float:
     """Bytes per second of a device copy (read + write), ``time_one(fn)`` in ms."""
     import torch
@@ -325,7 +372,8 @@ def sweep_row(args, shape: Shape, candidates: list[dict], device) -> tuple[dict 
     return (None if best is None else best["config"]), figures
 
 
-def bench_row(args, shape: Shape, entries: dict, copy_bw: float, singles: dict | None = None) -> list[Result]:
+def bench_row(args, shape: Shape, entries: dict, copy_bw: float, singles: dict | None = None,
+              clean_copy_bw: float | None = None) -> list[Result]:
     import torch
     from torch.nn.attention import SDPBackend
 
@@ -427,6 +475,13 @@ def bench_row(args, shape: Shape, entries: dict, copy_bw: float, singles: dict |
         r.tflops[name] = grid_bench.tflops(r.flops, r.ms[name])
         if s.decode and r.ms[name]:
             r.copy_fraction[name] = s.kv_bytes() / (r.ms[name] * 1e-3) / copy_bw
+    if s.decode and clean_copy_bw and "fwd" in results:
+        r = results["fwd"]
+        for name, run in runners.items():
+            if r.ms.get(name):
+                with torch.no_grad():
+                    r.clean_ms[name] = time_clean_l2(lambda: run(q, k, v, s.causal), device)
+                r.clean_fraction[name] = s.kv_bytes() / (r.clean_ms[name] * 1e-3) / clean_copy_bw
     if "fwd" in results:
         results["fwd"].graph_ms = _graph_ms(lambda: flashtune(q, k, v, s.causal), device)
     for pass_, candidates in (singles or {}).items():
@@ -584,7 +639,10 @@ def main(argv=None) -> int:
         import triton
 
         copy_bw = copy_bandwidth(device, lambda fn: triton.testing.do_bench(fn, return_mode="median"), 1 << 30)
+        clean_copy_bw = copy_bandwidth(device, lambda fn: time_clean_l2(fn, device), 1 << 30)
+        print(f"# copy bandwidth with a clean L2 (time_clean_l2): {clean_copy_bw / 1e12:.2f} TB/s")
     else:
+        clean_copy_bw = None
         env = {"device": "cpu", "timer": "interpreter-wall-clock"}
         from flashtune.protocol import time_ms
 
@@ -605,11 +663,13 @@ def main(argv=None) -> int:
                 if "fwd" not in entries.get(shape.name, {}):
                     entries.setdefault(shape.name, {})["fwd"] = best
                     swept_configs.add(shape.name)
-        for r in bench_row(args, shape, entries, copy_bw, singles):
+        for r in bench_row(args, shape, entries, copy_bw, singles, clean_copy_bw):
             if r.pass_ == "fwd" and shape.name in swept_configs:
                 r.config_source = "sweep"
             results.append(r)
             print(format_result(r), flush=True)
+            if r.clean_fraction:
+                print(format_clean(r), flush=True)
             if args.db and not r.error:
                 print(format_dropin(r), flush=True)
     summary = summarize(results)
@@ -630,6 +690,7 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"environment": env, "args": vars(args), "copy_bandwidth": copy_bw,
+                       "copy_bandwidth_clean_l2": clean_copy_bw,
                        "rows": [dataclasses.asdict(r) for r in results], "summary": summary, "sweep": swept},
                       f, indent=1)
         print(f"# wrote {args.out}")
