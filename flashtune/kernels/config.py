@@ -764,10 +764,12 @@ for _d in (16, 32, 64, 128):
     _SM90_FWD[(_bf, _d, "decode")] = _F(64, 128, 4, 2)
     _SM90_FWD[(_f32, _d, "decode")] = _F(32, 64, 4, 2)
 _SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 2)
-# D=128: K/V tiles through TMA. The search's winners of the three D=128 decode rows all load
-# through TMA (docs/shapes.md, "Every row at its tuned config": 0.992-0.999x cuDNN, against
-# 0.88-0.99x for the pointer-load entry above at the defaults, 2026-12-02/03).
-_SM90_FWD[(_bf, 128, "decode")] = _F(64, 128, 4, 2, tma=1)
+# D=128: K/V tiles through TMA, one stage. The best single config of a sweep over the three
+# D=128 decode rows (BLOCK_N 64/128, 1-3 stages, TMA or not; benchmarks/shapes.py --sweep, H200,
+# 2026-12-03 13:37 UTC, docs/data/h200-2026-12-03-e2e/decode_sweep.txt): within 2.6 % of each
+# row's best (decode-b1-64k's best, 1.08x the 2-stage TMA config: its 64 chunks of 1024 keys run
+# more programs per SM with one stage's shared memory; decode-b32-4k 0.974x, b128 0.98x the best).
+_SM90_FWD[(_bf, 128, "decode")] = _F(64, 128, 4, 1, tma=1)
 # D=128 from LONG_MIN_Q queries: the Gluon kernel (2 x 64 rows, 128 keys, 3 buffers, ping-pong,
 # overlap), 1.03-1.32x the Triton defaults on every such row of the standard grid and of
 # SHAPES.md (4k..16k, causal and not, llama3-8b-train-8k 1.18x, llama3-70b-tp8-train-4k
