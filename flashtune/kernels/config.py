@@ -766,7 +766,7 @@ for _d in (16, 32, 64, 128):
 _SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 2)
 # D=128: K/V tiles through TMA, one stage. The best single config of a sweep over the three
 # D=128 decode rows (BLOCK_N 64/128, 1-3 stages, TMA or not; benchmarks/shapes.py --sweep, H200,
-# 2026-12-03 13:37 UTC, docs/data/h200-2026-12-03-e2e/decode_sweep.txt): within 2.6 % of each
+# 2026-12-03 13:37 UTC, docs/data/h200-2026-12-03-e2e/plans-decode_sweep.txt): within 2.6 % of each
 # row's best (decode-b1-64k's best, 1.08x the 2-stage TMA config: its 64 chunks of 1024 keys run
 # more programs per SM with one stage's shared memory; decode-b32-4k 0.974x, b128 0.98x the best).
 _SM90_FWD[(_bf, 128, "decode")] = _F(64, 128, 4, 1, tma=1)
