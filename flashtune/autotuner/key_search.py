@@ -89,7 +89,7 @@ class KeySearch:
         self.ledger = Ledger(valid_candidates(key.pass_, key.head_dim, dtype, bench.device))
         try:
             self.default = default_config(key.pass_, key.head_dim, dtype, bench.device, causal=key.causal,
-                                          seq_q=key.seq_q)
+                                          seq_q=key.seq_q, seq_k=key.seq_k)
         except ConfigError:  # nothing runs on this device: the key ends as no_valid_config
             self.default = None
         self.study = KeyStudy(key, storage=bench.storage, kernel_hash=bench.provenance.kernel_hash,
@@ -354,7 +354,7 @@ class KeySearch:
             stored = self.bench.store.list_results(ResultFilter.for_key(fwd_key))
             fwd_config = stored[0].config if stored else default_config(
                 "fwd", self.key.head_dim, getattr(torch, self.key.dtype), self.bench.device,
-                causal=self.key.causal, seq_q=self.key.seq_q)
+                causal=self.key.causal, seq_q=self.key.seq_q, seq_k=self.key.seq_k)
         budget = self.budget
         times = self.bench.worker.race(self.key, winner, fwd_config, budget.rounds,
                                        timeout=budget.trial_timeout * (1 + budget.rounds) * 4)

@@ -41,17 +41,24 @@ TMA_MAX_HEAD_DIM = 128
 MAX_SPLITS = 128
 # calls with at most this many queries per head take the decode entries of the heuristic tables
 DECODE_MAX_Q = 16
-# Calls with at least this many queries per head read a table's "long" entry first (the Gluon
-# kernels on sm_90 at D=128): the forward from LONG_MIN_Q, the backward from LONG_MIN_Q_BWD
-# (the Gluon backward families gained from 2048 queries where the Gluon forward lost: see
-# the tables' long entries)
-LONG_MIN_Q = 4096
+# Long calls read a table's "long" entry first (the Gluon kernels on sm_90 at D=128): the
+# forward from LONG_MIN_Q queries per head against at least LONG_MIN_K keys (its CTAs walk
+# the keys: a long key loop pays for the warp-specialised pipeline, a grid of few query
+# blocks is filled either way), the backward from LONG_MIN_Q_BWD queries. See the tables'
+# long entries for the measurements.
+LONG_MIN_Q = 1024
+LONG_MIN_K = 2048
 LONG_MIN_Q_BWD = 2048
 
 
-def long_min_q(pass_: str) -> int:
-    """The fewest queries per head at which a pass reads the tables' long entries."""
-    return LONG_MIN_Q if pass_ == "fwd" else LONG_MIN_Q_BWD
+def is_long(pass_: str, seq_q: int | None, seq_k: int | None = None) -> bool:
+    """Whether a call of ``seq_q`` queries per head against ``seq_k`` keys (None: seq_q)
+    reads the tables' long entries."""
+    if seq_q is None:
+        return False
+    if pass_ != "fwd":
+        return seq_q >= LONG_MIN_Q_BWD
+    return seq_q >= LONG_MIN_Q and (seq_q if seq_k is None else seq_k) >= LONG_MIN_K
 # fp8 inputs (kernels/fp8.py): the forward only. Triton's fp8 dots need a reduction of at
 # least 32 (the tensor cores' fp8 K step): the head dim pads to 32, BLOCK_N (P @ V's K) >= 32.
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -770,11 +777,15 @@ _SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 2)
 # row's best (decode-b1-64k's best, 1.08x the 2-stage TMA config: its 64 chunks of 1024 keys run
 # more programs per SM with one stage's shared memory; decode-b32-4k 0.974x, b128 0.98x the best).
 _SM90_FWD[(_bf, 128, "decode")] = _F(64, 128, 4, 1, tma=1)
-# D=128 from LONG_MIN_Q queries: the Gluon kernel (2 x 64 rows, 128 keys, 3 buffers, ping-pong,
-# overlap), 1.03-1.32x the Triton defaults on every such row of the standard grid and of
-# SHAPES.md (4k..16k, causal and not, llama3-8b-train-8k 1.18x, llama3-70b-tp8-train-4k
-# 1.11x) and slower below (0.62-0.95x at N <= 2k, llama3-8b-prefill-2k 0.63x):
-# benchmarks/gluon_fwd.py --grid --realistic --configs all, H200, 2026-12-02 (docs/gluon.md).
+# D=128 for long calls (is_long: from 1024 queries against 2048 keys): the Gluon kernel (2 x 64
+# rows, 128 keys, 3 buffers, ping-pong, overlap), 1.03-1.32x the Triton defaults on every row of
+# the standard grid and of SHAPES.md from 4k (causal and not, llama3-8b-train-8k 1.18x,
+# llama3-70b-tp8-train-4k 1.11x); at 2k 1.01-1.08x (grid full / causal, mistral-7b-train-2k) and on
+# the chunk of 1024 queries over 16k keys 1.32x; slower on square 1k calls (0.77-0.95x):
+# benchmarks/gluon_fwd.py --grid --realistic --configs all, H200, 2026-12-02 (docs/gluon.md,
+# docs/data/h200-2026-12-02-gluon/gluon-grid-3.txt). That run's llama3-8b-prefill-2k (0.63x) was
+# its host's cost (no launch plan for Gluon calls then, 0.1 ms calls); the search, timing CUDA-graph
+# replays, chose the Gluon kernel there (1.03x the default, docs/shape-tuning.md).
 # Other devices: it does not validate, and the entries after it serve.
 _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1)
 # The backward from LONG_MIN_Q_BWD queries at D=128: the Gluon families. Causal: the Gluon dK/dV
@@ -934,14 +945,14 @@ def _triton_default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch
 
 
 def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None,
-                   seq_q: int | None = None, triton_only: bool = False):
+                   seq_q: int | None = None, triton_only: bool = False, seq_k: int | None = None):
     """The heuristic config for a pass ("fwd" or "bwd") on ``device``.
 
     Walks the tables from the device's architecture down to the generic one and
     returns the first entry that validates on the device; within a table an entry for
     decode ((dtype, head_dim, "decode"), forward calls with ``seq_q`` at most
-    DECODE_MAX_Q) or for long queries ((dtype, head_dim, "long", causal), then (dtype,
-    head_dim, "long"), at least long_min_q(pass_) queries) comes first, then one for this
+    DECODE_MAX_Q) or for long calls ((dtype, head_dim, "long", causal), then (dtype,
+    head_dim, "long"); ``is_long(pass_, seq_q, seq_k)``, seq_k None for seq_q) comes first, then one for this
     masking ((dtype, head_dim, causal)),
     then the one for both. ``triton_only``: entries of another kernel family (the Gluon
     forward, ``family=1``) are passed over (``FwdConfig.as_triton``'s fallback).
@@ -952,7 +963,7 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     keys = [key] if causal is None else [(*key, bool(causal)), key]
     if pass_ == "fwd" and seq_q is not None and seq_q <= DECODE_MAX_Q:
         keys.insert(0, (*key, "decode"))
-    if seq_q is not None and seq_q >= long_min_q(pass_):
+    if is_long(pass_, seq_q, seq_k):
         keys.insert(0, (*key, "long"))
         if causal is not None:  # an entry for long queries with this masking first
             keys.insert(0, (*key, "long", bool(causal)))

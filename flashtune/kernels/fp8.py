@@ -8,7 +8,7 @@ the P V dot, v_descale applied once to the output (acc * v_descale / l), the out
 fp16 or bf16. The split-KV kernel (kernels/decode.py) does not take fp8: decode-sized calls
 run the plain kernel too. A Gluon config (family=1) runs the Gluon forward's FP8 variant on
 sm_90 (kernels/gluon_forward.py) when V's keys are contiguous; the heuristic default is that
-kernel at D=128 from LONG_MIN_Q queries on sm_90 (config.py, docs/fp8.md).
+kernel at D=128 for long calls on sm_90 (config.is_long; config.py, docs/fp8.md).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numbers
 import torch
 
 from flashtune.kernels.common import LN2
-from flashtune.kernels.config import FP8_DTYPES, LONG_MIN_Q, FwdConfig
+from flashtune.kernels.config import FP8_DTYPES, FwdConfig, is_long
 from flashtune.kernels.forward import attention_forward
 from flashtune.kernels.function import _default, _validated, check_inputs, check_softcap, check_window
 
@@ -143,9 +143,10 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_descal
     window = check_window(window_size)
     D = q.shape[-1]
     if config is None:
-        # the long bucket from LONG_MIN_Q queries (on sm_90 at D=128 the Gluon kernel's FP8
+        # the long bucket for long calls (on sm_90 at D=128 the Gluon kernel's FP8
         # variant, config.py); no decode bucket: fp8 runs the plain kernel at every length
-        config = _default("fwd", D, q.dtype, q.device, bool(causal), LONG_MIN_Q if q.shape[2] >= LONG_MIN_Q else None)
+        config = _default("fwd", D, q.dtype, q.device, bool(causal),
+                          "long" if is_long("fwd", q.shape[2], k.shape[2]) else None)
     elif not isinstance(config, FwdConfig):
         raise TypeError(f"config: expected a FwdConfig or None, got {type(config).__name__}")
     else:

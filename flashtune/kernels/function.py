@@ -11,8 +11,8 @@ from torch.autograd import forward_ad as _forward_ad
 
 from flashtune.kernels.backward import attention_backward
 from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, Dropout, Varlen, torch_fp32_precision
-from flashtune.kernels.config import (DECODE_MAX_Q, FP8_DTYPES, LONG_MIN_Q, LONG_MIN_Q_BWD, MAX_HEAD_DIM, BwdConfig,
-                                      ConfigError, FwdConfig, default_config)
+from flashtune.kernels.config import (DECODE_MAX_Q, FP8_DTYPES, LONG_MIN_K, LONG_MIN_Q, LONG_MIN_Q_BWD, MAX_HEAD_DIM,
+                                      BwdConfig, ConfigError, FwdConfig, default_config, is_long)
 from flashtune.kernels.forward import attention_forward, forward_key
 from flashtune.kernels.jvp import attention_jvp_forward, attention_jvp_op, default_jvp_config, validate_jvp_config
 
@@ -169,24 +169,27 @@ def dropout_fwd_config(config: FwdConfig, head_dim: int, dtype: torch.dtype, dev
 
 @functools.lru_cache(maxsize=1024)
 def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool,
-             seq_q: int | None = None):
-    """The heuristic config; ``seq_q`` only as its bucket (1: decode, long_min_q(pass_): long, None: other)."""
-    return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=seq_q)
+             bucket: str | None = None):
+    """The heuristic config of a bucket: "decode", "long" or None (neither)."""
+    seq_q, seq_k = {"decode": (1, None), "long": ((LONG_MIN_Q, LONG_MIN_K) if pass_ == "fwd" else (LONG_MIN_Q_BWD, None)),
+                    None: (None, None)}[bucket]
+    return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=seq_q, seq_k=seq_k)
 
 
 def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = False, *, varlen: bool = False,
-                    dropout: bool = False) -> tuple[FwdConfig, BwdConfig]:
+                    dropout: bool = False, seq_k: int | None = None) -> tuple[FwdConfig, BwdConfig]:
     """The configs to launch with: the given ones, validated (the forward's for its DROPOUT
     kernel with ``dropout``), or the heuristic defaults (the forward's decode entry for at
-    most DECODE_MAX_Q queries, its long entry from LONG_MIN_Q; neither for a packed ``varlen``
-    q or with dropout, which run the plain Triton forward kernel); the backward's long entry
-    from LONG_MIN_Q_BWD (no decode entry: its decode-sized calls are few)."""
+    most DECODE_MAX_Q queries, its long entry for ``config.is_long`` calls of ``seq_k`` keys
+    (None: as many as queries); neither for a packed ``varlen`` q or with dropout, which run
+    the plain Triton forward kernel); the backward's long entry from LONG_MIN_Q_BWD queries
+    (no decode entry: its decode-sized calls are few)."""
     D, dtype, device = q.shape[-1], q.dtype, q.device
     n_q = q.shape[2]
     buckets = {"fwd": None, "bwd": None}
     if not varlen and not dropout:
-        buckets["fwd"] = 1 if n_q <= DECODE_MAX_Q else LONG_MIN_Q if n_q >= LONG_MIN_Q else None
-        buckets["bwd"] = LONG_MIN_Q_BWD if n_q >= LONG_MIN_Q_BWD else None
+        buckets["fwd"] = "decode" if n_q <= DECODE_MAX_Q else "long" if is_long("fwd", n_q, seq_k) else None
+        buckets["bwd"] = "long" if is_long("bwd", n_q) else None
     resolved = []
     for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
                                   ("bwd_config", bwd_config, BwdConfig, "bwd")):
@@ -458,7 +461,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                                      bwd_config=bwd_config, fp32_precision="" if fp32_precision is None else fp32_precision,
                                      causal_align=causal_align, softcap=cap, window_size=window, dropout=dropout)
     else:
-        fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal, dropout=dropout is not None)
+        fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal, dropout=dropout is not None, seq_k=k.shape[2])
         if checked is not None:  # every argument of the signature passed the checks above
             if len(_CHECKED) >= 4096:
                 _CHECKED.clear()

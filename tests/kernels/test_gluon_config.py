@@ -147,8 +147,7 @@ def test_on_sm90_long_d128_backward_calls_default_to_the_gluon_families(monkeypa
     pytest.importorskip("flashtune.kernels.gluon_backward")
     default = config_mod.default_config
     long_q = config_mod.LONG_MIN_Q_BWD
-    assert long_q == config_mod.long_min_q("bwd") < config_mod.long_min_q("fwd") == config_mod.LONG_MIN_Q
-    assert default("fwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q).family == 0
+    assert config_mod.is_long("bwd", long_q) and not config_mod.is_long("bwd", long_q - 1)
     assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q).family == 1
     assert default("bwd", 128, torch.float16, "cuda", causal=False, seq_q=4 * long_q).family == 4
     assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q - 1).family == 0
@@ -228,18 +227,23 @@ def test_fp8_goes_to_the_gluon_kernel_when_v_has_its_keys_contiguous(monkeypatch
 
 @pytest.mark.parametrize("capability", [(9, 0), (10, 0)])
 def test_long_d128_forward_calls_default_to_the_gluon_kernel_on_sm90_only(monkeypatch, capability):
-    from flashtune.kernels.config import LONG_MIN_Q, default_config
+    """Long forward calls: at least LONG_MIN_Q queries against at least LONG_MIN_K keys (a
+    square call from LONG_MIN_K, a chunk of 1024 queries over 16k keys)."""
+    from flashtune.kernels.config import LONG_MIN_K, LONG_MIN_Q, default_config
 
     monkeypatch.setattr(config_mod, "device_capability", lambda device: capability)
     monkeypatch.setattr(gluon_forward, "device_capability", lambda device: capability)
     monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)
     bf16 = torch.bfloat16
-    long = default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=LONG_MIN_Q)
-    assert long.family == (capability == (9, 0))
-    if long.family:
-        assert long.gluon() == gluon_forward.default_gluon_config(128)
-    # below the threshold, another head dim or dtype, unknown length, the backward: Triton's
-    for cfg in (default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=LONG_MIN_Q // 2),
+    for seq_q, seq_k in ((LONG_MIN_K, None), (LONG_MIN_Q, 16 * LONG_MIN_Q), (16384, 16384)):
+        long = default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=seq_q, seq_k=seq_k)
+        assert long.family == (capability == (9, 0)), (seq_q, seq_k)
+        if long.family:
+            assert long.gluon() == gluon_forward.default_gluon_config(128)
+    # below the thresholds, another head dim or dtype, unknown length: Triton's
+    for cfg in (default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=LONG_MIN_K - 1),
+                default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=LONG_MIN_Q, seq_k=LONG_MIN_K - 1),
+                default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=LONG_MIN_Q - 1, seq_k=16384),
                 default_config("fwd", 64, bf16, "cuda", causal=False, seq_q=16384),
                 default_config("fwd", 128, torch.float32, "cuda", causal=False, seq_q=16384),
                 default_config("fwd", 128, bf16, "cuda", causal=True)):
@@ -263,23 +267,23 @@ def sm(monkeypatch):
 @pytest.mark.parametrize("capability", [(9, 0), (10, 0)])
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_long_d128_fp8_calls_default_to_the_gluon_kernel_on_sm90_only(sm, capability, dtype):
-    """fp8 at D=128 from LONG_MIN_Q queries: the Gluon kernel's FP8 variant on sm_90 (measured,
+    """fp8 at D=128 on long calls: the Gluon kernel's FP8 variant on sm_90 (measured,
     docs/fp8.md); its fallback (V with the head dim contiguous, a softcap) and every other
     fp8 call: the Triton fp8 default of the sm_90 table (not the generic table's)."""
-    from flashtune.kernels.config import LONG_MIN_Q, default_config
+    from flashtune.kernels.config import LONG_MIN_K, default_config
 
     sm(capability)
     triton = FwdConfig(128, 128, 8, 3)
     for causal in (False, True):
-        long = default_config("fwd", 128, dtype, "cuda", causal=causal, seq_q=LONG_MIN_Q)
+        long = default_config("fwd", 128, dtype, "cuda", causal=causal, seq_q=LONG_MIN_K)
         if capability == (9, 0):
             assert long == FwdConfig(64, 128, 4, 2, family=1, pingpong=0, overlap=0)
         else:
             assert long == triton
         assert FwdConfig(64, 128, 4, 2, family=1).as_triton(128, dtype, "cuda", causal) == triton
-        for cfg in (default_config("fwd", 128, dtype, "cuda", causal=causal, seq_q=LONG_MIN_Q // 2),
+        for cfg in (default_config("fwd", 128, dtype, "cuda", causal=causal, seq_q=LONG_MIN_K // 2),
                     default_config("fwd", 128, dtype, "cuda", causal=causal),
-                    default_config("fwd", 64, dtype, "cuda", causal=causal, seq_q=LONG_MIN_Q)):
+                    default_config("fwd", 64, dtype, "cuda", causal=causal, seq_q=LONG_MIN_K)):
             assert cfg == triton
 
 
@@ -294,41 +298,49 @@ def test_the_triton_fallback_passes_over_a_gluon_entry_at_any_key(sm, monkeypatc
     assert gluon.as_triton(128, e4m3, "cuda", True) == FwdConfig(128, 128, 8, 3)
 
 
-@pytest.mark.parametrize("n, bucket", [(4096, 4096), (5000, 4096), (4095, None), (1, None)])
-def test_attention_fp8_reads_the_long_entry_for_long_calls_only(monkeypatch, n, bucket):
+@pytest.mark.parametrize("n, n_k, bucket", [(2048, 2048, "long"), (5000, 5000, "long"), (1024, 16384, "long"),
+                                           (2047, 2047, None), (1023, 16384, None), (1, 1, None)])
+def test_attention_fp8_reads_the_long_entry_for_long_calls_only(monkeypatch, n, n_k, bucket):
     from flashtune.kernels import fp8
 
     asked = []
-    monkeypatch.setattr(fp8, "_default", lambda pass_, d, dtype, device, causal, seq_q=None:
-                        asked.append(seq_q) or FwdConfig(16, 32, 4, 1))
+    monkeypatch.setattr(fp8, "_default", lambda pass_, d, dtype, device, causal, bucket=None:
+                        asked.append(bucket) or FwdConfig(16, 32, 4, 1))
     monkeypatch.setattr(fp8, "attention_forward", lambda q, k, v, cfg, **kw: (q, None))
     q = torch.zeros(1, 1, n, 32, dtype=torch.float8_e4m3fn)
-    fp8.attention_fp8(q, q, q, q_descale=1.0, k_descale=1.0, v_descale=1.0, causal=True)
+    k = torch.zeros(1, 1, n_k, 32, dtype=torch.float8_e4m3fn)
+    fp8.attention_fp8(q, k, k, q_descale=1.0, k_descale=1.0, v_descale=1.0, causal=True)
     assert asked == [bucket]
 
 
 def test_attention_defaults_read_the_long_entry_for_long_calls_only(monkeypatch):
     """flashtune.attention()'s heuristic configs: the long bucket (the Gluon kernel's forward
-    entry on sm_90) from LONG_MIN_Q queries, unless packed or with dropout; the backward's
-    long bucket from LONG_MIN_Q_BWD, never its decode one."""
+    entry on sm_90) for long calls (config.is_long: queries and keys), unless packed or with
+    dropout; the backward's long bucket from LONG_MIN_Q_BWD queries, never its decode one."""
     from flashtune.kernels import function
-    from flashtune.kernels.config import DECODE_MAX_Q, LONG_MIN_Q, LONG_MIN_Q_BWD
+    from flashtune.kernels.config import DECODE_MAX_Q, LONG_MIN_K, LONG_MIN_Q, LONG_MIN_Q_BWD
 
     asked = []
     monkeypatch.setattr(function, "default_config",
-                        lambda pass_, *a, seq_q=None, **kw: asked.append((pass_, seq_q)) or FwdConfig(16, 16, 4, 1))
+                        lambda pass_, *a, seq_q=None, seq_k=None, **kw: asked.append((pass_, seq_q, seq_k))
+                        or FwdConfig(16, 16, 4, 1))
     function._default.cache_clear()
+    fwd_long, bwd_long, decode = ("fwd", LONG_MIN_Q, LONG_MIN_K), ("bwd", LONG_MIN_Q_BWD, None), ("fwd", 1, None)
+    neither = {p: (p, None, None) for p in ("fwd", "bwd")}
     try:
-        for n, kwargs, fwd, bwd in ((LONG_MIN_Q, {}, LONG_MIN_Q, LONG_MIN_Q_BWD),
-                                    (LONG_MIN_Q_BWD, {}, None, LONG_MIN_Q_BWD),
-                                    (LONG_MIN_Q_BWD - 1, {}, None, None),
-                                    (LONG_MIN_Q + 3, {"dropout": True}, None, None),
-                                    (LONG_MIN_Q, {"varlen": True}, None, None), (DECODE_MAX_Q, {}, 1, None),
-                                    (100, {}, None, None)):
+        for n, kwargs, fwd, bwd in ((4096, {}, fwd_long, bwd_long),
+                                    (LONG_MIN_K, {}, fwd_long, bwd_long),
+                                    (LONG_MIN_Q, {"seq_k": 16384}, fwd_long, neither["bwd"]),
+                                    (LONG_MIN_Q, {}, neither["fwd"], neither["bwd"]),
+                                    (LONG_MIN_Q_BWD - 1, {}, neither["fwd"], neither["bwd"]),
+                                    (4096 + 3, {"dropout": True}, neither["fwd"], neither["bwd"]),
+                                    (4096, {"varlen": True}, neither["fwd"], neither["bwd"]),
+                                    (DECODE_MAX_Q, {"seq_k": 65536}, decode, neither["bwd"]),
+                                    (100, {}, neither["fwd"], neither["bwd"])):
             asked.clear()
             function._default.cache_clear()
             function.resolve_configs(torch.empty(1, 2, n, 16), None, None, **kwargs)
             # the backward reads the long bucket only
-            assert asked == [("fwd", fwd), ("bwd", bwd)], (n, kwargs)
+            assert asked == [fwd, bwd], (n, kwargs)
     finally:
         function._default.cache_clear()
