@@ -770,7 +770,11 @@ _SM90_BWD = {
 for _d in (16, 32, 64, 128):
     _SM90_FWD[(_bf, _d, "decode")] = _F(64, 128, 4, 2)
     _SM90_FWD[(_f32, _d, "decode")] = _F(32, 64, 4, 2)
-_SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 2)
+# D=256: 3 stages since 2026-12-03: with chunks of at least 1024 keys (decode.MIN_CHUNK_KEYS)
+# decode-mqa-d256-b16-8k runs 8 chunks, 128 programs, one per SM, and 3 stages kept its K/V
+# streaming: 50.4 us against 52.3 for 2 stages and 16 chunks, 0.77 of the copy bandwidth with
+# a clean L2 (benchmarks/shapes.py --sweep, H200, docs/data/h200-2026-12-03-e2e/mqa_sweep.txt).
+_SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 3)
 # D=128: K/V tiles through TMA, one stage. The best single config of a sweep over the three
 # D=128 decode rows (BLOCK_N 64/128, 1-3 stages, TMA or not; benchmarks/shapes.py --sweep, H200,
 # 2026-12-03 13:37 UTC, docs/data/h200-2026-12-03-e2e/plans-decode_sweep.txt): within 2.6 % of each

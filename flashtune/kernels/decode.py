@@ -45,11 +45,13 @@ from flashtune.kernels.forward import _fwd_inner
 AUTO_PROGRAMS_PER_SM = 4
 # Auto splits give each chunk at least this many keys: a short call split in two (128 keys
 # in two chunks of 64 at B=1, H=1) paid a second launch (the combine) and a partials buffer
-# on the host for a few microseconds of GPU time. Where it changes a measured row, it did
-# not cost: decode-mqa-d256-b16-8k (B=16, Hq=8, Hkv=1, Nk=8192, D=256) timed 16 chunks of
-# 512 keys (the search's winner) at 1.005x the auto 32 chunks of 256 in one run (H200,
-# 2026-12-02, docs/shape-tuning.md). The rule's effect on the GPU is not measured otherwise.
-MIN_CHUNK_KEYS = 512
+# on the host for a few microseconds of GPU time. 512 until 2026-12-03; 1024 since:
+# decode-mqa-d256-b16-8k (B=16, Hq=8, Hkv=1, Nk=8192, D=256) then runs 8 chunks (128
+# programs, one wave) instead of 16, 50.4 us against 53.7 with the same 3-stage config
+# (benchmarks/shapes.py --sweep, H200, docs/data/h200-2026-12-03-e2e/mqa_sweep.txt); the
+# other decode rows of SHAPES.md keep their schedules (decode-b1-64k's 64 chunks of 1024 keys;
+# b32 and b128 fill the GPU unsplit). Shorter caches get fewer, longer chunks than before.
+MIN_CHUNK_KEYS = 1024
 # SMs assumed by the auto schedule off the GPU (the interpreter): few, so that the small
 # test shapes keep the plain kernel unless they are decode-sized or tiny
 INTERPRETER_SMS = 4

@@ -157,10 +157,12 @@ def test_decode_shapes_never_run_the_unsplit_kernel_by_default(h200, shape):
             for n_q in (1, 4, DECODE_MAX_Q):
                 plan = plan_schedule(cfg, b, hq, hkv, n_q, n_k, torch.device("cpu"))
                 assert plan is not None and plan.pack, (cfg, n_q)
-                # every chunk holds keys, the programs fill the SMs or the keys run out
+                # every chunk holds keys, the programs fill the SMs or the chunks are as short as
+                # the rule allows (decode.MIN_CHUNK_KEYS, whole key blocks)
                 assert (plan.splits - 1) * plan.chunk < n_k
                 programs = plan.splits * hkv * b * -(-(n_q * hq // hkv) // plan.block_m)
-                assert programs >= 132 or plan.chunk == cfg.BLOCK_N
+                shortest = -(-decode.MIN_CHUNK_KEYS // cfg.BLOCK_N) * cfg.BLOCK_N
+                assert programs >= 132 or plan.chunk <= shortest
     assert default_config("fwd", d, torch.bfloat16, "cpu", causal=False, seq_q=1).num_splits == 0
 
 
@@ -186,16 +188,19 @@ def test_auto_schedule_keeps_filled_shapes_on_the_plain_kernel(h200):
 
 
 def test_auto_chunks_hold_at_least_min_chunk_keys(h200):
-    """Auto splits never cut the keys finer than decode.MIN_CHUNK_KEYS: the MQA decode row
-    of D=256 runs 16 chunks of 512 keys (the search's winner there) instead of 32 of 256, and
-    a short call stays on one launch (no combine)."""
+    """Auto splits never cut the keys finer than decode.MIN_CHUNK_KEYS (1024): the MQA decode
+    row of D=256 runs 8 chunks of 1024 keys (one program per SM; 16 of 512 before, 32 of 256
+    before that), and a short call stays on one launch (no combine)."""
     cpu = torch.device("cpu")
-    mqa = plan_schedule(F(64, 64, 4, 2), 16, 8, 1, 1, 8192, cpu)
-    assert mqa.pack and (mqa.splits, mqa.chunk) == (16, 512)
+    assert decode.MIN_CHUNK_KEYS == 1024
+    mqa = plan_schedule(F(64, 64, 4, 3), 16, 8, 1, 1, 8192, cpu)
+    assert mqa.pack and (mqa.splits, mqa.chunk) == (8, 1024)
     assert plan_schedule(F(64, 64, 4, 2), 1, 1, 1, 128, 128, cpu) is None  # was 2 chunks of 64 keys
     assert plan_schedule(F(128, 64, 8, 3), 2, 8, 8, 4096, 77, cpu) is None
     short = plan_schedule(F(64, 128, 4, 2), 1, 32, 8, 1, 1000, cpu)  # 8 key blocks of 128
-    assert (short.splits, short.chunk) == (2, 512)
+    assert (short.splits, short.chunk) == (1, 1024)
+    longer = plan_schedule(F(64, 128, 4, 2), 1, 32, 8, 1, 2100, cpu)  # 17 key blocks
+    assert (longer.splits, longer.chunk) == (2, 1152)
     for b, hq, hkv, n_k, d in SHAPES_DECODE:
         plan = plan_schedule(F(64, 64, 4, 2), b, hq, hkv, 1, n_k, cpu)
         assert plan.chunk >= decode.MIN_CHUNK_KEYS or plan.splits == 1
