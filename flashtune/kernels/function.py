@@ -171,8 +171,8 @@ def dropout_fwd_config(config: FwdConfig, head_dim: int, dtype: torch.dtype, dev
 def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool,
              bucket: str | None = None):
     """The heuristic config of a bucket: "decode", "long" or None (neither)."""
-    seq_q, seq_k = {"decode": (1, None), "long": ((LONG_MIN_Q, LONG_MIN_K) if pass_ == "fwd" else (LONG_MIN_Q_BWD, None)),
-                    None: (None, None)}[bucket]
+    long = (LONG_MIN_Q, LONG_MIN_K) if pass_ == "fwd" else (LONG_MIN_Q_BWD, None)
+    seq_q, seq_k = {"decode": (1, None), "long": long, None: (None, None)}[bucket]
     return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=seq_q, seq_k=seq_k)
 
 

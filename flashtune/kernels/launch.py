@@ -161,7 +161,7 @@ class _Recorder:
 
     def ref(self, x):
         """How a replay rebuilds argument ``x``: ("slot", i), ("view", i, shape, stride,
-        storage offset), ("desc", base ref, descriptor fields), or None for a constant;
+        storage offset), ("desc", base ref, descriptor fields, descriptor class), or None for a constant;
         raises Unplannable for a tensor it cannot place."""
         if isinstance(x, torch.Tensor):
             i = self.slot_of.get(id(x))
