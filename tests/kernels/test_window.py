@@ -308,7 +308,9 @@ def test_the_split_kernels_chunks_cut_only_the_window(monkeypatch):
         plan = plan_schedule(F(64, 64, 4, 2, num_splits=splits), 1, 32, 8, 1, n_k, torch.device("cpu"), (lo, hi))
         assert plan.start == lo * 64
         assert (plan.splits - 1) * plan.chunk < (hi - lo) * 64 <= plan.splits * plan.chunk, plan
-        # auto: the window's 65 blocks of 64 keys, chunks of at least 512 keys (MIN_CHUNK_KEYS): 8
-        assert plan.splits == (8 if splits == 0 else 4)
+        # auto: the window's 65 blocks of 64 keys, chunks of whole blocks and at least
+        # MIN_CHUNK_KEYS (1024) keys: 65 // 16 = 4 chunks (of 17 blocks)
+        assert decode.MIN_CHUNK_KEYS == 1024
+        assert plan.splits == 4 and (splits or plan.chunk == 17 * 64), plan
     # a window that reaches no key: one empty chunk
     assert plan_schedule(F(64, 64, 4, 2), 1, 4, 4, 1, 100, torch.device("cpu"), (2, 2)).splits == 1
