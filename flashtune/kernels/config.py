@@ -764,12 +764,13 @@ _SM90_BWD = {
 # grouped-query packing; BLOCK_M shrinks at launch to cover the packed rows, so the entry
 # sizes K/V tiles and the pipeline depth for streaming the keys.
 # Sweeps of 2026-12-01 on the H200 (benchmarks/shapes.py --sweep, docs/shapes.md): at D=128
-# BLOCK_N 64/128 with 4 warps and 2 stages were within 2 % of the best on the three
-# decode rows; at D=256 BLOCK_N=64, 2 stages was the best of both sweeps (host-bound
-# timings: +-15 % between identical launches).
+# BLOCK_N 64/128 with 4 warps and 2 stages were within 2 % of the best on the three decode rows
+# (host-bound timings: +-15 % between identical launches), the entry of D <= 64 (not measured);
+# D=128 and D=256 were measured again since (below).
 for _d in (16, 32, 64, 128):
-    _SM90_FWD[(_bf, _d, "decode")] = _F(64, 128, 4, 2)
     _SM90_FWD[(_f32, _d, "decode")] = _F(32, 64, 4, 2)
+for _d in (16, 32, 64):
+    _SM90_FWD[(_bf, _d, "decode")] = _F(64, 128, 4, 2)
 # D=256: 3 stages since 2026-12-03: with chunks of at least 1024 keys (decode.MIN_CHUNK_KEYS)
 # decode-mqa-d256-b16-8k runs 8 chunks, 128 programs, one per SM, and 3 stages kept its K/V
 # streaming: 50.4 us against 52.3 for 2 stages and 16 chunks, 0.77 of the copy bandwidth with
@@ -818,8 +819,9 @@ _SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
 # / causal, 1.26x / 1.30x flashtune's bf16 forward (the run cited below).
 _SM90_FWD.update({(_f8, d): _F(128, 128, 8, 3) for d in (32, 64, 128)})
 _SM90_FWD[(_f8, 256)] = _F(128, 64, 8, 2)
-# fp8 D=128 from LONG_MIN_Q queries: the Gluon kernel's FP8 variant, 2 x 64 rows, 128 keys,
-# 2 buffers, no ping-pong, no overlap (P in registers): the fastest of 24 Gluon configs
+# fp8 D=128 on long calls (is_long; measured from 4096 queries, and at 2048 below): the Gluon
+# kernel's FP8 variant, 2 x 64 rows, 128 keys, 2 buffers, no ping-pong, no overlap (P in
+# registers): the fastest of 24 Gluon configs
 # (BLOCK_N 64/128 x 2-4 buffers x ping-pong x overlap) on both masks at e4m3 B=4 H=16
 # N=4096, 0.732 / 0.433 ms full / causal against flashtune bf16's 1.010 / 0.592: 1.38x /
 # 1.37x (Triton fp8 default above 1.26x / 1.30x); a second run 1.38x / 1.28-1.32x. At
@@ -957,8 +959,9 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     decode ((dtype, head_dim, "decode"), forward calls with ``seq_q`` at most
     DECODE_MAX_Q) or for long calls ((dtype, head_dim, "long", causal), then (dtype,
     head_dim, "long"); ``is_long(pass_, seq_q, seq_k)``, seq_k None for seq_q) comes first,
-    then one for this masking ((dtype, head_dim, causal)), then the one for both. ``triton_only``: entries of another kernel family (the Gluon
-    forward, ``family=1``) are passed over (``FwdConfig.as_triton``'s fallback).
+    then one for this masking ((dtype, head_dim, causal)), then the one for both.
+    ``triton_only``: entries of another kernel family (the Gluon forward, ``family=1``) are
+    passed over (``FwdConfig.as_triton``'s fallback).
     """
     config_class(pass_)  # a bad pass raises ValueError
     cap = device_capability(device)

@@ -120,7 +120,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_descal
     ``config``: a FwdConfig (BLOCK_N >= 32, tma=0; num_splits and pack_gqa are ignored: the
     plain kernel runs, also for decode-sized calls; ``family=1``: the Gluon kernel's FP8
     variant on sm_90, where V's keys are contiguous, else the Triton default) or None for
-    the heuristic default (on sm_90 at D=128 from 4096 queries the Gluon kernel, measured;
+    the heuristic default (on sm_90 at D=128 on long calls, config.is_long, the Gluon kernel, measured;
     elsewhere the Triton kernel, untuned). ``relayout_v`` (default True): a V whose keys are
     not contiguous (the usual (B, H, N, D) layout, head dim contiguous) is first copied into
     the key-contiguous layout (``keys_contiguous``), the one Hopper's fp8 tensor cores read

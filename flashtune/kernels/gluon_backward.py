@@ -61,7 +61,7 @@ from flashtune.kernels import launch
 from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device, sm_count
 from flashtune.kernels.config import ConfigError, _triton_default, split_work
 from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, SM90_SHARED_MEMORY, _BARRIER_BYTES,
-                                             _SHARED_SLACK, _descriptor, _tma_addressable, check_int_fields,
+                                             _SHARED_SLACK, _addressable, _descriptor, check_int_fields,
                                              check_register_split, check_sm90_device, kernel_maxnreg, p_tile_layout,
                                              tile_layout)
 
@@ -691,18 +691,12 @@ def _dq_share_layout(rows: int, head_dim: int):
 def _kernel_inputs(q, k, v, do, lse2, delta) -> tuple:
     """Both kernels' operands: q, k, v, dO as the copy engine can address them (a dense copy
     where not: such a call gets no launch plan) and the row statistics contiguous."""
-    def addressable(t):
-        if _tma_addressable(t):
-            return t
-        launch.unplannable()
-        return t.clone(memory_format=torch.contiguous_format)
-
     def contiguous(t):
         if not t.is_contiguous():
             launch.unplannable()
         return t.contiguous()
 
-    return (*(addressable(t) for t in (q, k, v, do)), contiguous(lse2), contiguous(delta))
+    return (*(_addressable(t) for t in (q, k, v, do)), contiguous(lse2), contiguous(delta))
 
 
 def lpt_units(q: torch.Tensor, heads_per_unit: int, causal: bool) -> int:

@@ -583,6 +583,17 @@ def _tma_addressable(t: torch.Tensor) -> bool:
     return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s > 0 and s * e % 16 == 0 for s in t.stride()[:-1])
 
 
+def _addressable(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a dense copy of it where the copy engine cannot address it (a fresh copy:
+    .contiguous() of a dense tensor off a 16-byte boundary is the same tensor). A copy is tensor
+    work a launch plan does not repeat (kernels/launch.py): such a call runs its launcher every
+    time."""
+    if _tma_addressable(t):
+        return t
+    launch.unplannable()
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     D = t.shape[-1]
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, D], tile_layout(rows, D, t.dtype))
@@ -655,17 +666,12 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
                          f"got strides {tuple(v.stride())}")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
-    # a fresh copy: .contiguous() of a dense tensor off a 16-byte boundary is the same tensor.
-    # A copy is tensor work a launch plan does not repeat (kernels/launch.py): such a call
-    # runs all of this every time.
-    if not all(_tma_addressable(t) for t in (q, k)) or (not fp8 and not _tma_addressable(v)):
-        launch.unplannable()
-    q, k = (t if _tma_addressable(t) else t.clone(memory_format=torch.contiguous_format) for t in (q, k))
+    q, k = _addressable(q), _addressable(k)
     if fp8:
         vt = _v_transposed(v)  # a view of an input, or a copy: no plan either way
         launch.unplannable()
-    elif not _tma_addressable(v):
-        v = v.clone(memory_format=torch.contiguous_format)
+    else:
+        v = _addressable(v)
     window = None
     if window_size is not None:
         from flashtune.kernels.function import check_window  # function.py imports this module's caller
@@ -675,8 +681,10 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     off = causal_offset(causal_align, N_Q, N_K) if causal or window else 0
     o_dtype = (out_dtype or torch.bfloat16) if fp8 else q.dtype
     # o in q's layout, unless q's head dim is strided: then dense
-    o = launch.empty_like(q, dtype=o_dtype) if q.stride(-1) == 1 else launch.empty(q.shape, dtype=o_dtype,
-                                                                                  device=q.device)
+    if q.stride(-1) == 1:
+        o = launch.empty_like(q, dtype=o_dtype)
+    else:
+        o = launch.empty(q.shape, dtype=o_dtype, device=q.device)
     lse2 = launch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     desc_q = _descriptor(q, config.BLOCK_M)
     desc_k = _descriptor(k, config.BLOCK_N)
