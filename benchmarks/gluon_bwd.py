@@ -80,6 +80,11 @@ def main() -> int:
                     help="dkdv_split values for every Gluon config (comma-separated; 0: chosen from the shape)")
     ap.add_argument("--grid-order", action="store_true",
                     help="also each Gluon runner with its CTAs in grid order (LPT_UNITS 0) instead of heaviest first")
+    ap.add_argument("--lpt", default="auto", metavar="LIST",
+                    help="LPT_UNITS values for every Gluon runner of a causal row (comma-separated: auto, the "
+                         "launcher's rule; all, one group of every unit; or a count, 0 for grid order)")
+    ap.add_argument("--gluon", choices=("all", "family1", "fused"), default="all",
+                    help="which Gluon runners: all four, family 1 only (Triton dQ), or the two fused-dQ ones")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
     ap.add_argument("--out", metavar="FILE.json")
@@ -94,6 +99,9 @@ def main() -> int:
           f"{'flash':>8} {'dq':>8} {'g/triton':>8} {'g/cudnn':>8} {'g/flash':>8} {'t/cudnn':>8}")
     rows = []
     splits = [int(x) for x in args.splits.split(",")]
+    lpts = [None if x == "auto" else 1 << 20 if x == "all" else int(x) for x in args.lpt.split(",")]
+    if args.grid_order and 0 not in lpts:
+        lpts.append(0)
     wanted = set(args.rows.split(",")) if args.rows else None
     for name, B, Hq, Hkv, Nq, Nk, D, causal_of in shapes(args):
         if wanted is not None and name not in wanted:
@@ -118,6 +126,9 @@ def main() -> int:
                        (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1), False), (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2), False)]
             if args.configs == "all":
                 configs += [c for c in NEIGHBOURS if c not in configs]
+            if args.gluon != "all":
+                configs = [(c, gdq) for c, gdq in configs
+                           if (args.gluon == "fused") == bool(c.DQ_FUSED) and not gdq]
             errors = {}
             for cfg, gdq in configs:
                 label = cfg.short() if gdq or cfg.DQ_FUSED else cfg.short().split("/dq")[0] + "/triton-dq"
@@ -127,8 +138,10 @@ def main() -> int:
                     errors[label] = f"invalid: {e}"
                     continue
                 for split in splits:
-                    for lpt in ((None, 0) if args.grid_order else (None,)):
-                        tag = (f" s{split}" if splits != [0] else "") + (" grid-order" if lpt == 0 else "")
+                    for lpt in (lpts if causal else (None,)):
+                        tag = (f" s{split}" if splits != [0] else "") + (
+                            "" if lpt is None else " grid-order" if lpt == 0 else " lpt-all" if lpt == 1 << 20
+                            else f" lpt{lpt}")
                         fns[f"gluon {label}{tag}"] = (lambda cfg=cfg, gdq=gdq, split=split, lpt=lpt:
                                                       gluon_attention_backward(
                                                           do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale,

@@ -34,12 +34,12 @@ import triton.language as tl
 
 from flashtune.kernels.common import (DROPOUT_ARGS, VARLEN_SIZES, WINDOW_SIDES, Dropout, Varlen, block_offsets,
                                       call_geometry, cdiv, dot_precision, dropout_args, dropout_keep, dropout_rows,
-                                      kernel_strides, key_range, load_tile, needs_int64, on_device,
+                                      kernel_strides, key_range, load_tile, lpt_tile, needs_int64, on_device,
                                       packed_sequence, score_scales, sm_count, softcap_log2_scores, store_tile,
                                       stride_align, tma_descriptors, tma_tile, window_range, aligned)
 from flashtune.kernels import launch
 from flashtune.kernels.launch import planned, tensor_key
-from flashtune.kernels.config import BwdConfig, dkdv_split, padded_head_dim
+from flashtune.kernels.config import BwdConfig, dkdv_split, lpt_group, padded_head_dim
 
 
 @triton.jit
@@ -361,7 +361,7 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, CU_Q, CU_K, RNG, s
                    stride_vb, stride_vh, stride_vn, stride_vd,
                    stride_dob, stride_doh, stride_don, stride_dod,
                    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
-                   H, GROUP, N_Q, N_K, causal_off, win_left, win_right, TOTAL_Q,
+                   H, GROUP, N_Q, N_K, causal_off, win_left, win_right, TOTAL_Q, LPT_UNITS,
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
                    TMA: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, VARLEN: tl.constexpr,
@@ -371,11 +371,19 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, CU_Q, CU_K, RNG, s
     stride_vb, stride_vh, stride_vn = aligned(stride_vb, stride_vh, stride_vn, STRIDE_ALIGN)
     stride_dob, stride_doh, stride_don = aligned(stride_dob, stride_doh, stride_don, STRIDE_ALIGN)
     stride_dqb, stride_dqh, stride_dqn = aligned(stride_dqb, stride_dqh, stride_dqn, STRIDE_ALIGN)
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    off_h = tl.program_id(1).to(tl.int64)
-    off_b = tl.program_id(2).to(tl.int64)
+    if LPT_UNITS > 0:  # causal, a 1-D grid in heaviest-first order (the last query blocks see the most keys)
+        n_m = tl.cdiv(N_Q, BLOCK_M)
+        n_units = tl.num_programs(0) // n_m
+        pid_m, unit = lpt_tile(tl.program_id(0), n_m, n_units, LPT_UNITS)
+        pid_m = n_m - 1 - pid_m
+        off_h = (unit % H).to(tl.int64)
+        off_b = (unit // H).to(tl.int64)
+    else:
+        pid_m = tl.program_id(0)
+        if CAUSAL:
+            pid_m = tl.num_programs(0) - 1 - pid_m
+        off_h = tl.program_id(1).to(tl.int64)
+        off_b = tl.program_id(2).to(tl.int64)
     off_hk = off_h // GROUP
     start_m = pid_m * BLOCK_M
     if DROPOUT:  # the mask's counters per row (common.Dropout): of the grid's N_K, before varlen sets its own
@@ -617,17 +625,32 @@ def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool,
     BLOCK_D = padded_head_dim(D)
     rng, drop_threshold, drop_scale = dropout_args(dropout, delta)
     descs_dq = tma_descriptors(config.tma and varlen is None, (k, v), config.BLOCK_N2, BLOCK_D)
+    n_m = cdiv(N_Q, config.BLOCK_M2)
+    lpt = dq_lpt_units(q, k, n_m, causal=causal, plain=window is None and varlen is None)
+    grid = (n_m * H * B, ) if lpt else (n_m, H, B)
     launch.launch(
         _bwd_dq_kernel, q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), *cu, rng, sm_scale, *score_scales(sm_scale, softcap),
         drop_threshold, drop_scale, *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
         *kernel_strides(do, varlen), *kernel_strides(dq, varlen),
-        H, H // k.shape[1], N_Q, N_K, causal_off, *(window or (0, 0)), lse2.shape[-1],
+        H, H // k.shape[1], N_Q, N_K, causal_off, *(window or (0, 0)), lse2.shape[-1], lpt,
         CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, PRECISION=precision, INT64=int64,
-        BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=(cdiv(N_Q, config.BLOCK_M2), H, B),
+        BLOCK_M=config.BLOCK_M2, BLOCK_N=config.BLOCK_N2, grid=grid,
         TMA=descs_dq is not None, SOFTCAP=bool(softcap), WINDOW=window is not None, VARLEN=varlen is not None,
         DROPOUT=dropout is not None, STRIDE_ALIGN=stride_align(q, k, v, do, dq),
         num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
         warmup=compile_only)
+
+
+def dq_lpt_units(q: torch.Tensor, k: torch.Tensor, query_blocks: int, *, causal: bool, plain: bool) -> int:
+    """The dQ kernel's LPT_UNITS (0: its 3-D grid in per-head order): for a causal call
+    without a window or packed sequences, units (batch, query head) of ``query_blocks``
+    programs in groups of config.lpt_group's size over the K and V they walk (a K/V head's
+    bytes shared by the query heads of its group, which are neighbours in the order)."""
+    if not (causal and plain):
+        return 0
+    B, H, _, D = q.shape
+    per_unit = 2 * k.shape[2] * D * k.element_size() * k.shape[1] // H
+    return lpt_group(B * H, query_blocks, per_unit, slots=sm_count(q.device))
 
 
 def dq_kernel_alone(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,

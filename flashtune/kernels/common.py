@@ -161,6 +161,19 @@ def tma_tile(desc, b, h, start, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def lpt_tile(pid, n_blocks, n_units, LPT_UNITS):
+    """(block, unit) of program ``pid`` of a 1-D grid of n_blocks x n_units programs in
+    heaviest-first order (config.lpt_group): the units in groups of LPT_UNITS, within a group
+    block 0 (the caller's heaviest) of every unit first, then block 1, and so on. The
+    Gluon dK/dV kernel's _dkdv_tile is the same walk."""
+    per_group = n_blocks * LPT_UNITS
+    group = pid // per_group
+    units_here = tl.minimum(LPT_UNITS, n_units - group * LPT_UNITS)
+    r = pid % per_group
+    return r // units_here, group * LPT_UNITS + r % units_here
+
+
+@triton.jit
 def block_offsets(start, BLOCK: tl.constexpr, INT64: tl.constexpr):
     """start + arange(BLOCK), in int64 when offsets times strides may pass int32."""
     offs = start + tl.arange(0, BLOCK)

@@ -59,7 +59,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashtune.kernels import launch
 from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device, sm_count
-from flashtune.kernels.config import ConfigError, _triton_default, split_work
+from flashtune.kernels.config import ConfigError, _triton_default, lpt_group, split_work
 from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, SM90_SHARED_MEMORY, _BARRIER_BYTES,
                                              _SHARED_SLACK, _addressable, _descriptor, check_int_fields,
                                              check_register_split, check_sm90_device, kernel_maxnreg, p_tile_layout,
@@ -70,9 +70,6 @@ from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, 
 # sm_90a, triton 3.6) spills 112-248 bytes per thread; BLOCK_M 128 at D=64 (920) is not
 _BWD_SPARE_REGS = 16
 DQ_BLOCK_M = 64  # query rows per consumer warp group of the dQ kernel (a CTA covers 2 x 64)
-# the Q and dO bytes the dK/dV CTAs running together should share in L2 (lpt_units): half of
-# the H200's 50 MB
-LPT_L2_BYTES = 24 << 20
 # the dK/dV kernel (one CTA per SM, its shared memory allows no more): programs per SM its
 # auto split (config.split_work) aims at
 GLUON_DKDV_PROGRAMS_PER_SM = 1
@@ -699,13 +696,14 @@ def _kernel_inputs(q, k, v, do, lse2, delta) -> tuple:
     return (*(_addressable(t) for t in (q, k, v, do)), contiguous(lse2), contiguous(delta))
 
 
-def lpt_units(q: torch.Tensor, heads_per_unit: int, causal: bool) -> int:
-    """The dK/dV kernel's LPT_UNITS for a causal launch (0, grid order, without masking): as
-    many units as keep the Q and dO they walk within about half of the L2 cache."""
+def lpt_units(q: torch.Tensor, *, heads_per_unit: int, units: int, key_blocks: int, causal: bool) -> int:
+    """The dK/dV kernel's LPT_UNITS for a causal launch of ``units`` (batch, K/V head, split)
+    units of ``key_blocks`` CTAs each (0, grid order, without masking): config.lpt_group's
+    rule over the Q and dO each unit walks, one CTA per SM."""
     if not causal:
         return 0
     per_unit = 2 * heads_per_unit * q.shape[2] * q.shape[3] * q.element_size()
-    return max(1, LPT_L2_BYTES // per_unit)
+    return lpt_group(units, key_blocks, per_unit, slots=GLUON_DKDV_PROGRAMS_PER_SM * sm_count(q.device))
 
 
 def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
@@ -741,7 +739,8 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     desc_q, desc_do = _descriptor(q, config.BLOCK_M), _descriptor(do, config.BLOCK_M)
     desc_k, desc_v = _descriptor(k, config.BLOCK_N), _descriptor(v, config.BLOCK_N)
     if lpt is None:
-        lpt = lpt_units(q, group // split_h, causal)
+        lpt = lpt_units(q, heads_per_unit=group // split_h, units=B * H_KV * n_split,
+                        key_blocks=cdiv(N_K, 2 * config.BLOCK_N), causal=causal)
     if config.DQ_FUSED:
         if dq_acc is None or dq_acc.dtype != torch.float32 or dq_acc.shape != q.shape or not dq_acc.is_contiguous():
             raise ValueError("dq_acc: a DQ_FUSED config needs a zeroed contiguous float32 tensor of q's shape")

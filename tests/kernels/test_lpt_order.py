@@ -1,0 +1,89 @@
+"""The causal backward's heaviest-first launch order (config.lpt_group): the rule's group
+sizes, and the Triton dQ kernel's 1-D grid in that order computing what its 3-D grid does.
+
+The order only decides which program starts when; every program still computes one fixed
+block of dQ, so dQ must come out bitwise equal for every group size. On the CPU the
+kernels run under Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from flashtune.kernels import BwdConfig, FwdConfig, attention_forward, backward
+from flashtune.kernels.config import LPT_L2_BYTES, LPT_WAVES, lpt_group
+
+
+@pytest.mark.parametrize("units", [1, 2, 7, 8, 28, 64, 200])
+@pytest.mark.parametrize("programs_per_unit", [1, 3, 32, 128])
+@pytest.mark.parametrize("bytes_per_unit", [0, 1 << 20, 4 << 20, 64 << 20])
+def test_groups_are_even_fill_the_gpu_and_respect_l2(units, programs_per_unit, bytes_per_unit):
+    slots = 132
+    size = lpt_group(units, programs_per_unit, bytes_per_unit, slots=slots)
+    assert 1 <= size <= units
+    groups = math.ceil(units / size)
+    last = units - (groups - 1) * size
+    # equal groups within one unit: no small group runs last
+    assert size - last <= groups - 1 or groups == 1
+    waves = LPT_WAVES * slots
+    cap = max(1, LPT_L2_BYTES // max(1, bytes_per_unit))
+    if size * programs_per_unit < waves and size < units:
+        # a group smaller than the waves only where the L2 bound asked for smaller groups
+        # still: then the size is at least what that bound allows, evened out
+        assert size >= min(cap, units) // 2
+    if units * programs_per_unit <= waves:  # everything fits two waves: one group
+        assert size == units
+
+
+def test_the_measured_rows_get_one_even_group_each():
+    # llama3-70b-tp8-train-4k's Gluon dK/dV launch: 8 units (B 2 x split 4) of 32 key blocks,
+    # 4 MB of Q and dO each: one group of 8 (the rule before gave 6, then 2 units last)
+    assert lpt_group(8, 32, 4 << 20, slots=132) == 8
+    # qwen-28h-train-4k (split 7: 28 units of 32 blocks, 2 MB each): 3 groups of 10, 10, 8
+    assert lpt_group(28, 32, 2 << 20, slots=132) == 10
+    # mistral-7b-train-2k (32 units of 16 blocks, 4 MB each): 2 groups of 16
+    assert lpt_group(32, 16, 4 << 20, slots=132) == 16
+
+
+def test_bad_counts_are_named():
+    with pytest.raises(ValueError, match="units"):
+        lpt_group(0, 4, 0, slots=132)
+
+
+@pytest.mark.parametrize("causal_align", ["top_left", "bottom_right"])
+def test_the_dq_kernel_in_heaviest_first_order_gives_the_grid_order_bits(monkeypatch, kernel_device, causal_align):
+    dtype = torch.float32 if kernel_device.type == "cpu" else torch.float16
+    g = torch.Generator(device=kernel_device).manual_seed(7)
+    B, Hq, Hkv, Nq, Nk, D = 2, 6, 2, 75, 90, 32
+    q = torch.randn(B, Hq, Nq, D, device=kernel_device, dtype=dtype, generator=g)
+    k, v = (torch.randn(B, Hkv, Nk, D, device=kernel_device, dtype=dtype, generator=g) for _ in range(2))
+    do = torch.randn(B, Hq, Nq, D, device=kernel_device, dtype=dtype, generator=g)
+    scale = 1 / math.sqrt(D)
+    o, lse2 = attention_forward(q, k, v, FwdConfig(16, 16, 4, 1), causal=True, sm_scale=scale,
+                                fp32_precision="ieee", causal_align=causal_align)
+    config = BwdConfig(16, 16, 16, 16, 4, 1)
+    rule = backward.dq_lpt_units
+    assert rule(q, k, math.ceil(Nq / 16), causal=True, plain=True) > 0
+    assert rule(q, k, math.ceil(Nq / 16), causal=False, plain=True) == 0
+    assert rule(q, k, math.ceil(Nq / 16), causal=True, plain=False) == 0
+    grads = {}
+    for units in (0, 1, 5, 12):  # 0: the 3-D grid; 5 leaves a last group of 2
+        monkeypatch.setattr(backward, "dq_lpt_units", lambda *a, units=units, **kw: units)
+        grads[units] = backward.attention_backward(do, q, k, v, o, lse2, config, causal=True, sm_scale=scale,
+                                                   fp32_precision="ieee", causal_align=causal_align)
+    for units in (1, 5, 12):
+        for a, b in zip(grads[units], grads[0]):
+            assert torch.equal(a, b), units
+    # and the grid order's dQ is the right one (a float64 reference's, within fp32 rounding)
+    ref = q.double().detach().requires_grad_()
+    kk, vv = (x.double().repeat_interleave(Hq // Hkv, dim=1) for x in (k, v))
+    s = ref @ kk.transpose(-1, -2) * scale
+    off = Nk - Nq if causal_align == "bottom_right" else 0
+    mask = torch.arange(Nk, device=kernel_device)[None, :] > torch.arange(Nq, device=kernel_device)[:, None] + off
+    out = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1).nan_to_num() @ vv
+    out.backward(do.double())
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(grads[0][0].double(), ref.grad, atol=tol, rtol=tol)
