@@ -39,7 +39,7 @@ from flashtune.kernels.common import (DROPOUT_ARGS, VARLEN_SIZES, WINDOW_SIDES, 
                                       stride_align, tma_descriptors, tma_tile, window_range, aligned)
 from flashtune.kernels import launch
 from flashtune.kernels.launch import planned, tensor_key
-from flashtune.kernels.config import BwdConfig, dkdv_split, lpt_group, padded_head_dim
+from flashtune.kernels.config import DKDV_PROGRAMS_PER_SM, BwdConfig, dkdv_split, lpt_group, padded_head_dim
 
 
 @triton.jit
@@ -149,7 +149,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
                      stride_dob, stride_doh, stride_don, stride_dod,
                      stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                      stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                     H, GROUP, N_Q, N_K, causal_off, win_left, win_right, SPLIT_H, SPLIT_Q, TOTAL_Q,
+                     H, GROUP, N_Q, N_K, causal_off, win_left, win_right, SPLIT_H, SPLIT_Q, TOTAL_Q, LPT_UNITS,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
                      ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, PARTIAL: tl.constexpr,
@@ -164,10 +164,23 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
     # axis 1 runs over (K/V head, split): split s of a key block takes the query heads
     # [s_h * GROUP / SPLIT_H, ...) of the group and the s_q-th of SPLIT_Q chunks of its
     # query blocks; with PARTIAL its dK/dV go to fp32 slot s of DK/DV, summed afterwards
-    split = tl.program_id(1) % (SPLIT_H * SPLIT_Q)
-    off_hk = (tl.program_id(1) // (SPLIT_H * SPLIT_Q)).to(tl.int64)
-    off_b = tl.program_id(2).to(tl.int64)
-    start_n = tl.program_id(0) * BLOCK_N
+    # (LPT_UNITS > 0, causal: a 1-D grid in heaviest-first order, the first key blocks, which
+    # the most queries see, first; common.lpt_tile)
+    if LPT_UNITS > 0:
+        n_n = tl.cdiv(N_K, BLOCK_N)
+        per_batch = (H // GROUP) * SPLIT_H * SPLIT_Q  # (K/V head, split) units of a batch element
+        block_n, unit = lpt_tile(tl.program_id(0), n_n, tl.num_programs(0) // n_n, LPT_UNITS)
+        hk_split = unit % per_batch
+        off_b = (unit // per_batch).to(tl.int64)
+        n_batch = tl.num_programs(0) // n_n // per_batch
+    else:
+        block_n = tl.program_id(0)
+        hk_split = tl.program_id(1)
+        off_b = tl.program_id(2).to(tl.int64)
+        n_batch = tl.num_programs(2)
+    split = hk_split % (SPLIT_H * SPLIT_Q)
+    off_hk = (hk_split // (SPLIT_H * SPLIT_Q)).to(tl.int64)
+    start_n = block_n * BLOCK_N
     if DROPOUT:  # the mask's counters per row (common.Dropout): of the grid's N_K, before varlen sets its own
         drop_words = tl.cdiv(N_K, 4)
         rng_seed, rng_offset = tl.load(RNG), tl.load(RNG + 1)
@@ -269,8 +282,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
         dv = dv * drop_scale  # the kept P's 1 / (1 - p)
     if PARTIAL:
         # (split, B, H_KV, N_K, BLOCK_D) fp32 slots, summed by _bwd_dkdv_sum_kernel
-        h_kv = tl.num_programs(1) // (SPLIT_H * SPLIT_Q)
-        slot = ((split * tl.num_programs(2) + off_b) * h_kv + off_hk) * N_K  # int64, as off_b is
+        slot = ((split * n_batch + off_b) * (H // GROUP) + off_hk) * N_K  # int64, as off_b is
         ptrs = (slot + offs_n[:, None]) * BLOCK_D + offs_d[None, :]
         tl.store(DK + ptrs, dk, mask=offs_n[:, None] < N_K)
         tl.store(DV + ptrs, dv, mask=offs_n[:, None] < N_K)
@@ -545,14 +557,17 @@ def _backward(do, q, k, v, o, lse2, config: BwdConfig, causal, sm_scale, fp32_pr
         # a split key block's programs write fp32 partials, summed in a fixed order afterwards
         parts = (launch.empty((2, split, B, H_KV, N_K, BLOCK_D), device=q.device, dtype=torch.float32)
                  if split > 1 else (dk, dv))
+        n_n = cdiv(N_K, config.BLOCK_N1)
+        lpt = dkdv_lpt_units(q, H // H_KV // split_h, B * H_KV * split, n_n, causal=causal,
+                             plain=window is None and varlen is None)
         launch.launch(
             _bwd_dkdv_kernel, q, k, v, do, parts[0], parts[1], lse2, delta, dq_acc, *(descs_dkdv or (q, do)),
             *(desc_dqa or (dq_acc,)), *cu, rng, sm_scale, *score_scales(sm_scale, softcap), drop_threshold,
             drop_scale, *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
             *kernel_strides(do, varlen), *kernel_strides(dk, varlen), *kernel_strides(dv, varlen),
-            H, H // H_KV, N_Q, N_K, off, *(window or (0, 0)), split_h, split_q, rows[-1],
+            H, H // H_KV, N_Q, N_K, off, *(window or (0, 0)), split_h, split_q, rows[-1], lpt,
             BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1,
-            grid=(cdiv(N_K, config.BLOCK_N1), H_KV * split, B),
+            grid=(n_n * H_KV * split * B, ) if lpt else (n_n, H_KV * split, B),
             ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, TMA_DQ=desc_dqa is not None, PARTIAL=split > 1,
             SOFTCAP=bool(softcap), WINDOW=window is not None, VARLEN=varlen is not None,
             DROPOUT=dropout is not None, STRIDE_ALIGN=stride_align(q, k, v, do, dk, dv), **options)
@@ -639,6 +654,18 @@ def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool,
         DROPOUT=dropout is not None, STRIDE_ALIGN=stride_align(q, k, v, do, dq),
         num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
         warmup=compile_only)
+
+
+def dkdv_lpt_units(q: torch.Tensor, heads_per_unit: int, units: int, key_blocks: int, *, causal: bool,
+                   plain: bool) -> int:
+    """The Triton dK/dV kernel's LPT_UNITS (0: its 3-D grid in per-unit order): for a causal
+    call without a window or packed sequences, its (batch, K/V head, split) units of
+    ``key_blocks`` programs in groups of config.lpt_group's size over the Q and dO each unit
+    walks, DKDV_PROGRAMS_PER_SM programs per SM."""
+    if not (causal and plain):
+        return 0
+    per_unit = 2 * heads_per_unit * q.shape[2] * q.shape[3] * q.element_size()
+    return lpt_group(units, key_blocks, per_unit, slots=DKDV_PROGRAMS_PER_SM * sm_count(q.device))
 
 
 def dq_lpt_units(q: torch.Tensor, k: torch.Tensor, query_blocks: int, *, causal: bool, plain: bool) -> int:

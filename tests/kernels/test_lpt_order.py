@@ -1,8 +1,9 @@
 """The causal backward's heaviest-first launch order (config.lpt_group): the rule's group
-sizes, and the Triton dQ kernel's 1-D grid in that order computing what its 3-D grid does.
+sizes, and the Triton dK/dV and dQ kernels' 1-D grids in that order computing what their
+3-D grids do.
 
 The order only decides which program starts when; every program still computes one fixed
-block of dQ, so dQ must come out bitwise equal for every group size. On the CPU the
+block, so dQ, dK and dV must come out bitwise equal for every group size. On the CPU the
 kernels run under Triton's interpreter.
 """
 
@@ -54,7 +55,9 @@ def test_bad_counts_are_named():
 
 
 @pytest.mark.parametrize("causal_align", ["top_left", "bottom_right"])
-def test_the_dq_kernel_in_heaviest_first_order_gives_the_grid_order_bits(monkeypatch, kernel_device, causal_align):
+@pytest.mark.parametrize("split", [1, 3])
+def test_the_kernels_in_heaviest_first_order_give_the_grid_order_bits(monkeypatch, kernel_device, causal_align,
+                                                                       split):
     dtype = torch.float32 if kernel_device.type == "cpu" else torch.float16
     g = torch.Generator(device=kernel_device).manual_seed(7)
     B, Hq, Hkv, Nq, Nk, D = 2, 6, 2, 75, 90, 32
@@ -64,14 +67,17 @@ def test_the_dq_kernel_in_heaviest_first_order_gives_the_grid_order_bits(monkeyp
     scale = 1 / math.sqrt(D)
     o, lse2 = attention_forward(q, k, v, FwdConfig(16, 16, 4, 1), causal=True, sm_scale=scale,
                                 fp32_precision="ieee", causal_align=causal_align)
-    config = BwdConfig(16, 16, 16, 16, 4, 1)
+    config = BwdConfig(16, 16, 16, 16, 4, 1, dkdv_split=split)
     rule = backward.dq_lpt_units
     assert rule(q, k, math.ceil(Nq / 16), causal=True, plain=True) > 0
     assert rule(q, k, math.ceil(Nq / 16), causal=False, plain=True) == 0
     assert rule(q, k, math.ceil(Nq / 16), causal=True, plain=False) == 0
+    assert backward.dkdv_lpt_units(q, 3, 4, math.ceil(Nk / 16), causal=True, plain=True) > 0
+    assert backward.dkdv_lpt_units(q, 3, 4, math.ceil(Nk / 16), causal=True, plain=False) == 0
     grads = {}
-    for units in (0, 1, 5, 12):  # 0: the 3-D grid; 5 leaves a last group of 2
+    for units in (0, 1, 5, 12):  # 0: the 3-D grids; 5 leaves a last group of 2 (dQ: 12 units)
         monkeypatch.setattr(backward, "dq_lpt_units", lambda *a, units=units, **kw: units)
+        monkeypatch.setattr(backward, "dkdv_lpt_units", lambda *a, units=units, **kw: units)
         grads[units] = backward.attention_backward(do, q, k, v, o, lse2, config, causal=True, sm_scale=scale,
                                                    fp32_precision="ieee", causal_align=causal_align)
     for units in (1, 5, 12):
