@@ -32,11 +32,12 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (DROPOUT_ARGS, VARLEN_SIZES, WINDOW_SIDES, Dropout, Varlen, block_offsets,
-                                      call_geometry, cdiv, dot_precision, dropout_args, dropout_keep, dropout_rows,
-                                      kernel_strides, key_range, load_tile, lpt_tile, needs_int64, on_device,
-                                      packed_sequence, score_scales, sm_count, softcap_log2_scores, store_tile,
-                                      stride_align, tma_descriptors, tma_tile, window_range, aligned)
+from flashtune.kernels.common import (DROPOUT_ARGS, LPT_ON, VARLEN_SIZES, WINDOW_SIDES, Dropout, Varlen,
+                                      block_offsets, call_geometry, cdiv, dot_precision, dropout_args,
+                                      dropout_keep, dropout_rows, kernel_strides, key_range, load_tile, lpt_tile,
+                                      needs_int64, on_device, packed_sequence, query_lpt_units, score_scales,
+                                      sm_count, softcap_log2_scores, store_tile, stride_align, tma_descriptors,
+                                      tma_tile, window_range, aligned)
 from flashtune.kernels import launch
 from flashtune.kernels.launch import planned, tensor_key
 from flashtune.kernels.config import DKDV_PROGRAMS_PER_SM, BwdConfig, dkdv_split, lpt_group, padded_head_dim
@@ -661,23 +662,16 @@ def dkdv_lpt_units(q: torch.Tensor, heads_per_unit: int, units: int, key_blocks:
     """The Triton dK/dV kernel's LPT_UNITS (0: its 3-D grid in per-unit order): for a causal
     call without a window or packed sequences, its (batch, K/V head, split) units of
     ``key_blocks`` programs in groups of config.lpt_group's size over the Q and dO each unit
-    walks, DKDV_PROGRAMS_PER_SM programs per SM."""
-    if not (causal and plain):
+    walks, DKDV_PROGRAMS_PER_SM programs per SM; 0 while common.LPT_ON["triton_dkdv"] is off."""
+    if not (causal and plain and LPT_ON["triton_dkdv"]):
         return 0
     per_unit = 2 * heads_per_unit * q.shape[2] * q.shape[3] * q.element_size()
     return lpt_group(units, key_blocks, per_unit, slots=DKDV_PROGRAMS_PER_SM * sm_count(q.device))
 
 
 def dq_lpt_units(q: torch.Tensor, k: torch.Tensor, query_blocks: int, *, causal: bool, plain: bool) -> int:
-    """The dQ kernel's LPT_UNITS (0: its 3-D grid in per-head order): for a causal call
-    without a window or packed sequences, units (batch, query head) of ``query_blocks``
-    programs in groups of config.lpt_group's size over the K and V they walk (a K/V head's
-    bytes shared by the query heads of its group, which are neighbours in the order)."""
-    if not (causal and plain):
-        return 0
-    B, H, _, D = q.shape
-    per_unit = 2 * k.shape[2] * D * k.element_size() * k.shape[1] // H
-    return lpt_group(B * H, query_blocks, per_unit, slots=sm_count(q.device))
+    """The dQ kernel's LPT_UNITS (0: its 3-D grid): common.query_lpt_units."""
+    return query_lpt_units(q, k, query_blocks, causal=causal, plain=plain)
 
 
 def dq_kernel_alone(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,

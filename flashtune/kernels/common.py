@@ -121,6 +121,34 @@ def tma_capable(device: torch.device) -> bool:
     return _cuda_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
 
 
+def query_lpt_units(q: torch.Tensor, k: torch.Tensor, query_blocks: int, *, causal: bool, plain: bool) -> int:
+    """LPT_UNITS of a kernel with one program per block of queries of one (batch, query head),
+    the dQ kernel's and the forward's (0: their 3-D grid, per head heaviest first): for a
+    causal call without a window or packed sequences, the (batch, query head) units of
+    ``query_blocks`` programs in groups of config.lpt_group's size over the K and V they walk
+    (a K/V head's bytes shared by the query heads of its group, neighbours in the order)."""
+    if not (causal and plain):
+        return 0
+    from flashtune.kernels.config import lpt_group  # config imports nothing of the kernels
+
+    B, H, _, D = q.shape
+    per_unit = 2 * k.shape[2] * D * k.element_size() * k.shape[1] // H
+    return lpt_group(B * H, query_blocks, per_unit, slots=sm_count(q.device))
+
+
+# Heaviest-first orders across heads (query_lpt_units, backward.dkdv_lpt_units) not yet
+# measured on the GPU, off until they are: the forward kernels' (Triton's and the Gluon one's)
+# and the Triton dK/dV kernel's. The dQ kernel's and the Gluon dK/dV kernel's are on (measured
+# on the H200, 2026-12-03: docs/shapes.md)
+LPT_ON = {"fwd": False, "triton_dkdv": False}
+
+
+def fwd_lpt_units(q: torch.Tensor, k: torch.Tensor, query_blocks: int, *, causal: bool, plain: bool) -> int:
+    """The forward kernels' LPT_UNITS for one call: query_lpt_units while LPT_ON["fwd"], else 0
+    (their 3-D grid, per head heaviest first)."""
+    return query_lpt_units(q, k, query_blocks, causal=causal, plain=plain) if LPT_ON["fwd"] else 0
+
+
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of ``device`` (the interpreter: the H200's 132, so CPU
     runs take the schedules a GPU would)."""
@@ -165,7 +193,7 @@ def lpt_tile(pid, n_blocks, n_units, LPT_UNITS):
     """(block, unit) of program ``pid`` of a 1-D grid of n_blocks x n_units programs in
     heaviest-first order (config.lpt_group): the units in groups of LPT_UNITS, within a group
     block 0 (the caller's heaviest) of every unit first, then block 1, and so on. The
-    Gluon dK/dV kernel's _dkdv_tile is the same walk."""
+    Gluon kernels' gluon_forward.lpt_tile is the same walk."""
     per_group = n_blocks * LPT_UNITS
     group = pid // per_group
     units_here = tl.minimum(LPT_UNITS, n_units - group * LPT_UNITS)

@@ -25,9 +25,9 @@ import triton.language as tl
 
 from flashtune.kernels.common import (DROPOUT_ARGS, VARLEN_SIZES, WINDOW_SIDES, Dropout, Varlen, block_offsets,
                                       call_geometry, dot_precision, dropout_args, dropout_keep, dropout_rows,
-                                      kernel_strides, key_range, load_tile, needs_int64, on_device, packed_sequence,
-                                      score_scales, softcap_log2_scores, store_tile, stride_align, tma_descriptors,
-                                      tma_tile, window_blocks, window_range, aligned)
+                                      kernel_strides, key_range, load_tile, lpt_tile, needs_int64, on_device,
+                                      packed_sequence, fwd_lpt_units, score_scales, softcap_log2_scores, store_tile,
+                                      stride_align, tma_descriptors, tma_tile, window_blocks, window_range, aligned)
 from flashtune.kernels import launch
 from flashtune.kernels.launch import planned, tensor_key
 from flashtune.kernels.config import FP8_DTYPES, FwdConfig, padded_head_dim
@@ -123,7 +123,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, RNG, qk_scale, s
                      stride_kb, stride_kh, stride_kn, stride_kd,
                      stride_vb, stride_vh, stride_vn, stride_vd,
                      stride_ob, stride_oh, stride_on, stride_od,
-                     H, GROUP, N_Q, N_K, causal_off, win_left, win_right, TOTAL_Q,
+                     H, GROUP, N_Q, N_K, causal_off, win_left, win_right, TOTAL_Q, LPT_UNITS,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                      INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -133,12 +133,19 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, RNG, qk_scale, s
     stride_kb, stride_kh, stride_kn = aligned(stride_kb, stride_kh, stride_kn, STRIDE_ALIGN)
     stride_vb, stride_vh, stride_vn = aligned(stride_vb, stride_vh, stride_vn, STRIDE_ALIGN)
     stride_ob, stride_oh, stride_on = aligned(stride_ob, stride_oh, stride_on, STRIDE_ALIGN)
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        # the last query blocks have the most keys: start them first
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    off_h = tl.program_id(1).to(tl.int64)
-    off_b = tl.program_id(2).to(tl.int64)
+    if LPT_UNITS > 0:  # causal, a 1-D grid in heaviest-first order across heads (common.lpt_tile)
+        n_m = tl.cdiv(N_Q, BLOCK_M)
+        pid_m, unit = lpt_tile(tl.program_id(0), n_m, tl.num_programs(0) // n_m, LPT_UNITS)
+        pid_m = n_m - 1 - pid_m
+        off_h = (unit % H).to(tl.int64)
+        off_b = (unit // H).to(tl.int64)
+    else:
+        pid_m = tl.program_id(0)
+        if CAUSAL:
+            # the last query blocks have the most keys: start them first
+            pid_m = tl.num_programs(0) - 1 - pid_m
+        off_h = tl.program_id(1).to(tl.int64)
+        off_b = tl.program_id(2).to(tl.int64)
     off_hk = off_h // GROUP
     start_m = pid_m * BLOCK_M
     if DROPOUT:  # the mask's counters per row (common.Dropout): of the grid's N_K, before varlen sets its own
@@ -324,7 +331,9 @@ def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compi
     cu = (lse2, lse2) if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k)  # unused without varlen
     # CUDA caps grid y and z at 65535; plain int division: triton.cdiv is a jit function,
     # ~10 us of host time per call through its wrapper
-    grid = (-(-N_Q // config.BLOCK_M), H, B)
+    n_m = -(-N_Q // config.BLOCK_M)
+    lpt = fwd_lpt_units(q, k, n_m, causal=causal, plain=window is None and varlen is None)
+    grid = (n_m * H * B, ) if lpt else (n_m, H, B)
     rng, drop_threshold, drop_scale = dropout_args(dropout, lse2)
     with on_device(q):
         launch.launch(
@@ -332,7 +341,7 @@ def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compi
             drop_threshold, drop_scale,
             *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
             *kernel_strides(o, varlen),
-            H, H // k.shape[1], N_Q, N_K, off, *(window or (0, 0)), lse2.shape[-1],
+            H, H // k.shape[1], N_Q, N_K, off, *(window or (0, 0)), lse2.shape[-1], lpt,
             CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D,
             BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
             PRECISION=dot_precision(q.dtype, fp32_precision), INT64=needs_int64(q, k, v, o), TMA=descs is not None,

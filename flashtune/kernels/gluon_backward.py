@@ -34,7 +34,7 @@ backward roles, the forward's machinery (gluon_forward.py) with queries and keys
 
 - a key block's work may be split over CTAs (``split``: the group's query heads, then chunks
   of its query blocks; fp32 partials summed afterwards), and under causal masking the CTAs
-  start heaviest first (``_dkdv_tile``);
+  start heaviest first (``gluon_forward.lpt_tile``);
 - with ``DQ_FUSED`` the kernel also computes dQ (``_fused_dq_share``: dS^T through shared
   memory, one TMA bulk reduce-add per consumer and step), so no dQ kernel runs.
 
@@ -62,7 +62,7 @@ from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device, sm_c
 from flashtune.kernels.config import ConfigError, _triton_default, lpt_group, split_work
 from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, SM90_SHARED_MEMORY, _BARRIER_BYTES,
                                              _SHARED_SLACK, _addressable, _descriptor, check_int_fields,
-                                             check_register_split, check_sm90_device, kernel_maxnreg, p_tile_layout,
+                                             check_register_split, check_sm90_device, kernel_maxnreg, lpt_tile, p_tile_layout,
                                              tile_layout)
 
 # registers per consumer thread beside the tiles the estimate counts (addresses, loop state;
@@ -382,25 +382,6 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
 
 
 @gluon.jit
-def _dkdv_tile(pid, n_kb, n_units, LPT_UNITS):
-    """(key block, unit) of CTA ``pid``. LPT_UNITS 0: key blocks fastest (unit-major). Else
-    the units in groups of LPT_UNITS, and within a group the key blocks slowest, first
-    block first: with causal masking the first key blocks are seen by the most queries, so
-    the heaviest CTAs start first (longest-processing-time order) while the CTAs running
-    together share the Q and dO of a few units in L2."""
-    kb = pid % n_kb
-    unit = pid // n_kb
-    if LPT_UNITS > 0:
-        per_group = n_kb * LPT_UNITS
-        group = pid // per_group
-        units_here = gl.minimum(LPT_UNITS, n_units - group * LPT_UNITS)
-        r = pid % per_group
-        kb = r // units_here
-        unit = group * LPT_UNITS + r % units_here
-    return kb, unit
-
-
-@gluon.jit
 def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DELTA, qk_scale, sm_scale,
                                 stride_dks, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                                 stride_dvs, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
@@ -410,9 +391,9 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                                 FUSED_DQ: gl.constexpr, DS_LAYOUT: gl.constexpr,
                                 PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     # a 1-D grid of key blocks (2 x BLOCK_N keys) x units, a unit being one (batch, K/V head,
-    # split) in that order; the CTA's key block and unit from its index (_dkdv_tile)
+    # split) in that order; the CTA's key block and unit from its index (gluon_forward.lpt_tile)
     n_kb = gl.cdiv(N_K, 2 * BLOCK_N)
-    kb, unit = _dkdv_tile(gl.program_id(0), n_kb, gl.num_programs(0) // n_kb, LPT_UNITS)
+    kb, unit = lpt_tile(gl.program_id(0), n_kb, gl.num_programs(0) // n_kb, LPT_UNITS)
     split = unit % (SPLIT_H * SPLIT_Q)
     off_hk = (unit // (SPLIT_H * SPLIT_Q)) % H_KV
     off_b = unit // (SPLIT_H * SPLIT_Q * H_KV)

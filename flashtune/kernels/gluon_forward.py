@@ -52,7 +52,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashtune.kernels import launch
-from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device, window_bounds
+from flashtune.kernels.common import LOG2E, causal_offset, cdiv, fwd_lpt_units, on_device, window_bounds
 from flashtune.kernels.config import ConfigError, device_capability
 
 SM90_SHARED_MEMORY = 232448  # bytes per block, opt-in maximum of the H100/H200 (227 KiB)
@@ -503,19 +503,45 @@ def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, k_ready, v_ready, 
 
 
 @gluon.jit
+def lpt_tile(pid, n_blocks, n_units, LPT_UNITS):
+    """(block, unit) of CTA ``pid`` of a 1-D grid of n_blocks x n_units CTAs. LPT_UNITS 0:
+    blocks fastest (unit-major). Else heaviest first (config.lpt_group; common.lpt_tile is
+    the Triton copy): the units in groups of LPT_UNITS, within a group block 0 (the caller's
+    heaviest: the dK/dV kernel's first key block, the forward's last query block) of every
+    unit first, then block 1, and so on."""
+    blk = pid % n_blocks
+    unit = pid // n_blocks
+    if LPT_UNITS > 0:
+        per_group = n_blocks * LPT_UNITS
+        group = pid // per_group
+        units_here = gl.minimum(LPT_UNITS, n_units - group * LPT_UNITS)
+        r = pid % per_group
+        blk = r // units_here
+        unit = group * LPT_UNITS + r % units_here
+    return blk, unit
+
+
+@gluon.jit
 def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                            stride_ob, stride_oh, stride_on, stride_od,
-                           H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
+                           H, GROUP, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS,
                            CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                            BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
                            OVERLAP: gl.constexpr, FP8: gl.constexpr, P_LAYOUT: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        # the last query blocks have the most keys: start them first
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    off_h = gl.program_id(1)
-    off_b = gl.program_id(2)
+    if LPT_UNITS > 0:  # causal, a 1-D grid in heaviest-first order across heads (lpt_tile)
+        n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
+        pid_m, unit = lpt_tile(gl.program_id(0), n_m, gl.num_programs(0) // n_m, LPT_UNITS)
+        pid_m = n_m - 1 - pid_m
+        off_h = unit % H
+        off_b = unit // H
+    else:
+        pid_m = gl.program_id(0)
+        if CAUSAL:
+            # the last query blocks have the most keys: start them first
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        off_h = gl.program_id(1)
+        off_b = gl.program_id(2)
     off_hk = off_h // GROUP
     start_m = pid_m * (2 * BLOCK_M)
 
@@ -693,10 +719,12 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
                                   tile_layout(D, config.BLOCK_N, vt.dtype))
     else:
         desc_v = _descriptor(v, config.BLOCK_N)
-    grid = (cdiv(N_Q, 2 * config.BLOCK_M), H, B)  # common.cdiv: triton.cdiv is a jit function
+    n_m = cdiv(N_Q, 2 * config.BLOCK_M)  # common.cdiv: triton.cdiv is a jit function
+    lpt = fwd_lpt_units(q, k, n_m, causal=causal, plain=window is None)
+    grid = (n_m * H * B, ) if lpt else (n_m, H, B)
     with on_device(q):
         launch.launch(_gluon_attn_fwd_kernel, desc_q, desc_k, desc_v, o, lse2, sm_scale * LOG2E, float(v_descale),
-                      *o.stride(), H, H // Hk, N_Q, N_K, off, *(window or (0, 0)), grid=grid,
+                      *o.stride(), H, H // Hk, N_Q, N_K, off, *(window or (0, 0)), lpt, grid=grid,
                       **kernel_constexprs(config, D, q.dtype, causal, window is not None),
                       num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
     return o, lse2

@@ -131,6 +131,25 @@ def test_d64_128_row_tiles():
         check_gluon_forward(q, k, v, dtype_name="bf16", causal=causal, config=cfg)
 
 
+@pytest.mark.parametrize("causal_align", ["top_left", "bottom_right"])
+def test_heaviest_first_order_across_heads_gives_the_grid_order_bits(causal_align, monkeypatch):
+    """The forward's 1-D heaviest-first grid (common.LPT_ON["fwd"], off until measured):
+    each CTA computes the same rows whatever the order, so o and the LSE are bitwise those of
+    the 3-D grid, for groups of 1, 5 (a short last group) and every unit."""
+    from flashtune.kernels import common
+
+    q, k, v = _inputs(1000, 1300, 128, torch.bfloat16, heads=(6, 2), batch=2, seed=5)
+    outs = {}
+    for units in (0, 1, 5, 12):
+        monkeypatch.setitem(common.LPT_ON, "fwd", bool(units))
+        monkeypatch.setattr(common, "query_lpt_units", lambda *a, units=units, **kw: units)
+        outs[units] = gluon_forward.gluon_attention_forward(q, k, v, GluonFwdConfig(), causal=True, sm_scale=None,
+                                                            causal_align=causal_align)
+    for units in (1, 5, 12):
+        for a, b in zip(outs[units], outs[0]):
+            assert torch.equal(a, b), units
+
+
 def test_sm_scale_and_bottom_right_rows_without_keys():
     q, k, v = _inputs(300, 200, 64, torch.bfloat16, seed=3)
     check_gluon_forward(q, k, v, dtype_name="bf16", causal=True, sm_scale=0.3)

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from flashtune.kernels import BwdConfig, FwdConfig, attention_forward, backward
+from flashtune.kernels import BwdConfig, FwdConfig, attention_forward, backward, common, forward, launch
 from flashtune.kernels.config import LPT_L2_BYTES, LPT_WAVES, lpt_group
 
 
@@ -68,12 +68,19 @@ def test_the_kernels_in_heaviest_first_order_give_the_grid_order_bits(monkeypatc
     o, lse2 = attention_forward(q, k, v, FwdConfig(16, 16, 4, 1), causal=True, sm_scale=scale,
                                 fp32_precision="ieee", causal_align=causal_align)
     config = BwdConfig(16, 16, 16, 16, 4, 1, dkdv_split=split)
+    # every call below runs its launcher (a launch plan would replay the first call's grid)
+    monkeypatch.setattr(launch, "ENABLED", False)
+    monkeypatch.setitem(common.LPT_ON, "triton_dkdv", True)
     rule = backward.dq_lpt_units
     assert rule(q, k, math.ceil(Nq / 16), causal=True, plain=True) > 0
     assert rule(q, k, math.ceil(Nq / 16), causal=False, plain=True) == 0
     assert rule(q, k, math.ceil(Nq / 16), causal=True, plain=False) == 0
     assert backward.dkdv_lpt_units(q, 3, 4, math.ceil(Nk / 16), causal=True, plain=True) > 0
     assert backward.dkdv_lpt_units(q, 3, 4, math.ceil(Nk / 16), causal=True, plain=False) == 0
+    launched = []
+    real_launch = launch.launch
+    monkeypatch.setattr(launch, "launch", lambda fn, *a, **kw: (launched.append((fn, kw["grid"])),
+                                                                real_launch(fn, *a, **kw))[1])
     grads = {}
     for units in (0, 1, 5, 12):  # 0: the 3-D grids; 5 leaves a last group of 2 (dQ: 12 units)
         monkeypatch.setattr(backward, "dq_lpt_units", lambda *a, units=units, **kw: units)
@@ -83,6 +90,9 @@ def test_the_kernels_in_heaviest_first_order_give_the_grid_order_bits(monkeypatc
     for units in (1, 5, 12):
         for a, b in zip(grads[units], grads[0]):
             assert torch.equal(a, b), units
+    # the 1-D grids did run: 2 kernels with 3-D grids for units 0, 1-D ones after
+    grids = [grid for fn, grid in launched if fn in (backward._bwd_dkdv_kernel, backward._bwd_dq_kernel)]
+    assert [len(g) for g in grids] == [3, 3] + [1, 1] * 3
     # and the grid order's dQ is the right one (a float64 reference's, within fp32 rounding)
     ref = q.double().detach().requires_grad_()
     kk, vv = (x.double().repeat_interleave(Hq // Hkv, dim=1) for x in (k, v))
@@ -93,3 +103,75 @@ def test_the_kernels_in_heaviest_first_order_give_the_grid_order_bits(monkeypatc
     out.backward(do.double())
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     assert torch.allclose(grads[0][0].double(), ref.grad, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("causal_align", ["top_left", "bottom_right"])
+def test_the_forward_in_heaviest_first_order_gives_the_grid_order_bits(monkeypatch, kernel_device, causal_align):
+    dtype = torch.float32 if kernel_device.type == "cpu" else torch.float16
+    g = torch.Generator(device=kernel_device).manual_seed(11)
+    B, Hq, Hkv, Nq, Nk, D = 2, 6, 3, 70, 83, 32
+    q = torch.randn(B, Hq, Nq, D, device=kernel_device, dtype=dtype, generator=g)
+    k, v = (torch.randn(B, Hkv, Nk, D, device=kernel_device, dtype=dtype, generator=g) for _ in range(2))
+    monkeypatch.setattr(launch, "ENABLED", False)
+    assert common.fwd_lpt_units(q, k, 5, causal=True, plain=True) == 0  # off until measured
+    monkeypatch.setitem(common.LPT_ON, "fwd", True)
+    assert common.fwd_lpt_units(q, k, 5, causal=True, plain=True) > 0
+    assert common.fwd_lpt_units(q, k, 5, causal=False, plain=True) == 0
+    launched = []
+    real_launch = launch.launch
+    monkeypatch.setattr(launch, "launch", lambda fn, *a, **kw: (launched.append(kw["grid"]), real_launch(fn, *a, **kw))[1])
+    outs = {}
+    for units in (0, 1, 5, 12):
+        monkeypatch.setattr(forward, "fwd_lpt_units", lambda *a, units=units, **kw: units)
+        outs[units] = attention_forward(q, k, v, FwdConfig(16, 16, 4, 1, num_splits=1), causal=True,
+                                        sm_scale=0.2, fp32_precision="ieee", causal_align=causal_align)
+    for units in (1, 5, 12):
+        for a, b in zip(outs[units], outs[0]):
+            assert torch.equal(a, b), units
+    assert [len(grid) for grid in launched] == [3, 1, 1, 1]
+
+
+def _lpt_benchmark():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "lpt_order.py"
+    spec = importlib.util.spec_from_file_location("lpt_order_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_order_benchmark_lists_causal_rows_and_its_switches_change_the_grids(monkeypatch, kernel_device):
+    bench = _lpt_benchmark()
+    rows = bench.rows(512)
+    names = [r[0] for r in rows]
+    assert "llama3-70b-tp8-train-4k" in names and "grid-d128-16384" in names
+    causal = {s.name for s in bench.REALISTIC_GRID if s.causal}
+    assert all(n in causal or n.startswith("grid-") for n in names)
+    assert "bert-base-512" not in names  # not causal
+    dtype = torch.float32 if kernel_device.type == "cpu" else torch.float16
+    g = torch.Generator(device=kernel_device).manual_seed(3)
+    q = torch.randn(1, 4, 40, 32, device=kernel_device, dtype=dtype, generator=g)
+    k, v = (torch.randn(1, 2, 40, 32, device=kernel_device, dtype=dtype, generator=g) for _ in range(2))
+    do = torch.randn_like(q)
+    monkeypatch.setattr(launch, "ENABLED", False)
+    for name, value in common.LPT_ON.items():  # restored afterwards (the dict itself is imported by name)
+        monkeypatch.setitem(common.LPT_ON, name, value)
+    monkeypatch.setattr(backward, "dq_lpt_units", backward.dq_lpt_units)
+    real_launch = launch.launch
+    switched = {"fwd": forward._attn_fwd_kernel, "dkdv": backward._bwd_dkdv_kernel, "dq": backward._bwd_dq_kernel}
+    for kernel in bench.KERNELS:
+        fn, switch = bench.runner(kernel, q, k, v, do, 0.2)
+        grids = {}
+        for on in (False, True):
+            switch(on)
+            launched = []
+            monkeypatch.setattr(launch, "launch", lambda f, *a, **kw: (launched.append((f, len(kw["grid"]))),
+                                                                      real_launch(f, *a, **kw))[1])
+            out = fn()
+            monkeypatch.setattr(launch, "launch", real_launch)
+            grids[on] = (launched, [t.clone() for t in out])
+        dims = {on: [n for f, n in grids[on][0] if f is switched[kernel]] for on in (False, True)}
+        assert dims == {False: [3], True: [1]}, kernel
+        assert all(torch.equal(a, b) for a, b in zip(grids[True][1], grids[False][1])), kernel
