@@ -35,9 +35,9 @@ import triton.language as tl
 from flashtune.kernels.common import (DROPOUT_ARGS, LPT_ON, VARLEN_SIZES, WINDOW_SIDES, Dropout, Varlen,
                                       block_offsets, call_geometry, cdiv, dot_precision, dropout_args,
                                       dropout_keep, dropout_rows, kernel_strides, key_range, load_tile, lpt_tile,
-                                      needs_int64, on_device, packed_sequence, query_lpt_units, score_scales,
-                                      sm_count, softcap_log2_scores, store_tile, stride_align, tma_descriptors,
-                                      tma_tile, window_range, aligned)
+                                      needs_int64, on_device, packed_sequence, query_block_program,
+                                      query_lpt_units, score_scales, sm_count, softcap_log2_scores, store_tile,
+                                      stride_align, tma_descriptors, tma_tile, window_range, aligned)
 from flashtune.kernels import launch
 from flashtune.kernels.launch import planned, tensor_key
 from flashtune.kernels.config import DKDV_PROGRAMS_PER_SM, BwdConfig, dkdv_split, lpt_group, padded_head_dim
@@ -384,19 +384,7 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, CU_Q, CU_K, RNG, s
     stride_vb, stride_vh, stride_vn = aligned(stride_vb, stride_vh, stride_vn, STRIDE_ALIGN)
     stride_dob, stride_doh, stride_don = aligned(stride_dob, stride_doh, stride_don, STRIDE_ALIGN)
     stride_dqb, stride_dqh, stride_dqn = aligned(stride_dqb, stride_dqh, stride_dqn, STRIDE_ALIGN)
-    if LPT_UNITS > 0:  # causal, a 1-D grid in heaviest-first order (the last query blocks see the most keys)
-        n_m = tl.cdiv(N_Q, BLOCK_M)
-        n_units = tl.num_programs(0) // n_m
-        pid_m, unit = lpt_tile(tl.program_id(0), n_m, n_units, LPT_UNITS)
-        pid_m = n_m - 1 - pid_m
-        off_h = (unit % H).to(tl.int64)
-        off_b = (unit // H).to(tl.int64)
-    else:
-        pid_m = tl.program_id(0)
-        if CAUSAL:
-            pid_m = tl.num_programs(0) - 1 - pid_m
-        off_h = tl.program_id(1).to(tl.int64)
-        off_b = tl.program_id(2).to(tl.int64)
+    pid_m, off_h, off_b = query_block_program(N_Q, H, BLOCK_M, CAUSAL, LPT_UNITS)
     off_hk = off_h // GROUP
     start_m = pid_m * BLOCK_M
     if DROPOUT:  # the mask's counters per row (common.Dropout): of the grid's N_K, before varlen sets its own

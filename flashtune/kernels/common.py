@@ -202,6 +202,28 @@ def lpt_tile(pid, n_blocks, n_units, LPT_UNITS):
 
 
 @triton.jit
+def query_block_program(N_Q, H, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr, LPT_UNITS):
+    """(query block, query head, batch) of this program of a kernel with one program per
+    BLOCK_M queries of one (batch, query head), the forward's and the dQ kernel's: from the
+    3-D grid (blocks, heads, batch), the last blocks first under causal masking (they see the
+    most keys), or with LPT_UNITS > 0 from a 1-D grid in heaviest-first order across heads
+    (query_lpt_units, lpt_tile)."""
+    if LPT_UNITS > 0:
+        n_m = tl.cdiv(N_Q, BLOCK_M)
+        pid_m, unit = lpt_tile(tl.program_id(0), n_m, tl.num_programs(0) // n_m, LPT_UNITS)
+        pid_m = n_m - 1 - pid_m
+        off_h = (unit % H).to(tl.int64)
+        off_b = (unit // H).to(tl.int64)
+    else:
+        pid_m = tl.program_id(0)
+        if CAUSAL:
+            pid_m = tl.num_programs(0) - 1 - pid_m
+        off_h = tl.program_id(1).to(tl.int64)
+        off_b = tl.program_id(2).to(tl.int64)
+    return pid_m, off_h, off_b
+
+
+@triton.jit
 def block_offsets(start, BLOCK: tl.constexpr, INT64: tl.constexpr):
     """start + arange(BLOCK), in int64 when offsets times strides may pass int32."""
     offs = start + tl.arange(0, BLOCK)

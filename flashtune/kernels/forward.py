@@ -25,9 +25,10 @@ import triton.language as tl
 
 from flashtune.kernels.common import (DROPOUT_ARGS, VARLEN_SIZES, WINDOW_SIDES, Dropout, Varlen, block_offsets,
                                       call_geometry, dot_precision, dropout_args, dropout_keep, dropout_rows,
-                                      kernel_strides, key_range, load_tile, lpt_tile, needs_int64, on_device,
-                                      packed_sequence, fwd_lpt_units, score_scales, softcap_log2_scores, store_tile,
-                                      stride_align, tma_descriptors, tma_tile, window_blocks, window_range, aligned)
+                                      fwd_lpt_units, kernel_strides, key_range, load_tile, needs_int64, on_device,
+                                      packed_sequence, query_block_program, score_scales, softcap_log2_scores,
+                                      store_tile, stride_align, tma_descriptors, tma_tile, window_blocks,
+                                      window_range, aligned)
 from flashtune.kernels import launch
 from flashtune.kernels.launch import planned, tensor_key
 from flashtune.kernels.config import FP8_DTYPES, FwdConfig, padded_head_dim
@@ -133,19 +134,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, RNG, qk_scale, s
     stride_kb, stride_kh, stride_kn = aligned(stride_kb, stride_kh, stride_kn, STRIDE_ALIGN)
     stride_vb, stride_vh, stride_vn = aligned(stride_vb, stride_vh, stride_vn, STRIDE_ALIGN)
     stride_ob, stride_oh, stride_on = aligned(stride_ob, stride_oh, stride_on, STRIDE_ALIGN)
-    if LPT_UNITS > 0:  # causal, a 1-D grid in heaviest-first order across heads (common.lpt_tile)
-        n_m = tl.cdiv(N_Q, BLOCK_M)
-        pid_m, unit = lpt_tile(tl.program_id(0), n_m, tl.num_programs(0) // n_m, LPT_UNITS)
-        pid_m = n_m - 1 - pid_m
-        off_h = (unit % H).to(tl.int64)
-        off_b = (unit // H).to(tl.int64)
-    else:
-        pid_m = tl.program_id(0)
-        if CAUSAL:
-            # the last query blocks have the most keys: start them first
-            pid_m = tl.num_programs(0) - 1 - pid_m
-        off_h = tl.program_id(1).to(tl.int64)
-        off_b = tl.program_id(2).to(tl.int64)
+    pid_m, off_h, off_b = query_block_program(N_Q, H, BLOCK_M, CAUSAL, LPT_UNITS)
     off_hk = off_h // GROUP
     start_m = pid_m * BLOCK_M
     if DROPOUT:  # the mask's counters per row (common.Dropout): of the grid's N_K, before varlen sets its own
