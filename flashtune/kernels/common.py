@@ -13,6 +13,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from flashtune.kernels.config import lpt_group  # config imports no kernel module at import time
+
 # Triton decides at decoration time whether @triton.jit functions are interpreted.
 INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -129,8 +131,6 @@ def query_lpt_units(q: torch.Tensor, k: torch.Tensor, query_blocks: int, *, caus
     (a K/V head's bytes shared by the query heads of its group, neighbours in the order)."""
     if not (causal and plain):
         return 0
-    from flashtune.kernels.config import lpt_group  # config imports nothing of the kernels
-
     B, H, _, D = q.shape
     per_unit = 2 * k.shape[2] * D * k.element_size() * k.shape[1] // H
     return lpt_group(B * H, query_blocks, per_unit, slots=sm_count(q.device))
