@@ -60,11 +60,11 @@ def runner(kernel: str, q, k, v, do, scale):
     if kernel == "dkdv":
         return (lambda: backward.attention_backward(do, q, k, v, o, lse2, bwd_cfg, causal=True, sm_scale=scale),
                 lambda on: common.LPT_ON.__setitem__("triton_dkdv", on))
-    rule = backward.dq_lpt_units
+    rule = backward.query_lpt_units
     fn = backward.dq_kernel_alone(do, q, k, v, o, lse2, bwd_cfg, causal=True, sm_scale=scale)
 
     def switch(on: bool) -> None:
-        backward.dq_lpt_units = rule if on else (lambda *a, **kw: 0)
+        backward.query_lpt_units = rule if on else (lambda *a, **kw: 0)
     return (lambda: (fn(), )), switch
 
 
@@ -86,7 +86,7 @@ def main() -> int:
     wanted = set(args.rows.split(",")) if args.rows else None
     results = []
     print(f"{'row':28s} {'kernel':6s} {'off ms':>8s} {'on ms':>8s} {'on/off':>7s}")
-    saved = dict(common.LPT_ON), backward.dq_lpt_units
+    saved = dict(common.LPT_ON), backward.query_lpt_units
     for name, B, Hq, Hkv, Nq, Nk, D in rows(args.min_seq):
         if wanted is not None and name not in wanted:
             continue
@@ -106,7 +106,7 @@ def main() -> int:
                     switch(on)
                     times[on].append(triton.testing.do_bench(fn, warmup=25, rep=args.rep, return_mode="median"))
             common.LPT_ON.update(saved[0])
-            backward.dq_lpt_units = saved[1]
+            backward.query_lpt_units = saved[1]
             off, on = min(times[False]), min(times[True])
             results.append(dict(row=name, kernel=kernel, off_ms=off, on_ms=on, speedup=off / on, bitwise_equal=same))
             print(f"{name:28s} {kernel:6s} {off:8.3f} {on:8.3f} {off / on:7.3f}"

@@ -34,13 +34,14 @@ import triton.language as tl
 
 from flashtune.kernels.common import (DROPOUT_ARGS, LPT_ON, VARLEN_SIZES, WINDOW_SIDES, Dropout, Varlen,
                                       block_offsets, call_geometry, cdiv, dot_precision, dropout_args,
-                                      dropout_keep, dropout_rows, kernel_strides, key_range, load_tile, lpt_tile,
-                                      needs_int64, on_device, packed_sequence, query_block_program,
-                                      query_lpt_units, score_scales, sm_count, softcap_log2_scores, store_tile,
-                                      stride_align, tma_descriptors, tma_tile, window_range, aligned)
+                                      dropout_keep, dropout_rows, kernel_strides, key_block_lpt_units, key_range,
+                                      load_tile, lpt_tile, needs_int64, on_device, packed_sequence,
+                                      query_block_program, query_lpt_units, score_scales, sm_count,
+                                      softcap_log2_scores, store_tile, stride_align, tma_descriptors, tma_tile,
+                                      window_range, aligned)
 from flashtune.kernels import launch
 from flashtune.kernels.launch import planned, tensor_key
-from flashtune.kernels.config import DKDV_PROGRAMS_PER_SM, BwdConfig, dkdv_split, lpt_group, padded_head_dim
+from flashtune.kernels.config import DKDV_PROGRAMS_PER_SM, BwdConfig, dkdv_split, padded_head_dim
 
 
 @triton.jit
@@ -630,7 +631,7 @@ def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool,
     rng, drop_threshold, drop_scale = dropout_args(dropout, delta)
     descs_dq = tma_descriptors(config.tma and varlen is None, (k, v), config.BLOCK_N2, BLOCK_D)
     n_m = cdiv(N_Q, config.BLOCK_M2)
-    lpt = dq_lpt_units(q, k, n_m, causal=causal, plain=window is None and varlen is None)
+    lpt = query_lpt_units(q, k, n_m, causal=causal, plain=window is None and varlen is None)
     grid = (n_m * H * B, ) if lpt else (n_m, H, B)
     launch.launch(
         _bwd_dq_kernel, q, k, v, do, dq, lse2, delta, *(descs_dq or (k, v)), *cu, rng, sm_scale, *score_scales(sm_scale, softcap),
@@ -647,19 +648,13 @@ def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool,
 
 def dkdv_lpt_units(q: torch.Tensor, heads_per_unit: int, units: int, key_blocks: int, *, causal: bool,
                    plain: bool) -> int:
-    """The Triton dK/dV kernel's LPT_UNITS (0: its 3-D grid in per-unit order): for a causal
-    call without a window or packed sequences, its (batch, K/V head, split) units of
-    ``key_blocks`` programs in groups of config.lpt_group's size over the Q and dO each unit
-    walks, DKDV_PROGRAMS_PER_SM programs per SM; 0 while common.LPT_ON["triton_dkdv"] is off."""
-    if not (causal and plain and LPT_ON["triton_dkdv"]):
+    """The Triton dK/dV kernel's LPT_UNITS (0: its 3-D grid in per-unit order):
+    common.key_block_lpt_units for a causal call without a window or packed sequences, at
+    DKDV_PROGRAMS_PER_SM programs per SM; 0 while common.LPT_ON["triton_dkdv"] is off."""
+    if not (plain and LPT_ON["triton_dkdv"]):
         return 0
-    per_unit = 2 * heads_per_unit * q.shape[2] * q.shape[3] * q.element_size()
-    return lpt_group(units, key_blocks, per_unit, slots=DKDV_PROGRAMS_PER_SM * sm_count(q.device))
-
-
-def dq_lpt_units(q: torch.Tensor, k: torch.Tensor, query_blocks: int, *, causal: bool, plain: bool) -> int:
-    """The dQ kernel's LPT_UNITS (0: its 3-D grid): common.query_lpt_units."""
-    return query_lpt_units(q, k, query_blocks, causal=causal, plain=plain)
+    return key_block_lpt_units(q, heads_per_unit=heads_per_unit, units=units, key_blocks=key_blocks,
+                               programs_per_sm=DKDV_PROGRAMS_PER_SM, causal=causal)
 
 
 def dq_kernel_alone(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,

@@ -136,6 +136,19 @@ def query_lpt_units(q: torch.Tensor, k: torch.Tensor, query_blocks: int, *, caus
     return lpt_group(B * H, query_blocks, per_unit, slots=sm_count(q.device))
 
 
+def key_block_lpt_units(q: torch.Tensor, *, heads_per_unit: int, units: int, key_blocks: int, programs_per_sm: int,
+                        causal: bool) -> int:
+    """LPT_UNITS of a dK/dV kernel (the Triton one's, the Gluon one's), with one program per
+    key block of one (batch, K/V head, split) unit (0: grid order, without masking): for a
+    causal launch, its ``units`` of ``key_blocks`` programs in groups of config.lpt_group's
+    size over the Q and dO each unit walks (``heads_per_unit`` query heads), at
+    ``programs_per_sm`` programs per SM."""
+    if not causal:
+        return 0
+    per_unit = 2 * heads_per_unit * q.shape[2] * q.shape[3] * q.element_size()
+    return lpt_group(units, key_blocks, per_unit, slots=programs_per_sm * sm_count(q.device))
+
+
 # Heaviest-first orders across heads (query_lpt_units, backward.dkdv_lpt_units) not yet
 # measured on the GPU, off until they are: the forward kernels' (Triton's and the Gluon one's)
 # and the Triton dK/dV kernel's. The dQ kernel's and the Gluon dK/dV kernel's are on (measured

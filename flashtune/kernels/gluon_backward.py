@@ -58,12 +58,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashtune.kernels import launch
-from flashtune.kernels.common import LOG2E, causal_offset, cdiv, on_device, sm_count
-from flashtune.kernels.config import ConfigError, _triton_default, lpt_group, split_work
+from flashtune.kernels.common import LOG2E, causal_offset, cdiv, key_block_lpt_units, on_device, sm_count
+from flashtune.kernels.config import ConfigError, _triton_default, split_work
 from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, SM90_SHARED_MEMORY, _BARRIER_BYTES,
                                              _SHARED_SLACK, _addressable, _descriptor, check_int_fields,
-                                             check_register_split, check_sm90_device, kernel_maxnreg, lpt_tile, p_tile_layout,
-                                             tile_layout)
+                                             check_register_split, check_sm90_device, kernel_maxnreg, lpt_tile,
+                                             p_tile_layout, tile_layout)
 
 # registers per consumer thread beside the tiles the estimate counts (addresses, loop state;
 # the lse and Delta columns): with 16, BLOCK_M 64 at D=128 is allowed, whose compile (ptxas,
@@ -677,16 +677,6 @@ def _kernel_inputs(q, k, v, do, lse2, delta) -> tuple:
     return (*(_addressable(t) for t in (q, k, v, do)), contiguous(lse2), contiguous(delta))
 
 
-def lpt_units(q: torch.Tensor, *, heads_per_unit: int, units: int, key_blocks: int, causal: bool) -> int:
-    """The dK/dV kernel's LPT_UNITS for a causal launch of ``units`` (batch, K/V head, split)
-    units of ``key_blocks`` CTAs each (0, grid order, without masking): config.lpt_group's
-    rule over the Q and dO each unit walks, one CTA per SM."""
-    if not causal:
-        return 0
-    per_unit = 2 * heads_per_unit * q.shape[2] * q.shape[3] * q.element_size()
-    return lpt_group(units, key_blocks, per_unit, slots=GLUON_DKDV_PROGRAMS_PER_SM * sm_count(q.device))
-
-
 def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
                delta: torch.Tensor, config: GluonBwdConfig, *, causal: bool, sm_scale: float,
                causal_off: int = 0, split: tuple[int, int] = (1, 1), lpt: int | None = None,
@@ -696,7 +686,7 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     float32. Inputs the copy engine cannot address are copied dense first. ``split``:
     (head splits, query chunks) of each key block's work over CTAs, as ``config.dkdv_split``
     gives them (the head splits divide the group); their fp32 partials are summed by the
-    Triton backward's sum kernel. ``lpt``: LPT_UNITS (None: ``lpt_units``). A DQ_FUSED
+    Triton backward's sum kernel. ``lpt``: LPT_UNITS (None: common.key_block_lpt_units). A DQ_FUSED
     config also adds sm_scale dS K into ``dq_acc``, a zeroed contiguous (B, Hq, Nq, D)
     float32 tensor."""
     from flashtune.kernels import backward
@@ -720,8 +710,9 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     desc_q, desc_do = _descriptor(q, config.BLOCK_M), _descriptor(do, config.BLOCK_M)
     desc_k, desc_v = _descriptor(k, config.BLOCK_N), _descriptor(v, config.BLOCK_N)
     if lpt is None:
-        lpt = lpt_units(q, heads_per_unit=group // split_h, units=B * H_KV * n_split,
-                        key_blocks=cdiv(N_K, 2 * config.BLOCK_N), causal=causal)
+        lpt = key_block_lpt_units(q, heads_per_unit=group // split_h, units=B * H_KV * n_split,
+                                  key_blocks=cdiv(N_K, 2 * config.BLOCK_N),
+                                  programs_per_sm=GLUON_DKDV_PROGRAMS_PER_SM, causal=causal)
     if config.DQ_FUSED:
         if dq_acc is None or dq_acc.dtype != torch.float32 or dq_acc.shape != q.shape or not dq_acc.is_contiguous():
             raise ValueError("dq_acc: a DQ_FUSED config needs a zeroed contiguous float32 tensor of q's shape")

@@ -71,7 +71,7 @@ def test_the_kernels_in_heaviest_first_order_give_the_grid_order_bits(monkeypatc
     # every call below runs its launcher (a launch plan would replay the first call's grid)
     monkeypatch.setattr(launch, "ENABLED", False)
     monkeypatch.setitem(common.LPT_ON, "triton_dkdv", True)
-    rule = backward.dq_lpt_units
+    rule = backward.query_lpt_units
     assert rule(q, k, math.ceil(Nq / 16), causal=True, plain=True) > 0
     assert rule(q, k, math.ceil(Nq / 16), causal=False, plain=True) == 0
     assert rule(q, k, math.ceil(Nq / 16), causal=True, plain=False) == 0
@@ -83,7 +83,7 @@ def test_the_kernels_in_heaviest_first_order_give_the_grid_order_bits(monkeypatc
                                                                 real_launch(fn, *a, **kw))[1])
     grads = {}
     for units in (0, 1, 5, 12):  # 0: the 3-D grids; 5 leaves a last group of 2 (dQ: 12 units)
-        monkeypatch.setattr(backward, "dq_lpt_units", lambda *a, units=units, **kw: units)
+        monkeypatch.setattr(backward, "query_lpt_units", lambda *a, units=units, **kw: units)
         monkeypatch.setattr(backward, "dkdv_lpt_units", lambda *a, units=units, **kw: units)
         grads[units] = backward.attention_backward(do, q, k, v, o, lse2, config, causal=True, sm_scale=scale,
                                                    fp32_precision="ieee", causal_align=causal_align)
@@ -119,7 +119,8 @@ def test_the_forward_in_heaviest_first_order_gives_the_grid_order_bits(monkeypat
     assert common.fwd_lpt_units(q, k, 5, causal=False, plain=True) == 0
     launched = []
     real_launch = launch.launch
-    monkeypatch.setattr(launch, "launch", lambda fn, *a, **kw: (launched.append(kw["grid"]), real_launch(fn, *a, **kw))[1])
+    monkeypatch.setattr(launch, "launch", lambda fn, *a, **kw: (launched.append(kw["grid"]),
+                                                                real_launch(fn, *a, **kw))[1])
     outs = {}
     for units in (0, 1, 5, 12):
         monkeypatch.setattr(forward, "fwd_lpt_units", lambda *a, units=units, **kw: units)
@@ -158,7 +159,7 @@ def test_the_order_benchmark_lists_causal_rows_and_its_switches_change_the_grids
     monkeypatch.setattr(launch, "ENABLED", False)
     for name, value in common.LPT_ON.items():  # restored afterwards (the dict itself is imported by name)
         monkeypatch.setitem(common.LPT_ON, name, value)
-    monkeypatch.setattr(backward, "dq_lpt_units", backward.dq_lpt_units)
+    monkeypatch.setattr(backward, "query_lpt_units", backward.query_lpt_units)
     real_launch = launch.launch
     switched = {"fwd": forward._attn_fwd_kernel, "dkdv": backward._bwd_dkdv_kernel, "dq": backward._bwd_dq_kernel}
     for kernel in bench.KERNELS:
