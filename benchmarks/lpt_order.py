@@ -15,7 +15,12 @@ rounds, launch plans off so each call runs its launcher. Kernels:
   ``common.LPT_ON["triton_dkdv"]`` (its dQ kernel keeps its order);
 - ``dq``: the Triton dQ kernel alone (backward.dq_kernel_alone), its rule against 0.
 
-Prints per row the off and on times (ms) and on's speed-up (> 1: the order pays).
+On is the rule as served: the forwards' and the dQ kernel's order only where
+config.lpt_waves is at most config.LPT_MAX_WAVES (elsewhere on equals off); ``--uncapped``
+lifts that cap, to time the order itself on every row.
+
+Prints per row the off and on times (ms) and on's speed-up (> 1: the order pays), and the
+row's heavy waves (config.lpt_waves of the forward's and the dQ kernel's grids).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import math
 import torch
 import triton
 
-from flashtune.kernels import attention_forward, backward, common, default_config, launch
+from flashtune.kernels import attention_forward, backward, common, config, default_config, launch
 from flashtune.protocol import geomean, grid_shape
 from flashtune.shapes import REALISTIC_GRID
 
@@ -45,6 +50,22 @@ def rows(min_seq: int) -> list[tuple]:
                 b, h = grid_shape(d, n)
                 out.append((f"grid-d{d}-{n}", b, h, h, n, n, d))
     return out
+
+
+def heavy_waves(kernel: str, q, k) -> float | None:
+    """config.lpt_waves of the kernel's grid at its default config (None: the dK/dV kernel,
+    which has no cap)."""
+    D, Nq, Nk = q.shape[-1], q.shape[2], k.shape[2]
+    if kernel == "fwd":
+        cfg = default_config("fwd", D, q.dtype, q.device, causal=True, seq_q=Nq, seq_k=Nk)
+        rows_per_program = cfg.BLOCK_M * (2 if getattr(cfg, "family", 0) == 1 else 1)  # Gluon: two warp groups
+    elif kernel == "dq":
+        rows_per_program = default_config("bwd", D, q.dtype, q.device, causal=True, seq_q=Nq, seq_k=Nk,
+                                          triton_only=True).BLOCK_M2
+    else:
+        return None
+    blocks = -(-Nq // rows_per_program)
+    return config.lpt_waves(q.shape[0] * q.shape[1], blocks, common.sm_count(q.device))
 
 
 def runner(kernel: str, q, k, v, do, scale):
@@ -75,8 +96,12 @@ def main() -> int:
     ap.add_argument("--min-seq", type=int, default=512, help="rows with at least this many queries")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--rep", type=int, default=40, help="do_bench rep (ms)")
+    ap.add_argument("--uncapped", action="store_true",
+                    help="time the order on every row (config.LPT_MAX_WAVES lifted), not only where it is served")
     ap.add_argument("--out", metavar="FILE.json")
     args = ap.parse_args()
+    if args.uncapped:
+        config.LPT_MAX_WAVES = math.inf
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     env = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC {torch.cuda.get_device_name()}, "
@@ -85,7 +110,7 @@ def main() -> int:
     launch.ENABLED = False  # every call runs its launcher: a plan would replay the first call's grid
     wanted = set(args.rows.split(",")) if args.rows else None
     results = []
-    print(f"{'row':28s} {'kernel':6s} {'off ms':>8s} {'on ms':>8s} {'on/off':>7s}")
+    print(f"{'row':28s} {'kernel':6s} {'off ms':>8s} {'on ms':>8s} {'on/off':>7s} {'waves':>6s}")
     saved = dict(common.LPT_ON), backward.query_lpt_units
     for name, B, Hq, Hkv, Nq, Nk, D in rows(args.min_seq):
         if wanted is not None and name not in wanted:
@@ -108,8 +133,11 @@ def main() -> int:
             common.LPT_ON.update(saved[0])
             backward.query_lpt_units = saved[1]
             off, on = min(times[False]), min(times[True])
-            results.append(dict(row=name, kernel=kernel, off_ms=off, on_ms=on, speedup=off / on, bitwise_equal=same))
-            print(f"{name:28s} {kernel:6s} {off:8.3f} {on:8.3f} {off / on:7.3f}"
+            waves = heavy_waves(kernel, q, k)
+            results.append(dict(row=name, kernel=kernel, off_ms=off, on_ms=on, speedup=off / on, bitwise_equal=same,
+                                heavy_waves=waves))
+            print(f"{name:28s} {kernel:6s} {off:8.3f} {on:8.3f} {off / on:7.3f} "
+                  f"{'-' if waves is None else f'{waves:.1f}':>6s}"
                   f"{'' if same else '  NOT BITWISE EQUAL'}", flush=True)
     for kernel in args.kernels:
         ups = [r["speedup"] for r in results if r["kernel"] == kernel]

@@ -13,7 +13,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from flashtune.kernels.config import lpt_group  # config imports no kernel module at import time
+from flashtune.kernels import config as _config  # config imports no kernel module at import time
+from flashtune.kernels.config import lpt_group, lpt_waves
 
 # Triton decides at decoration time whether @triton.jit functions are interpreted.
 INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -128,12 +129,16 @@ def query_lpt_units(q: torch.Tensor, k: torch.Tensor, query_blocks: int, *, caus
     the dQ kernel's and the forward's (0: their 3-D grid, per head heaviest first): for a
     causal call without a window or packed sequences, the (batch, query head) units of
     ``query_blocks`` programs in groups of config.lpt_group's size over the K and V they walk
-    (a K/V head's bytes shared by the query heads of its group, neighbours in the order)."""
+    (a K/V head's bytes shared by the query heads of its group, neighbours in the order);
+    only where config.lpt_waves is at most config.LPT_MAX_WAVES (read at each call)."""
     if not (causal and plain):
         return 0
     B, H, _, D = q.shape
+    slots = sm_count(q.device)
+    if lpt_waves(B * H, query_blocks, slots) > _config.LPT_MAX_WAVES:
+        return 0
     per_unit = 2 * k.shape[2] * D * k.element_size() * k.shape[1] // H
-    return lpt_group(B * H, query_blocks, per_unit, slots=sm_count(q.device))
+    return lpt_group(B * H, query_blocks, per_unit, slots=slots)
 
 
 def key_block_lpt_units(q: torch.Tensor, *, heads_per_unit: int, units: int, key_blocks: int, programs_per_sm: int,
@@ -149,11 +154,14 @@ def key_block_lpt_units(q: torch.Tensor, *, heads_per_unit: int, units: int, key
     return lpt_group(units, key_blocks, per_unit, slots=programs_per_sm * sm_count(q.device))
 
 
-# Heaviest-first orders across heads (query_lpt_units, backward.dkdv_lpt_units) not yet
-# measured on the GPU, off until they are: the forward kernels' (Triton's and the Gluon one's)
-# and the Triton dK/dV kernel's. The dQ kernel's and the Gluon dK/dV kernel's are on (measured
-# on the H200, 2026-12-03: docs/shapes.md)
-LPT_ON = {"fwd": False, "triton_dkdv": False}
+# Heaviest-first orders across heads (query_lpt_units, backward.dkdv_lpt_units), switched
+# per kernel. The forwards' (Triton's and the Gluon one's) and the dQ kernel's are on, within
+# query_lpt_units' cap; the Gluon dK/dV kernel's always. The Triton dK/dV kernel's is off:
+# on the H200 (2026-12-03, benchmarks/lpt_order.py, docs/shapes.md) it moved the rows that
+# serve it by default 0.96-1.02x (gpt2-train-512 0.957, gemma2-d256 1.020, the D=64 grid
+# 0.98-1.01); it gains only on the D=128 grouped-query rows (1.03-1.12x), which the Gluon
+# backward serves on sm_90.
+LPT_ON = {"fwd": True, "triton_dkdv": False}
 
 
 def fwd_lpt_units(q: torch.Tensor, k: torch.Tensor, query_blocks: int, *, causal: bool, plain: bool) -> int:

@@ -714,6 +714,21 @@ def split_work(requested: int, *, block_m: int, keys_per_program: int, programs_
 # H200's 50 MB), yet a group of units should cover at least LPT_WAVES waves of the GPU
 LPT_L2_BYTES = 24 << 20
 LPT_WAVES = 2
+# ... and the query-block kernels (the forwards, the dQ kernel) take the order only where the
+# tail it removes is a large part of the launch: lpt_waves() at most LPT_MAX_WAVES. Measured
+# on the H200 (2026-12-03, benchmarks/lpt_order.py, docs/shapes.md): at 2-4 heavy waves
+# (llama3-70b-tp8, qwen, gemma2-d256, prefill-2k) the forward gained 1.08-1.19x and the dQ
+# kernel 1.04-1.20x; at 7-17 (llama3-8b-8k, mistral, gpt2, the standard grid) both moved
+# within 0.92-1.03x, the L2 reuse of the per-head order weighing against the shorter tail.
+LPT_MAX_WAVES = 6.0
+
+
+def lpt_waves(units: int, programs_per_unit: int, slots: int) -> float:
+    """The causal work of ``units`` of ``programs_per_unit`` programs (the i-th walking about
+    i + 1 tiles) per slot of the GPU, counted in the heaviest program's work: how many of
+    the heaviest programs each slot runs. Few (2-4): the last heavy programs started in grid
+    order decide the launch's end, and the heaviest-first order shortens it."""
+    return units * (programs_per_unit + 1) / (2 * max(1, slots))
 
 
 def lpt_group(units: int, programs_per_unit: int, bytes_per_unit: int, *, slots: int) -> int:

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from flashtune.kernels import BwdConfig, FwdConfig, attention_forward, backward, common, forward, launch
-from flashtune.kernels.config import LPT_L2_BYTES, LPT_WAVES, lpt_group
+from flashtune.kernels import config
+from flashtune.kernels.config import LPT_L2_BYTES, LPT_WAVES, lpt_group, lpt_waves
 
 
 @pytest.mark.parametrize("units", [1, 2, 7, 8, 28, 64, 200])
@@ -47,6 +48,36 @@ def test_the_measured_rows_get_one_even_group_each():
     assert lpt_group(28, 32, 2 << 20, slots=132) == 10
     # mistral-7b-train-2k (32 units of 16 blocks, 4 MB each): 2 groups of 16
     assert lpt_group(32, 16, 4 << 20, slots=132) == 16
+
+
+# (B, Hq, Hkv, N, D) of the causal rows benchmarks/lpt_order.py measured on the H200 (2026-12-03)
+_GAINED = {"llama3-70b-tp8-train-4k": (2, 8, 1, 4096, 128), "qwen-28h-train-4k": (1, 28, 4, 4096, 128),
+           "llama3-8b-prefill-2k": (1, 32, 8, 2048, 128)}
+_MOVED_WITHIN_NOISE = {"llama3-8b-train-8k": (1, 32, 8, 8192, 128), "mistral-7b-train-2k": (4, 32, 8, 2048, 128),
+                       "grid-d128-1024": (16, 16, 16, 1024, 128), "grid-d128-16384": (1, 16, 16, 16384, 128)}
+
+
+def test_the_cap_serves_the_order_where_it_was_measured_to_pay():
+    # the query blocks of the measured D=128 launches on sm_90: the Gluon forward's CTA covers
+    # two warp groups of BLOCK_M rows, the Triton dQ kernel's program BLOCK_M2 rows
+    fwd = config._SM90_FWD[(torch.bfloat16, 128, "long")]
+    bwd = config._SM90_BWD[(torch.bfloat16, 128, "long", True)]  # its dQ kernel is the Triton one
+    assert fwd.family == 1
+    for rows_per_program in (2 * fwd.BLOCK_M, bwd.BLOCK_M2):
+        for name, (B, H, _, N, _) in {**_GAINED, **_MOVED_WITHIN_NOISE}.items():
+            waves = lpt_waves(B * H, -(-N // rows_per_program), 132)
+            assert (waves <= config.LPT_MAX_WAVES) == (name in _GAINED), (name, rows_per_program, waves)
+
+
+def test_the_query_kernels_take_the_order_only_under_the_cap(monkeypatch):
+    # a CPU tensor stands for the H200 (common.sm_count: 132); only shapes are read
+    long_ = torch.empty(1, 16, 16384, 8, dtype=torch.float16), torch.empty(1, 16, 16384, 8, dtype=torch.float16)
+    short = torch.empty(2, 8, 4096, 8, dtype=torch.float16), torch.empty(2, 1, 4096, 8, dtype=torch.float16)
+    assert lpt_waves(16, 256, 132) > config.LPT_MAX_WAVES >= lpt_waves(16, 64, 132)
+    assert common.query_lpt_units(*long_, 256, causal=True, plain=True) == 0
+    assert common.query_lpt_units(*short, 64, causal=True, plain=True) == 16  # one group: all units
+    monkeypatch.setattr(config, "LPT_MAX_WAVES", math.inf)  # benchmarks/lpt_order.py --uncapped
+    assert common.query_lpt_units(*long_, 256, causal=True, plain=True) > 0
 
 
 def test_bad_counts_are_named():
@@ -113,7 +144,8 @@ def test_the_forward_in_heaviest_first_order_gives_the_grid_order_bits(monkeypat
     q = torch.randn(B, Hq, Nq, D, device=kernel_device, dtype=dtype, generator=g)
     k, v = (torch.randn(B, Hkv, Nk, D, device=kernel_device, dtype=dtype, generator=g) for _ in range(2))
     monkeypatch.setattr(launch, "ENABLED", False)
-    assert common.fwd_lpt_units(q, k, 5, causal=True, plain=True) == 0  # off until measured
+    monkeypatch.setitem(common.LPT_ON, "fwd", False)
+    assert common.fwd_lpt_units(q, k, 5, causal=True, plain=True) == 0
     monkeypatch.setitem(common.LPT_ON, "fwd", True)
     assert common.fwd_lpt_units(q, k, 5, causal=True, plain=True) > 0
     assert common.fwd_lpt_units(q, k, 5, causal=False, plain=True) == 0
