@@ -97,3 +97,55 @@ def test_fp32_default_is_within_twice_an_fp32_attention(causal):
             ratios[name] = err / base
             assert err <= 2 * base + 1e-6, (precision, name, err, base)
         print(precision or "default", "error / SDPA fp32 error:", {n: f"{r:.2f}" for n, r in ratios.items()})
+
+
+def test_the_combine_launched_as_a_programmatic_dependent_reads_this_calls_partials(monkeypatch):
+    """decode.COMBINE_PDL: the combine kernel launched while the split kernel runs (PDL)
+    gives the bits of the plain launch, call after call while K changes between calls (a
+    combine that read before the split kernel's end would mix the partials of two calls),
+    through a launch plan and a CUDA graph too."""
+    from flashtune.kernels import decode, launch
+
+    case = Case("bf16", False, 1, 32768, 128, heads=(32, 8), batch=1)
+    q, k, v, _ = case_inputs(case, DEVICE)
+    cfg = F(64, 128, 4, 1, tma=1, num_splits=64, pack_gqa=1)
+    signs = [1.0 if i % 3 else -0.5 for i in range(12)]
+
+    def calls():
+        outs = []
+        for s in signs:
+            k.mul_(s)
+            outs.append(attention(q, k, v, return_lse=True, fwd_config=cfg))
+        return [(o.clone(), lse.clone()) for o, lse in outs]
+
+    pdl_launches = []
+    real_launch = launch.launch
+    monkeypatch.setattr(launch, "launch", lambda fn, *a, **kw: (pdl_launches.append(kw.get("launch_pdl", False)),
+                                                                real_launch(fn, *a, **kw))[1])
+    with monkeypatch.context() as m:
+        m.setattr(decode, "COMBINE_PDL", False)
+        m.setattr(launch, "ENABLED", False)
+        plain = calls()
+    assert not any(pdl_launches)
+    for plans in (False, True):
+        with monkeypatch.context() as m:
+            m.setattr(launch, "ENABLED", plans)
+            pdl_launches.clear()
+            got = calls()
+        if not plans:
+            assert any(pdl_launches)
+        for (o1, l1), (o2, l2) in zip(plain, got):
+            assert torch.equal(o1, o2) and torch.equal(l1, l2), plans
+    # a CUDA graph of one call, replayed after K changes
+    from flashtune.protocol import capture_graph
+
+    static = {}
+
+    def step():
+        static["out"] = attention(q, k, v, return_lse=True, fwd_config=cfg)
+    graph = capture_graph(step, q.device)
+    for s in (-1.0, 2.0):
+        k.mul_(s)
+        graph.replay()
+        want = attention(q, k, v, return_lse=True, fwd_config=cfg)
+        assert torch.equal(static["out"][0], want[0]) and torch.equal(static["out"][1], want[1])
