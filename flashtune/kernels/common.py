@@ -124,14 +124,6 @@ def tma_capable(device: torch.device) -> bool:
     return _cuda_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
 
 
-def pdl_capable(device: torch.device) -> bool:
-    """Whether kernels on ``device`` can be launched as programmatic dependents (PDL,
-    griddepcontrol): a CUDA GPU of compute capability 9.0 or newer; never the interpreter."""
-    if device.type != "cuda":
-        return False
-    return _cuda_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
-
-
 def query_lpt_units(q: torch.Tensor, k: torch.Tensor, query_blocks: int, *, causal: bool, plain: bool) -> int:
     """LPT_UNITS of a kernel with one program per block of queries of one (batch, query head),
     the dQ kernel's and the forward's (0: their 3-D grid, per head heaviest first): for a

@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (WINDOW_SIDES, block_offsets, key_range, needs_int64, on_device, pdl_capable,
-                                      score_scales, tma_descriptors, window_range)
+from flashtune.kernels.common import (WINDOW_SIDES, block_offsets, key_range, needs_int64, on_device, score_scales,
+                                      tma_descriptors, window_range)
 from flashtune.kernels import launch
 from flashtune.kernels.config import DECODE_MAX_Q, MAX_SPLITS, FwdConfig, padded_head_dim
 from flashtune.kernels.forward import _fwd_inner
@@ -52,10 +52,6 @@ AUTO_PROGRAMS_PER_SM = 4
 # other decode rows of SHAPES.md keep their schedules (decode-b1-64k's 64 chunks of 1024 keys;
 # b32 and b128 fill the GPU unsplit). Shorter caches get fewer, longer chunks than before.
 MIN_CHUNK_KEYS = 1024
-# The combine kernel is launched as a programmatic dependent of the split kernel (PDL,
-# sm_90+): its CTAs are placed while the split kernel's last ones run and wait there for
-# its end (griddepcontrol), instead of the launch starting after it.
-COMBINE_PDL = True
 # SMs assumed by the auto schedule off the GPU (the interpreter): few, so that the small
 # test shapes keep the plain kernel unless they are decode-sized or tiny
 INTERPRETER_SMS = 4
@@ -151,15 +147,10 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CACHE_SEQLENS, BLOCK_TABLE,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
                       INT64: tl.constexpr, TMA: tl.constexpr, SCALE_POSITIVE: tl.constexpr, SOFTCAP: tl.constexpr,
                       WINDOW: tl.constexpr, SEQLENS: tl.constexpr = False, PAGED: tl.constexpr = False,
-                      PAGE_SIZE: tl.constexpr = 1, GDC: tl.constexpr = False):
+                      PAGE_SIZE: tl.constexpr = 1):
     # program (row block x batch x row head, chunk): axis 0 holds up to 2^31 - 1 programs
     # (CUDA caps axes 1 and 2 at 65535); a row head is a K/V head when packing (PACK =
     # GROUP), else a query head (PACK = 1)
-    if GDC:
-        # the combine kernel, launched as a programmatic dependent (split_forward), may
-        # start once every program here has started; it waits for this grid's end before
-        # it reads a partial (gdc_wait)
-        tl.extra.cuda.gdc_launch_dependents()
     pid_m = tl.program_id(0) % M_BLOCKS
     pid_z = tl.program_id(0) // M_BLOCKS
     split = tl.program_id(1)
@@ -247,14 +238,11 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CACHE_SEQLENS, BLOCK_TABLE,
 @triton.jit
 def _combine_kernel(OP, LSEP, O, LSE, SPLITS, H, N_Q,
                     stride_ob, stride_oh, stride_on, stride_od,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, INT64: tl.constexpr,
-                    GDC: tl.constexpr = False):
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, INT64: tl.constexpr):
     # one program per (batch, head, query) row, all its chunks in one [BLOCK_S, BLOCK_D]
     # tile (BLOCK_S >= SPLITS): no serial walk over the chunks. The partials are
     # (B, H, SPLITS, N_Q, BLOCK_D) and (B, H, SPLITS, N_Q) contiguous; the merged
     # log-sum-exp (B, H, N_Q) contiguous, so its offset is the row's index.
-    if GDC:  # launched as a programmatic dependent: the split kernel's partials, complete and visible
-        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0)
     if INT64:
         row = row.to(tl.int64)
@@ -339,7 +327,6 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
     # the cache's tensors, or stand-ins the kernel never reads (SEQLENS and PAGED off)
     lens = cache_seqlens if cache_seqlens is not None else lse2
     table = block_table if paged else lens
-    gdc = S > 1 and COMBINE_PDL and pdl_capable(q.device)
     with on_device(q):
         launch.launch(
             _split_fwd_kernel, q, k, v, o_part, lse_part, *(descs or (k, v)), lens, table,
@@ -350,15 +337,15 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
             CAUSAL=bool(causal), HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_M=schedule.block_m, BLOCK_N=config.BLOCK_N,
             PRECISION=precision, INT64=int64, TMA=descs is not None, SCALE_POSITIVE=sm_scale > 0 and not softcap,
             SOFTCAP=bool(softcap), WINDOW=window is not None, SEQLENS=cache_seqlens is not None, PAGED=paged,
-            PAGE_SIZE=page_size, GDC=gdc,
+            PAGE_SIZE=page_size,
             num_warps=config.num_warps, num_stages=config.num_stages, grid=grid, warmup=compile_only)
         if S > 1:
             block_s = max(2, 1 << (S - 1).bit_length())
             launch.launch(
                 _combine_kernel, o_part, lse_part, o, lse2, S, H, N_Q, *o.stride(),
-                HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_S=block_s, INT64=int64, GDC=gdc,
+                HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_S=block_s, INT64=int64,
                 num_warps=4 if block_s * BLOCK_D <= 8192 else 8, num_stages=1, grid=(B * H * N_Q,),
-                warmup=compile_only, **({"launch_pdl": True} if gdc else {}))
+                warmup=compile_only)
     return o, lse2
 
 
