@@ -52,6 +52,12 @@ AUTO_PROGRAMS_PER_SM = 4
 # other decode rows of SHAPES.md keep their schedules (decode-b1-64k's 64 chunks of 1024 keys;
 # b32 and b128 fill the GPU unsplit). Shorter caches get fewer, longer chunks than before.
 MIN_CHUNK_KEYS = 1024
+# The combine kernel: one program per output row took 3.3 us for decode-b1-64k's 32 rows
+# of 64 chunks (H200, 2026-12-03, docs/data/h200-2026-12-03-lpt-cap/b1_probe-pdl.txt), 5 %
+# of the step: a latency-bound tail on 32 SMs. Rows are cut by columns until about this
+# many programs per SM run, none narrower than COMBINE_MIN_COLUMNS fp32 columns.
+COMBINE_PROGRAMS_PER_SM = 2
+COMBINE_MIN_COLUMNS = 32
 # SMs assumed by the auto schedule off the GPU (the interpreter): few, so that the small
 # test shapes keep the plain kernel unless they are decode-sized or tiny
 INTERPRETER_SMS = 4
@@ -75,6 +81,16 @@ def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return INTERPRETER_SMS
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def combine_parts(rows: int, block_d: int, sms: int) -> int:
+    """Programs per (batch, head, query) row of the combine kernel, each over block_d /
+    parts of its columns: a power of two giving about COMBINE_PROGRAMS_PER_SM programs per
+    SM, columns of at least COMBINE_MIN_COLUMNS; 1 when the rows fill that already."""
+    want = _cdiv(COMBINE_PROGRAMS_PER_SM * sms, rows)
+    if want <= 1:
+        return 1
+    return max(1, min(1 << (want - 1).bit_length(), block_d // COMBINE_MIN_COLUMNS))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -238,18 +254,23 @@ def _split_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CACHE_SEQLENS, BLOCK_TABLE,
 @triton.jit
 def _combine_kernel(OP, LSEP, O, LSE, SPLITS, H, N_Q,
                     stride_ob, stride_oh, stride_on, stride_od,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, INT64: tl.constexpr):
-    # one program per (batch, head, query) row, all its chunks in one [BLOCK_S, BLOCK_D]
-    # tile (BLOCK_S >= SPLITS): no serial walk over the chunks. The partials are
-    # (B, H, SPLITS, N_Q, BLOCK_D) and (B, H, SPLITS, N_Q) contiguous; the merged
-    # log-sum-exp (B, H, N_Q) contiguous, so its offset is the row's index.
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, INT64: tl.constexpr,
+                    BLOCK_DC: tl.constexpr = None):
+    # one program per (batch, head, query) row and BLOCK_DC of its BLOCK_D columns (axis
+    # 1; None: all), all its chunks in one [BLOCK_S, BLOCK_DC] tile (BLOCK_S >= SPLITS): no
+    # serial walk over the chunks. The partials are (B, H, SPLITS, N_Q, BLOCK_D) and
+    # (B, H, SPLITS, N_Q) contiguous; the merged log-sum-exp (B, H, N_Q) contiguous, so its
+    # offset is the row's index; the programs of a row's first columns write it.
     row = tl.program_id(0)
     if INT64:
         row = row.to(tl.int64)
     bh = row // N_Q
     q_idx = row % N_Q
     offs_s = block_offsets(0, BLOCK_S, INT64)
-    offs_d = block_offsets(0, BLOCK_D, INT64)
+    if BLOCK_DC is None:
+        offs_d = block_offsets(0, BLOCK_D, INT64)
+    else:
+        offs_d = block_offsets(tl.program_id(1) * BLOCK_DC, BLOCK_DC, INT64)
     s_ok = offs_s < SPLITS
     lse_s = tl.load(LSEP + (bh * SPLITS + offs_s) * N_Q + q_idx, mask=s_ok, other=float("-inf"))
     m = tl.max(lse_s, 0)
@@ -265,7 +286,8 @@ def _combine_kernel(OP, LSEP, O, LSE, SPLITS, H, N_Q,
     acc = tl.sum(w[:, None] * o_s, 0)
     seen = l_sum > 0.0
     acc = acc / tl.where(seen, l_sum, 1.0)
-    tl.store(LSE + row, tl.where(seen, m + tl.math.log2(tl.where(seen, l_sum, 1.0)), float("-inf")))
+    if tl.program_id(1) == 0:
+        tl.store(LSE + row, tl.where(seen, m + tl.math.log2(tl.where(seen, l_sum, 1.0)), float("-inf")))
     off_b = bh // H
     off_h = bh % H
     o_ptrs = O + off_b * stride_ob + off_h * stride_oh + q_idx * stride_on + offs_d * stride_od
@@ -341,10 +363,12 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
             num_warps=config.num_warps, num_stages=config.num_stages, grid=grid, warmup=compile_only)
         if S > 1:
             block_s = max(2, 1 << (S - 1).bit_length())
+            parts = combine_parts(B * H * N_Q, BLOCK_D, sm_count(q.device))
+            block_dc = BLOCK_D // parts
             launch.launch(
                 _combine_kernel, o_part, lse_part, o, lse2, S, H, N_Q, *o.stride(),
-                HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_S=block_s, INT64=int64,
-                num_warps=4 if block_s * BLOCK_D <= 8192 else 8, num_stages=1, grid=(B * H * N_Q,),
+                HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK_S=block_s, INT64=int64, BLOCK_DC=block_dc if parts > 1 else None,
+                num_warps=4 if block_s * block_dc <= 8192 else 8, num_stages=1, grid=(B * H * N_Q, parts),
                 warmup=compile_only)
     return o, lse2
 

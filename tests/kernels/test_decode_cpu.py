@@ -115,6 +115,43 @@ def test_split_lse_equals_the_unsplit_one(kernel_device, causal):
         torch.testing.assert_close(o, plain[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("d", [40, 128])  # a padded head dim: the last column part partly masked
+def test_the_combine_cut_by_columns_merges_as_the_whole_row(monkeypatch, kernel_device, d):
+    """decode.combine_parts: the combine's programs cut a row's columns (few rows, as
+    decode-b1-64k's 32); every part merges its columns as one program over the row does, and
+    one part writes the log-sum-exp, also for rows whose chunks are all empty."""
+    case = Case("fp32-ieee", True, 2, 150, d, heads=(4, 2), batch=2)
+    q, k, v, _ = case_inputs(case, kernel_device)
+    cfg = F(16, 16, 4, 1, num_splits=16, pack_gqa=1)  # 16 chunks of 16 keys over 150: the last ones empty
+    launched = []
+    real_launch = decode.launch.launch
+    monkeypatch.setattr(decode.launch, "launch", lambda fn, *a, **kw: (launched.append(kw["grid"]),
+                                                                       real_launch(fn, *a, **kw))[1])
+    monkeypatch.setattr(decode.launch, "ENABLED", False)
+    outs = {}
+    for per_sm in (0, 1000):  # one program per row; rows cut into as many parts as allowed
+        monkeypatch.setattr(decode, "COMBINE_PROGRAMS_PER_SM", per_sm)
+        launched.clear()
+        outs[per_sm] = attention(q, k, v, causal=True, causal_align="bottom_right", return_lse=True, fwd_config=cfg,
+                                 fp32_precision="ieee")
+        parts = launched[-1][1]
+        assert parts == (1 if per_sm == 0 else decode.padded_head_dim(d) // decode.COMBINE_MIN_COLUMNS)
+    torch.testing.assert_close(outs[1000][1], outs[0][1], rtol=0, atol=0)
+    torch.testing.assert_close(outs[1000][0], outs[0][0], rtol=1e-6, atol=1e-7)
+    run_case(dataclasses.replace(case, fwd=cfg, bwd=BWD), kernel_device)
+
+
+def test_combine_parts_fill_the_gpu_in_powers_of_two():
+    assert decode.combine_parts(32, 128, 132) == 4  # decode-b1-64k: 32 rows, 128 columns -> 128 programs
+    assert decode.combine_parts(128, 256, 132) == 4  # decode-mqa-d256: 128 rows -> 512 programs
+    assert decode.combine_parts(1024, 128, 132) == 1  # decode-b32-4k split: rows fill the GPU
+    assert decode.combine_parts(1, 64, 132) == 2  # never narrower than COMBINE_MIN_COLUMNS
+    for rows, block_d in itertools.product((1, 3, 32, 100, 263, 264, 5000), (16, 64, 128, 256)):
+        parts = decode.combine_parts(rows, block_d, 132)
+        assert parts >= 1 and parts & (parts - 1) == 0 and block_d % parts == 0
+        assert parts == 1 or block_d // parts >= decode.COMBINE_MIN_COLUMNS
+
+
 def test_bottom_right_rows_without_keys_get_zero(kernel_device):
     """Bottom-right with Nq > Nk: the first Nq - Nk queries see no key; their output and
     gradients are 0 (as SDPA's causal_lower_right gives), their log-sum-exp -inf, and the
