@@ -52,12 +52,15 @@ AUTO_PROGRAMS_PER_SM = 4
 # other decode rows of SHAPES.md keep their schedules (decode-b1-64k's 64 chunks of 1024 keys;
 # b32 and b128 fill the GPU unsplit). Shorter caches get fewer, longer chunks than before.
 MIN_CHUNK_KEYS = 1024
-# The combine kernel: one program per output row took 3.3 us for decode-b1-64k's 32 rows
-# of 64 chunks (H200, 2026-12-03, docs/data/h200-2026-12-03-lpt-cap/b1_probe-pdl.txt), 5 %
-# of the step: a latency-bound tail on 32 SMs. Rows are cut by columns until about this
-# many programs per SM run, none narrower than COMBINE_MIN_COLUMNS fp32 columns.
+# The combine kernel (combine_parts): one program per output row took 3.3 us for
+# decode-b1-64k's 32 rows of 64 chunks x 128 columns, 5 % of the step, a latency-bound tail
+# on 32 SMs; cut into 4 parts by columns, 2.1 us, the step 1.034x faster (1.045x at 128
+# chunks). decode-mqa-d256's 128 rows of 8 chunks x 256 columns went 1.6 -> 2.0 us in 4
+# parts (2048 partials a row: too little work to share), its 16-chunk variant 3.4 -> 2.3 us.
+# (H200, 2026-12-03, run/combine_probe.py with plans off, docs/data/h200-2026-12-03-lpt-cap/.)
 COMBINE_PROGRAMS_PER_SM = 2
 COMBINE_MIN_COLUMNS = 32
+COMBINE_MIN_ELEMENTS = 2048
 # SMs assumed by the auto schedule off the GPU (the interpreter): few, so that the small
 # test shapes keep the plain kernel unless they are decode-sized or tiny
 INTERPRETER_SMS = 4
@@ -83,14 +86,17 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def combine_parts(rows: int, block_d: int, sms: int) -> int:
+def combine_parts(rows: int, splits: int, block_d: int, sms: int) -> int:
     """Programs per (batch, head, query) row of the combine kernel, each over block_d /
-    parts of its columns: a power of two giving about COMBINE_PROGRAMS_PER_SM programs per
-    SM, columns of at least COMBINE_MIN_COLUMNS; 1 when the rows fill that already."""
+    parts of its columns: a power of two, while the row's partials (splits x block_d fp32)
+    give each part at least COMBINE_MIN_ELEMENTS of them and no part is narrower than
+    COMBINE_MIN_COLUMNS columns, up to about COMBINE_PROGRAMS_PER_SM programs per SM."""
     want = _cdiv(COMBINE_PROGRAMS_PER_SM * sms, rows)
     if want <= 1:
         return 1
-    return max(1, min(1 << (want - 1).bit_length(), block_d // COMBINE_MIN_COLUMNS))
+    by_work = max(1, splits * block_d // COMBINE_MIN_ELEMENTS)
+    cap = min(block_d // COMBINE_MIN_COLUMNS, 1 << (by_work.bit_length() - 1))
+    return max(1, min(1 << (want - 1).bit_length(), cap))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -363,7 +369,7 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
             num_warps=config.num_warps, num_stages=config.num_stages, grid=grid, warmup=compile_only)
         if S > 1:
             block_s = max(2, 1 << (S - 1).bit_length())
-            parts = combine_parts(B * H * N_Q, BLOCK_D, sm_count(q.device))
+            parts = combine_parts(B * H * N_Q, S, BLOCK_D, sm_count(q.device))
             block_dc = BLOCK_D // parts
             launch.launch(
                 _combine_kernel, o_part, lse_part, o, lse2, S, H, N_Q, *o.stride(),

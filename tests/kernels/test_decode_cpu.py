@@ -128,6 +128,7 @@ def test_the_combine_cut_by_columns_merges_as_the_whole_row(monkeypatch, kernel_
     monkeypatch.setattr(decode.launch, "launch", lambda fn, *a, **kw: (launched.append(kw["grid"]),
                                                                        real_launch(fn, *a, **kw))[1])
     monkeypatch.setattr(decode.launch, "ENABLED", False)
+    monkeypatch.setattr(decode, "COMBINE_MIN_ELEMENTS", 1)  # rows of 16 x 64 partials: below the default
     outs = {}
     for per_sm in (0, 1000):  # one program per row; rows cut into as many parts as allowed
         monkeypatch.setattr(decode, "COMBINE_PROGRAMS_PER_SM", per_sm)
@@ -141,15 +142,20 @@ def test_the_combine_cut_by_columns_merges_as_the_whole_row(monkeypatch, kernel_
     run_case(dataclasses.replace(case, fwd=cfg, bwd=BWD), kernel_device)
 
 
-def test_combine_parts_fill_the_gpu_in_powers_of_two():
-    assert decode.combine_parts(32, 128, 132) == 4  # decode-b1-64k: 32 rows, 128 columns -> 128 programs
-    assert decode.combine_parts(128, 256, 132) == 4  # decode-mqa-d256: 128 rows -> 512 programs
-    assert decode.combine_parts(1024, 128, 132) == 1  # decode-b32-4k split: rows fill the GPU
-    assert decode.combine_parts(1, 64, 132) == 2  # never narrower than COMBINE_MIN_COLUMNS
-    for rows, block_d in itertools.product((1, 3, 32, 100, 263, 264, 5000), (16, 64, 128, 256)):
-        parts = decode.combine_parts(rows, block_d, 132)
+def test_combine_parts_share_large_rows_only():
+    assert decode.combine_parts(32, 64, 128, 132) == 4  # decode-b1-64k: 32 rows of 64 x 128 -> 128 programs
+    assert decode.combine_parts(32, 128, 128, 132) == 4  # ... at 128 chunks: never narrower than 32 columns
+    assert decode.combine_parts(128, 8, 256, 132) == 1  # decode-mqa-d256: 8 x 256 partials a row, kept whole
+    assert decode.combine_parts(128, 16, 256, 132) == 2  # ... at 16 chunks
+    assert decode.combine_parts(1024, 2, 128, 132) == 1  # decode-b32-4k in 2 chunks: rows fill the GPU
+    for rows, splits, block_d in itertools.product((1, 3, 32, 100, 263, 264, 5000), (2, 7, 64, 128),
+                                                   (16, 64, 128, 256)):
+        parts = decode.combine_parts(rows, splits, block_d, 132)
         assert parts >= 1 and parts & (parts - 1) == 0 and block_d % parts == 0
-        assert parts == 1 or block_d // parts >= decode.COMBINE_MIN_COLUMNS
+        if parts > 1:
+            assert block_d // parts >= decode.COMBINE_MIN_COLUMNS
+            assert splits * block_d // parts >= decode.COMBINE_MIN_ELEMENTS
+            assert rows * parts // 2 < decode.COMBINE_PROGRAMS_PER_SM * 132  # no more parts than fill asks
 
 
 def test_bottom_right_rows_without_keys_get_zero(kernel_device):
