@@ -34,7 +34,7 @@ import torch
 import triton
 
 from flashtune.kernels import attention_forward, backward, common, config, default_config, launch
-from flashtune.protocol import geomean, grid_shape
+from flashtune.protocol import geomean, grid_shape, warm_up_gpu
 from flashtune.shapes import REALISTIC_GRID
 
 KERNELS = ("fwd", "dkdv", "dq")
@@ -108,6 +108,7 @@ def main() -> int:
            f"torch {torch.__version__}, triton {triton.__version__}, bf16")
     print(env)
     launch.ENABLED = False  # every call runs its launcher: a plan would replay the first call's grid
+    warm_up_gpu(torch.device("cuda"))
     wanted = set(args.rows.split(",")) if args.rows else None
     results = []
     print(f"{'row':28s} {'kernel':6s} {'off ms':>8s} {'on ms':>8s} {'on/off':>7s} {'waves':>6s}")

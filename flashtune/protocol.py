@@ -59,11 +59,36 @@ def flops(key, batch: int, heads: int) -> float:
                            seq_k=key.seq_k)
 
 
+_WARM: set = set()
+
+
+def warm_up_gpu(device, seconds: float = 1.0) -> None:
+    """Keep ``device`` busy with matmuls for about ``seconds``, once per process and device,
+    so its clocks have left idle before the first timed call (nothing off CUDA). On the H200
+    a process that started timing at once, the GPU idle at 345 MHz, timed two identical
+    launches 0.905x apart on its first row (2026-12-03, docs/shapes.md)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or device in _WARM:
+        return
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize(device)
+    _WARM.add(device)
+
+
 def time_ms(fn, device, *, quick: bool = False, grad_to_none=None) -> float:
     """Median time of ``fn`` in ms: triton's do_bench (CUDA events, L2 flushed between
-    runs) on a GPU; wall clock under the interpreter, which is no performance figure."""
+    runs) on a GPU, after warm_up_gpu; wall clock under the interpreter, which is no
+    performance figure."""
     if device.type == "cuda":
         import triton.testing
+
+        warm_up_gpu(device)
 
         return float(triton.testing.do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100,
                                              grad_to_none=grad_to_none, return_mode="median"))

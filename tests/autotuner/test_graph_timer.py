@@ -75,3 +75,28 @@ def test_a_trial_is_timed_from_graph_replays(pass_, monkeypatch):
     assert out.status == "ok" and out.time_ms > 0, out
     assert [fn.calls for fn in made] == [4]
     assert bench.describe()["timer"] == "cuda-graph-replay"
+
+
+def test_the_gpu_warm_up_leaves_other_devices_alone(monkeypatch):
+    from flashtune import protocol
+
+    monkeypatch.setattr(protocol, "_WARM", set())
+    protocol.warm_up_gpu(torch.device("cpu"), seconds=5.0)  # returns at once: nothing to warm
+    assert protocol._WARM == set()
+
+
+@pytest.mark.gpu
+@gpu
+def test_the_gpu_is_warmed_once_per_process_before_timing(monkeypatch):
+    import time
+
+    from flashtune import protocol
+
+    monkeypatch.setattr(protocol, "_WARM", set())
+    device = torch.device("cuda", torch.cuda.current_device())
+    start = time.perf_counter()
+    protocol.time_ms(lambda: None, device, quick=True)
+    assert time.perf_counter() - start >= 0.2 and device in protocol._WARM
+    start = time.perf_counter()
+    protocol.warm_up_gpu(device, seconds=5.0)
+    assert time.perf_counter() - start < 0.5  # once per process and device
