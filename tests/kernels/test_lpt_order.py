@@ -208,3 +208,16 @@ def test_the_order_benchmark_lists_causal_rows_and_its_switches_change_the_grids
         dims = {on: [n for f, n in grids[on][0] if f is switched[kernel]] for on in (False, True)}
         assert dims == {False: [3], True: [1]}, kernel
         assert all(torch.equal(a, b) for a, b in zip(grids[True][1], grids[False][1])), kernel
+
+
+def test_the_benchmark_reports_the_waves_the_cap_reads():
+    bench = _lpt_benchmark()
+    # (the CPU's heuristic blocks are smaller than the H200's: a shorter call than 70b-tp8's)
+    q = torch.empty(2, 8, 512, 64, dtype=torch.float16)  # 16 units of at most 32 query blocks
+    k = torch.empty(2, 1, 512, 64, dtype=torch.float16)
+    assert bench.heavy_waves("dkdv", q, k) is None  # no cap on the dK/dV kernels
+    for kernel in ("fwd", "dq"):
+        waves = bench.heavy_waves(kernel, q, k)
+        assert 0 < waves <= config.LPT_MAX_WAVES  # served
+    wide = torch.empty(16, 16, 4096, 64, dtype=torch.float16)  # 256 units: over the cap
+    assert bench.heavy_waves("fwd", wide, wide) > config.LPT_MAX_WAVES
