@@ -13,8 +13,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from flashtune.kernels import config as _config  # config imports no kernel module at import time
-from flashtune.kernels.config import lpt_group, lpt_waves
+from flashtune.kernels.config import lpt_group, lpt_pays  # config imports no kernel module at import time
 
 # Triton decides at decoration time whether @triton.jit functions are interpreted.
 INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -130,12 +129,10 @@ def query_lpt_units(q: torch.Tensor, k: torch.Tensor, query_blocks: int, *, caus
     causal call without a window or packed sequences, the (batch, query head) units of
     ``query_blocks`` programs in groups of config.lpt_group's size over the K and V they walk
     (a K/V head's bytes shared by the query heads of its group, neighbours in the order);
-    only where config.lpt_waves is at most config.LPT_MAX_WAVES (read at each call)."""
-    if not (causal and plain):
-        return 0
+    only where config.lpt_pays."""
     B, H, _, D = q.shape
     slots = sm_count(q.device)
-    if lpt_waves(B * H, query_blocks, slots) > _config.LPT_MAX_WAVES:
+    if not (causal and plain and lpt_pays(B * H, query_blocks, slots)):
         return 0
     per_unit = 2 * k.shape[2] * D * k.element_size() * k.shape[1] // H
     return lpt_group(B * H, query_blocks, per_unit, slots=slots)

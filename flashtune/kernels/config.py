@@ -731,6 +731,12 @@ def lpt_waves(units: int, programs_per_unit: int, slots: int) -> float:
     return units * (programs_per_unit + 1) / (2 * max(1, slots))
 
 
+def lpt_pays(units: int, programs_per_unit: int, slots: int) -> bool:
+    """Whether a query-block kernel's launch takes the heaviest-first order: lpt_waves at
+    most LPT_MAX_WAVES (read at each call, so a benchmark can lift it)."""
+    return lpt_waves(units, programs_per_unit, slots) <= LPT_MAX_WAVES
+
+
 def lpt_group(units: int, programs_per_unit: int, bytes_per_unit: int, *, slots: int) -> int:
     """Units per group of a heaviest-first (longest-processing-time) launch order: the
     backward kernels under causal masking run their programs group by group, and within a
