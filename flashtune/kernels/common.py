@@ -130,9 +130,11 @@ def query_lpt_units(q: torch.Tensor, k: torch.Tensor, query_blocks: int, *, caus
     ``query_blocks`` programs in groups of config.lpt_group's size over the K and V they walk
     (a K/V head's bytes shared by the query heads of its group, neighbours in the order);
     only where config.lpt_pays."""
+    if not (causal and plain):  # (packed sequences: q is 3-D)
+        return 0
     B, H, _, D = q.shape
     slots = sm_count(q.device)
-    if not (causal and plain and lpt_pays(B * H, query_blocks, slots)):
+    if not lpt_pays(B * H, query_blocks, slots):
         return 0
     per_unit = 2 * k.shape[2] * D * k.element_size() * k.shape[1] // H
     return lpt_group(B * H, query_blocks, per_unit, slots=slots)
