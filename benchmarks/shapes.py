@@ -406,8 +406,8 @@ def bench_row(args, shape: Shape, entries: dict, copy_bw: float, singles: dict |
             fwd, sources["fwd"] = choice.fwd_config, choice.fwd_source
         if bwd is None and choice.bwd_config is not None and choice.bwd_source.startswith("tuned"):
             bwd, sources["bwd"] = choice.bwd_config, choice.bwd_source
-    default_fwd, default_bwd = resolve_configs(q, None, None, s.causal, seq_k=s.seq_k)
-    fwd, bwd = resolve_configs(q, fwd, bwd, s.causal, seq_k=s.seq_k)
+    default_fwd, default_bwd = resolve_configs(q, None, None, s.causal, seq_k=s.seq_k, heads_kv=s.heads_kv)
+    fwd, bwd = resolve_configs(q, fwd, bwd, s.causal, seq_k=s.seq_k, heads_kv=s.heads_kv)
     plan = plan_schedule(fwd, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, device)
     schedule = None if plan is None else \
         (f"split kernel: {plan.splits} chunks of {plan.chunk} keys, "

@@ -88,8 +88,9 @@ class KeySearch:
         self.dtype = dtype = getattr(torch, key.dtype)
         self.ledger = Ledger(valid_candidates(key.pass_, key.head_dim, dtype, bench.device))
         try:
+            batch, _, heads_kv = trial_shape(key, bench.device.type != "cuda")
             self.default = default_config(key.pass_, key.head_dim, dtype, bench.device, causal=key.causal,
-                                          seq_q=key.seq_q, seq_k=key.seq_k)
+                                          seq_q=key.seq_q, seq_k=key.seq_k, batch_heads_kv=batch * heads_kv)
         except ConfigError:  # nothing runs on this device: the key ends as no_valid_config
             self.default = None
         self.study = KeyStudy(key, storage=bench.storage, kernel_hash=bench.provenance.kernel_hash,

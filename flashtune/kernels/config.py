@@ -51,6 +51,18 @@ LONG_MIN_K = 2048
 LONG_MIN_Q_BWD = 2048
 
 
+def decode_fills(batch_heads_kv: int | None, device) -> bool:
+    """Whether a decode call (at most DECODE_MAX_Q queries per head) of ``batch_heads_kv``
+    (batch x K/V heads; None: unknown) packed tiles fills the device's SMs, so that the auto
+    schedule runs it in one chunk (decode.auto_splits): it then reads the tables'
+    (dtype, head dim, "decode", "full") entry first."""
+    if batch_heads_kv is None:
+        return False
+    from flashtune.kernels.decode import sm_count  # config imports no kernel module at import time
+
+    return batch_heads_kv >= sm_count(torch.device(device) if device is not None else torch.device("cpu"))
+
+
 def is_long(pass_: str, seq_q: int | None, seq_k: int | None = None) -> bool:
     """Whether a call of ``seq_q`` queries per head against ``seq_k`` keys (None: seq_q)
     reads the tables' long entries."""
@@ -828,6 +840,12 @@ _SM90_FWD[(_bf, 256, "decode")] = _F(64, 64, 4, 3)
 # row's best (decode-b1-64k's best, 1.08x the 2-stage TMA config: its 64 chunks of 1024 keys run
 # more programs per SM with one stage's shared memory; decode-b32-4k 0.974x, b128 0.98x the best).
 _SM90_FWD[(_bf, 128, "decode")] = _F(64, 128, 4, 1, tma=1)
+# D=128 decode calls whose batch x K/V heads fill the SMs (decode_fills: one chunk, no combine):
+# two stages with TMA, the best of that sweep on decode-b32-4k (B32, 32/8 heads, 4k keys: 132.8
+# us against 136.3 for one stage) and within 0.6 % of the best on decode-b128-2k-70b (253.5 us;
+# one stage 256.8); one stage pays only where many chunks share an SM (decode-b1-64k).
+# (plans-decode_sweep.txt above; measured against the one-stage default since: docs/shapes.md.)
+_SM90_FWD[(_bf, 128, "decode", "full")] = _F(64, 128, 4, 2, tma=1)
 # D=128 for long calls (is_long: from 1024 queries against 2048 keys): the Gluon kernel (2 x 64
 # rows, 128 keys, 3 buffers, ping-pong, overlap), 1.03-1.32x the Triton defaults on every row of
 # the standard grid and of SHAPES.md from 4k (causal and not, llama3-8b-train-8k 1.18x,
@@ -997,13 +1015,15 @@ def _triton_default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch
 
 
 def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None,
-                   seq_q: int | None = None, triton_only: bool = False, seq_k: int | None = None):
+                   seq_q: int | None = None, triton_only: bool = False, seq_k: int | None = None,
+                   batch_heads_kv: int | None = None):
     """The heuristic config for a pass ("fwd" or "bwd") on ``device``.
 
     Walks the tables from the device's architecture down to the generic one and
     returns the first entry that validates on the device; within a table an entry for
     decode ((dtype, head_dim, "decode"), forward calls with ``seq_q`` at most
-    DECODE_MAX_Q) or for long calls ((dtype, head_dim, "long", causal), then (dtype,
+    DECODE_MAX_Q; before it (dtype, head_dim, "decode", "full") where ``batch_heads_kv``,
+    the call's batch x K/V heads, fills the SMs: ``decode_fills``) or for long calls ((dtype, head_dim, "long", causal), then (dtype,
     head_dim, "long"); ``is_long(pass_, seq_q, seq_k)``, seq_k None for seq_q) comes first,
     then one for this masking ((dtype, head_dim, causal)), then the one for both.
     ``triton_only``: entries of another kernel family (the Gluon forward, ``family=1``) are
@@ -1015,6 +1035,8 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     keys = [key] if causal is None else [(*key, bool(causal)), key]
     if pass_ == "fwd" and seq_q is not None and seq_q <= DECODE_MAX_Q:
         keys.insert(0, (*key, "decode"))
+        if decode_fills(batch_heads_kv, device):
+            keys.insert(0, (*key, "decode", "full"))
     if is_long(pass_, seq_q, seq_k):
         keys.insert(0, (*key, "long"))
         if causal is not None:  # an entry for long queries with this masking first

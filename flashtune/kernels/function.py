@@ -12,7 +12,8 @@ from torch.autograd import forward_ad as _forward_ad
 from flashtune.kernels.backward import attention_backward
 from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, Dropout, Varlen, torch_fp32_precision
 from flashtune.kernels.config import (DECODE_MAX_Q, FP8_DTYPES, LONG_MIN_K, LONG_MIN_Q, LONG_MIN_Q_BWD, MAX_HEAD_DIM,
-                                      BwdConfig, ConfigError, FwdConfig, default_config, is_long)
+                                      BwdConfig, ConfigError, FwdConfig, decode_fills, default_config, is_long)
+from flashtune.kernels import decode
 from flashtune.kernels.forward import attention_forward, forward_key
 from flashtune.kernels.jvp import attention_jvp_forward, attention_jvp_op, default_jvp_config, validate_jvp_config
 
@@ -170,25 +171,34 @@ def dropout_fwd_config(config: FwdConfig, head_dim: int, dtype: torch.dtype, dev
 @functools.lru_cache(maxsize=1024)
 def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool,
              bucket: str | None = None):
-    """The heuristic config of a bucket: "decode", "long" or None (neither)."""
+    """The heuristic config of a bucket: "decode", "decode-full" (a decode call that fills
+    the SMs, config.decode_fills), "long" or None (neither)."""
     long = (LONG_MIN_Q, LONG_MIN_K) if pass_ == "fwd" else (LONG_MIN_Q_BWD, None)
-    seq_q, seq_k = {"decode": (1, None), "long": long, None: (None, None)}[bucket]
-    return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=seq_q, seq_k=seq_k)
+    seq_q, seq_k = {"decode": (1, None), "decode-full": (1, None), "long": long, None: (None, None)}[bucket]
+    fills = decode.sm_count(device) if bucket == "decode-full" else None  # batch x K/V heads that fill the SMs
+    return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=seq_q, seq_k=seq_k,
+                          batch_heads_kv=fills)
 
 
 def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = False, *, varlen: bool = False,
-                    dropout: bool = False, seq_k: int | None = None) -> tuple[FwdConfig, BwdConfig]:
+                    dropout: bool = False, seq_k: int | None = None,
+                    heads_kv: int | None = None) -> tuple[FwdConfig, BwdConfig]:
     """The configs to launch with: the given ones, validated (the forward's for its DROPOUT
     kernel with ``dropout``), or the heuristic defaults (the forward's decode entry for at
-    most DECODE_MAX_Q queries, its long entry for ``config.is_long`` calls of ``seq_k`` keys
-    (None: as many as queries); neither for a packed ``varlen`` q or with dropout, which run
-    the plain Triton forward kernel); the backward's long entry from LONG_MIN_Q_BWD queries
-    (no decode entry: its decode-sized calls are few)."""
+    most DECODE_MAX_Q queries, its "decode full" entry first where the batch x ``heads_kv``
+    K/V heads fill the SMs (None: unknown, never), its long entry for ``config.is_long``
+    calls of ``seq_k`` keys (None: as many as queries); neither for a packed ``varlen`` q or
+    with dropout, which run the plain Triton forward kernel); the backward's long entry from
+    LONG_MIN_Q_BWD queries (no decode entry: its decode-sized calls are few)."""
     D, dtype, device = q.shape[-1], q.dtype, q.device
     n_q = q.shape[2]
     buckets = {"fwd": None, "bwd": None}
     if not varlen and not dropout:
-        buckets["fwd"] = "decode" if n_q <= DECODE_MAX_Q else "long" if is_long("fwd", n_q, seq_k) else None
+        if n_q <= DECODE_MAX_Q:
+            fills = heads_kv is not None and decode_fills(q.shape[0] * heads_kv, device)
+            buckets["fwd"] = "decode-full" if fills else "decode"
+        elif is_long("fwd", n_q, seq_k):
+            buckets["fwd"] = "long"
         buckets["bwd"] = "long" if is_long("bwd", n_q) else None
     resolved = []
     for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
@@ -461,7 +471,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                                      bwd_config=bwd_config, fp32_precision="" if fp32_precision is None else fp32_precision,
                                      causal_align=causal_align, softcap=cap, window_size=window, dropout=dropout)
     else:
-        fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal, dropout=dropout is not None, seq_k=k.shape[2])
+        fwd, bwd = resolve_configs(q, fwd_config, bwd_config, causal, dropout=dropout is not None, seq_k=k.shape[2],
+                                   heads_kv=k.shape[1])
         if checked is not None:  # every argument of the signature passed the checks above
             if len(_CHECKED) >= 4096:
                 _CHECKED.clear()

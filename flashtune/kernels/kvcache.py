@@ -232,7 +232,8 @@ def attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
             "the cache's capacity, " + ("block_table.shape[1] x page_size" if paged else "k_cache.shape[2]")
         check_kvcache_values(cache_seqlens, block_table, n_keys, limit_name, k_cache.shape[0],
                              k_cache.shape[1] if paged else 1)
-    fwd, _ = resolve_configs(q, fwd_config, None, causal, seq_k=n_keys)
+    fwd, _ = resolve_configs(q, fwd_config, None, causal, seq_k=n_keys,
+                             heads_kv=k_cache.shape[2] if paged else k_cache.shape[1])
     if fwd.family:  # the Gluon kernel has no split variant
         fwd = fwd.as_triton(q.shape[-1], q.dtype, q.device, causal)
     # the kernel reads length b at CACHE_SEQLENS + b: a strided (batch,) view is copied

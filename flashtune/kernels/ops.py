@@ -60,7 +60,7 @@ def _configs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm
             fwd = dropout_fwd_config(choice.fwd_config, q.shape[-1], q.dtype, q.device, causal)
         fwd = fwd or choice.fwd_config
         bwd = bwd or choice.bwd_config
-    return resolve_configs(q, fwd, bwd, causal, dropout=dropout, seq_k=k.shape[2])
+    return resolve_configs(q, fwd, bwd, causal, dropout=dropout, seq_k=k.shape[2], heads_kv=k.shape[1])
 
 
 # the drop-ins whose tables traced graphs name, by token (never a URL: a graph is no place for a password)

@@ -312,3 +312,36 @@ def test_fp32_precision_follows_torch(kernel_device, launched_precisions, settin
     launched_precisions.clear()
     attention(q.half(), k.half(), v.half())
     assert launched_precisions == ["ieee"]
+
+
+def test_decode_calls_that_fill_the_sms_read_the_full_entry(h200, monkeypatch):
+    """On sm_90, a D=128 decode call whose batch x K/V heads fill the SMs (one chunk, no
+    combine: decode-b32-4k, decode-b128-2k-70b) takes the two-stage "decode full" entry; one
+    that the auto schedule splits (decode-b1-64k) keeps the one-stage decode entry, and so does
+    a caller that does not say its K/V heads."""
+    from flashtune.kernels import config as config_mod, function
+
+    monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
+    function._default.cache_clear()
+    try:
+        table = HEURISTICS[(9, 0)][0]
+        full, split = table[(torch.bfloat16, 128, "decode", "full")], table[(torch.bfloat16, 128, "decode")]
+        assert full.num_stages > split.num_stages
+        pick = lambda bhkv, n_q=1: default_config("fwd", 128, torch.bfloat16, "cpu", seq_q=n_q, batch_heads_kv=bhkv)
+        assert pick(32 * 8) == pick(132) == full.validate(128, torch.bfloat16, "cpu")
+        assert pick(131) == pick(None) == split.validate(128, torch.bfloat16, "cpu")
+        assert pick(132, n_q=DECODE_MAX_Q + 1) != full  # not decode-sized: the entries for any length
+        # D=64 has no "full" entry: the decode entry serves both
+        assert default_config("fwd", 64, torch.bfloat16, "cpu", seq_q=1, batch_heads_kv=1024) == \
+            table[(torch.bfloat16, 64, "decode")].validate(64, torch.bfloat16, "cpu")
+        # the launch path: resolve_configs reads the K/V heads
+        for (b, hq, hkv, n_k, d), want in zip(SHAPES_DECODE[:3], (split, full, full)):
+            q = torch.empty(b, hq, 1, d, dtype=torch.bfloat16)
+            fwd, _ = function.resolve_configs(q, None, None, False, seq_k=n_k, heads_kv=hkv)
+            assert fwd == want.validate(d, torch.bfloat16, "cpu"), (b, hkv)
+            fwd, _ = function.resolve_configs(q, None, None, False, seq_k=n_k)
+            assert fwd == split.validate(d, torch.bfloat16, "cpu")
+            plan = plan_schedule(fwd, b, hq, hkv, 1, n_k, torch.device("cpu"))
+            assert plan.splits == (1 if want is full else 64)
+    finally:
+        function._default.cache_clear()
