@@ -1023,8 +1023,9 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     returns the first entry that validates on the device; within a table an entry for
     decode ((dtype, head_dim, "decode"), forward calls with ``seq_q`` at most
     DECODE_MAX_Q; before it (dtype, head_dim, "decode", "full") where ``batch_heads_kv``,
-    the call's batch x K/V heads, fills the SMs: ``decode_fills``) or for long calls ((dtype, head_dim, "long", causal), then (dtype,
-    head_dim, "long"); ``is_long(pass_, seq_q, seq_k)``, seq_k None for seq_q) comes first,
+    the call's batch x K/V heads, fills the SMs: ``decode_fills``) or for long calls
+    ((dtype, head_dim, "long", causal), then (dtype, head_dim, "long");
+    ``is_long(pass_, seq_q, seq_k)``, seq_k None for seq_q) comes first,
     then one for this masking ((dtype, head_dim, causal)), then the one for both.
     ``triton_only``: entries of another kernel family (the Gluon forward, ``family=1``) are
     passed over (``FwdConfig.as_triton``'s fallback).
