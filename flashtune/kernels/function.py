@@ -195,7 +195,8 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
     buckets = {"fwd": None, "bwd": None}
     if not varlen and not dropout:
         if n_q <= DECODE_MAX_Q:
-            fills = heads_kv is not None and decode_fills(q.shape[0] * heads_kv, device)
+            # asked only where the default is read (a given config, as the tuned drop-in's, skips it)
+            fills = fwd_config is None and heads_kv is not None and decode_fills(q.shape[0] * heads_kv, device)
             buckets["fwd"] = "decode-full" if fills else "decode"
         elif is_long("fwd", n_q, seq_k):
             buckets["fwd"] = "long"
