@@ -256,15 +256,6 @@ def kernel_cover(configs, head_dim, dtype):
     return out
 
 
-def test_kernel_cover_launches_every_kernel_of_the_space():
-    configs = candidates("bwd")
-    cover = kernel_cover(configs, 64, SPACE_DTYPE)
-    valid = [c for c in configs if _valid(c, 64)]
-    wanted = {k for c in valid for k in _bwd_kernels(c) if k is not None}
-    got = {k for c in cover if _valid(c, 64) for k in _bwd_kernels(c) if k is not None}
-    assert wanted == got and len(cover) < len(configs) / 10
-
-
 def _valid(cfg, head_dim) -> bool:
     try:
         cfg.validate(head_dim, SPACE_DTYPE, torch.device("cuda"))
