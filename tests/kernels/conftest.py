@@ -20,17 +20,6 @@ from flashtune.kernels import common  # imports triton: after the env set-up
 SEED = 20261129
 
 
-# The GPU suite's longest tests (each compiles hundreds of configs, 3-4 minutes on an H200): run
-# first, so that with xdist the rest fill the other workers around them. Last in the file's order,
-# they started at the end and kept a 16-worker run of the whole suite past 9 minutes.
-LONGEST_FIRST = ("test_every_search_space_config",)
-
-
-def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
-        items.sort(key=lambda item: not item.name.startswith(LONGEST_FIRST))  # stable: the rest keep their order
-
-
 def pytest_runtest_setup(item):
     if item.get_closest_marker("gpu") is not None and not HAS_CUDA:
         pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False")
