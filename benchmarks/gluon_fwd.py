@@ -6,6 +6,7 @@ on an H100/H200, in one process; print the ratios and, with --out, write them as
     python benchmarks/gluon_fwd.py --grid --realistic # the standard grid (D 64/128) and the
                                                       # compute-bound rows of SHAPES.md
     python benchmarks/gluon_fwd.py --configs all      # the Gluon default and a few neighbours
+    python benchmarks/gluon_fwd.py --configs persistent  # the default, and it with PERSISTENT=1
 
 Forward only. For every shape each kernel's output is first checked against cuDNN's
 (max |diff| within 4x FlashAttention-2's own distance from cuDNN, and at most 0.05);
@@ -20,6 +21,7 @@ and, with --configs all, a few neighbours; "gluon" in the summary is the best of
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -59,7 +61,9 @@ def sdpa(backend, q, k, v, causal, scale):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
-    ap.add_argument("--configs", choices=("default", "all"), default="default")
+    ap.add_argument("--configs", choices=("default", "all", "persistent"), default="default",
+                    help="all: the default and its neighbours (persistent included); persistent: the default and "
+                         "the default with PERSISTENT=1")
     ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
     ap.add_argument("--realistic", action="store_true", help="SHAPES.md's rows with D 64/128 and Nq >= 1024")
     ap.add_argument("--rows", metavar="NAMES", help="only the shapes of these names (comma-separated)")
@@ -96,6 +100,8 @@ def main() -> int:
                 "flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal, scale),
             }
             configs = [default_gluon_config(D, causal)]
+            if args.configs in ("all", "persistent"):
+                configs.append(dataclasses.replace(configs[0], PERSISTENT=1))
             if args.configs == "all":
                 configs += [c for c in NEIGHBOURS if c not in configs]
             errors = {}

@@ -32,6 +32,12 @@ Design (one CTA per 2 x BLOCK_M query rows of one (batch, head)):
 - a sliding window (``WINDOW``): the CTA's key blocks start at its first row's first
   visible key as well ([lo, hi) of ``_window_range``, common.window_blocks' formula); each
   consumer masks the blocks outside its own rows' unmasked range (the window's edges).
+- ``PERSISTENT``: at most one CTA per SM, each walking the tiles pid, pid + CTAs, ... of the
+  grid's 1-D order (``_tile``); the ring's slot and phase counters, the turns' phases and
+  the Q barriers' phases run on across tiles (``it0``, ``tile_i``), the producer loads a
+  tile's first blocks (at most NUM_BUFFERS: more would wait on slots only this tile's
+  consumers free, before its Q is in) while the consumers finish the previous tile, then
+  its Q once each consumer has released its tile (a Q-empty mbarrier per consumer).
 
 Everything numeric is unverified until the GPU tests run on an H200: the CPU can only
 compile this kernel (tests/kernels/test_gluon_compile_sm90.py).
@@ -52,7 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashtune.kernels import launch
-from flashtune.kernels.common import LOG2E, causal_offset, cdiv, fwd_lpt_units, on_device, window_bounds
+from flashtune.kernels.common import LOG2E, causal_offset, cdiv, fwd_lpt_units, on_device, sm_count, window_bounds
 from flashtune.kernels.config import ConfigError, device_capability
 
 SM90_SHARED_MEMORY = 232448  # bytes per block, opt-in maximum of the H100/H200 (227 KiB)
@@ -126,6 +132,12 @@ class GluonFwdConfig:
     PRODUCER_REGS / CONSUMER_REGS: registers per thread of the TMA warp's and of each
     consumer warp group's (setmaxnreg; warp groups of 128 threads share 65536).
     PINGPONG: 1 makes the consumers take turns issuing their S matmul.
+    OVERLAP: 1 issues block j's S with block j-1's P V (FA3's intra-warpgroup overlap).
+    PERSISTENT: 1 launches one CTA per SM (at most) that walks the tiles of 2 x BLOCK_M
+    query rows in the grid's order (heaviest first under causal masking), with the K/V
+    ring and its barriers carried from tile to tile: the producer loads the next tile's
+    first K/V blocks while the consumers finish the current one, and a tile's Q is reloaded
+    once both consumers are done with the previous one's (per consumer a Q-empty mbarrier).
     """
 
     BLOCK_M: int = 64
@@ -135,19 +147,20 @@ class GluonFwdConfig:
     CONSUMER_REGS: int = 240
     PINGPONG: int = 1
     OVERLAP: int = 1
+    PERSISTENT: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
     def short(self) -> str:
         return (f"m{self.BLOCK_M}n{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
-                f"{'pp' if self.PINGPONG else ''}{'' if self.OVERLAP else 'seq'}")
+                f"{'pp' if self.PINGPONG else ''}{'' if self.OVERLAP else 'seq'}{'P' if self.PERSISTENT else ''}")
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         """Bytes of shared memory: two Q tiles, the K and V rings, the mbarriers."""
         e = torch.empty((), dtype=dtype).element_size()
         tiles = 2 * self.BLOCK_M * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_N * head_dim * e
-        barriers = (2 + 3 * self.NUM_BUFFERS + 2) * _BARRIER_BYTES
+        barriers = (2 + 3 * self.NUM_BUFFERS + 2 + (2 if self.PERSISTENT else 0)) * _BARRIER_BYTES
         if dtype in FP8_DTYPES and self.OVERLAP:  # the consumers' P tiles (_stage_p)
             tiles += 2 * self.BLOCK_M * self.BLOCK_N * e
         return tiles + barriers + _SHARED_SLACK
@@ -185,6 +198,8 @@ class GluonFwdConfig:
             raise ConfigError(f"PINGPONG: expected 0 or 1, got {self.PINGPONG}")
         if self.OVERLAP not in (0, 1):
             raise ConfigError(f"OVERLAP: expected 0 or 1, got {self.OVERLAP}")
+        if self.PERSISTENT not in (0, 1):
+            raise ConfigError(f"PERSISTENT: expected 0 or 1, got {self.PERSISTENT}")
         check_register_split(self.PRODUCER_REGS, self.CONSUMER_REGS)
         if head_dim not in HEAD_DIMS:
             raise ConfigError(f"head_dim: the Gluon forward supports {HEAD_DIMS}, got {head_dim}")
@@ -259,52 +274,87 @@ def _v_tile(v_bufs, s, FP8: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.co
 
 
 @gluon.jit
-def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty,
-              off_b, off_h, off_hk, start_m, lo, n_blocks,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr):
-    # the two Q tiles, once (rows past Nq read as zeros: the descriptor's bounds are per head)
+def _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0,
+             BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr):
+    """The tile's key block lo + j into ring slot (it0 + j) % NUM_BUFFERS; ``it0``: the blocks
+    the ring carried before this tile (0 without PERSISTENT)."""
+    g = it0 + j
+    s = g % NUM_BUFFERS
+    phase = (g // NUM_BUFFERS) & 1
+    # a fresh mbarrier counts as having completed the phase before its first: the
+    # first lap through the ring does not wait
+    mbarrier.wait(kv_empty.index(s), phase ^ 1)
+    mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc_k, [off_b, off_hk, (lo + j) * BLOCK_N, 0], k_ready.index(s),
+                                    k_bufs.index(s))
+    mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
+    if FP8:  # V^T: [D, BLOCK_N] tiles of the key-contiguous V
+        tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, 0, (lo + j) * BLOCK_N], v_ready.index(s),
+                                        v_bufs.index(s))
+    else:
+        tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, (lo + j) * BLOCK_N, 0], v_ready.index(s),
+                                        v_bufs.index(s))
+
+
+@gluon.jit
+def _load_q(desc_q, q_smem, q_ready, q_empty, off_b, off_h, start_m, tile_i, BLOCK_M: gl.constexpr,
+            PERSISTENT: gl.constexpr):
+    # the two Q tiles (rows past Nq read as zeros: the descriptor's bounds are per head);
+    # PERSISTENT: each once its consumer released the previous tile's (Q-empty, phase by tile)
     for w in gl.static_range(2):
+        if PERSISTENT:
+            mbarrier.wait(q_empty.index(w), (tile_i & 1) ^ 1)
         mbarrier.expect(q_ready.index(w), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_q, [off_b, off_h, start_m + w * BLOCK_M, 0], q_ready.index(w),
                                         q_smem.index(w))
-    for j in range(n_blocks):
-        s = j % NUM_BUFFERS
-        phase = (j // NUM_BUFFERS) & 1
-        # a fresh mbarrier counts as having completed the phase before its first: the
-        # first lap through the ring does not wait
-        mbarrier.wait(kv_empty.index(s), phase ^ 1)
-        mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_k, [off_b, off_hk, (lo + j) * BLOCK_N, 0], k_ready.index(s),
-                                        k_bufs.index(s))
-        mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
-        if FP8:  # V^T: [D, BLOCK_N] tiles of the key-contiguous V
-            tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, 0, (lo + j) * BLOCK_N], v_ready.index(s),
-                                            v_bufs.index(s))
-        else:
-            tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, (lo + j) * BLOCK_N, 0], v_ready.index(s),
-                                            v_bufs.index(s))
+
+
+@gluon.jit
+def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+              off_b, off_h, off_hk, start_m, lo, n_blocks, it0, tile_i,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr,
+              PERSISTENT: gl.constexpr):
+    if PERSISTENT:
+        # the first blocks of this tile go into slots the previous tile's consumption frees
+        # (waits that need no Q of this tile), so they load under the previous tile's end;
+        # then Q, once released; more blocks than slots before Q would deadlock
+        n_pre = gl.minimum(n_blocks, NUM_BUFFERS)
+        for j in range(0, n_pre):
+            _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0,
+                     BLOCK_N, NUM_BUFFERS, FP8)
+        _load_q(desc_q, q_smem, q_ready, q_empty, off_b, off_h, start_m, tile_i, BLOCK_M, PERSISTENT)
+        for j in range(n_pre, n_blocks):
+            _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0,
+                     BLOCK_N, NUM_BUFFERS, FP8)
+    else:
+        _load_q(desc_q, q_smem, q_ready, q_empty, off_b, off_h, start_m, tile_i, BLOCK_M, PERSISTENT)
+        for j in range(n_blocks):
+            _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0,
+                     BLOCK_N, NUM_BUFFERS, FP8)
 
 
 @gluon.jit
 def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which, rows, first, last,
-                    lo, qk_scale, N_K, causal_off, win_left, win_right,
+                    lo, it0, qk_scale, N_K, causal_off, win_left, win_right,
                     MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
                     PINGPONG: gl.constexpr, FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):
     """The CTA's blocks [first, last) (counted from its first key block, ``lo``) of one
-    consumer: online softmax into (acc, m_i, l_i)."""
+    consumer: online softmax into (acc, m_i, l_i). Ring slots and turns count from ``it0``,
+    the blocks the ring carried before this tile."""
     dtype: gl.constexpr = q.dtype
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     for j in range(first, last):
-        s = j % NUM_BUFFERS
-        phase = (j // NUM_BUFFERS) & 1
+        g = it0 + j
+        s = g % NUM_BUFFERS
+        phase = (g // NUM_BUFFERS) & 1
         k_smem = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
         v_smem = _v_tile(v_bufs, s, FP8, HEAD_DIM, BLOCK_N)
         mbarrier.wait(k_ready.index(s), phase)
         if PINGPONG:
             # consumer 0 goes first: its first wait is on the fresh barrier's completed phase
-            mbarrier.wait(turn.index(which), (j & 1) ^ (1 - which))
+            mbarrier.wait(turn.index(which), (g & 1) ^ (1 - which))
         qk = warpgroup_mma(q, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         if PINGPONG:
             mbarrier.arrive(turn.index(1 - which))
@@ -365,23 +415,25 @@ def _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, 
 
 @gluon.jit
 def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_ready, kv_empty, turn, which, rows, lo,
-                        full_lo, full_hi, n_blocks, qk_scale, N_K, causal_off, win_left, win_right,
+                        full_lo, full_hi, n_blocks, it0, qk_scale, N_K, causal_off, win_left, win_right,
                         CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
                         FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):
     """All key blocks of one consumer, software-pipelined within the warp group (FA3's
     intra-warpgroup overlap): block j's S = QK^T and block j-1's O += PV are issued
     together, and block j's softmax runs while that PV wgmma is in flight. A slot is
-    released once its PV is done; a turn (PINGPONG) covers the two issues."""
+    released once its PV is done; a turn (PINGPONG) covers the two issues. Ring slots and
+    turns count from ``it0``, the blocks the ring carried before this tile."""
     dtype: gl.constexpr = q.dtype
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     if n_blocks > 0:
         # block 0: S, then its softmax (no PV before it)
-        k_smem = k_bufs.index(0).reshape([BLOCK_N, HEAD_DIM])
-        mbarrier.wait(k_ready.index(0), 0)
+        s0 = it0 % NUM_BUFFERS
+        k_smem = k_bufs.index(s0).reshape([BLOCK_N, HEAD_DIM])
+        mbarrier.wait(k_ready.index(s0), (it0 // NUM_BUFFERS) & 1)
         if PINGPONG:
-            mbarrier.wait(turn.index(which), 1 - which)
+            mbarrier.wait(turn.index(which), (it0 & 1) ^ (1 - which))
         qk = warpgroup_mma(q, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         if PINGPONG:
             mbarrier.arrive(turn.index(1 - which))
@@ -390,14 +442,15 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
                                             causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N)
         p16 = _stage_p(p, p_smem, dtype, p_layout, FP8)
         for j in range(1, n_blocks):
-            s = j % NUM_BUFFERS
-            sp = (j - 1) % NUM_BUFFERS
+            g = it0 + j
+            s = g % NUM_BUFFERS
+            sp = (g - 1) % NUM_BUFFERS
             k_smem = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
             v_prev = _v_tile(v_bufs, sp, FP8, HEAD_DIM, BLOCK_N)
-            mbarrier.wait(k_ready.index(s), (j // NUM_BUFFERS) & 1)
-            mbarrier.wait(v_ready.index(sp), ((j - 1) // NUM_BUFFERS) & 1)
+            mbarrier.wait(k_ready.index(s), (g // NUM_BUFFERS) & 1)
+            mbarrier.wait(v_ready.index(sp), ((g - 1) // NUM_BUFFERS) & 1)
             if PINGPONG:
-                mbarrier.wait(turn.index(which), (j & 1) ^ (1 - which))
+                mbarrier.wait(turn.index(which), (g & 1) ^ (1 - which))
             qk = warpgroup_mma(q, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             acc = warpgroup_mma(p16, v_prev, acc, is_async=True)
             if PINGPONG:
@@ -414,9 +467,10 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
             p16 = _stage_p(p, p_smem, dtype, p_layout, FP8)
         # the last block's PV
-        sl = (n_blocks - 1) % NUM_BUFFERS
+        g_last = it0 + n_blocks - 1
+        sl = g_last % NUM_BUFFERS
         v_last = _v_tile(v_bufs, sl, FP8, HEAD_DIM, BLOCK_N)
-        mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // NUM_BUFFERS) & 1)
+        mbarrier.wait(v_ready.index(sl), (g_last // NUM_BUFFERS) & 1)
         acc = warpgroup_mma(p16, v_last, acc, is_async=True)
         acc, _p, _v = warpgroup_mma_wait(0, deps=(acc, p16, v_last))
         gl.thread_barrier()
@@ -425,12 +479,14 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
 
 
 @gluon.jit
-def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale, v_scale,
-              stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, win_left,
-              win_right, start_m, lo, n_blocks,
+def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
+              qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off,
+              win_left, win_right, start_m, lo, n_blocks, it0, tile_i,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr,
-              NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, FP8: gl.constexpr):
+              BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
+              FP8: gl.constexpr, PERSISTENT: gl.constexpr):
+    """One consumer's rows of one tile (``it0``: the blocks the ring carried before it;
+    ``tile_i``: the tiles this CTA ran before it, for the Q barriers' phases)."""
     # wgmma's K per instruction: 16 for 16-bit operands, 32 for fp8; a register A operand
     # holds 32 bits of K per element group (k_width 2 for 16-bit P, 4 for fp8 P)
     INSTR_K: gl.constexpr = 32 if FP8 else 16
@@ -461,28 +517,33 @@ def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, k_ready, v_ready, 
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
 
-    mbarrier.wait(q_ready.index(which), 0)
+    mbarrier.wait(q_ready.index(which), tile_i & 1)
     q = q_smem.index(which).reshape([BLOCK_M, HEAD_DIM])
     if OVERLAP:
         acc, m_i, l_i = _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_bufs.index(which), k_ready, v_ready,
                                             kv_empty, turn,
-                                            which, rows, lo, full_lo, full_hi, n_blocks, qk_scale, N_K, causal_off,
+                                            which, rows, lo, full_lo, full_hi, n_blocks, it0, qk_scale, N_K, causal_off,
                                             win_left, win_right, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N,
                                             NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout)
     else:
         if WINDOW:  # the window's left edge
             acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn,
-                                            which, rows, 0, full_lo, lo, qk_scale, N_K, causal_off, win_left,
+                                            which, rows, 0, full_lo, lo, it0, qk_scale, N_K, causal_off, win_left,
                                             win_right, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
                                             PINGPONG, FP8, s_layout, p_layout)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
-                                        rows, full_lo, full_hi, lo, qk_scale, N_K, causal_off, win_left, win_right,
+                                        rows, full_lo, full_hi, lo, it0, qk_scale, N_K, causal_off, win_left, win_right,
                                         0, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, FP8,
                                         s_layout, p_layout)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
-                                        rows, full_hi, n_blocks, lo, qk_scale, N_K, causal_off, win_left,
+                                        rows, full_hi, n_blocks, lo, it0, qk_scale, N_K, causal_off, win_left,
                                         win_right, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
                                         PINGPONG, FP8, s_layout, p_layout)
+    if PERSISTENT:
+        # every wgmma that read this Q tile has been waited for: all four warps past them,
+        # one arrival, and the producer may load the next tile's rows into it
+        gl.thread_barrier()
+        mbarrier.arrive(q_empty.index(which))
 
     if CAUSAL or WINDOW:
         # rows that saw no key (bottom-right, Nq > Nk): output 0, log-sum-exp -inf
@@ -522,31 +583,11 @@ def lpt_tile(pid, n_blocks, n_units, LPT_UNITS):
 
 
 @gluon.jit
-def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
-                           stride_ob, stride_oh, stride_on, stride_od,
-                           H, GROUP, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS,
-                           CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                           BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
-                           OVERLAP: gl.constexpr, FP8: gl.constexpr, P_LAYOUT: gl.constexpr,
-                           PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    if LPT_UNITS > 0:  # causal, a 1-D grid in heaviest-first order across heads (lpt_tile)
-        n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
-        pid_m, unit = lpt_tile(gl.program_id(0), n_m, gl.num_programs(0) // n_m, LPT_UNITS)
-        pid_m = n_m - 1 - pid_m
-        off_h = unit % H
-        off_b = unit // H
-    else:
-        pid_m = gl.program_id(0)
-        if CAUSAL:
-            # the last query blocks have the most keys: start them first
-            pid_m = gl.num_programs(0) - 1 - pid_m
-        off_h = gl.program_id(1)
-        off_b = gl.program_id(2)
-    off_hk = off_h // GROUP
-    start_m = pid_m * (2 * BLOCK_M)
-
-    # the key blocks this CTA needs, [lo, lo + n_blocks): causal stops at its last row's last
-    # visible key; a window also starts at its first row's first one (the rest never loaded)
+def _key_blocks(start_m, N_Q, N_K, causal_off, win_left, win_right, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The key blocks the tile at query row ``start_m`` needs, (lo, n_blocks): causal stops
+    at its last row's last visible key; a window also starts at its first row's first one
+    (the rest are never loaded)."""
     if WINDOW:
         lo, _full_lo, _full_hi, hi_blk = _window_range(start_m, gl.minimum(start_m + 2 * BLOCK_M, N_Q) - 1, N_K,
                                                        BLOCK_N, causal_off, win_left, win_right)
@@ -557,7 +598,80 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
         if CAUSAL:
             hi = gl.maximum(gl.minimum(start_m + 2 * BLOCK_M + causal_off, N_K), 0)
         n_blocks = gl.cdiv(hi, BLOCK_N)
+    return lo, n_blocks
 
+
+@gluon.jit
+def _tile(t, n_m, n_units, H, LPT_UNITS, CAUSAL: gl.constexpr):
+    """(pid_m, off_h, off_b) of tile ``t`` of the 1-D order of n_m query tiles x n_units
+    (batch, head) units: heaviest first in groups (lpt_tile) with LPT_UNITS; else the query
+    tiles of a unit in a row (their K/V shared in the L2), the last first under causal
+    masking (they see the most keys)."""
+    if LPT_UNITS > 0:
+        pid_m, unit = lpt_tile(t, n_m, n_units, LPT_UNITS)
+        pid_m = n_m - 1 - pid_m
+    else:
+        pid_m = t % n_m
+        unit = t // n_m
+        if CAUSAL:
+            pid_m = n_m - 1 - pid_m
+    return pid_m, unit % H, unit // H
+
+
+@gluon.jit
+def _producer_tiles(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                    pid, n_prog, n_units, H, GROUP, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS,
+                    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr):
+    """PERSISTENT: the producer of every tile of this CTA (tiles pid, pid + n_prog, ...)."""
+    n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
+    it = 0
+    tile_i = 0
+    for t in range(pid, n_m * n_units, n_prog):
+        pid_m, off_h, off_b = _tile(t, n_m, n_units, H, LPT_UNITS, CAUSAL)
+        start_m = pid_m * (2 * BLOCK_M)
+        lo, n_blocks = _key_blocks(start_m, N_Q, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_M,
+                                   BLOCK_N)
+        _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                  off_b, off_h, off_h // GROUP, start_m, lo, n_blocks, it, tile_i, BLOCK_M, BLOCK_N, NUM_BUFFERS,
+                  FP8, True)
+        it += n_blocks
+        tile_i += 1
+
+
+@gluon.jit
+def _consumer_tiles(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
+                    qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog, n_units, H, N_Q, N_K,
+                    causal_off, win_left, win_right, LPT_UNITS,
+                    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
+                    FP8: gl.constexpr):
+    """PERSISTENT: one consumer's rows of every tile of this CTA, in the producer's order."""
+    n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
+    it = 0
+    tile_i = 0
+    for t in range(pid, n_m * n_units, n_prog):
+        pid_m, off_h, off_b = _tile(t, n_m, n_units, H, LPT_UNITS, CAUSAL)
+        start_m = pid_m * (2 * BLOCK_M)
+        lo, n_blocks = _key_blocks(start_m, N_Q, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_M,
+                                   BLOCK_N)
+        _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
+                  qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
+                  causal_off, win_left, win_right, start_m, lo, n_blocks, it, tile_i, CAUSAL, WINDOW, HEAD_DIM,
+                  BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, True)
+        it += n_blocks
+        tile_i += 1
+
+
+@gluon.jit
+def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
+                           stride_ob, stride_oh, stride_on, stride_od,
+                           H, GROUP, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, N_UNITS,
+                           CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                           BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
+                           OVERLAP: gl.constexpr, FP8: gl.constexpr, P_LAYOUT: gl.constexpr,
+                           PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PERSISTENT: gl.constexpr):
+    # N_UNITS: batch x query heads (the 1-D orders' units)
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
     k_bufs = gl.allocate_shared_memory(desc_k.dtype, [NUM_BUFFERS] + desc_k.block_type.shape, desc_k.layout)
     v_bufs = gl.allocate_shared_memory(desc_v.dtype, [NUM_BUFFERS] + desc_v.block_type.shape, desc_v.layout)
@@ -566,6 +680,10 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
     else:
         p_bufs = q_smem  # not read
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    if PERSISTENT:  # per consumer: its Q tile is free for the next tile's rows
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    else:
+        q_empty = q_ready  # not used
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
@@ -573,24 +691,61 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(turn.index(i), count=1)
+        if PERSISTENT:
+            mbarrier.init(q_empty.index(i), count=1)
     for i in gl.static_range(NUM_BUFFERS):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
     fence_async_shared()
 
-    gl.warp_specialize([
-        (_consumer, (0, q_smem, k_bufs, v_bufs, p_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale, v_scale,
-                     stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, win_left,
-                     win_right, start_m, lo, n_blocks, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
-                     PINGPONG, OVERLAP, FP8)),
-        (_consumer, (1, q_smem, k_bufs, v_bufs, p_bufs, q_ready, k_ready, v_ready, kv_empty, turn, O, LSE, qk_scale, v_scale,
-                     stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off, win_left,
-                     win_right, start_m, lo, n_blocks, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
-                     PINGPONG, OVERLAP, FP8)),
-        (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, k_ready, v_ready, kv_empty, off_b,
-                     off_h, off_hk, start_m, lo, n_blocks, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
+    if PERSISTENT:  # at most one CTA per SM, each walking tiles pid, pid + n_prog, ... (_tile's order)
+        pid = gl.program_id(0)
+        n_prog = gl.num_programs(0)
+        gl.warp_specialize([
+            (_consumer_tiles, (0, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
+                               O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
+                               N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, CAUSAL, WINDOW,
+                               HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8)),
+            (_consumer_tiles, (1, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
+                               O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
+                               N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, CAUSAL, WINDOW,
+                               HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8)),
+            (_producer_tiles, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
+                               kv_empty, pid, n_prog, N_UNITS, H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
+                               LPT_UNITS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
+    else:
+        if LPT_UNITS > 0:  # causal, a 1-D grid in heaviest-first order across heads (lpt_tile)
+            n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
+            pid_m, unit = lpt_tile(gl.program_id(0), n_m, gl.num_programs(0) // n_m, LPT_UNITS)
+            pid_m = n_m - 1 - pid_m
+            off_h = unit % H
+            off_b = unit // H
+        else:
+            pid_m = gl.program_id(0)
+            if CAUSAL:
+                # the last query blocks have the most keys: start them first
+                pid_m = gl.num_programs(0) - 1 - pid_m
+            off_h = gl.program_id(1)
+            off_b = gl.program_id(2)
+        off_hk = off_h // GROUP
+        start_m = pid_m * (2 * BLOCK_M)
+        lo, n_blocks = _key_blocks(start_m, N_Q, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_M,
+                                   BLOCK_N)
+        gl.warp_specialize([
+            (_consumer, (0, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
+                         qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
+                         causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0, CAUSAL, WINDOW, HEAD_DIM,
+                         BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False)),
+            (_consumer, (1, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
+                         qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
+                         causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0, CAUSAL, WINDOW, HEAD_DIM,
+                         BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False)),
+            (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                         off_b, off_h, off_hk, start_m, lo, n_blocks, 0, 0, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8,
+                         False)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
 
 
 # ----------------------------------------------------------------------------------
@@ -631,7 +786,8 @@ def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype,
                 BLOCK_N=config.BLOCK_N, NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG),
                 OVERLAP=bool(config.OVERLAP), FP8=dtype in FP8_DTYPES,
                 P_LAYOUT=p_tile_layout(config.BLOCK_M, config.BLOCK_N, dtype),
-                PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS)
+                PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS,
+                PERSISTENT=bool(config.PERSISTENT))
 
 
 @functools.lru_cache(maxsize=None)
@@ -721,10 +877,13 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         desc_v = _descriptor(v, config.BLOCK_N)
     n_m = cdiv(N_Q, 2 * config.BLOCK_M)  # common.cdiv: triton.cdiv is a jit function
     lpt = fwd_lpt_units(q, k, n_m, causal=causal, plain=window is None)
-    grid = (n_m * H * B, ) if lpt else (n_m, H, B)
+    if config.PERSISTENT:  # one CTA per SM at most (its shared memory allows no second), each walking tiles
+        grid = (min(n_m * H * B, sm_count(q.device)), )
+    else:
+        grid = (n_m * H * B, ) if lpt else (n_m, H, B)
     with on_device(q):
         launch.launch(_gluon_attn_fwd_kernel, desc_q, desc_k, desc_v, o, lse2, sm_scale * LOG2E, float(v_descale),
-                      *o.stride(), H, H // Hk, N_Q, N_K, off, *(window or (0, 0)), lpt, grid=grid,
+                      *o.stride(), H, H // Hk, N_Q, N_K, off, *(window or (0, 0)), lpt, H * B, grid=grid,
                       **kernel_constexprs(config, D, q.dtype, causal, window is not None),
                       num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
     return o, lse2

@@ -32,14 +32,18 @@ ITEMS = (
     (C(BLOCK_M=128, BLOCK_N=64, NUM_BUFFERS=3), (64, )),
     (C(PRODUCER_REGS=32, CONSUMER_REGS=232), (128, )),
     (C(OVERLAP=0), (64, 128)),  # S and PV of a block one after the other (no intra-warpgroup overlap)
+    # persistent: one CTA per SM walking tiles, the ring and its barriers carried across them
+    (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )),
+    (C(OVERLAP=0, PERSISTENT=1), (64, )),
 )
 
 
 # the sliding-window variant (WINDOW: its own block range and edge masks) of the two default
 # configs, causal (Mistral's window) and not
-WINDOW_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )))
+WINDOW_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )))
 # the fp8 variant (FP8: V^T tiles; P through shared memory with the overlap, in registers without)
-FP8_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(NUM_BUFFERS=4), (128, )), (C(OVERLAP=0), (64, 128)))
+FP8_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(NUM_BUFFERS=4), (128, )), (C(OVERLAP=0), (64, 128)),
+             (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )))
 
 
 def _request():

@@ -28,6 +28,8 @@ def test_defaults_validate(head_dim, dtype):
     (dict(NUM_BUFFERS=1), 64, torch.bfloat16, "NUM_BUFFERS"),
     (dict(NUM_BUFFERS=5), 64, torch.bfloat16, "NUM_BUFFERS"),
     (dict(PINGPONG=2), 64, torch.bfloat16, "PINGPONG"),
+    (dict(PERSISTENT=2), 64, torch.bfloat16, "PERSISTENT"),
+    (dict(PERSISTENT=True), 64, torch.bfloat16, "PERSISTENT"),
     (dict(PRODUCER_REGS=20), 64, torch.bfloat16, "PRODUCER_REGS"),
     (dict(PRODUCER_REGS=30), 64, torch.bfloat16, "PRODUCER_REGS"),
     (dict(CONSUMER_REGS=264), 64, torch.bfloat16, "CONSUMER_REGS"),
@@ -344,3 +346,12 @@ def test_attention_defaults_read_the_long_entry_for_long_calls_only(monkeypatch)
             assert asked == [fwd, bwd], (n, kwargs)
     finally:
         function._default.cache_clear()
+
+
+def test_persistent_config_counts_its_q_barriers():
+    # two Q-empty mbarriers (8 bytes each) on top of the grid kernel's shared memory; D=128 with
+    # 3 buffers still fits sm_90
+    grid, persistent = GluonFwdConfig(NUM_BUFFERS=3), GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1)
+    assert persistent.shared_memory(128, torch.bfloat16) == grid.shared_memory(128, torch.bfloat16) + 16
+    assert persistent.validate(128, torch.bfloat16) is persistent
+    assert persistent.short() == grid.short() + "P"

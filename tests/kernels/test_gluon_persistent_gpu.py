@@ -1,0 +1,133 @@
+"""On an H100/H200: the Gluon forward's persistent variant (GluonFwdConfig.PERSISTENT).
+
+One CTA per SM at most walks tiles of 2 x BLOCK_M query rows with the K/V ring, its
+barriers and the ping-pong turns carried from tile to tile, and each tile's Q reloaded
+once both consumers released the previous one's. Every tile computes its rows exactly as
+the grid kernel's CTA for them does (same key blocks, same order), so o and the LSE must be
+**bitwise** those of the same config with PERSISTENT=0, on calls with many more tiles than
+SMs; one case per config is also checked against the float64 reference. Marked ``gpu``;
+sm_90 only. Its own smoke call (a hang in the persistent protocol fails these tests at
+once, and leaves test_gluon_gpu.py's alone).
+
+Run: ``python -m pytest -m gpu tests/kernels/test_gluon_persistent_gpu.py -q``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from kernel_checks import smoke_in_subprocess
+from test_gluon_gpu import _inputs, check_gluon_forward
+
+from flashtune.kernels.common import sm_count
+
+gluon_forward = pytest.importorskip("flashtune.kernels.gluon_forward", reason="this triton has no Gluon")
+GluonFwdConfig = gluon_forward.GluonFwdConfig
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                       reason="the Gluon forward runs on compute capability 9.0 (H100/H200) only"),
+]
+
+# 4 x 8 heads x 8 tiles of 128 rows = 256 tiles: every CTA of a 132-SM GPU runs one or two
+SMOKE = """
+import torch
+from flashtune.kernels import gluon_forward as g
+q, k, v = (torch.randn(4, 8, 1000, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+for overlap in (0, 1):
+    for pingpong in (0, 1):
+        for causal in (False, True):
+            cfg = g.GluonFwdConfig(NUM_BUFFERS=2, OVERLAP=overlap, PINGPONG=pingpong, PERSISTENT=1)
+            g.gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=None)
+            torch.cuda.synchronize()
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _the_persistent_kernel_comes_back():
+    smoke_in_subprocess(SMOKE, what="the persistent Gluon forward",
+                        hang_hint="a hang on 4x8x1000x64 with two tiles per CTA: the Q-empty barriers or the "
+                                  "ring's and turns' phases carried across tiles")
+
+
+C = GluonFwdConfig
+CONFIGS = [
+    C(NUM_BUFFERS=3, PERSISTENT=1),  # the D=128 default's shape
+    C(PERSISTENT=1),
+    C(OVERLAP=0, PERSISTENT=1),  # the D=64 default's shape
+    C(PINGPONG=0, PERSISTENT=1),
+    C(OVERLAP=0, PINGPONG=0, PERSISTENT=1),
+    C(BLOCK_N=64, NUM_BUFFERS=4, PERSISTENT=1),
+]
+CASES = [  # batch, (Hq, Hkv), n_q, n_k, head_dim, causal, causal_align, window
+    (4, (16, 4), 2048, 2048, 128, True, "top_left", None),  # 1024 tiles: about 8 per CTA
+    (3, (8, 2), 1000, 4096, 128, False, "top_left", None),
+    (3, (8, 8), 777, 1000, 64, True, "bottom_right", None),
+    # bottom-right with Nq > Nk: the first tiles see no key (n_blocks 0: no ring traffic, Q still loaded)
+    (8, (4, 2), 1000, 200, 64, True, "bottom_right", None),
+    (2, (8, 2), 4096, 4096, 128, True, "top_left", (1000, 0)),  # a window: each tile its own first block
+    (64, (4, 1), 17, 17, 64, False, "top_left", None),  # one block per tile, 256 tiles
+]
+
+
+def _case_id(c):
+    b, (hq, hkv), n_q, n_k, d, causal, align, window = c
+    return (f"b{b}h{hq}kv{hkv}q{n_q}k{n_k}d{d}{'-causal' if causal else ''}{'-br' if align == 'bottom_right' else ''}"
+            f"{f'-w{window[0]}.{window[1]}' if window else ''}")
+
+
+def _both(q, k, v, cfg, **kw):
+    grid = gluon_forward.gluon_attention_forward(q, k, v, dataclasses.replace(cfg, PERSISTENT=0), **kw)
+    persistent = gluon_forward.gluon_attention_forward(q, k, v, cfg, **kw)
+    torch.cuda.synchronize()
+    return grid, persistent
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.short())
+def test_persistent_gives_the_grid_kernels_bits(config, case):
+    b, heads, n_q, n_k, d, causal, align, window = case
+    q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, heads=heads, batch=b, seed=11)
+    tiles = -(-n_q // (2 * config.BLOCK_M)) * heads[0] * b
+    assert tiles > sm_count(q.device), "the case must give CTAs more than one tile"
+    (o_grid, lse_grid), (o, lse) = _both(q, k, v, config, causal=causal, sm_scale=None, causal_align=align,
+                                         window_size=window)
+    assert torch.equal(o, o_grid), (o - o_grid).abs().max()
+    assert torch.equal(lse, lse_grid)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.short())
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_persistent_against_the_reference(config, head_dim, causal):
+    """GQA, odd lengths, 3 x 8 heads x 8 tiles (192 tiles) against float64, fp16."""
+    d = head_dim
+    q, k, v = _inputs(1000, 1337, d, torch.float16, heads=(8, 2), batch=3, seed=12)
+    check_gluon_forward(q, k, v, dtype_name="fp16", causal=causal, config=config)
+
+
+@pytest.mark.parametrize("units", [1, 5])
+def test_persistent_heaviest_first_order_gives_the_same_bits(units, monkeypatch):
+    """Causal calls with the heaviest-first 1-D order (LPT_UNITS > 0): the persistent CTAs
+    walk that order; each tile's rows are still computed as the grid kernel's."""
+    from flashtune.kernels import common
+
+    monkeypatch.setitem(common.LPT_ON, "fwd", True)
+    monkeypatch.setattr(common, "query_lpt_units", lambda *a, **kw: units)
+    q, k, v = _inputs(3000, 3000, 128, torch.bfloat16, heads=(12, 4), batch=2, seed=13)
+    (o_grid, lse_grid), (o, lse) = _both(q, k, v, C(NUM_BUFFERS=3, PERSISTENT=1), causal=True, sm_scale=None)
+    assert torch.equal(o, o_grid) and torch.equal(lse, lse_grid)
+
+
+def test_persistent_fp8_gives_the_grid_kernels_bits():
+    """The FP8 variant (V^T tiles; P through each consumer's shared-memory tile with the overlap)."""
+    gen = torch.Generator(device="cuda").manual_seed(14)
+    q, k, v = (torch.randn(4, 8, 1500, 128, device="cuda", generator=gen).to(torch.float8_e4m3fn) for _ in range(3))
+    v = v.transpose(2, 3).contiguous().transpose(2, 3)  # keys contiguous (fp8.keys_contiguous's layout)
+    for cfg in (C(NUM_BUFFERS=3, PERSISTENT=1), C(OVERLAP=0, PERSISTENT=1)):
+        for causal in (False, True):
+            (o_grid, lse_grid), (o, lse) = _both(q, k, v, cfg, causal=causal, sm_scale=0.05)
+            assert torch.equal(o, o_grid) and torch.equal(lse, lse_grid), (cfg.short(), causal)
