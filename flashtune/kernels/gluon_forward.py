@@ -602,11 +602,12 @@ def _key_blocks(start_m, N_Q, N_K, causal_off, win_left, win_right, CAUSAL: gl.c
 
 
 @gluon.jit
-def _tile(t, n_m, n_units, H, LPT_UNITS, CAUSAL: gl.constexpr):
-    """(pid_m, off_h, off_b) of tile ``t`` of the 1-D order of n_m query tiles x n_units
-    (batch, head) units: heaviest first in groups (lpt_tile) with LPT_UNITS; else the query
-    tiles of a unit in a row (their K/V shared in the L2), the last first under causal
-    masking (they see the most keys)."""
+def _tile(t, n_m, n_units, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, CAUSAL: gl.constexpr,
+          WINDOW: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """(off_b, off_h, start_m, lo, n_blocks) of tile ``t`` of the 1-D order of n_m query tiles
+    x n_units (batch, head) units: heaviest first in groups (lpt_tile) with LPT_UNITS; else
+    the query tiles of a unit in a row (their K/V shared in the L2), the last first under
+    causal masking (they see the most keys)."""
     if LPT_UNITS > 0:
         pid_m, unit = lpt_tile(t, n_m, n_units, LPT_UNITS)
         pid_m = n_m - 1 - pid_m
@@ -615,7 +616,9 @@ def _tile(t, n_m, n_units, H, LPT_UNITS, CAUSAL: gl.constexpr):
         unit = t // n_m
         if CAUSAL:
             pid_m = n_m - 1 - pid_m
-    return pid_m, unit % H, unit // H
+    start_m = pid_m * (2 * BLOCK_M)
+    lo, n_blocks = _key_blocks(start_m, N_Q, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
+    return unit // H, unit % H, start_m, lo, n_blocks
 
 
 @gluon.jit
@@ -628,10 +631,8 @@ def _producer_tiles(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_e
     it = 0
     tile_i = 0
     for t in range(pid, n_m * n_units, n_prog):
-        pid_m, off_h, off_b = _tile(t, n_m, n_units, H, LPT_UNITS, CAUSAL)
-        start_m = pid_m * (2 * BLOCK_M)
-        lo, n_blocks = _key_blocks(start_m, N_Q, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_M,
-                                   BLOCK_N)
+        off_b, off_h, start_m, lo, n_blocks = _tile(t, n_m, n_units, H, N_Q, N_K, causal_off, win_left, win_right,
+                                                    LPT_UNITS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
         _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                   off_b, off_h, off_h // GROUP, start_m, lo, n_blocks, it, tile_i, BLOCK_M, BLOCK_N, NUM_BUFFERS,
                   FP8, True)
@@ -651,10 +652,8 @@ def _consumer_tiles(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_r
     it = 0
     tile_i = 0
     for t in range(pid, n_m * n_units, n_prog):
-        pid_m, off_h, off_b = _tile(t, n_m, n_units, H, LPT_UNITS, CAUSAL)
-        start_m = pid_m * (2 * BLOCK_M)
-        lo, n_blocks = _key_blocks(start_m, N_Q, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_M,
-                                   BLOCK_N)
+        off_b, off_h, start_m, lo, n_blocks = _tile(t, n_m, n_units, H, N_Q, N_K, causal_off, win_left, win_right,
+                                                    LPT_UNITS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
         _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
                   qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
                   causal_off, win_left, win_right, start_m, lo, n_blocks, it, tile_i, CAUSAL, WINDOW, HEAD_DIM,

@@ -17,20 +17,16 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import test_gluon_gpu
 import torch
 from kernel_checks import smoke_in_subprocess
 from test_gluon_gpu import _inputs, check_gluon_forward
 
 from flashtune.kernels.common import sm_count
 
-gluon_forward = pytest.importorskip("flashtune.kernels.gluon_forward", reason="this triton has no Gluon")
+gluon_forward = test_gluon_gpu.gluon_forward
 GluonFwdConfig = gluon_forward.GluonFwdConfig
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                       reason="the Gluon forward runs on compute capability 9.0 (H100/H200) only"),
-]
+pytestmark = test_gluon_gpu.pytestmark  # gpu, and sm_90 only
 
 # 4 x 8 heads x 8 tiles of 128 rows = 256 tiles: every CTA of a 132-SM GPU runs one or two
 SMOKE = """
