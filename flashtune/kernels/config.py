@@ -55,12 +55,15 @@ def decode_fills(batch_heads_kv: int | None, device) -> bool:
     """Whether a decode call (at most DECODE_MAX_Q queries per head) of ``batch_heads_kv``
     (batch x K/V heads; None: unknown) packed tiles fills the device's SMs, so that the auto
     schedule runs it in one chunk (decode.auto_splits): it then reads the tables'
-    (dtype, head dim, "decode", "full") entry first."""
+    (dtype, head dim, "decode", "full") entry first. ``device`` None: the current CUDA device
+    where there is one, as default_config reads it, else the CPU."""
     if batch_heads_kv is None:
         return False
     from flashtune.kernels.decode import sm_count  # config imports no kernel module at import time
 
-    return batch_heads_kv >= sm_count(torch.device(device) if device is not None else torch.device("cpu"))
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return batch_heads_kv >= sm_count(torch.device(device))
 
 
 def is_long(pass_: str, seq_q: int | None, seq_k: int | None = None) -> bool:

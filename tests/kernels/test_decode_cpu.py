@@ -314,6 +314,17 @@ def test_fp32_precision_follows_torch(kernel_device, launched_precisions, settin
     assert launched_precisions == ["ieee"]
 
 
+def test_decode_fills_reads_the_current_cuda_device_when_none_is_given(monkeypatch):
+    """device None means the current CUDA device where there is one (as default_config reads
+    the architecture), not the CPU's interpreter count."""
+    from flashtune.kernels import config as config_mod
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(decode, "sm_count", lambda device: 132 if device.type == "cuda" else decode.INTERPRETER_SMS)
+    assert not config_mod.decode_fills(64, None) and config_mod.decode_fills(132, None)
+    assert config_mod.decode_fills(64, "cpu") and not config_mod.decode_fills(None, None)
+
+
 def test_decode_calls_that_fill_the_sms_read_the_full_entry(h200, monkeypatch):
     """On sm_90, a D=128 decode call whose batch x K/V heads fill the SMs (one chunk, no
     combine: decode-b32-4k, decode-b128-2k-70b) takes the two-stage "decode full" entry; one
