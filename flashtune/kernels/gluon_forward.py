@@ -57,7 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from flashtune.kernels import launch
+from flashtune.kernels import kernel_trace, launch
 from flashtune.kernels.common import LOG2E, causal_offset, cdiv, fwd_lpt_units, on_device, sm_count, window_bounds
 from flashtune.kernels.config import ConfigError, device_capability
 
@@ -234,6 +234,61 @@ def default_gluon_config(head_dim: int, causal: bool = False) -> GluonFwdConfig:
 # ----------------------------------------------------------------------------------
 # The kernel
 # ----------------------------------------------------------------------------------
+# the trace's layout (kernels/kernel_trace.py) as the kernel's constants
+_T_HEAD = gl.constexpr(kernel_trace.HEAD)
+_T_EVENTS = gl.constexpr(kernel_trace.EVENTS)
+_T_GT_START = gl.constexpr(kernel_trace.H_GT_START)
+_T_CLK_START = gl.constexpr(kernel_trace.H_CLK_START)
+_T_SMID = gl.constexpr(kernel_trace.H_SMID)
+_T_PID = gl.constexpr(kernel_trace.H_PID)
+_T_CLK_Q = gl.constexpr(kernel_trace.H_CLK_Q)
+_T_CLK_BLOCKS = gl.constexpr(kernel_trace.H_CLK_BLOCKS)
+_T_CLK_END = gl.constexpr(kernel_trace.H_CLK_END)
+_T_GT_END = gl.constexpr(kernel_trace.H_GT_END)
+_T_N_BLOCKS = gl.constexpr(kernel_trace.H_N_BLOCKS)
+_T_TILE_I = gl.constexpr(kernel_trace.H_TILE_I)
+_T_LO = gl.constexpr(kernel_trace.H_LO)
+_T_CLK_LAST_V = gl.constexpr(kernel_trace.H_CLK_LAST_V)
+
+
+@gluon.jit
+def _clock():
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _global_timer():
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _stamp(trace, slot, TRACE: gl.constexpr):
+    """TRACE: the SM's cycle counter into the partition's trace slot (one thread stores)."""
+    if TRACE:
+        gl.store(trace + slot, _clock())
+
+
+@gluon.jit
+def _trace_start(trace, pid, n_blocks, tile_i, lo, TRACE: gl.constexpr):
+    """TRACE: a tile's header at its start in this partition (kernels/kernel_trace.py)."""
+    if TRACE:
+        gl.store(trace + _T_GT_START, _global_timer())
+        gl.store(trace + _T_CLK_START, _clock())
+        smid = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.store(trace + _T_SMID, smid.to(gl.int64))
+        gl.store(trace + _T_PID, gl.to_tensor(pid).to(gl.int64))
+        gl.store(trace + _T_N_BLOCKS, gl.to_tensor(n_blocks).to(gl.int64))
+        gl.store(trace + _T_TILE_I, gl.to_tensor(tile_i).to(gl.int64))
+        gl.store(trace + _T_LO, gl.to_tensor(lo).to(gl.int64))
+
+
+@gluon.jit
+def _trace_end(trace, TRACE: gl.constexpr):
+    if TRACE:
+        gl.store(trace + _T_CLK_END, _clock())
+        gl.store(trace + _T_GT_END, _global_timer())
+
+
 @gluon.jit
 def _window_range(first, last, n, BLOCK: gl.constexpr, off, left, right):
     """common.window_range (and window_blocks) in Gluon, line for line: the block indices
@@ -274,16 +329,19 @@ def _v_tile(v_bufs, s, FP8: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.co
 
 
 @gluon.jit
-def _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0,
-             BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr):
+def _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0, trace,
+             BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr, TRACE: gl.constexpr):
     """The tile's key block lo + j into ring slot (it0 + j) % NUM_BUFFERS; ``it0``: the blocks
     the ring carried before this tile (0 without PERSISTENT)."""
     g = it0 + j
     s = g % NUM_BUFFERS
     phase = (g // NUM_BUFFERS) & 1
+    ev = trace + _T_HEAD + _T_EVENTS * j
+    _stamp(ev, 0, TRACE)
     # a fresh mbarrier counts as having completed the phase before its first: the
     # first lap through the ring does not wait
     mbarrier.wait(kv_empty.index(s), phase ^ 1)
+    _stamp(ev, 1, TRACE)
     mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
     tma.async_copy_global_to_shared(desc_k, [off_b, off_hk, (lo + j) * BLOCK_N, 0], k_ready.index(s),
                                     k_bufs.index(s))
@@ -294,6 +352,7 @@ def _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, 
     else:
         tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, (lo + j) * BLOCK_N, 0], v_ready.index(s),
                                         v_bufs.index(s))
+    _stamp(ev, 2, TRACE)
 
 
 @gluon.jit
@@ -311,34 +370,40 @@ def _load_q(desc_q, q_smem, q_ready, q_empty, off_b, off_h, start_m, tile_i, BLO
 
 @gluon.jit
 def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-              off_b, off_h, off_hk, start_m, lo, n_blocks, it0, tile_i,
+              off_b, off_h, off_hk, start_m, lo, n_blocks, it0, tile_i, trace, pid,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr,
-              PERSISTENT: gl.constexpr):
+              PERSISTENT: gl.constexpr, TRACE: gl.constexpr):
+    _trace_start(trace, pid, n_blocks, tile_i, lo, TRACE)
     if PERSISTENT:
         # the first blocks of this tile go into slots the previous tile's consumption frees
         # (waits that need no Q of this tile), so they load under the previous tile's end;
         # then Q, once released; more blocks than slots before Q would deadlock
         n_pre = gl.minimum(n_blocks, NUM_BUFFERS)
         for j in range(0, n_pre):
-            _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0,
-                     BLOCK_N, NUM_BUFFERS, FP8)
+            _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0, trace,
+                     BLOCK_N, NUM_BUFFERS, FP8, TRACE)
         _load_q(desc_q, q_smem, q_ready, q_empty, off_b, off_h, start_m, tile_i, BLOCK_M, PERSISTENT)
+        _stamp(trace, _T_CLK_Q, TRACE)
         for j in range(n_pre, n_blocks):
-            _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0,
-                     BLOCK_N, NUM_BUFFERS, FP8)
+            _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0, trace,
+                     BLOCK_N, NUM_BUFFERS, FP8, TRACE)
     else:
         _load_q(desc_q, q_smem, q_ready, q_empty, off_b, off_h, start_m, tile_i, BLOCK_M, PERSISTENT)
+        _stamp(trace, _T_CLK_Q, TRACE)
         for j in range(n_blocks):
-            _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0,
-                     BLOCK_N, NUM_BUFFERS, FP8)
+            _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0, trace,
+                     BLOCK_N, NUM_BUFFERS, FP8, TRACE)
+    _stamp(trace, _T_CLK_BLOCKS, TRACE)
+    _trace_end(trace, TRACE)
 
 
 @gluon.jit
 def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which, rows, first, last,
-                    lo, it0, qk_scale, N_K, causal_off, win_left, win_right,
+                    lo, it0, qk_scale, N_K, causal_off, win_left, win_right, trace,
                     MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
-                    PINGPONG: gl.constexpr, FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):
+                    PINGPONG: gl.constexpr, FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                    TRACE: gl.constexpr):
     """The CTA's blocks [first, last) (counted from its first key block, ``lo``) of one
     consumer: online softmax into (acc, m_i, l_i). Ring slots and turns count from ``it0``,
     the blocks the ring carried before this tile."""
@@ -351,24 +416,33 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
         phase = (g // NUM_BUFFERS) & 1
         k_smem = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
         v_smem = _v_tile(v_bufs, s, FP8, HEAD_DIM, BLOCK_N)
+        ev = trace + _T_HEAD + _T_EVENTS * j  # kernel_trace.CONSUMER_INTERVALS[0]
+        _stamp(ev, 0, TRACE)
         mbarrier.wait(k_ready.index(s), phase)
+        _stamp(ev, 1, TRACE)
         if PINGPONG:
             # consumer 0 goes first: its first wait is on the fresh barrier's completed phase
             mbarrier.wait(turn.index(which), (g & 1) ^ (1 - which))
+        _stamp(ev, 2, TRACE)
         qk = warpgroup_mma(q, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         if PINGPONG:
             mbarrier.arrive(turn.index(1 - which))
         qk, _q, _k = warpgroup_mma_wait(0, deps=(qk, q, k_smem))
+        _stamp(ev, 3, TRACE)
         p, alpha, m_new, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, lo, 0, 0, qk_scale, N_K, causal_off,
                                               win_left, win_right, MASK, CAUSAL, WINDOW, BLOCK_N)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
         p16 = gl.convert_layout(p.to(dtype), p_layout)
+        _stamp(ev, 4, TRACE)
         mbarrier.wait(v_ready.index(s), phase)
+        _stamp(ev, 5, TRACE)
         acc = warpgroup_mma(p16, v_smem, acc, is_async=True)
         acc, _v = warpgroup_mma_wait(0, deps=(acc, v_smem))
+        _stamp(ev, 6, TRACE)
         # every warp of the group is done with the slot before its one arrival
         gl.thread_barrier()
         mbarrier.arrive(kv_empty.index(s))
+        _stamp(ev, 7, TRACE)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -415,10 +489,10 @@ def _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, 
 
 @gluon.jit
 def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_ready, kv_empty, turn, which, rows, lo,
-                        full_lo, full_hi, n_blocks, it0, qk_scale, N_K, causal_off, win_left, win_right,
+                        full_lo, full_hi, n_blocks, it0, qk_scale, N_K, causal_off, win_left, win_right, trace,
                         CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
-                        FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):
+                        FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, TRACE: gl.constexpr):
     """All key blocks of one consumer, software-pipelined within the warp group (FA3's
     intra-warpgroup overlap): block j's S = QK^T and block j-1's O += PV are issued
     together, and block j's softmax runs while that PV wgmma is in flight. A slot is
@@ -429,48 +503,68 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     if n_blocks > 0:
         # block 0: S, then its softmax (no PV before it)
+        # (the trace's events: kernel_trace.CONSUMER_INTERVALS[1]; block 0 has no V wait and no PV)
         s0 = it0 % NUM_BUFFERS
         k_smem = k_bufs.index(s0).reshape([BLOCK_N, HEAD_DIM])
+        ev = trace + _T_HEAD
+        _stamp(ev, 0, TRACE)
         mbarrier.wait(k_ready.index(s0), (it0 // NUM_BUFFERS) & 1)
+        _stamp(ev, 1, TRACE)
+        _stamp(ev, 2, TRACE)
         if PINGPONG:
             mbarrier.wait(turn.index(which), (it0 & 1) ^ (1 - which))
+        _stamp(ev, 3, TRACE)
         qk = warpgroup_mma(q, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         if PINGPONG:
             mbarrier.arrive(turn.index(1 - which))
         qk, _q, _k = warpgroup_mma_wait(0, deps=(qk, q, k_smem))
+        _stamp(ev, 4, TRACE)
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, 0, lo, full_lo, full_hi, qk_scale, N_K,
                                             causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N)
         p16 = _stage_p(p, p_smem, dtype, p_layout, FP8)
+        _stamp(ev, 5, TRACE)
+        _stamp(ev, 6, TRACE)
+        _stamp(ev, 7, TRACE)
         for j in range(1, n_blocks):
             g = it0 + j
             s = g % NUM_BUFFERS
             sp = (g - 1) % NUM_BUFFERS
             k_smem = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
             v_prev = _v_tile(v_bufs, sp, FP8, HEAD_DIM, BLOCK_N)
+            ev = trace + _T_HEAD + _T_EVENTS * j
+            _stamp(ev, 0, TRACE)
             mbarrier.wait(k_ready.index(s), (g // NUM_BUFFERS) & 1)
+            _stamp(ev, 1, TRACE)
             mbarrier.wait(v_ready.index(sp), ((g - 1) // NUM_BUFFERS) & 1)
+            _stamp(ev, 2, TRACE)
             if PINGPONG:
                 mbarrier.wait(turn.index(which), (g & 1) ^ (1 - which))
+            _stamp(ev, 3, TRACE)
             qk = warpgroup_mma(q, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             acc = warpgroup_mma(p16, v_prev, acc, is_async=True)
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - which))
             # S (issued first) done; the PV wgmma may still run under this softmax
             qk, _q, _k = warpgroup_mma_wait(1, deps=(qk, q, k_smem))
+            _stamp(ev, 4, TRACE)
             p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, N_K,
                                                 causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N)
+            _stamp(ev, 5, TRACE)
             acc, _p, _v = warpgroup_mma_wait(0, deps=(acc, p16, v_prev))
+            _stamp(ev, 6, TRACE)
             # every warp of the group is done with slot j-1 before its one arrival
             gl.thread_barrier()
             mbarrier.arrive(kv_empty.index(sp))
             # O so far is relative to the previous row max: rescale to this block's
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
             p16 = _stage_p(p, p_smem, dtype, p_layout, FP8)
+            _stamp(ev, 7, TRACE)
         # the last block's PV
         g_last = it0 + n_blocks - 1
         sl = g_last % NUM_BUFFERS
         v_last = _v_tile(v_bufs, sl, FP8, HEAD_DIM, BLOCK_N)
         mbarrier.wait(v_ready.index(sl), (g_last // NUM_BUFFERS) & 1)
+        _stamp(trace, _T_CLK_LAST_V, TRACE)
         acc = warpgroup_mma(p16, v_last, acc, is_async=True)
         acc, _p, _v = warpgroup_mma_wait(0, deps=(acc, p16, v_last))
         gl.thread_barrier()
@@ -481,12 +575,14 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
 @gluon.jit
 def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
               qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off,
-              win_left, win_right, start_m, lo, n_blocks, it0, tile_i,
+              win_left, win_right, start_m, lo, n_blocks, it0, tile_i, trace, pid,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
-              FP8: gl.constexpr, PERSISTENT: gl.constexpr):
+              FP8: gl.constexpr, PERSISTENT: gl.constexpr, TRACE: gl.constexpr):
     """One consumer's rows of one tile (``it0``: the blocks the ring carried before it;
-    ``tile_i``: the tiles this CTA ran before it, for the Q barriers' phases)."""
+    ``tile_i``: the tiles this CTA ran before it, for the Q barriers' phases; ``trace``: this
+    partition's slots of the tile's trace, with TRACE)."""
+    _trace_start(trace, pid, n_blocks, tile_i, lo, TRACE)
     # wgmma's K per instruction: 16 for 16-bit operands, 32 for fp8; a register A operand
     # holds 32 bits of K per element group (k_width 2 for 16-bit P, 4 for fp8 P)
     INSTR_K: gl.constexpr = 32 if FP8 else 16
@@ -518,27 +614,29 @@ def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, 
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
 
     mbarrier.wait(q_ready.index(which), tile_i & 1)
+    _stamp(trace, _T_CLK_Q, TRACE)
     q = q_smem.index(which).reshape([BLOCK_M, HEAD_DIM])
     if OVERLAP:
         acc, m_i, l_i = _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_bufs.index(which), k_ready, v_ready,
                                             kv_empty, turn,
                                             which, rows, lo, full_lo, full_hi, n_blocks, it0, qk_scale, N_K, causal_off,
-                                            win_left, win_right, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                            NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout)
+                                            win_left, win_right, trace, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                            NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout, TRACE)
     else:
         if WINDOW:  # the window's left edge
             acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn,
                                             which, rows, 0, full_lo, lo, it0, qk_scale, N_K, causal_off, win_left,
-                                            win_right, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
-                                            PINGPONG, FP8, s_layout, p_layout)
+                                            win_right, trace, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                            NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout, TRACE)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
                                         rows, full_lo, full_hi, lo, it0, qk_scale, N_K, causal_off, win_left, win_right,
-                                        0, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, FP8,
-                                        s_layout, p_layout)
+                                        trace, 0, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG,
+                                        FP8, s_layout, p_layout, TRACE)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
                                         rows, full_hi, n_blocks, lo, it0, qk_scale, N_K, causal_off, win_left,
-                                        win_right, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
-                                        PINGPONG, FP8, s_layout, p_layout)
+                                        win_right, trace, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
+                                        PINGPONG, FP8, s_layout, p_layout, TRACE)
+    _stamp(trace, _T_CLK_BLOCKS, TRACE)
     if PERSISTENT:
         # every wgmma that read this Q tile has been waited for: all four warps past them,
         # one arrival, and the producer may load the next tile's rows into it
@@ -561,6 +659,7 @@ def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, 
     # log-sum-exp in base 2 of the scaled scores
     lse_ptrs = LSE + (off_b.to(gl.int64) * H + off_h) * N_Q + rows
     gl.store(lse_ptrs, m_i + gl.log2(l_i), mask=rows < N_Q)
+    _trace_end(trace, TRACE)
 
 
 @gluon.jit
@@ -622,10 +721,19 @@ def _tile(t, n_m, n_units, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNI
 
 
 @gluon.jit
+def _trace_slots(TRACE_PTR, TRACE_SLOTS, tile, part, TRACE: gl.constexpr):
+    """The slots of (tile, partition) in the trace (kernel_trace's [tiles, 3, slots] layout)."""
+    if TRACE:
+        return TRACE_PTR + (gl.to_tensor(tile).to(gl.int64) * 3 + part) * TRACE_SLOTS
+    else:
+        return TRACE_PTR
+
+
+@gluon.jit
 def _producer_tiles(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                     pid, n_prog, n_units, H, GROUP, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS,
-                    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr):
+                    TRACE_PTR, TRACE_SLOTS, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr, TRACE: gl.constexpr):
     """PERSISTENT: the producer of every tile of this CTA (tiles pid, pid + n_prog, ...)."""
     n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
     it = 0
@@ -634,8 +742,9 @@ def _producer_tiles(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_e
         off_b, off_h, start_m, lo, n_blocks = _tile(t, n_m, n_units, H, N_Q, N_K, causal_off, win_left, win_right,
                                                     LPT_UNITS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
         _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                  off_b, off_h, off_h // GROUP, start_m, lo, n_blocks, it, tile_i, BLOCK_M, BLOCK_N, NUM_BUFFERS,
-                  FP8, True)
+                  off_b, off_h, off_h // GROUP, start_m, lo, n_blocks, it, tile_i,
+                  _trace_slots(TRACE_PTR, TRACE_SLOTS, t, 2, TRACE), pid, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8, True,
+                  TRACE)
         it += n_blocks
         tile_i += 1
 
@@ -643,10 +752,10 @@ def _producer_tiles(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_e
 @gluon.jit
 def _consumer_tiles(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
                     qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog, n_units, H, N_Q, N_K,
-                    causal_off, win_left, win_right, LPT_UNITS,
+                    causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR, TRACE_SLOTS,
                     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
-                    FP8: gl.constexpr):
+                    FP8: gl.constexpr, TRACE: gl.constexpr):
     """PERSISTENT: one consumer's rows of every tile of this CTA, in the producer's order."""
     n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
     it = 0
@@ -656,8 +765,9 @@ def _consumer_tiles(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_r
                                                     LPT_UNITS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
         _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
                   qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
-                  causal_off, win_left, win_right, start_m, lo, n_blocks, it, tile_i, CAUSAL, WINDOW, HEAD_DIM,
-                  BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, True)
+                  causal_off, win_left, win_right, start_m, lo, n_blocks, it, tile_i,
+                  _trace_slots(TRACE_PTR, TRACE_SLOTS, t, which, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
+                  BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, True, TRACE)
         it += n_blocks
         tile_i += 1
 
@@ -665,12 +775,15 @@ def _consumer_tiles(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_r
 @gluon.jit
 def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                            stride_ob, stride_oh, stride_on, stride_od,
-                           H, GROUP, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, N_UNITS,
+                           H, GROUP, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, N_UNITS, TRACE_PTR,
+                           TRACE_SLOTS,
                            CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                            BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
                            OVERLAP: gl.constexpr, FP8: gl.constexpr, P_LAYOUT: gl.constexpr,
-                           PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PERSISTENT: gl.constexpr):
-    # N_UNITS: batch x query heads (the 1-D orders' units)
+                           PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PERSISTENT: gl.constexpr,
+                           TRACE: gl.constexpr):
+    # N_UNITS: batch x query heads (the 1-D orders' units); TRACE: the trace (kernel_trace.py) into
+    # TRACE_PTR's [tiles, 3, TRACE_SLOTS] int64 slots (unused without)
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
     k_bufs = gl.allocate_shared_memory(desc_k.dtype, [NUM_BUFFERS] + desc_k.block_type.shape, desc_k.layout)
     v_bufs = gl.allocate_shared_memory(desc_v.dtype, [NUM_BUFFERS] + desc_v.block_type.shape, desc_v.layout)
@@ -704,15 +817,18 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
         gl.warp_specialize([
             (_consumer_tiles, (0, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
                                O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
-                               N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, CAUSAL, WINDOW,
-                               HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8)),
+                               N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR,
+                               TRACE_SLOTS, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP,
+                               FP8, TRACE)),
             (_consumer_tiles, (1, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
                                O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
-                               N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, CAUSAL, WINDOW,
-                               HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8)),
+                               N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR,
+                               TRACE_SLOTS, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP,
+                               FP8, TRACE)),
             (_producer_tiles, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, pid, n_prog, N_UNITS, H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
-                               LPT_UNITS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8)),
+                               LPT_UNITS, TRACE_PTR, TRACE_SLOTS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8,
+                               TRACE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
     else:
         if LPT_UNITS > 0:  # causal, a 1-D grid in heaviest-first order across heads (lpt_tile)
@@ -732,18 +848,25 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
         start_m = pid_m * (2 * BLOCK_M)
         lo, n_blocks = _key_blocks(start_m, N_Q, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_M,
                                    BLOCK_N)
+        if TRACE:  # the CTA's place in the launch order: its tile in the trace
+            pid = gl.program_id(0) + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
+        else:
+            pid = 0
         gl.warp_specialize([
             (_consumer, (0, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
                          qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
-                         causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0, CAUSAL, WINDOW, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False)),
+                         causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0,
+                         _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
+                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE)),
             (_consumer, (1, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
                          qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
-                         causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0, CAUSAL, WINDOW, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False)),
+                         causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0,
+                         _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
+                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE)),
             (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
-                         off_b, off_h, off_hk, start_m, lo, n_blocks, 0, 0, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8,
-                         False)),
+                         off_b, off_h, off_hk, start_m, lo, n_blocks, 0, 0,
+                         _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8,
+                         False, TRACE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
 
 
@@ -780,13 +903,27 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
-                      window: bool = False) -> dict:
+                      window: bool = False, trace: bool = False) -> dict:
     return dict(CAUSAL=bool(causal), WINDOW=bool(window), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M,
                 BLOCK_N=config.BLOCK_N, NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG),
                 OVERLAP=bool(config.OVERLAP), FP8=dtype in FP8_DTYPES,
                 P_LAYOUT=p_tile_layout(config.BLOCK_M, config.BLOCK_N, dtype),
                 PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS,
-                PERSISTENT=bool(config.PERSISTENT))
+                PERSISTENT=bool(config.PERSISTENT), TRACE=bool(trace))
+
+
+def trace_shape(q_shape, n_k: int, config: GluonFwdConfig) -> tuple[int, int, int]:
+    """The trace's shape for a call on q of ``q_shape`` (B, H, Nq, D) over ``n_k`` keys: (tiles,
+    partitions, slots), a tile being one grid CTA's 2 x BLOCK_M query rows of one (batch, head)
+    and its key blocks at most all of them (kernels/kernel_trace.py)."""
+    B, H, N_Q, _D = q_shape
+    return (cdiv(N_Q, 2 * config.BLOCK_M) * H * B, len(kernel_trace.PARTITIONS),
+            kernel_trace.slots(cdiv(n_k, config.BLOCK_N)))
+
+
+def trace_buffer(q: torch.Tensor, k: torch.Tensor, config: GluonFwdConfig) -> torch.Tensor:
+    """A zeroed trace for ``gluon_attention_forward(q, k, ..., config, trace=...)``."""
+    return torch.zeros(trace_shape(q.shape, k.shape[2], config), dtype=torch.int64, device=q.device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -816,7 +953,8 @@ def _v_transposed(v: torch.Tensor) -> torch.Tensor:
 def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: GluonFwdConfig, *,
                             causal: bool, sm_scale: float | None = None, causal_align: str = "top_left",
                             window_size: tuple[int, int] | None = None, v_descale: float = 1.0,
-                            out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                            out_dtype: torch.dtype | None = None,
+                            trace: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The Gluon forward with an explicit config: ``(o, lse2)`` as ``attention_forward``.
 
     fp8 inputs (float8_e4m3fn or float8_e5m2, as ``attention_fp8`` passes them): V with its
@@ -831,6 +969,9 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     Inputs the copy engine cannot address (head dim not unit-stride, a base or a stride not
     16-byte aligned) are made contiguous first; (B, N, H, D) storage viewed as (B, H, N, D)
     goes through the descriptors as it is. o has q's strides when q is dense.
+
+    ``trace``: ``trace_buffer(q, k, config)``'s zeroed int64 tensor, filled by the kernel's own
+    instrumentation (kernels/kernel_trace.py reads it); the outputs are the untraced call's.
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("q, k, v: expected (B, H, N, D) tensors")
@@ -840,6 +981,13 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         raise ValueError(f"shapes: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise ValueError(f"dtypes: q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if trace is not None:
+        want = trace_shape(q.shape, N_K, config)
+        if trace.dtype != torch.int64 or tuple(trace.shape) != want or not trace.is_contiguous() \
+                or trace.device != q.device:
+            raise ValueError(f"trace: expected a contiguous int64 tensor of shape {want} on {q.device} "
+                             f"(trace_buffer), got {trace.dtype} {tuple(trace.shape)} on {trace.device}")
+        launch.unplannable()  # a caller's buffer: nothing a plan can place
     config.validate(D, q.dtype, q.device)
     fp8 = q.dtype in FP8_DTYPES
     if fp8 and not fp8_v_runs(v):
@@ -882,8 +1030,9 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         grid = (n_m * H * B, ) if lpt else (n_m, H, B)
     with on_device(q):
         launch.launch(_gluon_attn_fwd_kernel, desc_q, desc_k, desc_v, o, lse2, sm_scale * LOG2E, float(v_descale),
-                      *o.stride(), H, H // Hk, N_Q, N_K, off, *(window or (0, 0)), lpt, H * B, grid=grid,
-                      **kernel_constexprs(config, D, q.dtype, causal, window is not None),
+                      *o.stride(), H, H // Hk, N_Q, N_K, off, *(window or (0, 0)), lpt, H * B,
+                      lse2 if trace is None else trace, 0 if trace is None else trace.shape[2], grid=grid,
+                      **kernel_constexprs(config, D, q.dtype, causal, window is not None, trace is not None),
                       num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
     return o, lse2
 
@@ -892,9 +1041,10 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 # Compiling for sm_90 without a GPU (tests/kernels/gluon_compile_sm90.py)
 # ----------------------------------------------------------------------------------
 def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool, window: bool = False,
-                     out_dtype: torch.dtype = torch.bfloat16):
+                     out_dtype: torch.dtype = torch.bfloat16, trace: bool = False):
     """Compile the kernel for sm_90 (ptxas; no GPU needed) as a launch on contiguous inputs
-    would; returns triton's CompiledKernel (``.metadata.shared``, ``.asm``)."""
+    would (``trace``: with its instrumentation); returns triton's CompiledKernel
+    (``.metadata.shared``, ``.asm``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -907,10 +1057,11 @@ def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, 
     def desc(rows: int, cols: int = head_dim) -> str:
         return f"tensordesc<{el}[1,1,{rows},{cols}],{tile_layout(rows, cols, dtype)!r}>"
 
-    constexprs = kernel_constexprs(config, head_dim, dtype, causal, window)
+    constexprs = kernel_constexprs(config, head_dim, dtype, causal, window, trace)
     types = {"desc_q": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N),
              "desc_v": desc(head_dim, config.BLOCK_N) if fp8 else desc(config.BLOCK_N),
-             "O": f"*{names[out_dtype] if fp8 else el}", "LSE": "*fp32", "qk_scale": "fp32", "v_scale": "fp32"}
+             "O": f"*{names[out_dtype] if fp8 else el}", "LSE": "*fp32", "qk_scale": "fp32", "v_scale": "fp32",
+             "TRACE_PTR": "*i64" if trace else "*fp32"}
     constexprs["stride_od"] = 1
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -918,7 +1069,7 @@ def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, 
             signature[name] = "constexpr"
         else:
             signature[name] = types.get(name, "i32")
-            if name in ("O", "LSE") or name.startswith("stride"):
+            if name in ("O", "LSE", "TRACE_PTR") or name.startswith("stride"):
                 attrs[(i, )] = [["tt.divisibility", 16]]
     src = GluonASTSource(fn, signature, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),

@@ -3,9 +3,11 @@ the Gluon dK/dV kernel (kernels/gluon_backward.py; with "bwd_kernel": "dq" its d
 sm_90 without a GPU.
 
 Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
-"dtype", "causal"} (optionally "window": the sliding-window variant) on stdin and prints one JSON line per item with the compiled kernel's
+"dtype", "causal"} (optionally "window": the sliding-window variant; "trace": the forward's
+instrumentation) on stdin and prints one JSON line per item with the compiled kernel's
 shared memory in bytes ("shared"), its PTX register cap ("maxnreg"), the setmaxnreg
-values of its partitions ("setmaxnreg"), its wgmma and TMA copy and reduce-add counts, or
+values of its partitions ("setmaxnreg"), its wgmma and TMA copy and reduce-add counts, its
+cycle-counter reads ("clock_reads": the trace's stamps), or
 one {"skip": ...} line when this triton cannot compile Gluon for sm_90 here.
 """
 
@@ -29,14 +31,16 @@ def compile_item(item: dict) -> dict:
         from flashtune.kernels.gluon_forward import GluonFwdConfig, compile_for_sm90
 
         cfg = GluonFwdConfig(**item["config"])
-        compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"], item.get("window", False))
+        compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"], item.get("window", False),
+                                    trace=item.get("trace", False))
     ptx = compiled.asm["ptx"]
     maxnreg = re.search(r"\.maxnreg\s+(\d+)", ptx)
     return {"shared": int(compiled.metadata.shared), "maxnreg": int(maxnreg.group(1)) if maxnreg else None,
             "setmaxnreg": sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
             "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
-            "tma_reduces": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx))}
+            "tma_reduces": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
+            "clock_reads": len(re.findall(r"%clock64", ptx))}
 
 
 def main() -> int:

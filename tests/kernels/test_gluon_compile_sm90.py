@@ -44,6 +44,10 @@ WINDOW_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )), (C(NUM_BUFF
 # the fp8 variant (FP8: V^T tiles; P through shared memory with the overlap, in registers without)
 FP8_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(NUM_BUFFERS=4), (128, )), (C(OVERLAP=0), (64, 128)),
              (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )))
+# the traced kernel (TRACE: the kernel's own instrumentation, kernels/kernel_trace.py), bf16, both
+# loops, persistent, a window
+TRACE_ITEMS = ((C(NUM_BUFFERS=3), (128, ), False), (C(OVERLAP=0), (64, ), False),
+               (C(NUM_BUFFERS=3, PERSISTENT=1), (128, ), False), (C(NUM_BUFFERS=3), (128, ), True))
 
 
 def _request():
@@ -53,7 +57,9 @@ def _request():
          for cfg, dims in WINDOW_ITEMS for d in dims for causal in (False, True)] + \
         [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal}
          for cfg, dims in FP8_ITEMS for d in dims for dt in ("float8_e4m3fn", "float8_e5m2")
-         for causal in (False, True)]
+         for causal in (False, True)] + \
+        [{"config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": causal, "window": window,
+          "trace": True} for cfg, dims, window in TRACE_ITEMS for d in dims for causal in (False, True)]
 
 
 def _compile_for_sm90(request: list[dict]) -> list[dict]:
@@ -69,7 +75,8 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
         cfg = GluonFwdConfig(**res["config"])
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
         estimate = cfg.shared_memory(d, dtype)
-        where = f"{cfg.short()} D={d} {res['dtype']} causal={res['causal']}{' window' if res.get('window') else ''}"
+        where = (f"{cfg.short()} D={d} {res['dtype']} causal={res['causal']}{' window' if res.get('window') else ''}"
+                 f"{' traced' if res.get('trace') else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > SM90_SHARED_MEMORY:
@@ -82,6 +89,9 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
         for regs in (cfg.PRODUCER_REGS, cfg.CONSUMER_REGS, cfg.default_partition_regs()):
             if regs not in res["setmaxnreg"]:
                 problems.append(f"{where}: no setmaxnreg {regs} among {res['setmaxnreg']}")
+        # the trace's stamps are in the traced kernel only: the untraced one reads no cycle counter
+        if bool(res["clock_reads"]) != bool(res.get("trace")):
+            problems.append(f"{where}: {res['clock_reads']} cycle-counter reads")
         if not res["wgmma"] or not res["tma_loads"]:
             problems.append(f"{where}: expected wgmma and TMA instructions, got {res['wgmma']} and "
                             f"{res['tma_loads']}")

@@ -355,3 +355,17 @@ def test_persistent_config_counts_its_q_barriers():
     assert persistent.shared_memory(128, torch.bfloat16) == grid.shared_memory(128, torch.bfloat16) + 16
     assert persistent.validate(128, torch.bfloat16) is persistent
     assert persistent.short() == grid.short() + "P"
+
+
+def test_a_trace_of_the_wrong_shape_or_dtype_is_refused_by_name():
+    q, k, v = (torch.zeros(1, 4, 300, 64, dtype=torch.bfloat16) for _ in range(3))
+    cfg = GluonFwdConfig()
+    good = gluon_forward.trace_buffer(q, k, cfg)
+    # 3 tiles of 128 rows x 4 heads; 3 partitions; the header and 8 stamps for each of 3 key blocks
+    assert tuple(good.shape) == (12, 3, 16 + 8 * 3) and good.dtype == torch.int64
+    expected = r"^trace: expected a contiguous int64 tensor of shape \(12, 3, 40\)"
+    for bad in (good[:, :, :-1], good.to(torch.int32), good.transpose(0, 1)):
+        with pytest.raises(ValueError, match=expected):
+            gluon_forward.gluon_attention_forward(q, k, v, cfg, causal=False, trace=bad)
+    with pytest.raises(ConfigError, match=r"^device:"):  # a good trace: the config's device check is next
+        gluon_forward.gluon_attention_forward(q, k, v, cfg, causal=False, trace=good)

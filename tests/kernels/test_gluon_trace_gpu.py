@@ -1,0 +1,103 @@
+"""On an H100/H200: the Gluon forward's own instrumentation (``trace=``, kernels/kernel_trace.py).
+
+A traced call must give the untraced call's o and LSE **bit for bit** (the stamps only read
+the cycle counter and store it), and its trace must be one the kernel's schedule explains:
+every (tile, partition) stamped, each tile's key block count the one its rows need, the
+stamps of each partition in program order (the SM's cycle counter does not run backwards
+within a CTA), a grid CTA's tile its place in the launch order and, with PERSISTENT, each CTA's
+tiles numbered 0, 1, ... in the order it ran them. Marked ``gpu``; sm_90 only.
+
+Run: ``python -m pytest -m gpu tests/kernels/test_gluon_trace_gpu.py -q``.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import test_gluon_gpu
+import torch
+from test_gluon_gpu import _inputs
+
+from flashtune.kernels import kernel_trace as kt
+from flashtune.kernels.common import causal_offset, cdiv, sm_count
+
+gluon_forward = test_gluon_gpu.gluon_forward
+GluonFwdConfig = gluon_forward.GluonFwdConfig
+pytestmark = test_gluon_gpu.pytestmark  # gpu, and sm_90 only
+
+C = GluonFwdConfig
+CONFIGS = [
+    C(NUM_BUFFERS=3),  # the D=128 default
+    C(OVERLAP=0),  # the D=64 default's shape: the sequential loop
+    C(PINGPONG=0),
+    C(NUM_BUFFERS=3, PERSISTENT=1),
+]
+CASES = [  # batch, (Hq, Hkv), n_q, n_k, head_dim, causal, causal_align, window
+    (2, (8, 2), 1000, 2048, 128, True, "top_left", None),
+    (2, (4, 4), 777, 1000, 64, False, "top_left", None),
+    (4, (4, 2), 1000, 200, 64, True, "bottom_right", None),  # the first tiles see no key: no blocks
+    (1, (8, 2), 4096, 4096, 128, True, "top_left", (1000, 0)),
+]
+
+
+def _case_id(c):
+    b, (hq, hkv), n_q, n_k, d, causal, align, window = c
+    return (f"b{b}h{hq}kv{hkv}q{n_q}k{n_k}d{d}{'-causal' if causal else ''}{'-br' if align == 'bottom_right' else ''}"
+            f"{f'-w{window[0]}.{window[1]}' if window else ''}")
+
+
+def _blocks_per_tile(cfg, n_q, n_k, causal, off):
+    """Each query tile's key block count (gluon_forward._key_blocks without a window), in
+    query-tile order."""
+    rows = 2 * cfg.BLOCK_M
+    out = []
+    for start in range(0, n_q, rows):
+        hi = max(min(start + rows + off, n_k), 0) if causal else n_k
+        out.append(cdiv(hi, cfg.BLOCK_N))
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.short())
+def test_a_traced_call_gives_the_untraced_bits_and_a_consistent_trace(config, case):
+    b, heads, n_q, n_k, d, causal, align, window = case
+    q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, heads=heads, batch=b, seed=5)
+    kw = dict(causal=causal, causal_align=align, window_size=window)
+    o, lse = gluon_forward.gluon_attention_forward(q, k, v, config, **kw)
+    trace = gluon_forward.trace_buffer(q, k, config)
+    o_t, lse_t = gluon_forward.gluon_attention_forward(q, k, v, config, trace=trace, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(o, o_t) and torch.equal(lse, lse_t)
+
+    t = trace.cpu().numpy()
+    acc = kt.account(t, config.OVERLAP, sms=sm_count(q.device))  # every (tile, partition) stamped
+    assert sum(acc.consumer.values()) == pytest.approx(1.0)
+    n = t[:, 0, kt.H_N_BLOCKS]
+    if window is None:
+        want = _blocks_per_tile(config, n_q, n_k, causal, causal_offset(align, n_q, n_k) if causal else 0)
+        assert sorted(n.tolist()) == sorted(want * (heads[0] * b))
+    for tile in range(t.shape[0]):
+        for p in range(3):
+            h = t[tile, p]
+            assert 0 <= h[kt.H_SMID] < sm_count(q.device)
+            assert h[kt.H_GT_START] <= h[kt.H_GT_END]
+            assert h[kt.H_CLK_START] <= h[kt.H_CLK_Q] <= h[kt.H_CLK_BLOCKS] <= h[kt.H_CLK_END], (tile, p)
+            used = 8 if p < 2 else 3  # a producer stamps 3 events per block
+            ev = h[kt.HEAD:kt.HEAD + kt.EVENTS * n[tile]].reshape(-1, kt.EVENTS)[:, :used]
+            assert (np.diff(ev, axis=1) >= 0).all(), (tile, p)
+            if p < 2 and n[tile]:  # a consumer's blocks one after the other, between Q and the end
+                assert (ev[1:, 0] >= ev[:-1, -1]).all() and ev[0, 0] >= h[kt.H_CLK_Q], (tile, p)
+                assert ev[-1, -1] <= h[kt.H_CLK_BLOCKS]
+    pid, tile_i = t[:, 0, kt.H_PID], t[:, 0, kt.H_TILE_I]
+    if config.PERSISTENT:
+        assert pid.max() < min(t.shape[0], sm_count(q.device))
+        per_cta = collections.defaultdict(list)
+        for tile in range(t.shape[0]):
+            per_cta[int(pid[tile])].append((tile, int(tile_i[tile])))
+        for cta, tiles in per_cta.items():  # tiles cta, cta + CTAs, ..., numbered in that order
+            assert [i for _t, i in sorted(tiles)] == list(range(len(tiles))), cta
+    else:
+        assert (pid == np.arange(t.shape[0])).all() and (tile_i == 0).all()
+
