@@ -57,13 +57,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from flashtune.kernels import launch
+from flashtune.kernels import kernel_trace, launch
 from flashtune.kernels.common import LOG2E, causal_offset, cdiv, key_block_lpt_units, on_device, sm_count
 from flashtune.kernels.config import ConfigError, _triton_default, split_work
 from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, SM90_SHARED_MEMORY, _BARRIER_BYTES,
-                                             _SHARED_SLACK, _addressable, _descriptor, check_int_fields,
-                                             check_register_split, check_sm90_device, kernel_maxnreg, lpt_tile,
-                                             p_tile_layout, tile_layout)
+                                             _SHARED_SLACK, _T_CLK_BLOCKS, _T_CLK_Q, _T_HEAD, _addressable,
+                                             _descriptor, _stamp, _trace_end, _trace_slots, _trace_start,
+                                             check_int_fields, check_register_split, check_sm90_device,
+                                             kernel_maxnreg, lpt_tile, p_tile_layout, tile_layout)
 
 # registers per consumer thread beside the tiles the estimate counts (addresses, loop state;
 # the lse and Delta columns): with 16, BLOCK_M 64 at D=128 is allowed, whose compile (ptxas,
@@ -227,6 +228,9 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
+_T_STEP = gl.constexpr(kernel_trace.BACKWARD.events)  # trace slots per step (kernel_trace.BACKWARD)
+
+
 @gluon.jit
 def _step(it, n_qb, first_qb, head0):
     """The walk's step ``it``: (query head, query block) of the CTA's heads x blocks."""
@@ -235,8 +239,9 @@ def _step(it, n_qb, first_qb, head0):
 
 @gluon.jit
 def _producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
-              q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr):
+              q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0, trace, pid,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, TRACE: gl.constexpr):
+    _trace_start(trace, pid, n_steps, 0, first_qb, TRACE)
     # the two consumers' K and V tiles, once (rows past Nk read as zeros)
     for w in gl.static_range(2):
         mbarrier.expect(kv_ready.index(w), desc_k.block_type.nbytes + desc_v.block_type.nbytes)
@@ -244,29 +249,39 @@ def _producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, 
                                         k_smem.index(w))
         tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, start_n + w * BLOCK_N, 0], kv_ready.index(w),
                                         v_smem.index(w))
+    _stamp(trace, _T_CLK_Q, TRACE)
     for it in range(n_steps):
         h, qb = _step(it, n_qb, first_qb, head0)
         s = it % NUM_BUFFERS
+        ev = trace + _T_HEAD + _T_STEP * it
+        _stamp(ev, 0, TRACE)
         # a fresh mbarrier counts as having completed the phase before its first
         mbarrier.wait(q_empty.index(s), ((it // NUM_BUFFERS) & 1) ^ 1)
+        _stamp(ev, 1, TRACE)
         mbarrier.expect(q_ready.index(s), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_q, [off_b, h, qb * BLOCK_M, 0], q_ready.index(s), q_bufs.index(s))
         mbarrier.expect(do_ready.index(s), desc_do.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_do, [off_b, h, qb * BLOCK_M, 0], do_ready.index(s), do_bufs.index(s))
+        _stamp(ev, 2, TRACE)
+    _stamp(trace, _T_CLK_BLOCKS, TRACE)
+    _trace_end(trace, TRACE)
 
 
 @gluon.jit
-def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale,
-                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DS_SLOTS: gl.constexpr):
+def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DS_SLOTS: gl.constexpr,
+                    TRACE: gl.constexpr):
     """Step p's dQ share of consumer ``which``: dQ[:, half] = dS K[:, half] over both groups'
     keys once both stored their dS^T (two wgmmas: A dS^T transposed from shared memory, B a
     column slice of each K tile), scaled, sent as one TMA bulk reduce-add into the fp32 dQ
-    buffer at (batch, query head h, query block qb). Waits for every wgmma of the group."""
+    buffer at (batch, query head h, query block qb). Waits for every wgmma of the group.
+    TRACE: stamps events 8 to 11 of the step's trace slots ``ev`` (kernel_trace.BACKWARD)."""
     HALF: gl.constexpr = HEAD_DIM // 2
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HALF, 16])
     slot = p % DS_SLOTS
     mbarrier.wait(ds_ready.index(slot), (p // DS_SLOTS) & 1)
+    _stamp(ev, 8, TRACE)
     ds0 = ds_smem.index(slot * 2).permute((1, 0))
     ds1 = ds_smem.index(slot * 2 + 1).permute((1, 0))
     k0 = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).slice(which * HALF, HALF, dim=1)
@@ -274,22 +289,28 @@ def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dq
     dq = warpgroup_mma(ds0, k0, gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False, is_async=True)
     dq = warpgroup_mma(ds1, k1, dq, is_async=True)
     dq, _d0, _d1, _k0, _k1 = warpgroup_mma_wait(0, deps=(dq, ds0, ds1, k0, k1))
+    _stamp(ev, 9, TRACE)
     dq_buf = dq_smem.index(which)
     tma.store_wait(0)  # the previous share's reduce has read the buffer
+    _stamp(ev, 10, TRACE)
     gl.thread_barrier()
     dq_buf.reshape([BLOCK_M, HALF]).store(dq * sm_scale)
     fence_async_shared()
     gl.thread_barrier()
     _tma_reduce_add(desc_dqa, [off_b, h, qb * BLOCK_M, which * HALF], dq_buf)
+    _stamp(ev, 11, TRACE)
 
 
 @gluon.jit
 def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
               qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
               stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-              n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, CAUSAL: gl.constexpr,
+              n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, trace, pid, CAUSAL: gl.constexpr,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
-              DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr):
+              DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr, TRACE: gl.constexpr):
+    # TRACE: per step, the events of kernel_trace.BACKWARD (a step without a dQ share stamps
+    # its four dQ events at once)
+    _trace_start(trace, pid, n_steps, 0, first_qb, TRACE)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -310,12 +331,15 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
     qb_prev = first_qb
 
     mbarrier.wait(kv_ready.index(which), 0)
+    _stamp(trace, _T_CLK_Q, TRACE)
     k = k_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
     v = v_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
     for it in range(n_steps):
         h, qb = _step(it, n_qb, first_qb, head0)
         s = it % NUM_BUFFERS
         phase = (it // NUM_BUFFERS) & 1
+        ev = trace + _T_HEAD + _T_STEP * it
+        _stamp(ev, 0, TRACE)
         rows = qb * BLOCK_M + cols  # the queries, along the columns of S^T
         row_base = (off_b.to(gl.int64) * H + h) * N_Q
         # queries past Nq: lse +inf makes their P 0, Delta 0 their dS
@@ -324,10 +348,13 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
         q = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         do = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         mbarrier.wait(q_ready.index(s), phase)
+        _stamp(ev, 1, TRACE)
         st = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         mbarrier.wait(do_ready.index(s), phase)
+        _stamp(ev, 2, TRACE)
         dpt = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         st, _k, _q = warpgroup_mma_wait(1, deps=(st, k, q))
+        _stamp(ev, 3, TRACE)
         pt = gl.exp2(st * qk_scale - lse[None, :])
         # causal: the blocks on the diagonal (some query before some key of these rows)
         if CAUSAL:
@@ -336,9 +363,12 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
         pt16 = gl.convert_layout(pt.to(q.dtype), a_layout)
         if DV_EARLY:  # dV's wgmma runs under dS^T's arithmetic (P^T's 16-bit copy stays live)
             dv = warpgroup_mma(pt16, do, dv, is_async=True)
+            _stamp(ev, 4, TRACE)
             dpt, _v, _do = warpgroup_mma_wait(1, deps=(dpt, v, do))
         else:  # dV after dS^T: fewer registers live at once
+            _stamp(ev, 4, TRACE)
             dpt, _v, _do = warpgroup_mma_wait(0, deps=(dpt, v, do))
+        _stamp(ev, 5, TRACE)
         dst = pt * (dpt - delta[None, :])
         dst16 = gl.convert_layout(dst.to(q.dtype), a_layout)
         if FUSED_DQ:  # dS^T to shared memory, where both groups' halves make the CTA's dS
@@ -346,28 +376,39 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
             fence_async_shared()
             gl.thread_barrier()
             mbarrier.arrive(ds_ready.index(it % DS_SLOTS))
+        _stamp(ev, 6, TRACE)
         if not DV_EARLY:
             dv = warpgroup_mma(pt16, do, dv, is_async=True)
         dk = warpgroup_mma(dst16, q, dk, is_async=True)
+        _stamp(ev, 7, TRACE)
         if FUSED_DQ == 1:  # this step's dQ share
-            _fused_dq_share(which, it, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale,
-                            HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS)
-        if FUSED_DQ == 2:  # the previous step's, so the groups may drift a step apart
+            _fused_dq_share(which, it, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
+                            HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE)
+        elif FUSED_DQ == 2:  # the previous step's, so the groups may drift a step apart
             if it > 0:
                 _fused_dq_share(which, it - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
-                                off_b, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS)
+                                off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE)
+            else:
+                for e in gl.static_range(8, 12):
+                    _stamp(ev, e, TRACE)
+        else:
+            for e in gl.static_range(8, 12):
+                _stamp(ev, e, TRACE)
         dv, dk, _p, _ds, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, pt16, dst16, do, q))
+        _stamp(ev, 12, TRACE)
         # every warp of the group is done with the slot before its one arrival
         gl.thread_barrier()
         mbarrier.arrive(q_empty.index(s))
+        _stamp(ev, 13, TRACE)
         h_prev = h
         qb_prev = qb
     if FUSED_DQ == 2:
         if n_steps > 0:
             _fused_dq_share(which, n_steps - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
-                            off_b, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS)
+                            off_b, sm_scale, trace, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, False)
     if FUSED_DQ:
         tma.store_wait(0)
+    _stamp(trace, _T_CLK_BLOCKS, TRACE)
 
     dk = dk * sm_scale
     o_rows = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
@@ -379,6 +420,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
     dv_ptrs = DV + off_b.to(gl.int64) * stride_dvb + off_hk.to(gl.int64) * stride_dvh \
         + o_rows.to(gl.int64)[:, None] * stride_dvn + o_cols[None, :] * stride_dvd
     gl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=in_rows)
+    _trace_end(trace, TRACE)
 
 
 @gluon.jit
@@ -386,10 +428,12 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                                 stride_dks, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                                 stride_dvs, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                                 H, H_KV, GROUP, N_Q, N_K, causal_off, SPLIT_H, SPLIT_Q, LPT_UNITS, desc_dqa,
+                                TRACE_PTR, TRACE_SLOTS,
                                 CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                 BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr,
                                 FUSED_DQ: gl.constexpr, DS_LAYOUT: gl.constexpr,
-                                PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                                PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TRACE: gl.constexpr):
+    # TRACE: the trace (kernel_trace.BACKWARD) into TRACE_PTR's [CTAs, 3, TRACE_SLOTS] int64 slots
     # a 1-D grid of key blocks (2 x BLOCK_N keys) x units, a unit being one (batch, K/V head,
     # split) in that order; the CTA's key block and unit from its index (gluon_forward.lpt_tile)
     n_kb = gl.cdiv(N_K, 2 * BLOCK_N)
@@ -414,6 +458,10 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
     # a split CTA's dK/dV go to its own fp32 slot (summed afterwards); unsplit, stride 0
     DK += split.to(gl.int64) * stride_dks
     DV += split.to(gl.int64) * stride_dvs
+    if TRACE:
+        pid = gl.program_id(0)
+    else:
+        pid = 0
 
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [2] + desc_k.block_type.shape, desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [2] + desc_v.block_type.shape, desc_v.layout)
@@ -446,16 +494,19 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
         (_consumer, (0, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-                     n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS, DV_EARLY, FUSED_DQ)),
+                     n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready,
+                     _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE)),
         (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-                     n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS, DV_EARLY, FUSED_DQ)),
+                     n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready,
+                     _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
-                     q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS)),
+                     q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0,
+                     _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, BLOCK_M, BLOCK_N, NUM_BUFFERS,
+                     TRACE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
 
 
@@ -653,11 +704,24 @@ def _gluon_attn_bwd_dq_kernel(desc_q, desc_do, desc_k, desc_v, DQ, LSE, DELTA, q
 # ----------------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------------
-def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool) -> dict:
+def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
+                      trace: bool = False) -> dict:
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                 NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=config.DQ_FUSED,
                 DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
-                CONSUMER_REGS=config.CONSUMER_REGS)
+                CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace))
+
+
+def dkdv_trace_shape(q_shape, k_shape, config: GluonBwdConfig, split: tuple[int, int]) -> tuple[int, int, int]:
+    """The dK/dV kernel's trace shape for a call on q of ``q_shape`` (B, Hq, Nq, D) and k of
+    ``k_shape`` split as ``split``: (CTAs, partitions, slots), a CTA walking at most its share of
+    the group's heads x all query blocks (kernels/kernel_trace.BACKWARD)."""
+    B, H, N_Q, _D = q_shape
+    H_KV, N_K = k_shape[1], k_shape[2]
+    split_h, split_q = split
+    steps = (H // H_KV) // split_h * cdiv(cdiv(N_Q, config.BLOCK_M), split_q)
+    return (cdiv(N_K, 2 * config.BLOCK_N) * B * H_KV * split_h * split_q, len(kernel_trace.PARTITIONS),
+            kernel_trace.BACKWARD.slots(steps))
 
 
 def _dq_share_layout(rows: int, head_dim: int):
@@ -680,7 +744,8 @@ def _kernel_inputs(q, k, v, do, lse2, delta) -> tuple:
 def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse2: torch.Tensor,
                delta: torch.Tensor, config: GluonBwdConfig, *, causal: bool, sm_scale: float,
                causal_off: int = 0, split: tuple[int, int] = (1, 1), lpt: int | None = None,
-               dq_acc: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               dq_acc: torch.Tensor | None = None,
+               trace: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """dK and dV (in k's and v's dtype and layout, as torch.empty_like makes them) from the
     Gluon kernel, given the forward's lse2 and Delta = rowsum(dO * O), both (B, Hq, Nq)
     float32. Inputs the copy engine cannot address are copied dense first. ``split``:
@@ -688,7 +753,8 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     gives them (the head splits divide the group); their fp32 partials are summed by the
     Triton backward's sum kernel. ``lpt``: LPT_UNITS (None: common.key_block_lpt_units). A DQ_FUSED
     config also adds sm_scale dS K into ``dq_acc``, a zeroed contiguous (B, Hq, Nq, D)
-    float32 tensor."""
+    float32 tensor. ``trace``: a zeroed contiguous int64 tensor of ``dkdv_trace_shape``, filled by
+    the kernel's own instrumentation (kernels/kernel_trace.BACKWARD's layout)."""
     from flashtune.kernels import backward
 
     B, H, N_Q, D = q.shape
@@ -698,6 +764,13 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     if split_h < 1 or split_q < 1 or group % split_h:
         raise ValueError(f"split: expected (head splits dividing the group of {group}, query chunks >= 1), "
                          f"got {split}")
+    if trace is not None:
+        want = dkdv_trace_shape(q.shape, k.shape, config, split)
+        if trace.dtype != torch.int64 or tuple(trace.shape) != want or not trace.is_contiguous() \
+                or trace.device != q.device:
+            raise ValueError(f"trace: expected a contiguous int64 tensor of shape {want} on {q.device} "
+                             f"(dkdv_trace_shape), got {trace.dtype} {tuple(trace.shape)} on {trace.device}")
+        launch.unplannable()  # a caller's buffer: nothing a plan can place
     dk, dv = launch.empty_like(k), launch.empty_like(v)
     n_split = split_h * split_q
     if n_split > 1:  # (dK, dV) x split x (B, H_KV, N_K, D) fp32 slots
@@ -724,7 +797,9 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     with on_device(q):
         launch.launch(_gluon_attn_bwd_dkdv_kernel, desc_q, desc_do, desc_k, desc_v, *outs, lse2, delta,
                       sm_scale * LOG2E, sm_scale, *strides[0], *strides[1], H, H_KV, group, N_Q, N_K, causal_off,
-                      split_h, split_q, lpt, desc_dqa, grid=grid, **kernel_constexprs(config, D, q.dtype, causal),
+                      split_h, split_q, lpt, desc_dqa, lse2 if trace is None else trace,
+                      0 if trace is None else trace.shape[2], grid=grid,
+                      **kernel_constexprs(config, D, q.dtype, causal, trace is not None),
                       num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
         if n_split > 1:
             backward._sum_partials(parts, dk, dv, int64=backward.needs_int64(parts, dk, dv))
@@ -760,8 +835,8 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                              lse2: torch.Tensor, config: GluonBwdConfig, *, causal: bool,
                              sm_scale: float | None = None, causal_align: str = "top_left",
                              dq_config=None, gluon_dq: bool = False,
-                             dkdv_split: int = 0,
-                             lpt: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                             dkdv_split: int = 0, lpt: int | None = None,
+                             trace: list | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) as ``backward.attention_backward`` returns them: dK and dV from the Gluon
     kernel, Delta and dQ from the Triton preprocess and dQ kernel (``dq_config``: a BwdConfig
     whose dQ half runs, with its ``tma``; default the device's Triton default, its dQ kernel
@@ -770,7 +845,9 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     ``torch.use_deterministic_algorithms``, where the dQ kernel named runs).
     ``dkdv_split``: BwdConfig.dkdv_split's value for the dK/dV kernel (0: chosen from the
     shape); ``lpt`` as ``gluon_dkdv``'s. dq, dk and dv come in q's, k's and v's layouts where
-    those are dense."""
+    those are dense. ``trace``: a list the dK/dV kernel's trace of this call is appended to (an
+    int64 tensor, kernels/kernel_trace.BACKWARD's layout; the kernel then runs instrumented,
+    its results unchanged)."""
     from flashtune.kernels import backward
 
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or do.shape != q.shape or o.shape != q.shape:
@@ -800,8 +877,12 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                            programs_per_sm=GLUON_DKDV_PROGRAMS_PER_SM, batch=B, heads_q=H, heads_kv=k.shape[1],
                            n_q=N_Q, n_k=k.shape[2], sm_count=sm_count(q.device))
         dq_acc = launch.zeros(q.shape, device=q.device, dtype=torch.float32) if config.DQ_FUSED else None
+        buf = None
+        if trace is not None:
+            buf = torch.zeros(dkdv_trace_shape(q.shape, k.shape, config, split), dtype=torch.int64, device=q.device)
+            trace.append(buf)
         dk, dv = gluon_dkdv(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off,
-                            split=split, lpt=lpt, dq_acc=dq_acc)
+                            split=split, lpt=lpt, dq_acc=dq_acc, trace=buf)
         if dq_acc is not None:
             dq = launch.copy_(launch.empty_like(q), dq_acc)
             return dq, dk, dv
@@ -818,10 +899,11 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 # ----------------------------------------------------------------------------------
 # Compiling for sm_90 without a GPU (tests/kernels/gluon_compile_sm90.py)
 # ----------------------------------------------------------------------------------
-def compile_for_sm90(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool, kernel: str = "dkdv"):
+def compile_for_sm90(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool, kernel: str = "dkdv",
+                     trace: bool = False):
     """Compile the dK/dV kernel (or, ``kernel="dq"``, the dQ kernel) for sm_90 (ptxas; no GPU
-    needed) as a launch on contiguous inputs would; returns triton's CompiledKernel
-    (``.metadata.shared``, ``.asm``)."""
+    needed) as a launch on contiguous inputs would (``trace``: the dK/dV kernel with its
+    instrumentation); returns triton's CompiledKernel (``.metadata.shared``, ``.asm``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -838,9 +920,10 @@ def compile_for_sm90(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, 
         constexprs["stride_dqd"] = 1
     else:
         fn = _gluon_attn_bwd_dkdv_kernel
-        constexprs = kernel_constexprs(config, head_dim, dtype, causal)
+        constexprs = kernel_constexprs(config, head_dim, dtype, causal, trace)
         types = {"desc_q": desc(config.BLOCK_M), "desc_do": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N),
                  "desc_v": desc(config.BLOCK_N), "DK": f"*{el}", "DV": f"*{el}",
+                 "TRACE_PTR": "*i64" if trace else "*fp32",
                  "desc_dqa": (f"tensordesc<fp32[1,1,{config.BLOCK_M},{head_dim // 2}],"
                               f"{_dq_share_layout(config.BLOCK_M, head_dim)!r}>" if config.DQ_FUSED
                               else desc(config.BLOCK_M))}
@@ -853,7 +936,7 @@ def compile_for_sm90(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, 
             signature[name] = "constexpr"
         else:
             signature[name] = types.get(name, "i32")
-            if name in ("DK", "DV", "DQ", "LSE", "DELTA") or name.startswith("stride"):
+            if name in ("DK", "DV", "DQ", "LSE", "DELTA", "TRACE_PTR") or name.startswith("stride"):
                 attrs[(i, )] = [["tt.divisibility", 16]]
     src = GluonASTSource(fn, signature, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),

@@ -29,42 +29,80 @@ import torch
 
 PARTITIONS = ("consumer 0", "consumer 1", "producer")
 HEAD = 16  # header slots per (tile, partition)
-EVENTS = 8  # slots per key block
 # header slots
 H_GT_START = 0  # %globaltimer (ns) at the tile's start in this partition
 H_CLK_START = 1  # %clock64 there
 H_SMID = 2
 H_PID = 3  # the CTA (program id, linear)
-H_CLK_Q = 4  # consumer: its Q tile is in; producer: both Q tiles issued
+H_CLK_Q = 4  # consumer: its resident tiles are in (forward: Q; dK/dV: K and V); producer: those issued
 H_CLK_BLOCKS = 5  # consumer: every block done (the last P V included); producer: the last block issued
-H_CLK_END = 6  # consumer: O and the LSE stored; producer: the tile's loads issued
+H_CLK_END = 6  # consumer: its outputs stored; producer: the tile's loads issued
 H_GT_END = 7
-H_N_BLOCKS = 8  # key blocks of the tile (the same for the three partitions)
+H_N_BLOCKS = 8  # blocks (steps) of the tile (the same for the three partitions)
 H_TILE_I = 9  # tiles this CTA ran before this one (PERSISTENT; else 0)
-H_LO = 10  # the tile's first key block
-H_CLK_LAST_V = 11  # OVERLAP: the last block's V is in (its P V is issued after the loop)
+H_LO = 10  # the tile's first key block (forward), first query block (dK/dV)
+H_CLK_LAST_V = 11  # forward with OVERLAP: the last block's V is in (its P V is issued after the loop)
 
-# per key block: the events a consumer stamps, in order, and the intervals between them
-# (OVERLAP 0: the sequential loop; OVERLAP 1: block j's S issued with block j-1's P V)
-CONSUMER_INTERVALS = {
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What one kernel stamps per block: ``events`` slots, the consumers' intervals between
+    them per variant (the consumer's first event is the block's start, its last the block's
+    end), the producer's; ``last``: per variant, the names the time after the last block's end
+    splits into at H_CLK_LAST_V (else it counts as "between blocks")."""
+
+    kernel: str
+    events: int
+    consumer: dict[int, tuple[tuple[str, int, int], ...]]
+    producer: tuple[tuple[str, int, int], ...]
+    resident: str  # what the consumer waits for before its first block (H_CLK_Q)
+    last: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
+
+    def slots(self, max_blocks: int) -> int:
+        """Slots per (tile, partition) for tiles of at most ``max_blocks`` blocks."""
+        return HEAD + self.events * max_blocks
+
+    def consumer_phases(self, variant: int) -> tuple[str, ...]:
+        """What a consumer's time is split into (``account``'s consumer keys)."""
+        return (f"wait {self.resident}",) + tuple(n for n, _a, _b in self.consumer[variant]) + \
+            ("between blocks", "epilogue")
+
+
+PRODUCER_PHASES = ("wait slot", "issue", "the rest")
+_PRODUCER = (("wait slot", 0, 1), ("issue", 1, 2))
+
+# the forward (gluon_forward.py), per key block; variant: OVERLAP (0: the sequential loop; 1:
+# block j's S issued with block j-1's P V)
+FORWARD = Layout("forward", 8, {
     0: (("wait K", 0, 1), ("wait turn", 1, 2), ("wait S", 2, 3), ("softmax", 3, 4), ("wait V", 4, 5),
         ("wait PV", 5, 6), ("release", 6, 7)),
     1: (("wait K", 0, 1), ("wait V", 1, 2), ("wait turn", 2, 3), ("wait S", 3, 4), ("softmax", 4, 5),
         ("wait PV", 5, 6), ("rescale, stage P", 6, 7)),
-}
-PRODUCER_INTERVALS = (("wait slot", 0, 1), ("issue K, V", 1, 2))
-def consumer_phases(overlap: int) -> tuple[str, ...]:
-    """What a consumer's time is split into (``account``'s consumer keys)."""
-    return ("wait Q",) + tuple(n for n, _a, _b in CONSUMER_INTERVALS[int(bool(overlap))]) + \
-        ("between blocks", "epilogue")
+}, _PRODUCER, "Q", last={1: ("wait V", "wait PV")})
 
+# the dK/dV kernel (gluon_backward.py), per step (query block of a query head); one variant:
+# without the fused dQ its four dQ intervals are empty; with DQ_FUSED 2 they are the previous
+# step's share (the last share runs after the loop: "between blocks")
+BACKWARD = Layout("backward dK/dV", 14, {
+    0: (("wait Q", 0, 1), ("wait dO", 1, 2), ("wait S", 2, 3), ("P", 3, 4), ("wait dP", 4, 5), ("dS", 5, 6),
+        ("issue dV, dK", 6, 7), ("dQ: wait dS", 7, 8), ("dQ: wgmma", 8, 9), ("dQ: wait reduce", 9, 10),
+        ("dQ: store, reduce", 10, 11), ("wait dV, dK", 11, 12), ("release", 12, 13)),
+}, _PRODUCER, "K, V")
 
-PRODUCER_PHASES = ("wait slot", "issue K, V", "Q and the rest")
+# the forward's (kept as names: the kernel's constants, the tests)
+EVENTS = FORWARD.events
+CONSUMER_INTERVALS = FORWARD.consumer
+PRODUCER_INTERVALS = _PRODUCER
 
 
 def slots(max_blocks: int) -> int:
-    """Slots per (tile, partition) for tiles of at most ``max_blocks`` key blocks."""
-    return HEAD + EVENTS * max_blocks
+    """The forward's slots per (tile, partition) for tiles of at most ``max_blocks`` key blocks."""
+    return FORWARD.slots(max_blocks)
+
+
+def consumer_phases(overlap: int) -> tuple[str, ...]:
+    """The forward's consumer phases (``account``'s consumer keys) for OVERLAP ``overlap``."""
+    return FORWARD.consumer_phases(int(bool(overlap)))
 
 
 class TraceError(ValueError):
@@ -83,6 +121,7 @@ class Account:
     counter's rate against the global timer (median over tiles).
     """
 
+    kernel: str
     tiles: int
     blocks: int
     span_us: float
@@ -97,7 +136,7 @@ class Account:
     def lines(self) -> list[str]:
         """The account as a few lines of text."""
         pct = lambda d: ", ".join(f"{k} {100 * v:.1f}%" for k, v in d.items())  # noqa: E731
-        return [f"{self.tiles} tiles, {self.blocks} key blocks, span {self.span_us:.1f} us on "
+        return [f"{self.kernel}: {self.tiles} tiles, {self.blocks} blocks, span {self.span_us:.1f} us on "
                 f"{self.sms} SMs, clock {self.ghz:.2f} GHz",
                 f"consumers: {pct(self.consumer)}",
                 f"producer: {pct(self.producer)}",
@@ -109,9 +148,9 @@ class Account:
         return dataclasses.asdict(self)
 
 
-def _check(trace: torch.Tensor) -> None:
+def _check(trace: torch.Tensor, layout: Layout) -> None:
     if trace.ndim != 3 or trace.shape[1] != len(PARTITIONS) or trace.shape[2] < HEAD:
-        raise TraceError(f"trace: expected (tiles, {len(PARTITIONS)}, slots >= {HEAD}), got {trace.shape}")
+        raise TraceError(f"trace: expected (tiles, {len(PARTITIONS)}, slots >= {HEAD}), got {tuple(trace.shape)}")
     missing = torch.nonzero((trace[:, :, H_GT_START] == 0) | (trace[:, :, H_GT_END] == 0))
     if len(missing):
         t, p = missing[0].tolist()
@@ -119,10 +158,10 @@ def _check(trace: torch.Tensor) -> None:
                          f"{PARTITIONS[p]}")
     n = trace[:, :, H_N_BLOCKS]
     if (n != n[:, :1]).any():
-        raise TraceError("trace: the partitions of a tile disagree on its key block count")
+        raise TraceError("trace: the partitions of a tile disagree on its block count")
     most = int(n.max()) if n.numel() else 0
-    if HEAD + EVENTS * most > trace.shape[2]:
-        raise TraceError(f"trace: a tile has {most} key blocks, the slots hold {(trace.shape[2] - HEAD) // EVENTS}")
+    if layout.slots(most) > trace.shape[2]:
+        raise TraceError(f"trace: a tile has {most} blocks, the slots hold {(trace.shape[2] - HEAD) // layout.events}")
 
 
 def _grid(trace: torch.Tensor, sms: int | None) -> tuple[dict[str, float], float, int]:
@@ -146,14 +185,18 @@ def _grid(trace: torch.Tensor, sms: int | None) -> tuple[dict[str, float], float
              "no tile": idle_sms * span / whole}, span / 1e3, n_sms)
 
 
-def account(trace, overlap: int, sms: int | None = None) -> Account:
-    """Read a trace (``trace_buffer``'s tensor after a traced call, or its numpy copy) of a
-    call whose config has ``OVERLAP == overlap``; ``sms``: the GPU's SM count (the SMs that
-    ran no tile count as idle). TraceError if it is not a complete trace."""
+def account(trace, variant: int, sms: int | None = None, layout: Layout = FORWARD) -> Account:
+    """Read a trace of ``layout``'s kernel (the forward's: ``gluon_forward.trace_buffer``'s
+    tensor after a traced call, or a copy) run as ``variant`` (the forward's: its config's
+    OVERLAP; the dK/dV kernel's: 0); ``sms``: the GPU's SM count (the SMs that ran no tile
+    count as idle). TraceError if it is not a complete trace."""
     trace = torch.as_tensor(trace).to(device="cpu", dtype=torch.int64)
-    _check(trace)
-    intervals = CONSUMER_INTERVALS[int(bool(overlap))]
-    cons = dict.fromkeys(consumer_phases(overlap), 0)
+    _check(trace, layout)
+    variant = int(bool(variant)) if layout is FORWARD else int(variant)
+    intervals = layout.consumer[variant]
+    last = layout.events - 1
+    resident = f"wait {layout.resident}"
+    cons = dict.fromkeys(layout.consumer_phases(variant), 0)
     prod = dict.fromkeys(PRODUCER_PHASES, 0)
     per_phase: dict[str, list[int]] = {name: [] for name, _a, _b in intervals}
     per_block: list[int] = []
@@ -162,18 +205,19 @@ def account(trace, overlap: int, sms: int | None = None) -> Account:
         n = int(trace[t, 0, H_N_BLOCKS])
         for w in (0, 1):
             h = trace[t, w]
-            ev = h[HEAD:HEAD + EVENTS * n].reshape(n, EVENTS)
-            cons["wait Q"] += int(h[H_CLK_Q] - h[H_CLK_START])
+            ev = h[HEAD:HEAD + layout.events * n].reshape(n, layout.events)
+            cons[resident] += int(h[H_CLK_Q] - h[H_CLK_START])
             for name, a, b in intervals:
                 d = ev[:, b] - ev[:, a]
                 cons[name] += int(d.sum())
                 per_phase[name] += d.tolist()
             if n:
-                between = int((ev[1:, 0] - ev[:-1, 7]).sum()) + int(ev[0, 0] - h[H_CLK_Q])
-                tail = int(h[H_CLK_BLOCKS] - ev[-1, 7])
-                if overlap:  # the last block's P V, after the loop
-                    cons["wait V"] += int(h[H_CLK_LAST_V] - ev[-1, 7])
-                    cons["wait PV"] += int(h[H_CLK_BLOCKS] - h[H_CLK_LAST_V])
+                between = int((ev[1:, 0] - ev[:-1, last]).sum()) + int(ev[0, 0] - h[H_CLK_Q])
+                tail = int(h[H_CLK_BLOCKS] - ev[-1, last])
+                if variant in layout.last:  # the last block's work after the loop
+                    before, after = layout.last[variant]
+                    cons[before] += int(h[H_CLK_LAST_V] - ev[-1, last])
+                    cons[after] += int(h[H_CLK_BLOCKS] - h[H_CLK_LAST_V])
                     tail = 0
                 cons["between blocks"] += between + tail
                 per_block += (ev[1:, 0] - ev[:-1, 0]).tolist()
@@ -184,18 +228,19 @@ def account(trace, overlap: int, sms: int | None = None) -> Account:
             if gt > 0:
                 ghz.append(int(h[H_CLK_END] - h[H_CLK_START]) / gt)
         h = trace[t, 2]
-        ev = h[HEAD:HEAD + EVENTS * n].reshape(n, EVENTS)
+        ev = h[HEAD:HEAD + layout.events * n].reshape(n, layout.events)
         total = int(h[H_CLK_END] - h[H_CLK_START])
-        waited = int((ev[:, 1] - ev[:, 0]).sum())
-        issued = int((ev[:, 2] - ev[:, 1]).sum())
-        prod["wait slot"] += waited
-        prod["issue K, V"] += issued
-        prod["Q and the rest"] += total - waited - issued
+        waited = 0
+        for name, a, b in layout.producer:
+            d = int((ev[:, b] - ev[:, a]).sum())
+            prod[name] += d
+            waited += d
+        prod["the rest"] += total - waited
     cons_total = sum(cons.values()) or 1
     prod_total = sum(prod.values()) or 1
     grid, span_us, n_sms = _grid(trace, sms)
     med = lambda xs: float(statistics.median(xs)) if xs else 0.0  # noqa: E731
-    return Account(tiles=int(trace.shape[0]), blocks=int(trace[:, 0, H_N_BLOCKS].sum()), span_us=span_us,
-                   sms=n_sms, ghz=med(ghz), consumer={k: v / cons_total for k, v in cons.items()},
+    return Account(kernel=layout.kernel, tiles=int(trace.shape[0]), blocks=int(trace[:, 0, H_N_BLOCKS].sum()),
+                   span_us=span_us, sms=n_sms, ghz=med(ghz), consumer={k: v / cons_total for k, v in cons.items()},
                    producer={k: v / prod_total for k, v in prod.items()}, grid=grid,
                    cycles_per_block=med(per_block), block_phases={k: med(v) for k, v in per_phase.items()})

@@ -26,7 +26,7 @@ def compile_item(item: dict) -> dict:
         from flashtune.kernels.gluon_backward import GluonBwdConfig, compile_for_sm90 as compile_bwd
 
         compiled = compile_bwd(GluonBwdConfig(**item["config"]), item["head_dim"], dtype, item["causal"],
-                               item.get("bwd_kernel", "dkdv"))
+                               item.get("bwd_kernel", "dkdv"), trace=item.get("trace", False))
     else:
         from flashtune.kernels.gluon_forward import GluonFwdConfig, compile_for_sm90
 

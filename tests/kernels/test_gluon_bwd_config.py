@@ -80,13 +80,17 @@ ITEMS = ((C(BLOCK_M=32), (64, 128)), (C(BLOCK_M=64), (64, 128)), (C(BLOCK_M=64, 
 # the dQ kernel (its DQ_ fields)
 DQ_ITEMS = ((C(), (64, 128)), (C(DQ_OVERLAP=0), (64, 128)), (C(DQ_BLOCK_N=128, DQ_OVERLAP=0), (128, )),
             (C(DQ_BUFFERS=3), (128, )), (C(DQ_BLOCK_N=128, DQ_BUFFERS=3), (64, )))
+# the dK/dV kernel with its instrumentation (TRACE, kernels/kernel_trace.BACKWARD), bf16
+TRACE_ITEMS = ((C(), (128, )), (C(DQ_FUSED=1), (128, )), (C(DQ_FUSED=2), (64, 128)))
 
 
 def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets():
     request = [{"kernel": "bwd", "bwd_kernel": which, "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
                 "causal": causal}
                for which, items in (("dkdv", ITEMS), ("dq", DQ_ITEMS)) for cfg, dims in items for d in dims
-               for dt in ("bfloat16", "float16") for causal in (False, True)]
+               for dt in ("bfloat16", "float16") for causal in (False, True)] + \
+        [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
+          "causal": causal, "trace": True} for cfg, dims in TRACE_ITEMS for d in dims for causal in (False, True)]
     for item in request:
         C(**item["config"]).validate(item["head_dim"], getattr(torch, item["dtype"]))
     problems = []
@@ -95,7 +99,8 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets():
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
         dq = res["bwd_kernel"] == "dq"
         estimate = cfg.dq_shared_memory(d, dtype) if dq else cfg.shared_memory(d, dtype)
-        where = f"{res['bwd_kernel']} {cfg.short()} D={d} {res['dtype']} causal={res['causal']}"
+        where = (f"{res['bwd_kernel']} {cfg.short()} D={d} {res['dtype']} causal={res['causal']}"
+                 f"{' traced' if res.get('trace') else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > min(estimate, SM90_SHARED_MEMORY):
@@ -106,6 +111,9 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets():
             if regs not in res["setmaxnreg"]:
                 problems.append(f"{where}: no setmaxnreg {regs} among {res['setmaxnreg']}")
         # S^T, dP^T, dV, dK (dQ kernel: S, dP, dQ): the wgmma kinds; K, V, Q, dO: four TMA copies
+        # the trace's stamps in the traced kernel only
+        if bool(res["clock_reads"]) != bool(res.get("trace")):
+            problems.append(f"{where}: {res['clock_reads']} cycle-counter reads")
         if res["wgmma"] < 4 or res["tma_loads"] < 4:
             problems.append(f"{where}: expected wgmma and TMA instructions, got {res['wgmma']} and "
                             f"{res['tma_loads']}")

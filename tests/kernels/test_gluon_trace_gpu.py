@@ -101,3 +101,55 @@ def test_a_traced_call_gives_the_untraced_bits_and_a_consistent_trace(config, ca
     else:
         assert (pid == np.arange(t.shape[0])).all() and (tile_i == 0).all()
 
+
+
+# ----------------------------------------------------------------------------------
+# The dK/dV kernel (gluon_backward.py, kernel_trace.BACKWARD)
+# ----------------------------------------------------------------------------------
+gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward")
+B_ = gluon_backward.GluonBwdConfig
+BWD_CONFIGS = [B_(), B_(DQ_FUSED=1), B_(DQ_FUSED=2), B_(NUM_BUFFERS=3, DV_EARLY=1)]
+BWD_CASES = [  # batch, (Hq, Hkv), n_q, n_k, head_dim, causal, dkdv_split
+    (2, (8, 2), 1000, 1100, 128, True, 0),
+    (1, (8, 1), 2048, 2048, 128, True, 4),  # a split: its CTAs' partials summed afterwards
+    (2, (4, 4), 777, 1000, 64, False, 0),
+]
+
+
+@pytest.mark.parametrize("case", BWD_CASES, ids=lambda c: f"b{c[0]}h{c[1][0]}kv{c[1][1]}q{c[2]}k{c[3]}d{c[4]}"
+                         f"{'-causal' if c[5] else ''}-split{c[6]}")
+@pytest.mark.parametrize("config", BWD_CONFIGS, ids=lambda c: c.short())
+def test_a_traced_backward_gives_the_untraced_bits_and_a_consistent_trace(config, case):
+    b, heads, n_q, n_k, d, causal, split = case
+    q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, heads=heads, batch=b, seed=9)
+    do = torch.randn_like(q)
+    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(d), causal=causal)
+    kw = dict(causal=causal, dkdv_split=split)
+    plain = gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, config, **kw)
+    sink = []
+    traced = gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, config, trace=sink, **kw)
+    torch.cuda.synchronize()
+    # dK and dV bit for bit; dQ too unless the fused dQ's reduce-adds land in another order
+    assert torch.equal(plain[1], traced[1]) and torch.equal(plain[2], traced[2])
+    if config.DQ_FUSED:
+        torch.testing.assert_close(plain[0], traced[0], rtol=0, atol=1e-2)
+    else:
+        assert torch.equal(plain[0], traced[0])
+    (trace, ) = sink
+    t = trace.cpu()
+    layout = kt.BACKWARD
+    acc = kt.account(t, 0, sms=sm_count(q.device), layout=layout)
+    assert sum(acc.consumer.values()) == pytest.approx(1.0)
+    if not config.DQ_FUSED:  # no dQ share: its four intervals are empty
+        assert all(acc.consumer[name] == 0 for name in acc.consumer if name.startswith("dQ"))
+    n = t[:, 0, kt.H_N_BLOCKS]
+    assert (t[:, 0, kt.H_PID] == torch.arange(t.shape[0])).all()
+    for cta in range(t.shape[0]):
+        for p in range(3):
+            h = t[cta, p]
+            assert h[kt.H_CLK_START] <= h[kt.H_CLK_Q] <= h[kt.H_CLK_BLOCKS] <= h[kt.H_CLK_END], (cta, p)
+            used = layout.events if p < 2 else 3
+            ev = h[kt.HEAD:kt.HEAD + layout.events * int(n[cta])].reshape(-1, layout.events)[:, :used]
+            assert (ev.diff(dim=1) >= 0).all(), (cta, p)
+            if p < 2 and n[cta]:
+                assert (ev[1:, 0] >= ev[:-1, -1]).all() and ev[0, 0] >= h[kt.H_CLK_Q], (cta, p)

@@ -17,22 +17,30 @@ P_WAIT, P_ISSUE, P_Q = 300, 4, 11
 GHZ = 2.0
 
 
-def _tile(n: int, overlap: int, clk0: int, gt0: int, smid: int, pid: int) -> np.ndarray:
-    """One tile's three partitions, every block costing BLOCK (+ BETWEEN before each but the
-    first, + the last P V with the overlap)."""
-    out = np.zeros((3, kt.slots(n)), dtype=np.int64)
+def _durations(layout: kt.Layout) -> tuple[int, ...]:
+    """Cycles of each of the layout's consumer intervals: BLOCK's, then 80, 90, ..."""
+    n = len(layout.consumer[0])
+    return BLOCK[:n] + tuple(80 + 10 * i for i in range(n - len(BLOCK)))
+
+
+def _tile(n: int, overlap: int, clk0: int, gt0: int, smid: int, pid: int, layout=kt.FORWARD) -> np.ndarray:
+    """One tile's three partitions, every block costing the layout's _durations (+ BETWEEN
+    before each but the first, + the last block's work after the loop with the forward's
+    overlap)."""
+    out = np.zeros((3, layout.slots(n)), dtype=np.int64)
+    E = layout.events
     for w in (0, 1):
         h = out[w]
         h[kt.H_CLK_START] = clk0
         h[kt.H_CLK_Q] = c = clk0 + WAIT_Q
         for j in range(n):
             c += BETWEEN
-            ev = h[kt.HEAD + kt.EVENTS * j:kt.HEAD + kt.EVENTS * (j + 1)]
+            ev = h[kt.HEAD + E * j:kt.HEAD + E * (j + 1)]
             ev[0] = c
-            for i, d in enumerate(BLOCK):
+            for i, d in enumerate(_durations(layout)):
                 c += d
                 ev[i + 1] = c
-        if overlap and n:
+        if overlap in layout.last and n:
             h[kt.H_CLK_LAST_V] = c = c + LAST_V
             c += LAST_PV
         h[kt.H_CLK_BLOCKS] = c
@@ -42,7 +50,7 @@ def _tile(n: int, overlap: int, clk0: int, gt0: int, smid: int, pid: int) -> np.
     c += P_Q
     p[kt.H_CLK_Q] = c
     for j in range(n):
-        ev = p[kt.HEAD + kt.EVENTS * j:kt.HEAD + kt.EVENTS * (j + 1)]
+        ev = p[kt.HEAD + E * j:kt.HEAD + E * (j + 1)]
         ev[0] = c
         ev[1] = c = c + P_WAIT
         ev[2] = c = c + P_ISSUE
@@ -56,14 +64,15 @@ def _tile(n: int, overlap: int, clk0: int, gt0: int, smid: int, pid: int) -> np.
     return out
 
 
-def _trace(blocks: list[int], overlap: int, sms: int, max_blocks: int | None = None) -> np.ndarray:
-    """Tiles of ``blocks`` key blocks, one after the other on each of ``sms`` SMs."""
-    width = kt.slots(max_blocks or max(blocks))
+def _trace(blocks: list[int], overlap: int, sms: int, max_blocks: int | None = None,
+           layout=kt.FORWARD) -> np.ndarray:
+    """Tiles of ``blocks`` blocks, one after the other on each of ``sms`` SMs."""
+    width = layout.slots(max_blocks or max(blocks))
     trace = np.zeros((len(blocks), 3, width), dtype=np.int64)
     gt_next = [1_000_000] * sms
     for t, n in enumerate(blocks):
         sm = t % sms
-        tile = _tile(n, overlap, clk0=10_000 + 50 * t, gt0=gt_next[sm], smid=sm, pid=t)
+        tile = _tile(n, overlap, clk0=10_000 + 50 * t, gt0=gt_next[sm], smid=sm, pid=t, layout=layout)
         trace[t, :, :tile.shape[1]] = tile
         gt_next[sm] = tile[0, kt.H_GT_END]
     return trace
@@ -88,8 +97,8 @@ def test_the_account_adds_up_to_the_stamped_intervals(overlap):
     assert acc.block_phases == {name: float(c) for name, c in zip(names, BLOCK)}
     assert acc.cycles_per_block == sum(BLOCK) + BETWEEN
     p_total = len(blocks) * P_Q + n * (P_WAIT + P_ISSUE)
-    assert acc.producer == pytest.approx({"wait slot": n * P_WAIT / p_total, "issue K, V": n * P_ISSUE / p_total,
-                                          "Q and the rest": len(blocks) * P_Q / p_total})
+    assert acc.producer == pytest.approx({"wait slot": n * P_WAIT / p_total, "issue": n * P_ISSUE / p_total,
+                                          "the rest": len(blocks) * P_Q / p_total})
     assert acc.tiles == 4 and acc.blocks == n
     assert acc.ghz == pytest.approx(GHZ, rel=0.02)
     assert len(acc.lines()) == 5 and acc.to_dict()["consumer"] == acc.consumer
@@ -137,3 +146,35 @@ def test_tiles_without_key_blocks_count_their_time_between_q_and_the_epilogue():
     acc = kt.account(_trace([0, 2], 1, sms=1, max_blocks=2), 1)
     assert sum(acc.consumer.values()) == pytest.approx(1.0)
     assert acc.blocks == 2
+
+
+def test_the_dkdv_kernels_layout_is_read_with_its_own_intervals():
+    layout = kt.BACKWARD
+    blocks = [6, 2, 5]
+    acc = kt.account(_trace(blocks, 0, sms=3, layout=layout), 0, layout=layout)
+    n, durations = sum(blocks), _durations(layout)
+    total = 2 * (len(blocks) * (WAIT_Q + EPILOGUE) + n * (sum(durations) + BETWEEN))
+    names = [name for name, _a, _b in layout.consumer[0]]
+    assert tuple(acc.consumer) == layout.consumer_phases(0) and acc.consumer["wait K, V"] > 0
+    for name, cycles in zip(names, durations):
+        assert acc.consumer[name] == pytest.approx(2 * n * cycles / total)
+    assert acc.consumer["between blocks"] == pytest.approx(2 * n * BETWEEN / total)
+    assert sum(acc.consumer.values()) == pytest.approx(1.0)
+    assert acc.kernel == layout.kernel and acc.lines()[0].startswith("backward dK/dV: 3 tiles, 13 blocks")
+    # read as the forward's, the slots are too few for its blocks' events: refused, not misread
+    with pytest.raises(kt.TraceError):
+        kt.account(_trace(blocks, 0, sms=3, layout=layout)[:, :, :kt.HEAD + 8 * 6], 0, layout=layout)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pass", "xyz"], "--pass: expected fwd, bwd or fwd,bwd"),
+    (["--configs", "default,foo"], "--configs: 'foo' is not one of"),
+    (["--pass", "bwd", "--bwd-configs", "f2"], "--bwd-configs: 'f2' is not one of"),
+])
+def test_the_profile_script_names_a_bad_option(load_benchmark, monkeypatch, capsys, argv, message):
+    pytest.importorskip("flashtune.kernels.gluon_backward", reason="this triton has no Gluon")
+    script = load_benchmark("gluon_profile")
+    monkeypatch.setattr("sys.argv", ["gluon_profile.py", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        script.main()
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
