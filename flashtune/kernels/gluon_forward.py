@@ -1,7 +1,9 @@
 """A warp-specialised Hopper (sm_90) attention forward written in Gluon (issue 18).
 
-Not wired into the search space, the dispatcher or ``attention()`` yet: called directly
-through ``gluon_attention_forward`` (tests/kernels/test_gluon_gpu.py, benchmarks/gluon_fwd.py).
+A kernel family of ``FwdConfig`` (``family=1``; ``FwdConfig.gluon()`` gives this module's
+``GluonFwdConfig``): the search times it per key and ``attention_forward`` launches it; also
+callable directly through ``gluon_attention_forward`` (tests/kernels/test_gluon_gpu.py,
+benchmarks/gluon_fwd.py). ``trace=`` runs it with its own instrumentation (kernels/kernel_trace.py).
 
 Conventions are ``forward.attention_forward``'s: q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D),
 query head h reads key/value head h // (Hq // Hkv); causal is top-left aligned by default
@@ -39,8 +41,8 @@ Design (one CTA per 2 x BLOCK_M query rows of one (batch, head)):
   consumers free, before its Q is in) while the consumers finish the previous tile, then
   its Q once each consumer has released its tile (a Q-empty mbarrier per consumer).
 
-Everything numeric is unverified until the GPU tests run on an H200: the CPU can only
-compile this kernel (tests/kernels/test_gluon_compile_sm90.py).
+The CPU can only compile this kernel (tests/kernels/test_gluon_compile_sm90.py); its numbers
+are checked on an H200 (tests/kernels/test_gluon_gpu.py and the persistent and trace tests).
 """
 
 from __future__ import annotations
@@ -403,7 +405,7 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
                     MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
                     PINGPONG: gl.constexpr, FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                    TRACE: gl.constexpr):
+                    TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr):
     """The CTA's blocks [first, last) (counted from its first key block, ``lo``) of one
     consumer: online softmax into (acc, m_i, l_i). Ring slots and turns count from ``it0``,
     the blocks the ring carried before this tile."""
@@ -430,7 +432,7 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
         qk, _q, _k = warpgroup_mma_wait(0, deps=(qk, q, k_smem))
         _stamp(ev, 3, TRACE)
         p, alpha, m_new, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, lo, 0, 0, qk_scale, N_K, causal_off,
-                                              win_left, win_right, MASK, CAUSAL, WINDOW, BLOCK_N)
+                                              win_left, win_right, MASK, CAUSAL, WINDOW, BLOCK_N, SCALE_POSITIVE)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         _stamp(ev, 4, TRACE)
@@ -465,23 +467,33 @@ def _masked(qk, rows, cols, kb, N_K, causal_off, win_left, win_right, CAUSAL: gl
 @gluon.jit
 def _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, N_K, causal_off, win_left,
                    win_right, MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                   BLOCK_N: gl.constexpr):
+                   BLOCK_N: gl.constexpr, SCALE_POSITIVE: gl.constexpr):
     """The CTA's block j (key block lo + j) into probabilities (online softmax, base 2):
     (p, alpha, m, l). The causal, window and/or sequence-end mask: MASK 0 none, 1 always,
-    2 outside the blocks [full_lo, full_hi) (counted as j is)."""
-    qk = qk * qk_scale
+    2 outside the blocks [full_lo, full_hi) (counted as j is). SCALE_POSITIVE (qk_scale > 0,
+    every call but one with a negative sm_scale): the scale commutes with the row max, so the
+    max is taken over the raw scores and scaled once, and each score is scaled and shifted by
+    one multiply-add (the Triton kernel's rule): 64 multiplies a thread and block fewer."""
+    if not SCALE_POSITIVE:
+        qk = qk * qk_scale
     if MASK == 1:
         qk = _masked(qk, rows, cols, lo + j, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_N)
     elif MASK == 2:
         if (j < full_lo) | (j >= full_hi):
             qk = _masked(qk, rows, cols, lo + j, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_N)
-    m_new = gl.maximum(m_i, gl.max(qk, 1))
+    if SCALE_POSITIVE:
+        m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
+    else:
+        m_new = gl.maximum(m_i, gl.max(qk, 1))
     m_use = m_new
     if (CAUSAL or WINDOW) and MASK != 0:
         # a row that sees no key so far (bottom-right with Nq > Nk, a window's rows before
         # their first key) keeps m = -inf: subtract 0 instead so that p = 0, not NaN
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(qk - m_use[:, None])
+    if SCALE_POSITIVE:
+        p = gl.exp2(qk * qk_scale - m_use[:, None])
+    else:
+        p = gl.exp2(qk - m_use[:, None])
     alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
@@ -492,7 +504,8 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
                         full_lo, full_hi, n_blocks, it0, qk_scale, N_K, causal_off, win_left, win_right, trace,
                         CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
-                        FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, TRACE: gl.constexpr):
+                        FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, TRACE: gl.constexpr,
+                        SCALE_POSITIVE: gl.constexpr):
     """All key blocks of one consumer, software-pipelined within the warp group (FA3's
     intra-warpgroup overlap): block j's S = QK^T and block j-1's O += PV are issued
     together, and block j's softmax runs while that PV wgmma is in flight. A slot is
@@ -520,7 +533,7 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
         qk, _q, _k = warpgroup_mma_wait(0, deps=(qk, q, k_smem))
         _stamp(ev, 4, TRACE)
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, 0, lo, full_lo, full_hi, qk_scale, N_K,
-                                            causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N)
+                                            causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N, SCALE_POSITIVE)
         p16 = _stage_p(p, p_smem, dtype, p_layout, FP8)
         _stamp(ev, 5, TRACE)
         _stamp(ev, 6, TRACE)
@@ -548,7 +561,8 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
             qk, _q, _k = warpgroup_mma_wait(1, deps=(qk, q, k_smem))
             _stamp(ev, 4, TRACE)
             p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, N_K,
-                                                causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N)
+                                                causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N,
+                                                SCALE_POSITIVE)
             _stamp(ev, 5, TRACE)
             acc, _p, _v = warpgroup_mma_wait(0, deps=(acc, p16, v_prev))
             _stamp(ev, 6, TRACE)
@@ -578,7 +592,7 @@ def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, 
               win_left, win_right, start_m, lo, n_blocks, it0, tile_i, trace, pid,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
-              FP8: gl.constexpr, PERSISTENT: gl.constexpr, TRACE: gl.constexpr):
+              FP8: gl.constexpr, PERSISTENT: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr):
     """One consumer's rows of one tile (``it0``: the blocks the ring carried before it;
     ``tile_i``: the tiles this CTA ran before it, for the Q barriers' phases; ``trace``: this
     partition's slots of the tile's trace, with TRACE)."""
@@ -621,21 +635,21 @@ def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, 
                                             kv_empty, turn,
                                             which, rows, lo, full_lo, full_hi, n_blocks, it0, qk_scale, N_K, causal_off,
                                             win_left, win_right, trace, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                            NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout, TRACE)
+                                            NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE)
     else:
         if WINDOW:  # the window's left edge
             acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn,
                                             which, rows, 0, full_lo, lo, it0, qk_scale, N_K, causal_off, win_left,
                                             win_right, trace, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                            NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout, TRACE)
+                                            NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
                                         rows, full_lo, full_hi, lo, it0, qk_scale, N_K, causal_off, win_left, win_right,
                                         trace, 0, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG,
-                                        FP8, s_layout, p_layout, TRACE)
+                                        FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
                                         rows, full_hi, n_blocks, lo, it0, qk_scale, N_K, causal_off, win_left,
                                         win_right, trace, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
-                                        PINGPONG, FP8, s_layout, p_layout, TRACE)
+                                        PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE)
     _stamp(trace, _T_CLK_BLOCKS, TRACE)
     if PERSISTENT:
         # every wgmma that read this Q tile has been waited for: all four warps past them,
@@ -755,7 +769,7 @@ def _consumer_tiles(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_r
                     causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR, TRACE_SLOTS,
                     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
-                    FP8: gl.constexpr, TRACE: gl.constexpr):
+                    FP8: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr):
     """PERSISTENT: one consumer's rows of every tile of this CTA, in the producer's order."""
     n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
     it = 0
@@ -767,7 +781,7 @@ def _consumer_tiles(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_r
                   qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
                   causal_off, win_left, win_right, start_m, lo, n_blocks, it, tile_i,
                   _trace_slots(TRACE_PTR, TRACE_SLOTS, t, which, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                  BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, True, TRACE)
+                  BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, True, TRACE, SCALE_POSITIVE)
         it += n_blocks
         tile_i += 1
 
@@ -781,7 +795,7 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                            BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
                            OVERLAP: gl.constexpr, FP8: gl.constexpr, P_LAYOUT: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PERSISTENT: gl.constexpr,
-                           TRACE: gl.constexpr):
+                           TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr):
     # N_UNITS: batch x query heads (the 1-D orders' units); TRACE: the trace (kernel_trace.py) into
     # TRACE_PTR's [tiles, 3, TRACE_SLOTS] int64 slots (unused without)
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
@@ -819,12 +833,12 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                                O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
                                N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR,
                                TRACE_SLOTS, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP,
-                               FP8, TRACE)),
+                               FP8, TRACE, SCALE_POSITIVE)),
             (_consumer_tiles, (1, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
                                O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
                                N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR,
                                TRACE_SLOTS, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP,
-                               FP8, TRACE)),
+                               FP8, TRACE, SCALE_POSITIVE)),
             (_producer_tiles, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, pid, n_prog, N_UNITS, H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
                                LPT_UNITS, TRACE_PTR, TRACE_SLOTS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8,
@@ -857,12 +871,12 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                          qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
                          causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0,
                          _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE)),
+                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE)),
             (_consumer, (1, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
                          qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
                          causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0,
                          _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE)),
+                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE)),
             (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                          off_b, off_h, off_hk, start_m, lo, n_blocks, 0, 0,
                          _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8,
@@ -903,13 +917,13 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
-                      window: bool = False, trace: bool = False) -> dict:
+                      window: bool = False, trace: bool = False, scale_positive: bool = True) -> dict:
     return dict(CAUSAL=bool(causal), WINDOW=bool(window), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M,
                 BLOCK_N=config.BLOCK_N, NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG),
                 OVERLAP=bool(config.OVERLAP), FP8=dtype in FP8_DTYPES,
                 P_LAYOUT=p_tile_layout(config.BLOCK_M, config.BLOCK_N, dtype),
                 PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS,
-                PERSISTENT=bool(config.PERSISTENT), TRACE=bool(trace))
+                PERSISTENT=bool(config.PERSISTENT), TRACE=bool(trace), SCALE_POSITIVE=bool(scale_positive))
 
 
 def trace_shape(q_shape, n_k: int, config: GluonFwdConfig) -> tuple[int, int, int]:
@@ -1032,7 +1046,8 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         launch.launch(_gluon_attn_fwd_kernel, desc_q, desc_k, desc_v, o, lse2, sm_scale * LOG2E, float(v_descale),
                       *o.stride(), H, H // Hk, N_Q, N_K, off, *(window or (0, 0)), lpt, H * B,
                       lse2 if trace is None else trace, 0 if trace is None else trace.shape[2], grid=grid,
-                      **kernel_constexprs(config, D, q.dtype, causal, window is not None, trace is not None),
+                      **kernel_constexprs(config, D, q.dtype, causal, window is not None, trace is not None,
+                                          sm_scale > 0),
                       num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
     return o, lse2
 

@@ -163,6 +163,16 @@ def test_sm_scale_and_bottom_right_rows_without_keys():
     torch.testing.assert_close(lse2[:, :, 100:].double() * LN2, lse_true[:, :, 100:], atol=2e-3, rtol=0)
 
 
+@pytest.mark.parametrize("overlap", [0, 1])
+def test_a_negative_sm_scale_takes_the_row_max_of_the_scaled_scores(overlap):
+    # a positive scale commutes with the row max (the kernel's SCALE_POSITIVE: raw max, scaled
+    # once, one multiply-add a score); a negative one does not, and runs the other way
+    q, k, v = _inputs(300, 500, 64, torch.bfloat16, seed=4)
+    for causal in (False, True):
+        check_gluon_forward(q, k, v, dtype_name="bf16", causal=causal, sm_scale=-0.2,
+                            config=GluonFwdConfig(OVERLAP=overlap))
+
+
 def test_lse_feeds_flashtune_backward():
     """The base-2 LSE is the one flashtune's forward returns (the backward reads it)."""
     from flashtune.kernels import attention_forward, default_config
