@@ -1,17 +1,40 @@
-"""What benchmarks/gluon_fwd.py and benchmarks/gluon_bwd.py share: the shape lists, the
-interleaved timing rounds, the per-row ratios and line, and the geometric-mean summary.
+"""What benchmarks/gluon_fwd.py, gluon_bwd.py and gluon_profile.py share: the GPU check and
+the run's environment line, the shape lists and a row's inputs, the interleaved timing rounds, the per-row ratios
+and line, and the geometric-mean summary.
 
-Not a script: the two benchmarks import it (``python benchmarks/gluon_fwd.py`` puts
+Not a script: the benchmarks import it (``python benchmarks/gluon_fwd.py`` puts
 benchmarks/ first on the import path).
 """
 
 from __future__ import annotations
 
+import datetime
 import statistics
 
+import torch
 import triton
 
 from flashtune.protocol import GRID_SEQ_LENS, geomean, grid_shape
+
+
+def sm90_run(dtype_name: str) -> tuple[torch.dtype, str]:
+    """(dtype, the environment line, printed) for a run on an sm_90 GPU; SystemExit elsewhere."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        raise SystemExit("needs an sm_90 GPU (H100/H200)")
+    env = (f"{datetime.date.today()} {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+           f"{triton.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, {dtype_name}")
+    print(env)
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name], env
+
+
+def row_inputs(B, Hq, Hkv, Nq, Nk, D, dtype, with_do: bool = False) -> tuple:
+    """A shape row's q, k, v (and dO), random from seed 0 on the GPU, in that order."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    if not with_do:
+        return q, k, v
+    return q, k, v, torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=gen)
 
 
 def shapes(args, large: list[tuple], *, min_seq_k: int = 1) -> list[tuple]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import math
 import pathlib
@@ -30,7 +29,6 @@ import sys
 
 import torch
 import torch.nn.functional as F
-import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashtune.kernels import attention_forward, default_config
@@ -71,12 +69,7 @@ def main() -> int:
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
     ap.add_argument("--out", metavar="FILE.json")
     args = ap.parse_args()
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        raise SystemExit("needs an sm_90 GPU (H100/H200)")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    env = (f"{datetime.date.today()} {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
-           f"{triton.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, {args.dtype}")
-    print(env)
+    dtype, env = gluon_bench.sm90_run(args.dtype)
     print(f"{'shape':>28} {'mask':>6} {'gluon cfg':>20} {'gluon ms':>9} {'TFLOP/s':>8} {'triton':>8} {'cudnn':>8} "
           f"{'flash':>8} {'g/triton':>8} {'g/cudnn':>8} {'g/flash':>8} {'t/cudnn':>8}")
     rows = []
@@ -84,9 +77,7 @@ def main() -> int:
     for name, B, Hq, Hkv, Nq, Nk, D, causal_of in shapes(args):
         if wanted is not None and name not in wanted:
             continue
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=gen)
-        k, v = (torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+        q, k, v = gluon_bench.row_inputs(B, Hq, Hkv, Nq, Nk, D, dtype)
         scale = 1 / math.sqrt(D)
         for causal in ((False, True) if causal_of is None else (causal_of,)):
             flops = 4 * B * Hq * Nq * Nk * D / (2 if causal else 1)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import math
 import pathlib
@@ -38,7 +37,6 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
-import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashtune.kernels import kernel_trace
@@ -169,12 +167,7 @@ def main() -> int:
                 runs.append((p, v))
     if not runs or set(passes) - {"fwd", "bwd"}:
         ap.error(f"--pass: expected fwd, bwd or fwd,bwd, got {args.passes!r}")
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        raise SystemExit("needs an sm_90 GPU (H100/H200)")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    env = (f"{datetime.date.today()} {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
-           f"{triton.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, {args.dtype}")
-    print(env)
+    dtype, env = gluon_bench.sm90_run(args.dtype)
     sms = sm_count(torch.device("cuda"))
     traces = pathlib.Path(args.traces) if args.traces else None
     if traces:
@@ -184,9 +177,7 @@ def main() -> int:
     for name, B, Hq, Hkv, Nq, Nk, D, causal_of in gluon_bench.shapes(args, LARGE):
         if (wanted is not None and name not in wanted) or (args.head_dim and D != args.head_dim):
             continue
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=gen)
-        k, v = (torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+        q, k, v = gluon_bench.row_inputs(B, Hq, Hkv, Nq, Nk, D, dtype)
         scale = 1 / math.sqrt(D)
         for causal in ((False, True) if causal_of is None else (causal_of,)):
             base = dict(name=name, B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, causal=causal,
