@@ -7,6 +7,7 @@ write them as JSON.
     python benchmarks/gluon_bwd.py --grid --realistic  # the standard grid (D 64/128) and the
                                                        # compute-bound rows of SHAPES.md
     python benchmarks/gluon_bwd.py --configs all       # the Gluon default and its neighbours
+    python benchmarks/gluon_bwd.py --stats both        # the row statistics compact and wide
 
 Backward only: every runner's backward from the same forward output (flashtune's from its
 own forward's o and log-sum-exp; SDPA's through autograd.grad with the graph kept). For
@@ -37,6 +38,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashtune.kernels import attention_forward, default_config
 from flashtune.kernels.backward import attention_backward, dq_kernel_alone
+from flashtune.kernels import gluon_backward
 from flashtune.kernels.gluon_backward import GluonBwdConfig, default_gluon_bwd_config, gluon_attention_backward
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -67,6 +69,16 @@ def sdpa_backward(backend, q, k, v, do, causal, scale):
     return lambda: torch.autograd.grad(o, (qs, ks, vs), do, retain_graph=True)
 
 
+def _with_stats(compact: bool, fn):
+    """``fn()`` with gluon_backward.COMPACT_STATS set to ``compact`` (read at each launch)."""
+    saved = gluon_backward.COMPACT_STATS
+    gluon_backward.COMPACT_STATS = compact
+    try:
+        return fn()
+    finally:
+        gluon_backward.COMPACT_STATS = saved
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
@@ -81,6 +93,9 @@ def main() -> int:
     ap.add_argument("--lpt", default="auto", metavar="LIST",
                     help="LPT_UNITS values for every Gluon runner of a causal row (comma-separated: auto, the "
                          "launcher's rule; all, one group of every unit; or a count, 0 for grid order)")
+    ap.add_argument("--stats", choices=("compact", "wide", "both"), default="compact",
+                    help="the dK/dV kernel's row statistics (gluon_backward.COMPACT_STATS): compact (True, the "
+                         "default), wide (False), or both, each Gluon runner twice (label ending ' wide')")
     ap.add_argument("--gluon", choices=("all", "family1", "fused"), default="all",
                     help="which Gluon runners: all four, family 1 only (Triton dQ), or the two fused-dQ ones")
     ap.add_argument("--rounds", type=int, default=3)
@@ -129,13 +144,15 @@ def main() -> int:
                     continue
                 for split in splits:
                     for lpt in (lpts if causal else (None,)):
-                        tag = (f" s{split}" if splits != [0] else "") + (
-                            "" if lpt is None else " grid-order" if lpt == 0 else " lpt-all" if lpt == 1 << 20
-                            else f" lpt{lpt}")
-                        fns[f"gluon {label}{tag}"] = (lambda cfg=cfg, gdq=gdq, split=split, lpt=lpt:
-                                                      gluon_attention_backward(
-                                                          do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale,
-                                                          gluon_dq=gdq, dkdv_split=split, lpt=lpt))
+                        for compact in {"compact": (True, ), "wide": (False, ), "both": (True, False)}[args.stats]:
+                            tag = (f" s{split}" if splits != [0] else "") + (
+                                "" if lpt is None else " grid-order" if lpt == 0 else " lpt-all" if lpt == 1 << 20
+                                else f" lpt{lpt}") + ("" if compact else " wide")
+                            fns[f"gluon {label}{tag}"] = (
+                                lambda cfg=cfg, gdq=gdq, split=split, lpt=lpt, compact=compact: _with_stats(
+                                    compact, lambda: gluon_attention_backward(
+                                        do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale, gluon_dq=gdq,
+                                        dkdv_split=split, lpt=lpt)))
             ref = [g.float() for g in fns["cudnn"]()]
             flash = [g.float() for g in fns["flash"]()]
 

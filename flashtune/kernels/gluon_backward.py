@@ -74,6 +74,15 @@ DQ_BLOCK_M = 64  # query rows per consumer warp group of the dQ kernel (a CTA co
 # the dK/dV kernel (one CTA per SM, its shared memory allows no more): programs per SM its
 # auto split (config.split_work) aims at
 GLUON_DKDV_PROGRAMS_PER_SM = 1
+# the dK/dV kernel's row statistics (lse, Delta: one value per query, along the columns of S^T,
+# where each thread of the wgmma layout holds 16 of a step's 64): True loads them one per thread
+# at the step's start and moves each to the S^T column layout where it is used (a shared-memory
+# exchange inside the warp group), False loads all 16 of each per thread at the step's start,
+# live across both wgmmas. Same values, same arithmetic; ptxas (sm_90a, 2026-12-05), spill bytes
+# a thread False -> True: family 1 causal 260 -> 48, full 100 -> 64, fused dQ full 208 -> 60,
+# fused late causal 508 -> 104, full 168 -> 84 (with the lse and Delta columns costing nothing
+# at all: 0, 0, 20, 160, 112). Not yet timed on a GPU: benchmarks/gluon_bwd.py --stats both.
+COMPACT_STATS = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,9 +145,12 @@ class GluonBwdConfig:
     def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
         """Bytes of shared memory: the CTA's K and V tiles, the Q/dO ring, the mbarriers; with
         DQ_FUSED also the dS^T slots (two per consumer, four a step late) and the two
-        consumers' fp32 dQ shares."""
+        consumers' fp32 dQ shares; with COMPACT_STATS the consumers' exchange of a step's row
+        statistics (triton's layout-conversion scratch, counted as a BLOCK_M fp32 vector each)."""
         e = torch.empty((), dtype=dtype).element_size()
         tiles = 2 * 2 * self.BLOCK_N * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_M * head_dim * e
+        if COMPACT_STATS:
+            tiles += 2 * self.BLOCK_M * 4
         barriers = (2 + 3 * self.NUM_BUFFERS) * _BARRIER_BYTES
         if self.DQ_FUSED:
             slots = 4 if self.DQ_FUSED == 2 else 2
@@ -307,7 +319,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
               stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
               n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, trace, pid, CAUSAL: gl.constexpr,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
-              DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr, TRACE: gl.constexpr):
+              DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr):
     # TRACE: per step, the events of kernel_trace.BACKWARD (a step without a dQ share stamps
     # its four dQ events at once)
     _trace_start(trace, pid, n_steps, 0, first_qb, TRACE)
@@ -316,6 +328,8 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    # a step's BLOCK_M row statistics one per thread (two threads each at BLOCK_M 64)
+    stats_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
 
     key0 = start_n + which * BLOCK_N
     keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
@@ -343,8 +357,13 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
         rows = qb * BLOCK_M + cols  # the queries, along the columns of S^T
         row_base = (off_b.to(gl.int64) * H + h) * N_Q
         # queries past Nq: lse +inf makes their P 0, Delta 0 their dS
-        lse = gl.load(LSE + row_base + rows, mask=rows < N_Q, other=float("inf"))
-        delta = gl.load(DELTA + row_base + rows, mask=rows < N_Q, other=0.0)
+        if COMPACT:  # one value per thread now, the columns where used (COMPACT_STATS)
+            rows_c = qb * BLOCK_M + gl.arange(0, BLOCK_M, layout=stats_layout)
+            lse_c = gl.load(LSE + row_base + rows_c, mask=rows_c < N_Q, other=float("inf"))
+            delta_c = gl.load(DELTA + row_base + rows_c, mask=rows_c < N_Q, other=0.0)
+        else:
+            lse = gl.load(LSE + row_base + rows, mask=rows < N_Q, other=float("inf"))
+            delta = gl.load(DELTA + row_base + rows, mask=rows < N_Q, other=0.0)
         q = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         do = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         mbarrier.wait(q_ready.index(s), phase)
@@ -355,6 +374,8 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
         dpt = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         st, _k, _q = warpgroup_mma_wait(1, deps=(st, k, q))
         _stamp(ev, 3, TRACE)
+        if COMPACT:
+            lse = gl.convert_layout(lse_c, gl.SliceLayout(0, s_layout))
         pt = gl.exp2(st * qk_scale - lse[None, :])
         # causal: the blocks on the diagonal (some query before some key of these rows)
         if CAUSAL:
@@ -369,6 +390,8 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
             _stamp(ev, 4, TRACE)
             dpt, _v, _do = warpgroup_mma_wait(0, deps=(dpt, v, do))
         _stamp(ev, 5, TRACE)
+        if COMPACT:
+            delta = gl.convert_layout(delta_c, gl.SliceLayout(0, s_layout))
         dst = pt * (dpt - delta[None, :])
         dst16 = gl.convert_layout(dst.to(q.dtype), a_layout)
         if FUSED_DQ:  # dS^T to shared memory, where both groups' halves make the CTA's dS
@@ -432,7 +455,8 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                                 CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                 BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr,
                                 FUSED_DQ: gl.constexpr, DS_LAYOUT: gl.constexpr,
-                                PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TRACE: gl.constexpr):
+                                PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TRACE: gl.constexpr,
+                                COMPACT_STATS: gl.constexpr):
     # TRACE: the trace (kernel_trace.BACKWARD) into TRACE_PTR's [CTAs, 3, TRACE_SLOTS] int64 slots
     # a 1-D grid of key blocks (2 x BLOCK_N keys) x units, a unit being one (batch, K/V head,
     # split) in that order; the CTA's key block and unit from its index (gluon_forward.lpt_tile)
@@ -496,13 +520,13 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
                      n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE)),
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS)),
         (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
                      n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE)),
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
                      q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, BLOCK_M, BLOCK_N, NUM_BUFFERS,
@@ -706,10 +730,11 @@ def _gluon_attn_bwd_dq_kernel(desc_q, desc_do, desc_k, desc_v, DQ, LSE, DELTA, q
 # ----------------------------------------------------------------------------------
 def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
                       trace: bool = False) -> dict:
+    """The dK/dV kernel's constexprs (COMPACT_STATS: the module's value at the call)."""
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                 NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=config.DQ_FUSED,
                 DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
-                CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace))
+                CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace), COMPACT_STATS=bool(COMPACT_STATS))
 
 
 def dkdv_trace_shape(q_shape, k_shape, config: GluonBwdConfig, split: tuple[int, int]) -> tuple[int, int, int]:

@@ -64,13 +64,16 @@ def test_defaults_validate(d):
     assert cfg.validate(d, torch.float16) is cfg
 
 
-def test_shared_memory_counts_the_tiles_and_the_ring():
-    # K and V of both consumers (4 tiles of 64 x D) and NUM_BUFFERS (Q, dO) pairs of BLOCK_M x D
+def test_shared_memory_counts_the_tiles_and_the_ring(monkeypatch):
+    # K and V of both consumers (4 tiles of 64 x D) and NUM_BUFFERS (Q, dO) pairs of BLOCK_M x D;
+    # with the compact row statistics, both consumers' exchange of a BLOCK_M fp32 vector
     e = 2
     d = 128
-    for cfg in (C(), C(BLOCK_M=32, NUM_BUFFERS=4)):
-        tiles = 4 * 64 * d * e + 2 * cfg.NUM_BUFFERS * cfg.BLOCK_M * d * e
-        assert tiles < cfg.shared_memory(d, torch.bfloat16) <= tiles + 1024
+    for compact in (False, True):
+        monkeypatch.setattr(gluon_backward, "COMPACT_STATS", compact)
+        for cfg in (C(), C(BLOCK_M=32, NUM_BUFFERS=4)):
+            tiles = 4 * 64 * d * e + 2 * cfg.NUM_BUFFERS * cfg.BLOCK_M * d * e + (2 * cfg.BLOCK_M * 4 if compact else 0)
+            assert tiles < cfg.shared_memory(d, torch.bfloat16) <= tiles + 1024
 
 
 # every config here is one validate() accepts; both causal modes, bf16 and fp16

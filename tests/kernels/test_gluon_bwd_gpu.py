@@ -161,6 +161,33 @@ def test_the_heaviest_first_order_changes_no_bit():
             assert torch.equal(dk, runs[0][0]) and torch.equal(dv, runs[0][1])
 
 
+@pytest.mark.parametrize("config", ["m64", "m64b3dv", "m64-fused", "m64-fused-late"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_compact_row_statistics_change_no_bit(causal, config, monkeypatch):
+    """gluon_backward.COMPACT_STATS moves lse and Delta to S^T's column layout where they are
+    used instead of loading them there: the same values in the same arithmetic, so dK and dV
+    (and dQ, but for the fused dQ's reduce-adds, which land in any order) agree exactly with
+    the wide load's, on lengths that end inside a block, and against the reference."""
+    cfg, _gdq, split = CONFIGS[config]
+    q, k, v, do, o, lse2 = causal_inputs(2, 8, 2, 1000, seed=7)
+    if not causal:
+        o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128),
+                                                        causal=False)
+    runs = []
+    for compact in (False, True):
+        monkeypatch.setattr(gluon_backward, "COMPACT_STATS", compact)
+        runs.append(gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=causal,
+                                                            dkdv_split=split))
+    torch.cuda.synchronize()
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = runs
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+    if cfg.DQ_FUSED:
+        torch.testing.assert_close(dq0, dq1, rtol=0, atol=1e-2)
+    else:
+        assert torch.equal(dq0, dq1)
+    check_gluon_backward(1000, 1000, 128, causal=causal, config=config)
+
+
 @pytest.mark.parametrize("config", ["m64", "m64-gdq", "m64-fused"])
 @pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
 @pytest.mark.parametrize("n_q,n_k", [(1000, 300), (300, 1000), (511, 511)])
