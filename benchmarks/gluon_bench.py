@@ -27,6 +27,17 @@ def sm90_run(dtype_name: str) -> tuple[torch.dtype, str]:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name], env
 
 
+def with_flag(module, name: str, value, fn):
+    """``fn()`` with ``module.name`` set to ``value`` (a kernel module's switch, read at each
+    launch: gluon_forward.FMA_SOFTMAX, gluon_backward.COMPACT_STATS), restored after."""
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        return fn()
+    finally:
+        setattr(module, name, saved)
+
+
 def row_inputs(B, Hq, Hkv, Nq, Nk, D, dtype, with_do: bool = False) -> tuple:
     """A shape row's q, k, v (and dO), random from seed 0 on the GPU, in that order."""
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -69,16 +69,6 @@ def sdpa_backward(backend, q, k, v, do, causal, scale):
     return lambda: torch.autograd.grad(o, (qs, ks, vs), do, retain_graph=True)
 
 
-def _with_stats(compact: bool, fn):
-    """``fn()`` with gluon_backward.COMPACT_STATS set to ``compact`` (read at each launch)."""
-    saved = gluon_backward.COMPACT_STATS
-    gluon_backward.COMPACT_STATS = compact
-    try:
-        return fn()
-    finally:
-        gluon_backward.COMPACT_STATS = saved
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
@@ -93,9 +83,10 @@ def main() -> int:
     ap.add_argument("--lpt", default="auto", metavar="LIST",
                     help="LPT_UNITS values for every Gluon runner of a causal row (comma-separated: auto, the "
                          "launcher's rule; all, one group of every unit; or a count, 0 for grid order)")
-    ap.add_argument("--stats", choices=("compact", "wide", "both"), default="compact",
-                    help="the dK/dV kernel's row statistics (gluon_backward.COMPACT_STATS): compact (True, the "
-                         "default), wide (False), or both, each Gluon runner twice (label ending ' wide')")
+    ap.add_argument("--stats", choices=("default", "compact", "wide", "both"), default="default",
+                    help="the dK/dV kernel's row statistics (gluon_backward.COMPACT_STATS): as the module has them, "
+                         "compact (True), wide (False), or both, each Gluon runner twice (labels ending ' compact' "
+                         "and ' wide')")
     ap.add_argument("--gluon", choices=("all", "family1", "fused"), default="all",
                     help="which Gluon runners: all four, family 1 only (Triton dQ), or the two fused-dQ ones")
     ap.add_argument("--rounds", type=int, default=3)
@@ -144,13 +135,15 @@ def main() -> int:
                     continue
                 for split in splits:
                     for lpt in (lpts if causal else (None,)):
-                        for compact in {"compact": (True, ), "wide": (False, ), "both": (True, False)}[args.stats]:
+                        for compact in {"default": (gluon_backward.COMPACT_STATS, ), "compact": (True, ),
+                                        "wide": (False, ), "both": (True, False)}[args.stats]:
                             tag = (f" s{split}" if splits != [0] else "") + (
                                 "" if lpt is None else " grid-order" if lpt == 0 else " lpt-all" if lpt == 1 << 20
-                                else f" lpt{lpt}") + ("" if compact else " wide")
+                                else f" lpt{lpt}") + ({True: " compact", False: " wide"}[compact]
+                                                      if args.stats == "both" else "")
                             fns[f"gluon {label}{tag}"] = (
-                                lambda cfg=cfg, gdq=gdq, split=split, lpt=lpt, compact=compact: _with_stats(
-                                    compact, lambda: gluon_attention_backward(
+                                lambda cfg=cfg, gdq=gdq, split=split, lpt=lpt, compact=compact: gluon_bench.with_flag(
+                                    gluon_backward, "COMPACT_STATS", compact, lambda: gluon_attention_backward(
                                         do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale, gluon_dq=gdq,
                                         dkdv_split=split, lpt=lpt)))
             ref = [g.float() for g in fns["cudnn"]()]

@@ -80,6 +80,13 @@ _BARRIER_BYTES = 8
 # what triton adds beside the named buffers (alignment, layout-conversion scratch): the
 # compiled kernels of the compile test needed 232 to 288 bytes over the buffers' sum
 _SHARED_SLACK = 512
+# the softmax's scale: True (and sm_scale > 0) takes the row max over the raw scores, scaled once,
+# and scales and shifts each score by one multiply-add (SCALE_POSITIVE, the Triton kernel's rule;
+# 64 instructions fewer a consumer thread and key block at BLOCK_N 128); False scales every score
+# first (the kernel as measured on the H200 through 2026-12-04). Off until an H200 has run it
+# (none was lent when it was written): test_gluon_gpu.py with it on, then
+# benchmarks/gluon_fwd.py --fma-softmax both; a served kernel is one a GPU has checked.
+FMA_SOFTMAX = False
 
 
 def check_int_fields(config) -> None:
@@ -917,13 +924,16 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
-                      window: bool = False, trace: bool = False, scale_positive: bool = True) -> dict:
+                      window: bool = False, trace: bool = False, scale_positive: bool | None = None) -> dict:
+    """The kernel's constexprs; ``scale_positive`` None: FMA_SOFTMAX (a launch passes
+    FMA_SOFTMAX and sm_scale > 0)."""
     return dict(CAUSAL=bool(causal), WINDOW=bool(window), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M,
                 BLOCK_N=config.BLOCK_N, NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG),
                 OVERLAP=bool(config.OVERLAP), FP8=dtype in FP8_DTYPES,
                 P_LAYOUT=p_tile_layout(config.BLOCK_M, config.BLOCK_N, dtype),
                 PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS,
-                PERSISTENT=bool(config.PERSISTENT), TRACE=bool(trace), SCALE_POSITIVE=bool(scale_positive))
+                PERSISTENT=bool(config.PERSISTENT), TRACE=bool(trace),
+                SCALE_POSITIVE=bool(FMA_SOFTMAX if scale_positive is None else scale_positive))
 
 
 def trace_shape(q_shape, n_k: int, config: GluonFwdConfig) -> tuple[int, int, int]:
@@ -1047,7 +1057,7 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
                       *o.stride(), H, H // Hk, N_Q, N_K, off, *(window or (0, 0)), lpt, H * B,
                       lse2 if trace is None else trace, 0 if trace is None else trace.shape[2], grid=grid,
                       **kernel_constexprs(config, D, q.dtype, causal, window is not None, trace is not None,
-                                          sm_scale > 0),
+                                          FMA_SOFTMAX and sm_scale > 0),
                       num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
     return o, lse2
 
@@ -1056,9 +1066,11 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 # Compiling for sm_90 without a GPU (tests/kernels/gluon_compile_sm90.py)
 # ----------------------------------------------------------------------------------
 def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool, window: bool = False,
-                     out_dtype: torch.dtype = torch.bfloat16, trace: bool = False):
+                     out_dtype: torch.dtype = torch.bfloat16, trace: bool = False,
+                     fma_softmax: bool | None = None):
     """Compile the kernel for sm_90 (ptxas; no GPU needed) as a launch on contiguous inputs
-    would (``trace``: with its instrumentation); returns triton's CompiledKernel
+    would (``trace``: with its instrumentation; ``fma_softmax``: SCALE_POSITIVE, None
+    FMA_SOFTMAX); returns triton's CompiledKernel
     (``.metadata.shared``, ``.asm``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -1072,7 +1084,7 @@ def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, 
     def desc(rows: int, cols: int = head_dim) -> str:
         return f"tensordesc<{el}[1,1,{rows},{cols}],{tile_layout(rows, cols, dtype)!r}>"
 
-    constexprs = kernel_constexprs(config, head_dim, dtype, causal, window, trace)
+    constexprs = kernel_constexprs(config, head_dim, dtype, causal, window, trace, fma_softmax)
     types = {"desc_q": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N),
              "desc_v": desc(head_dim, config.BLOCK_N) if fp8 else desc(config.BLOCK_N),
              "O": f"*{names[out_dtype] if fp8 else el}", "LSE": "*fp32", "qk_scale": "fp32", "v_scale": "fp32",

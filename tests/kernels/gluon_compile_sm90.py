@@ -4,7 +4,8 @@ sm_90 without a GPU.
 
 Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
 "dtype", "causal"} (optionally "window": the sliding-window variant; "trace": the forward's
-instrumentation) on stdin and prints one JSON line per item with the compiled kernel's
+instrumentation; "fma_softmax": its SCALE_POSITIVE softmax; "compact_stats": the dK/dV
+kernel's COMPACT_STATS) on stdin and prints one JSON line per item with the compiled kernel's
 shared memory in bytes ("shared"), its PTX register cap ("maxnreg"), the setmaxnreg
 values of its partitions ("setmaxnreg"), its wgmma and TMA copy and reduce-add counts, its
 cycle-counter reads ("clock_reads": the trace's stamps), or
@@ -23,7 +24,11 @@ def compile_item(item: dict) -> dict:
 
     dtype = getattr(torch, item["dtype"])
     if item.get("kernel") == "bwd":  # the Gluon dK/dV kernel (kernels/gluon_backward.py)
+        from flashtune.kernels import gluon_backward
         from flashtune.kernels.gluon_backward import GluonBwdConfig, compile_for_sm90 as compile_bwd
+
+        if "compact_stats" in item:  # the module's switch, read at the compile
+            gluon_backward.COMPACT_STATS = item["compact_stats"]
 
         compiled = compile_bwd(GluonBwdConfig(**item["config"]), item["head_dim"], dtype, item["causal"],
                                item.get("bwd_kernel", "dkdv"), trace=item.get("trace", False))
@@ -32,7 +37,7 @@ def compile_item(item: dict) -> dict:
 
         cfg = GluonFwdConfig(**item["config"])
         compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"], item.get("window", False),
-                                    trace=item.get("trace", False))
+                                    trace=item.get("trace", False), fma_softmax=item.get("fma_softmax"))
     ptx = compiled.asm["ptx"]
     maxnreg = re.search(r"\.maxnreg\s+(\d+)", ptx)
     return {"shared": int(compiled.metadata.shared), "maxnreg": int(maxnreg.group(1)) if maxnreg else None,

@@ -85,15 +85,22 @@ DQ_ITEMS = ((C(), (64, 128)), (C(DQ_OVERLAP=0), (64, 128)), (C(DQ_BLOCK_N=128, D
             (C(DQ_BUFFERS=3), (128, )), (C(DQ_BLOCK_N=128, DQ_BUFFERS=3), (64, )))
 # the dK/dV kernel with its instrumentation (TRACE, kernels/kernel_trace.BACKWARD), bf16
 TRACE_ITEMS = ((C(), (128, )), (C(DQ_FUSED=1), (128, )), (C(DQ_FUSED=2), (64, 128)))
+# the dK/dV kernel with its row statistics compact (COMPACT_STATS: one value a thread, moved to
+# S^T's column layout where used), bf16; traced too
+COMPACT_ITEMS = ((C(), (64, 128)), (C(DQ_FUSED=1), (128, )), (C(DQ_FUSED=2), (128, )),
+                 (C(NUM_BUFFERS=3, DV_EARLY=1), (128, )))
 
 
-def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets():
+def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
     request = [{"kernel": "bwd", "bwd_kernel": which, "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
                 "causal": causal}
                for which, items in (("dkdv", ITEMS), ("dq", DQ_ITEMS)) for cfg, dims in items for d in dims
                for dt in ("bfloat16", "float16") for causal in (False, True)] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
-          "causal": causal, "trace": True} for cfg, dims in TRACE_ITEMS for d in dims for causal in (False, True)]
+          "causal": causal, "trace": True} for cfg, dims in TRACE_ITEMS for d in dims for causal in (False, True)] + \
+        [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
+          "causal": causal, "compact_stats": True, "trace": trace} for cfg, dims in COMPACT_ITEMS for d in dims
+         for causal in (False, True) for trace in (False, True)]
     for item in request:
         C(**item["config"]).validate(item["head_dim"], getattr(torch, item["dtype"]))
     problems = []
@@ -101,9 +108,11 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets():
         cfg = C(**{k: v for k, v in res["config"].items()})
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
         dq = res["bwd_kernel"] == "dq"
+        # the compile's switch, for its estimate
+        monkeypatch.setattr(gluon_backward, "COMPACT_STATS", res.get("compact_stats", False))
         estimate = cfg.dq_shared_memory(d, dtype) if dq else cfg.shared_memory(d, dtype)
         where = (f"{res['bwd_kernel']} {cfg.short()} D={d} {res['dtype']} causal={res['causal']}"
-                 f"{' traced' if res.get('trace') else ''}")
+                 f"{' traced' if res.get('trace') else ''}{' compact' if res.get('compact_stats') else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > min(estimate, SM90_SHARED_MEMORY):

@@ -48,6 +48,8 @@ FP8_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(NUM_BUFFERS=4), (128, )), (C(OVERLA
 # loops, persistent, a window
 TRACE_ITEMS = ((C(NUM_BUFFERS=3), (128, ), False), (C(OVERLAP=0), (64, ), False),
                (C(NUM_BUFFERS=3, PERSISTENT=1), (128, ), False), (C(NUM_BUFFERS=3), (128, ), True))
+# the softmax with one multiply-add a score (FMA_SOFTMAX: SCALE_POSITIVE), both loops, bf16 and fp8
+FMA_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )))
 
 
 def _request():
@@ -59,7 +61,9 @@ def _request():
          for cfg, dims in FP8_ITEMS for d in dims for dt in ("float8_e4m3fn", "float8_e5m2")
          for causal in (False, True)] + \
         [{"config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": causal, "window": window,
-          "trace": True} for cfg, dims, window in TRACE_ITEMS for d in dims for causal in (False, True)]
+          "trace": True} for cfg, dims, window in TRACE_ITEMS for d in dims for causal in (False, True)] + \
+        [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal, "fma_softmax": True}
+         for cfg, dims in FMA_ITEMS for d in dims for dt in ("bfloat16", "float8_e4m3fn") for causal in (False, True)]
 
 
 def _compile_for_sm90(request: list[dict]) -> list[dict]:
@@ -76,7 +80,7 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
         estimate = cfg.shared_memory(d, dtype)
         where = (f"{cfg.short()} D={d} {res['dtype']} causal={res['causal']}{' window' if res.get('window') else ''}"
-                 f"{' traced' if res.get('trace') else ''}")
+                 f"{' traced' if res.get('trace') else ''}{' fma-softmax' if res.get('fma_softmax') else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > SM90_SHARED_MEMORY:

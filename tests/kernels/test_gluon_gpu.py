@@ -163,10 +163,33 @@ def test_sm_scale_and_bottom_right_rows_without_keys():
     torch.testing.assert_close(lse2[:, :, 100:].double() * LN2, lse_true[:, :, 100:], atol=2e-3, rtol=0)
 
 
+FMA_CASES = [(1, 1, 64), (17, 17, 128), (1000, 1000, 128), (1000, 4096, 64), (4096, 1000, 128)]
+
+
 @pytest.mark.parametrize("overlap", [0, 1])
-def test_a_negative_sm_scale_takes_the_row_max_of_the_scaled_scores(overlap):
-    # a positive scale commutes with the row max (the kernel's SCALE_POSITIVE: raw max, scaled
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n_q,n_k,d", FMA_CASES, ids=[f"{a}x{b}-d{c}" for a, b, c in FMA_CASES])
+def test_the_fma_softmax_matches_the_reference(n_q, n_k, d, causal, overlap, monkeypatch):
+    """gluon_forward.FMA_SOFTMAX (off until this passes on an H200): the row max of the raw
+    scores scaled once, one multiply-add a score; against float64, and within bf16 rounding
+    of the kernel without it."""
+    q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, seed=6)
+    cfg = GluonFwdConfig(NUM_BUFFERS=3 if d == 128 else 2, OVERLAP=overlap)
+    o_off, lse_off = gluon_forward.gluon_attention_forward(q, k, v, cfg, causal=causal)
+    monkeypatch.setattr(gluon_forward, "FMA_SOFTMAX", True)
+    check_gluon_forward(q, k, v, dtype_name="bf16", causal=causal, config=cfg)
+    o_on, lse_on = gluon_forward.gluon_attention_forward(q, k, v, cfg, causal=causal)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(o_on, o_off, atol=2e-2, rtol=0)
+    torch.testing.assert_close(lse_on, lse_off, atol=1e-4, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("fma", [False, True])
+@pytest.mark.parametrize("overlap", [0, 1])
+def test_a_negative_sm_scale_takes_the_row_max_of_the_scaled_scores(overlap, fma, monkeypatch):
+    # a positive scale commutes with the row max (FMA_SOFTMAX's SCALE_POSITIVE: raw max, scaled
     # once, one multiply-add a score); a negative one does not, and runs the other way
+    monkeypatch.setattr(gluon_forward, "FMA_SOFTMAX", fma)
     q, k, v = _inputs(300, 500, 64, torch.bfloat16, seed=4)
     for causal in (False, True):
         check_gluon_forward(q, k, v, dtype_name="bf16", causal=causal, sm_scale=-0.2,
