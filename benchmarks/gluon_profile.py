@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashtune.kernels import kernel_trace
+from flashtune.kernels import gluon_backward, gluon_forward, kernel_trace
 from flashtune.kernels.common import sm_count
 from flashtune.kernels.gluon_backward import default_gluon_bwd_config, gluon_attention_backward
 from flashtune.kernels.gluon_forward import default_gluon_config, gluon_attention_forward, trace_buffer
@@ -148,6 +148,10 @@ def main() -> int:
     ap.add_argument("--configs", default="default", help=f"forward, comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--bwd-configs", default="f1,late",
                     help=f"backward, comma-separated, of {', '.join(BWD_VARIANTS)}")
+    ap.add_argument("--fma-softmax", choices=("default", "on", "off"), default="default",
+                    help="gluon_forward.FMA_SOFTMAX for the whole run (default: as the module has it)")
+    ap.add_argument("--stats", choices=("default", "compact", "wide"), default="default",
+                    help="gluon_backward.COMPACT_STATS for the whole run (default: as the module has it)")
     ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
     ap.add_argument("--realistic", action="store_true", help="SHAPES.md's rows with D 64/128 and Nq >= 1024")
     ap.add_argument("--head-dim", type=int, choices=(64, 128), help="only the shapes of this head dim")
@@ -168,6 +172,11 @@ def main() -> int:
     if not runs or set(passes) - {"fwd", "bwd"}:
         ap.error(f"--pass: expected fwd, bwd or fwd,bwd, got {args.passes!r}")
     dtype, env = gluon_bench.sm90_run(args.dtype)
+    if args.fma_softmax != "default":
+        gluon_forward.FMA_SOFTMAX = args.fma_softmax == "on"
+    if args.stats != "default":
+        gluon_backward.COMPACT_STATS = args.stats == "compact"
+    env += f", FMA_SOFTMAX {gluon_forward.FMA_SOFTMAX}, COMPACT_STATS {gluon_backward.COMPACT_STATS}"
     sms = sm_count(torch.device("cuda"))
     traces = pathlib.Path(args.traces) if args.traces else None
     if traces:
