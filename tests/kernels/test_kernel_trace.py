@@ -178,3 +178,46 @@ def test_the_profile_script_names_a_bad_option(load_benchmark, monkeypatch, caps
     with pytest.raises(SystemExit) as exit_:
         script.main()
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------
+# benchmarks/gluon_sass.py: the hot loops of a kernel's machine code
+# ----------------------------------------------------------------------------------
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4], R2 ;
+        /*0020*/              @!P1 BRA `(.L_x_9) ;
+.L_x_2:
+        /*0030*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR12], RZ, !UPT ;
+        /*0040*/                   MUFU.EX2 R3, R4 ;
+        /*0050*/                   FFMA R5, R6, R7, R8 ;
+        /*0060*/                   STL [R1], R9 ;
+        /*0070*/                   LDL R9, [R1] ;
+        /*0080*/               @P0 BRA `(.L_x_2) ;
+        /*0090*/                   FADD R5, R6, R7 ;
+        /*00a0*/               @P2 BRA `(.L_x_1) ;
+        /*00b0*/                   EXIT ;
+.L_x_9:
+        /*00c0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4], R2 ;
+        /*00d0*/              @!P1 BRA `(.L_x_9) ;
+        /*00e0*/                   BRA `(.L_x_2) ;
+"""
+
+
+def test_gluon_sass_finds_the_innermost_wgmma_loop_and_counts_its_spills(load_benchmark):
+    script = load_benchmark("gluon_sass")
+    instrs, labels = script.parse(SASS)
+    assert len(instrs) == 15 and labels == {".L_x_1": 1, ".L_x_2": 3, ".L_x_9": 12}
+    # the inner loop [.L_x_2, its branch back]: not the outer one around it, not the retry stub
+    # (no wgmma) nor its unconditional jump back
+    (loop, ) = script.wgmma_loops(instrs, labels)
+    assert (loop.start, loop.end) == (3, 8)
+    assert loop.counts == {"wgmma": 1, "MUFU": 1, "fp32": 1, "spill": 2, "integer and other": 1}
+
+
+def test_gluon_sass_names_a_bad_setting(load_benchmark, capsys):
+    script = load_benchmark("gluon_sass")
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--config", "BLOCK_M=abc"])
+    assert exit_.value.code == 2 and "expected NAME=INTEGER" in capsys.readouterr().err
