@@ -140,8 +140,8 @@ def test_a_traced_backward_gives_the_untraced_bits_and_a_consistent_trace(config
     layout = kt.BACKWARD
     acc = kt.account(t, 0, sms=sm_count(q.device), layout=layout)
     assert sum(acc.consumer.values()) == pytest.approx(1.0)
-    if not config.DQ_FUSED:  # no dQ share: its four intervals are empty
-        assert all(acc.consumer[name] == 0 for name in acc.consumer if name.startswith("dQ"))
+    if not config.DQ_FUSED:  # no dQ share: its four stamps back to back (a few cycles apart)
+        assert sum(v for name, v in acc.consumer.items() if name.startswith("dQ")) < 0.02, acc.consumer
     n = t[:, 0, kt.H_N_BLOCKS]
     assert (t[:, 0, kt.H_PID] == torch.arange(t.shape[0])).all()
     for cta in range(t.shape[0]):
