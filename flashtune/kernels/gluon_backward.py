@@ -83,7 +83,8 @@ GLUON_DKDV_PROGRAMS_PER_SM = 1
 # fused late causal 508 -> 104, full 168 -> 84 (with the lse and Delta columns costing nothing
 # at all: 0, 0, 20, 160, 112). Off until the H200 has run it (it has not: no GPU was lent when it
 # was written): the GPU test test_the_compact_row_statistics_change_no_bit, then
-# benchmarks/gluon_bwd.py --stats both; a served kernel is one a GPU has checked.
+# benchmarks/gluon_bwd.py --stats both; a served kernel is one a GPU has checked. Read at each launch;
+# a launch plan (kernels/launch.py) replays the kernel it recorded, so set it before the calls.
 COMPACT_STATS = False
 
 

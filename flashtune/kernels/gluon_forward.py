@@ -85,7 +85,8 @@ _SHARED_SLACK = 512
 # 64 instructions fewer a consumer thread and key block at BLOCK_N 128); False scales every score
 # first (the kernel as measured on the H200 through 2026-12-04). Off until an H200 has run it
 # (none was lent when it was written): test_gluon_gpu.py with it on, then
-# benchmarks/gluon_fwd.py --fma-softmax both; a served kernel is one a GPU has checked.
+# benchmarks/gluon_fwd.py --fma-softmax both; a served kernel is one a GPU has checked. Read at each
+# launch; a launch plan (kernels/launch.py) replays the kernel it recorded, so set it before the calls.
 FMA_SOFTMAX = False
 
 
@@ -245,7 +246,7 @@ def default_gluon_config(head_dim: int, causal: bool = False) -> GluonFwdConfig:
 # ----------------------------------------------------------------------------------
 # the trace's layout (kernels/kernel_trace.py) as the kernel's constants
 _T_HEAD = gl.constexpr(kernel_trace.HEAD)
-_T_EVENTS = gl.constexpr(kernel_trace.EVENTS)
+_T_EVENTS = gl.constexpr(kernel_trace.FORWARD.events)
 _T_GT_START = gl.constexpr(kernel_trace.H_GT_START)
 _T_CLK_START = gl.constexpr(kernel_trace.H_CLK_START)
 _T_SMID = gl.constexpr(kernel_trace.H_SMID)
@@ -425,7 +426,7 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
         phase = (g // NUM_BUFFERS) & 1
         k_smem = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
         v_smem = _v_tile(v_bufs, s, FP8, HEAD_DIM, BLOCK_N)
-        ev = trace + _T_HEAD + _T_EVENTS * j  # kernel_trace.CONSUMER_INTERVALS[0]
+        ev = trace + _T_HEAD + _T_EVENTS * j  # kernel_trace.FORWARD.consumer[0]
         _stamp(ev, 0, TRACE)
         mbarrier.wait(k_ready.index(s), phase)
         _stamp(ev, 1, TRACE)
@@ -523,7 +524,7 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     if n_blocks > 0:
         # block 0: S, then its softmax (no PV before it)
-        # (the trace's events: kernel_trace.CONSUMER_INTERVALS[1]; block 0 has no V wait and no PV)
+        # (the trace's events: kernel_trace.FORWARD.consumer[1]; block 0 has no V wait and no PV)
         s0 = it0 % NUM_BUFFERS
         k_smem = k_bufs.index(s0).reshape([BLOCK_N, HEAD_DIM])
         ev = trace + _T_HEAD
@@ -942,7 +943,7 @@ def trace_shape(q_shape, n_k: int, config: GluonFwdConfig) -> tuple[int, int, in
     and its key blocks at most all of them (kernels/kernel_trace.py)."""
     B, H, N_Q, _D = q_shape
     return (cdiv(N_Q, 2 * config.BLOCK_M) * H * B, len(kernel_trace.PARTITIONS),
-            kernel_trace.slots(cdiv(n_k, config.BLOCK_N)))
+            kernel_trace.FORWARD.slots(cdiv(n_k, config.BLOCK_N)))
 
 
 def trace_buffer(q: torch.Tensor, k: torch.Tensor, config: GluonFwdConfig) -> torch.Tensor:

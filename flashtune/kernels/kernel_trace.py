@@ -1,18 +1,20 @@
-"""The Gluon forward's own instrumentation: the layout of its trace and where the time goes.
+"""The Gluon kernels' own instrumentation: the layout of their traces and where the time goes.
 
-``gluon_attention_forward(..., trace=buf)`` (buf from ``gluon_forward.trace_buffer``) runs the
-kernel compiled with ``TRACE``: each of a CTA's three partitions (consumer 0, consumer 1, the
-TMA producer) stamps the SM's cycle counter (``%clock64``) at fixed points of every key block
-it handles and of every query tile, and the global timer (``%globaltimer``, ns) at each tile's
+``gluon_attention_forward(..., trace=buf)`` (buf from ``gluon_forward.trace_buffer``) and
+``gluon_attention_backward(..., trace=[])`` (the dK/dV kernel's trace appended to the list) run
+the kernel compiled with ``TRACE``: each of a CTA's three partitions (consumer 0, consumer 1,
+the TMA producer) stamps the SM's cycle counter (``%clock64``) at fixed points of every block
+it handles and of every tile, and the global timer (``%globaltimer``, ns) at each tile's
 start and end, into ``buf[tile, partition, slot]`` (int64; one thread of the partition
-stores). ``tile`` is the tile's place in the launch order (the CTA's linear id, or with
-PERSISTENT the tile index its CTA walked to). Nothing else of the kernel changes: the
-untraced kernel is compiled without any of it, and a traced call's outputs are the untraced
-call's, bit for bit (tests/kernels/test_gluon_trace_gpu.py checks it).
+stores), as ``FORWARD`` and ``BACKWARD`` name the slots. ``tile`` is the tile's place in the
+launch order (the CTA's linear id, or with PERSISTENT the tile index its CTA walked to).
+Nothing else of the kernel changes: the untraced kernel is compiled without any of it, and a
+traced call's outputs are the untraced call's, bit for bit (tests/kernels/test_gluon_trace_gpu.py
+checks it).
 
-The stamps cost a cycle-counter read and a store each (about 8 per key block and
-partition); ``benchmarks/gluon_profile.py`` times the traced call beside the untraced one, so
-the perturbation is on record with every account. The compiler may move arithmetic (the
+The stamps cost a cycle-counter read and a store each (8 or 14 per block and partition);
+``benchmarks/gluon_profile.py`` times the traced call beside the untraced one, so the
+perturbation is on record with every account. The compiler may move arithmetic (the
 softmax's) across a stamp; the waits (mbarrier, wgmma) it does not move, so the wait
 figures are the firm ones.
 
@@ -88,22 +90,6 @@ BACKWARD = Layout("backward dK/dV", 14, {
         ("issue dV, dK", 6, 7), ("dQ: wait dS", 7, 8), ("dQ: wgmma", 8, 9), ("dQ: wait reduce", 9, 10),
         ("dQ: store, reduce", 10, 11), ("wait dV, dK", 11, 12), ("release", 12, 13)),
 }, _PRODUCER, "K, V")
-
-# the forward's (kept as names: the kernel's constants, the tests)
-EVENTS = FORWARD.events
-CONSUMER_INTERVALS = FORWARD.consumer
-PRODUCER_INTERVALS = _PRODUCER
-
-
-def slots(max_blocks: int) -> int:
-    """The forward's slots per (tile, partition) for tiles of at most ``max_blocks`` key blocks."""
-    return FORWARD.slots(max_blocks)
-
-
-def consumer_phases(overlap: int) -> tuple[str, ...]:
-    """The forward's consumer phases (``account``'s consumer keys) for OVERLAP ``overlap``."""
-    return FORWARD.consumer_phases(int(bool(overlap)))
-
 
 class TraceError(ValueError):
     """The trace is not one a traced kernel wrote (a tile or a partition never stamped)."""
@@ -192,7 +178,7 @@ def account(trace, variant: int, sms: int | None = None, layout: Layout = FORWAR
     count as idle). TraceError if it is not a complete trace."""
     trace = torch.as_tensor(trace).to(device="cpu", dtype=torch.int64)
     _check(trace, layout)
-    variant = int(bool(variant)) if layout is FORWARD else int(variant)
+    variant = int(variant)
     intervals = layout.consumer[variant]
     last = layout.events - 1
     resident = f"wait {layout.resident}"

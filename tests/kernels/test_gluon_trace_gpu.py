@@ -85,7 +85,7 @@ def test_a_traced_call_gives_the_untraced_bits_and_a_consistent_trace(config, ca
             assert h[kt.H_GT_START] <= h[kt.H_GT_END]
             assert h[kt.H_CLK_START] <= h[kt.H_CLK_Q] <= h[kt.H_CLK_BLOCKS] <= h[kt.H_CLK_END], (tile, p)
             used = 8 if p < 2 else 3  # a producer stamps 3 events per block
-            ev = h[kt.HEAD:kt.HEAD + kt.EVENTS * n[tile]].reshape(-1, kt.EVENTS)[:, :used]
+            ev = h[kt.HEAD:kt.HEAD + kt.FORWARD.events * n[tile]].reshape(-1, kt.FORWARD.events)[:, :used]
             assert (np.diff(ev, axis=1) >= 0).all(), (tile, p)
             if p < 2 and n[tile]:  # a consumer's blocks one after the other, between Q and the end
                 assert (ev[1:, 0] >= ev[:-1, -1]).all() and ev[0, 0] >= h[kt.H_CLK_Q], (tile, p)

@@ -9,7 +9,7 @@ import pytest
 
 from flashtune.kernels import kernel_trace as kt
 
-# cycles of each consumer block interval (kernel_trace.CONSUMER_INTERVALS order), between two
+# cycles of each consumer block interval (kernel_trace.FORWARD.consumer's order), between two
 # blocks, waiting for Q, the epilogue; the producer's wait and issue per block
 BLOCK = (10, 20, 30, 40, 50, 60, 70)
 BETWEEN, WAIT_Q, EPILOGUE, LAST_V, LAST_PV = 5, 100, 200, 7, 9
@@ -85,7 +85,7 @@ def test_the_account_adds_up_to_the_stamped_intervals(overlap):
     n = sum(blocks)
     last = (LAST_V + LAST_PV) * len(blocks) if overlap else 0
     total = 2 * (len(blocks) * (WAIT_Q + EPILOGUE) + n * (sum(BLOCK) + BETWEEN)) + 2 * last
-    names = [name for name, _a, _b in kt.CONSUMER_INTERVALS[overlap]]
+    names = [name for name, _a, _b in kt.FORWARD.consumer[overlap]]
     for name, cycles in zip(names, BLOCK):
         extra = {"wait V": LAST_V, "wait PV": LAST_PV}.get(name, 0) if overlap else 0
         assert acc.consumer[name] == pytest.approx(2 * (n * cycles + len(blocks) * extra) / total)
@@ -93,7 +93,7 @@ def test_the_account_adds_up_to_the_stamped_intervals(overlap):
     assert acc.consumer["epilogue"] == pytest.approx(2 * len(blocks) * EPILOGUE / total)
     assert acc.consumer["between blocks"] == pytest.approx(2 * n * BETWEEN / total)
     assert sum(acc.consumer.values()) == pytest.approx(1.0)
-    assert tuple(acc.consumer) == kt.consumer_phases(overlap)  # the loop's own intervals only
+    assert tuple(acc.consumer) == kt.FORWARD.consumer_phases(overlap)  # the loop's own intervals only
     assert acc.block_phases == {name: float(c) for name, c in zip(names, BLOCK)}
     assert acc.cycles_per_block == sum(BLOCK) + BETWEEN
     p_total = len(blocks) * P_Q + n * (P_WAIT + P_ISSUE)
@@ -137,7 +137,7 @@ def test_a_trace_whose_partitions_disagree_or_overflow_is_refused():
         kt.account(trace, 0)
     trace = _trace([2, 3], 0, sms=1)
     with pytest.raises(kt.TraceError, match="slots hold 2"):
-        kt.account(trace[:, :, :kt.slots(2)], 0)
+        kt.account(trace[:, :, :kt.FORWARD.slots(2)], 0)
     with pytest.raises(kt.TraceError, match=r"expected \(tiles, 3"):
         kt.account(trace[:, :2], 0)
 
