@@ -265,7 +265,7 @@ class _ConfigBase:
 # what FwdConfig fixes on construction per family (_ConfigBase.UNUSED_BY_FAMILY), so its
 # canonical form (_ConfigBase.canonical) is the config itself
 _FWD_UNUSED_BY_FAMILY = {
-    0: {"pingpong": (1, (0, 1)), "overlap": (1, (0, 1))},
+    0: {"pingpong": (1, (0, 1)), "overlap": (1, (0, 1)), "persistent": (0, (0, 1))},
     1: {"num_warps": (4, (1, 2, 4, 8, 16)), "tma": (0, (0, 1)), "num_splits": (1, range(MAX_SPLITS + 1)),
         "pack_gqa": (0, (-1, 0, 1))},
 }
@@ -308,7 +308,10 @@ class FwdConfig(_ConfigBase):
     two consumer warp groups, each of BLOCK_M query rows, so a program covers 2 x BLOCK_M
     rows; num_stages is its K/V ring's slot count; ``pingpong`` 1 makes the consumers take
     turns issuing their matmuls; ``overlap`` 1 pipelines each consumer's blocks, the
-    softmax of one under the PV matmul of the one before). A Gluon config validates only for head dims 64 and 128,
+    softmax of one under the PV matmul of the one before; ``persistent`` 1 launches one
+    program per SM that walks the tiles, heaviest first under causal masking, with the K/V
+    ring carried from tile to tile: faster on short and non-causal rows, slower on long
+    causal ones on the H200, so the search chooses it per key). A Gluon config validates only for head dims 64 and 128,
     float16/bfloat16 or fp8 (attention_fp8) and a device of compute capability 9.0, so the
     search never tries it and the dispatcher never serves it anywhere else; num_warps, tma
     and the schedule do not apply to it (its canonical form fixes them). A call the Gluon
@@ -326,12 +329,13 @@ class FwdConfig(_ConfigBase):
     family: int = 0
     pingpong: int = 1
     overlap: int = 1
+    persistent: int = 0
 
     PASS: ClassVar[str] = "fwd"
     UNUSED_BY_FAMILY: ClassVar[dict] = _FWD_UNUSED_BY_FAMILY
 
     def __post_init__(self) -> None:
-        self._flags_as_ints("tma", "pack_gqa", "family", "pingpong", "overlap")
+        self._flags_as_ints("tma", "pack_gqa", "family", "pingpong", "overlap", "persistent")
         self._fix_unused_fields()
 
     def label(self) -> str:
@@ -339,8 +343,8 @@ class FwdConfig(_ConfigBase):
         config ``gluon 2xBLOCK_MxBLOCK_N bB``, `` pp`` with ping-pong."""
         if self.family:
             return (f"gluon 2x{self.BLOCK_M}x{self.BLOCK_N} b{self.num_stages}{' pp' if self.pingpong else ''}"
-                    f"{'' if self.overlap else ' seq'}")
-        shown = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma", "pingpong", "overlap")
+                    f"{'' if self.overlap else ' seq'}{' persistent' if self.persistent else ''}")
+        shown = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma", "pingpong", "overlap", "persistent")
         return (f"{self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{' tma' if self.tma else ''}"
                 + self._extra_label(shown))
 
@@ -357,7 +361,7 @@ class FwdConfig(_ConfigBase):
         from flashtune.kernels.gluon_forward import GluonFwdConfig
 
         return GluonFwdConfig(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, NUM_BUFFERS=self.num_stages,
-                              PINGPONG=self.pingpong, OVERLAP=self.overlap)
+                              PINGPONG=self.pingpong, OVERLAP=self.overlap, PERSISTENT=self.persistent)
 
     def as_triton(self, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None) -> "FwdConfig":
         """The config that runs a call the Gluon kernel cannot (a softcap, packed
@@ -380,6 +384,7 @@ class FwdConfig(_ConfigBase):
         _check_flag("family", self.family)
         _check_flag("pingpong", self.pingpong)
         _check_flag("overlap", self.overlap)
+        _check_flag("persistent", self.persistent)
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype, dropout: bool = False) -> int:
         d, e = padded_head_dim(head_dim, dtype), _element_size(dtype)
@@ -874,7 +879,20 @@ _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1)
 # gluon_bwd.py --grid --realistic --rows grid-d128-2048,mistral-7b-train-2k, H200, 2026-12-03
 # 13:05 UTC (docs/data/h200-2026-12-03-e2e/gluon_bwd_2k.txt). Other devices: they do
 # not validate, and the entries after them serve.
-_SM90_BWD[(_bf, 128, "long", True)] = _B(64, 64, 128, 64, 4, 2, 8, 3, family=1)
+# Since the dK/dV kernel's compact row statistics (gluon_backward.COMPACT_STATS, on from
+# 2026-12-05), causal: dQ fused in the same step (family 3), the best Gluon variant over the 11
+# causal D=128 rows of the standard grid and SHAPES.md's training rows, 0.882x cuDNN in geometric
+# mean against family 1's 0.808x and family 4's 0.877x, grouped-query rows included
+# (llama3-8b-train-8k 0.967x / family 1 0.853x, mistral-7b 1.017x / 0.913x, qwen-28h 0.927x /
+# 0.898x); benchmarks/gluon_bwd.py --grid --realistic --gluon all --stats both --rounds 2 --rep 30,
+# H200, triton 3.6, 2026-12-05 (docs/gluon.md, docs/data/h200-2026-12-05-gluon/bwd.log). A second
+# run the same day (benchmarks/gluon_profile.py, prof.log there) agreed on every causal row but
+# one: llama3-70b-tp8-train-4k (2 x 8 heads / 1 K/V head, the only row split 4 ways), family 3
+# 1.034x there and 0.654x here, family 1 0.977x / 0.976x; unresolved (docs/gluon.md), a search
+# on that key measures it. Non-causal: family 4 stays (dQ fused a step late: 0.907x against family
+# 3's 0.910x over 8 rows, within the runs' spread). The comment above is the measurement with the
+# wide statistics that chose the entries before.
+_SM90_BWD[(_bf, 128, "long", True)] = _B(64, 64, 64, 64, 4, 2, family=3)
 _SM90_BWD[(_bf, 128, "long", False)] = _B(64, 64, 64, 64, 4, 2, family=4)
 _SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
 # fp8 forward, the Triton kernel: untuned; chosen by analogy with the bf16 entries and

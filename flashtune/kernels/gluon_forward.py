@@ -83,11 +83,12 @@ _SHARED_SLACK = 512
 # the softmax's scale: True (and sm_scale > 0) takes the row max over the raw scores, scaled once,
 # and scales and shifts each score by one multiply-add (SCALE_POSITIVE, the Triton kernel's rule;
 # 64 instructions fewer a consumer thread and key block at BLOCK_N 128); False scales every score
-# first (the kernel as measured on the H200 through 2026-12-04). Off until an H200 has run it
-# (none was lent when it was written): test_gluon_gpu.py with it on, then
-# benchmarks/gluon_fwd.py --fma-softmax both; a served kernel is one a GPU has checked. Read at each
-# launch; a launch plan (kernels/launch.py) replays the kernel it recorded, so set it before the calls.
-FMA_SOFTMAX = False
+# first (the kernel as measured on the H200 through 2026-12-04). On since the H200 checked and timed
+# it (2026-12-05: test_gluon_gpu.py with it on, 234 passed; benchmarks/gluon_fwd.py --grid --realistic
+# --fma-softmax both: 1.045x the scale-first kernel in geometric mean over 18 D=128 rows, 1.02x over
+# 12 D=64 rows; docs/gluon.md). Read at each launch; a launch plan (kernels/launch.py) replays the
+# kernel it recorded, so set it before the calls.
+FMA_SOFTMAX = True
 
 
 def check_int_fields(config) -> None:

@@ -25,10 +25,12 @@ FWD_SPACE: dict[str, list[int]] = {
     "num_splits": [0, 1, 4, 16],
     "pack_gqa": [-1, 0, 1],
     # the kernel family: 0 Triton, 1 the Gluon warp-specialised kernel (sm_90, D 64/128,
-    # 16-bit; FwdConfig's docstring); pingpong and overlap are the Gluon kernel's
+    # 16-bit; FwdConfig's docstring); pingpong, overlap and persistent are the Gluon kernel's
     "family": [0, 1],
     "pingpong": [0, 1],
     "overlap": [0, 1],
+    # the Gluon kernel's persistent grid (one program per SM walking the tiles)
+    "persistent": [0, 1],
 }
 
 # dK/dV holds keys (BLOCK_N1) and walks queries (BLOCK_M1); dQ holds queries (BLOCK_M2)

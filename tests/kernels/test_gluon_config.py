@@ -141,7 +141,7 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
 
 
 def test_on_sm90_long_d128_backward_calls_default_to_the_gluon_families(monkeypatch):
-    """From LONG_MIN_Q_BWD queries at D=128: family 1 causal, the late fused dQ (4) without
+    """From LONG_MIN_Q_BWD queries at D=128: dQ fused (3) causal, the late fused dQ (4) without
     masking; shorter calls, other head dims and fp32 keep the Triton entries."""
     monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(gluon_forward, "device_capability", lambda device: (9, 0))
@@ -150,7 +150,7 @@ def test_on_sm90_long_d128_backward_calls_default_to_the_gluon_families(monkeypa
     default = config_mod.default_config
     long_q = config_mod.LONG_MIN_Q_BWD
     assert config_mod.is_long("bwd", long_q) and not config_mod.is_long("bwd", long_q - 1)
-    assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q).family == 1
+    assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q).family == 3
     assert default("bwd", 128, torch.float16, "cuda", causal=False, seq_q=4 * long_q).family == 4
     assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q - 1).family == 0
     assert default("bwd", 64, torch.bfloat16, "cuda", causal=True, seq_q=long_q).family == 0

@@ -12,6 +12,8 @@ Run: ``python -m pytest -m gpu tests/kernels/test_gluon_gpu.py -q``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -170,7 +172,7 @@ FMA_CASES = [(1, 1, 64), (17, 17, 128), (1000, 1000, 128), (1000, 4096, 64), (40
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("n_q,n_k,d", FMA_CASES, ids=[f"{a}x{b}-d{c}" for a, b, c in FMA_CASES])
 def test_the_fma_softmax_matches_the_reference(n_q, n_k, d, causal, overlap, monkeypatch):
-    """gluon_forward.FMA_SOFTMAX (off until this passes on an H200): the row max of the raw
+    """gluon_forward.FMA_SOFTMAX (on since it passed here, 2026-12-05): the row max of the raw
     scores scaled once, one multiply-add a score; against float64, and within bf16 rounding
     of the kernel without it."""
     q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, seed=6)
@@ -209,11 +211,13 @@ def test_lse_feeds_flashtune_backward():
         torch.testing.assert_close(lse_gluon, lse_triton, atol=2e-3, rtol=0)
 
 
+@pytest.mark.parametrize("persistent", [0, 1], ids=["grid", "persistent"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_a_gluon_fwd_config_trains_through_attention(causal, head_dim, monkeypatch):
-    """FwdConfig(family=1) through flashtune.attention: the Gluon forward, then flashtune's
-    backward on its output and LSE; the output, LSE and every gradient against the reference."""
+def test_a_gluon_fwd_config_trains_through_attention(causal, head_dim, persistent, monkeypatch):
+    """FwdConfig(family=1) through flashtune.attention: the Gluon forward (``persistent``: its
+    persistent grid, as the search may choose it), then flashtune's backward on its output and
+    LSE; the output, LSE and every gradient against the reference."""
     from kernel_checks import check_attention
 
     from flashtune.kernels.config import family_defaults
@@ -222,6 +226,8 @@ def test_a_gluon_fwd_config_trains_through_attention(causal, head_dim, monkeypat
     do = torch.randn_like(q)
     (cfg,) = family_defaults("fwd", head_dim, q.dtype, q.device)
     assert cfg.family == 1 and cfg.gluon() == gluon_forward.default_gluon_config(head_dim)
+    cfg = dataclasses.replace(cfg, persistent=persistent)
+    assert cfg.gluon().PERSISTENT == persistent
     seen = []
     real = gluon_forward.gluon_attention_forward
     monkeypatch.setattr(gluon_forward, "gluon_attention_forward", lambda *a, **kw: seen.append(1) or real(*a, **kw))

@@ -140,8 +140,13 @@ def test_a_traced_backward_gives_the_untraced_bits_and_a_consistent_trace(config
     layout = kt.BACKWARD
     acc = kt.account(t, 0, sms=sm_count(q.device), layout=layout)
     assert sum(acc.consumer.values()) == pytest.approx(1.0)
-    if not config.DQ_FUSED:  # no dQ share: its four stamps back to back (a few cycles apart)
-        assert sum(v for name, v in acc.consumer.items() if name.startswith("dQ")) < 0.02, acc.consumer
+    if not config.DQ_FUSED:
+        # no dQ share: its four stamps back to back, each interval one clock read and one
+        # store (25-40 cycles a block on the H200, 2026-12-05; their share of a consumer's
+        # time rose to 8 % on the short split rows there, so the bound is per block)
+        dq = {name: c for name, c in acc.block_phases.items() if name.startswith("dQ")}
+        assert len(dq) == 4 and all(c < 150 for c in dq.values()), acc.block_phases
+        assert sum(dq.values()) < 0.15 * acc.cycles_per_block, acc.block_phases
     n = t[:, 0, kt.H_N_BLOCKS]
     assert (t[:, 0, kt.H_PID] == torch.arange(t.shape[0])).all()
     for cta in range(t.shape[0]):
