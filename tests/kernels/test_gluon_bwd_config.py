@@ -85,21 +85,23 @@ DQ_ITEMS = ((C(), (64, 128)), (C(DQ_OVERLAP=0), (64, 128)), (C(DQ_BLOCK_N=128, D
             (C(DQ_BUFFERS=3), (128, )), (C(DQ_BLOCK_N=128, DQ_BUFFERS=3), (64, )))
 # the dK/dV kernel with its instrumentation (TRACE, kernels/kernel_trace.BACKWARD), bf16
 TRACE_ITEMS = ((C(), (128, )), (C(DQ_FUSED=1), (128, )), (C(DQ_FUSED=2), (64, 128)))
-# the dK/dV kernel with its row statistics compact (COMPACT_STATS: one value a thread, moved to
-# S^T's column layout where used), bf16; traced too
-COMPACT_ITEMS = ((C(), (64, 128)), (C(DQ_FUSED=1), (128, )), (C(DQ_FUSED=2), (128, )),
-                 (C(NUM_BUFFERS=3, DV_EARLY=1), (128, )))
+# the dK/dV kernel with the row statistics the module's switch does not choose (COMPACT_STATS,
+# on: these compile the wide load, 16 values a thread live across both wgmmas), bf16; traced too
+OTHER_STATS_ITEMS = ((C(), (64, 128)), (C(DQ_FUSED=1), (128, )), (C(DQ_FUSED=2), (128, )),
+                     (C(NUM_BUFFERS=3, DV_EARLY=1), (128, )))
 
 
 def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
+    # every item with the module's row statistics (COMPACT_STATS), OTHER_STATS_ITEMS with the other
+    default = gluon_backward.COMPACT_STATS
     request = [{"kernel": "bwd", "bwd_kernel": which, "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
-                "causal": causal}
+                "causal": causal, "compact_stats": default}
                for which, items in (("dkdv", ITEMS), ("dq", DQ_ITEMS)) for cfg, dims in items for d in dims
                for dt in ("bfloat16", "float16") for causal in (False, True)] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
-          "causal": causal, "trace": True} for cfg, dims in TRACE_ITEMS for d in dims for causal in (False, True)] + \
+          "causal": causal, "trace": True, "compact_stats": default} for cfg, dims in TRACE_ITEMS for d in dims for causal in (False, True)] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
-          "causal": causal, "compact_stats": True, "trace": trace} for cfg, dims in COMPACT_ITEMS for d in dims
+          "causal": causal, "compact_stats": not default, "trace": trace} for cfg, dims in OTHER_STATS_ITEMS for d in dims
          for causal in (False, True) for trace in (False, True)]
     for item in request:
         C(**item["config"]).validate(item["head_dim"], getattr(torch, item["dtype"]))
@@ -109,7 +111,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
         dq = res["bwd_kernel"] == "dq"
         # the compile's switch, for its estimate
-        monkeypatch.setattr(gluon_backward, "COMPACT_STATS", res.get("compact_stats", False))
+        monkeypatch.setattr(gluon_backward, "COMPACT_STATS", res["compact_stats"])
         estimate = cfg.dq_shared_memory(d, dtype) if dq else cfg.shared_memory(d, dtype)
         where = (f"{res['bwd_kernel']} {cfg.short()} D={d} {res['dtype']} causal={res['causal']}"
                  f"{' traced' if res.get('trace') else ''}{' compact' if res.get('compact_stats') else ''}")
