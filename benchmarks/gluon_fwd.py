@@ -8,6 +8,7 @@ on an H100/H200, in one process; print the ratios and, with --out, write them as
     python benchmarks/gluon_fwd.py --configs all      # the Gluon default and a few neighbours
     python benchmarks/gluon_fwd.py --configs persistent  # the default, and it with PERSISTENT=1
     python benchmarks/gluon_fwd.py --fma-softmax both    # each config with FMA_SOFTMAX off and on
+    python benchmarks/gluon_fwd.py --tma-store both      # each config with O stored from registers and by TMA
 
 Forward only. For every shape each kernel's output is first checked against cuDNN's
 (max |diff| within 4x FlashAttention-2's own distance from cuDNN, and at most 0.05);
@@ -67,6 +68,9 @@ def main() -> int:
     ap.add_argument("--fma-softmax", choices=("default", "off", "on", "both"), default="default",
                     help="gluon_forward.FMA_SOFTMAX: as the module has it, off, on, or both (each Gluon config "
                          "twice, labels ending ' fma' for on)")
+    ap.add_argument("--tma-store", choices=("default", "off", "on", "both"), default="default",
+                    help="gluon_forward.TMA_STORE_O: as the module has it, off, on, or both (labels ending ' tma' "
+                         "for on)")
     ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
     ap.add_argument("--realistic", action="store_true", help="SHAPES.md's rows with D 64/128 and Nq >= 1024")
     ap.add_argument("--rows", metavar="NAMES", help="only the shapes of these names (comma-separated)")
@@ -107,12 +111,16 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001 - report and go on
                     errors[cfg.short()] = f"invalid: {e}"
                     continue
-                for fma in {"default": (gluon_forward.FMA_SOFTMAX, ), "off": (False, ), "on": (True, ),
-                            "both": (False, True)}[args.fma_softmax]:
-                    fns[f"gluon {cfg.short()}{' fma' if fma and args.fma_softmax == 'both' else ''}"] = (
-                        lambda cfg=cfg, fma=fma: gluon_bench.with_flag(
-                            gluon_forward, "FMA_SOFTMAX", fma,
-                            lambda: gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=scale)[0]))
+                switches = {"default": None, "off": (False, ), "on": (True, ), "both": (False, True)}
+                for fma in switches[args.fma_softmax] or (gluon_forward.FMA_SOFTMAX, ):
+                    for tma in switches[args.tma_store] or (gluon_forward.TMA_STORE_O, ):
+                        label = (f"gluon {cfg.short()}{' fma' if fma and args.fma_softmax == 'both' else ''}"
+                                 f"{' tma' if tma and args.tma_store == 'both' else ''}")
+                        fns[label] = (
+                            lambda cfg=cfg, fma=fma, tma=tma: gluon_bench.with_flag(
+                                gluon_forward, "FMA_SOFTMAX", fma, lambda: gluon_bench.with_flag(
+                                    gluon_forward, "TMA_STORE_O", tma,
+                                    lambda: gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=scale)[0])))
             for label in list(fns):
                 err = (fns[label]().float() - ref.float()).abs().max().item()
                 if not err <= bound:

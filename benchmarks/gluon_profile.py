@@ -150,6 +150,8 @@ def main() -> int:
                     help=f"backward, comma-separated, of {', '.join(BWD_VARIANTS)}")
     ap.add_argument("--fma-softmax", choices=("default", "on", "off"), default="default",
                     help="gluon_forward.FMA_SOFTMAX for the whole run (default: as the module has it)")
+    ap.add_argument("--tma-store", choices=("default", "on", "off"), default="default",
+                    help="gluon_forward.TMA_STORE_O for the whole run (default: as the module has it)")
     ap.add_argument("--stats", choices=("default", "compact", "wide"), default="default",
                     help="gluon_backward.COMPACT_STATS for the whole run (default: as the module has it)")
     ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
@@ -174,9 +176,12 @@ def main() -> int:
     dtype, env = gluon_bench.sm90_run(args.dtype)
     if args.fma_softmax != "default":
         gluon_forward.FMA_SOFTMAX = args.fma_softmax == "on"
+    if args.tma_store != "default":
+        gluon_forward.TMA_STORE_O = args.tma_store == "on"
     if args.stats != "default":
         gluon_backward.COMPACT_STATS = args.stats == "compact"
-    env += f", FMA_SOFTMAX {gluon_forward.FMA_SOFTMAX}, COMPACT_STATS {gluon_backward.COMPACT_STATS}"
+    env += (f", FMA_SOFTMAX {gluon_forward.FMA_SOFTMAX}, TMA_STORE_O {gluon_forward.TMA_STORE_O}, "
+            f"COMPACT_STATS {gluon_backward.COMPACT_STATS}")
     sms = sm_count(torch.device("cuda"))
     traces = pathlib.Path(args.traces) if args.traces else None
     if traces:

@@ -89,6 +89,16 @@ _SHARED_SLACK = 512
 # 12 D=64 rows; docs/gluon.md). Read at each launch; a launch plan (kernels/launch.py) replays the
 # kernel it recorded, so set it before the calls.
 FMA_SOFTMAX = True
+# the output's store: True writes each consumer's normalized O tile into its Q tile's shared memory
+# (free once its last S = QK^T is waited for) and issues one TMA bulk store for it (the rows past
+# N_Q clipped by the descriptor), False stores it from registers (32 st.global of 4 bytes a thread
+# with 64-bit addresses and a row mask). The profile of 2026-12-05 (docs/gluon.md) put the
+# epilogue at 2300-4300 cycles a tile and consumer, 10-20 % of the consumers' time on the
+# N <= 2k rows. 16-bit inputs whose o the copy engine can address (fp8's o has another dtype than
+# its Q tile): else the register store. Off until an H200 has run it (written 2026-12-05 after the
+# session's device time was spent): tests/kernels/test_gluon_gpu.py's TMA-store tests, then
+# benchmarks/gluon_fwd.py --tma-store both. Read at each launch, like FMA_SOFTMAX.
+TMA_STORE_O = False
 
 
 def check_int_fields(config) -> None:
@@ -601,10 +611,12 @@ def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, 
               win_left, win_right, start_m, lo, n_blocks, it0, tile_i, trace, pid,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
-              FP8: gl.constexpr, PERSISTENT: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr):
+              FP8: gl.constexpr, PERSISTENT: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
+              TMA_STORE: gl.constexpr):
     """One consumer's rows of one tile (``it0``: the blocks the ring carried before it;
     ``tile_i``: the tiles this CTA ran before it, for the Q barriers' phases; ``trace``: this
-    partition's slots of the tile's trace, with TRACE)."""
+    partition's slots of the tile's trace, with TRACE). TMA_STORE: ``O`` is the output's TMA
+    descriptor (TMA_STORE_O), else its pointer with the strides."""
     _trace_start(trace, pid, n_blocks, tile_i, lo, TRACE)
     # wgmma's K per instruction: 16 for 16-bit operands, 32 for fp8; a register A operand
     # holds 32 bits of K per element group (k_width 2 for 16-bit P, 4 for fp8 P)
@@ -660,7 +672,7 @@ def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, 
                                         win_right, trace, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
                                         PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE)
     _stamp(trace, _T_CLK_BLOCKS, TRACE)
-    if PERSISTENT:
+    if PERSISTENT and not TMA_STORE:
         # every wgmma that read this Q tile has been waited for: all four warps past them,
         # one arrival, and the producer may load the next tile's rows into it
         gl.thread_barrier()
@@ -674,14 +686,30 @@ def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, 
     if FP8:  # V's descale, once on the output
         l_div = l_div / v_scale
     o = acc / gl.convert_layout(l_div, gl.SliceLayout(1, o_layout))[:, None]
-    o_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    base = O + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
-    o_ptrs = base + o_rows.to(gl.int64)[:, None] * stride_on + o_cols[None, :] * stride_od
-    gl.store(o_ptrs, o.to(O.dtype.element_ty), mask=o_rows[:, None] < N_Q)
+    if TMA_STORE:
+        # the Q tile is free: every wgmma that read it has been waited for (in this partition:
+        # the other consumer and the producer never touch it before q_empty)
+        o_smem = q_smem.index(which)
+        o_smem.reshape([BLOCK_M, HEAD_DIM]).store(o.to(q_smem.dtype))
+        fence_async_shared()
+        gl.thread_barrier()  # all four warps' rows in shared memory before the one bulk store
+        tma.async_copy_shared_to_global(O, [off_b, off_h, row0, 0], o_smem)
+    else:
+        o_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        base = O + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+        o_ptrs = base + o_rows.to(gl.int64)[:, None] * stride_on + o_cols[None, :] * stride_od
+        gl.store(o_ptrs, o.to(O.dtype.element_ty), mask=o_rows[:, None] < N_Q)
     # log-sum-exp in base 2 of the scaled scores
     lse_ptrs = LSE + (off_b.to(gl.int64) * H + off_h) * N_Q + rows
     gl.store(lse_ptrs, m_i + gl.log2(l_i), mask=rows < N_Q)
+    if TMA_STORE:
+        # the bulk store has read the tile: the CTA may exit, or (PERSISTENT) the producer may
+        # load the next tile's rows into it
+        tma.store_wait(0)
+        if PERSISTENT:
+            gl.thread_barrier()
+            mbarrier.arrive(q_empty.index(which))
     _trace_end(trace, TRACE)
 
 
@@ -778,7 +806,7 @@ def _consumer_tiles(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_r
                     causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR, TRACE_SLOTS,
                     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
-                    FP8: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr):
+                    FP8: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, TMA_STORE: gl.constexpr):
     """PERSISTENT: one consumer's rows of every tile of this CTA, in the producer's order."""
     n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
     it = 0
@@ -790,7 +818,7 @@ def _consumer_tiles(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_r
                   qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
                   causal_off, win_left, win_right, start_m, lo, n_blocks, it, tile_i,
                   _trace_slots(TRACE_PTR, TRACE_SLOTS, t, which, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                  BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, True, TRACE, SCALE_POSITIVE)
+                  BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, True, TRACE, SCALE_POSITIVE, TMA_STORE)
         it += n_blocks
         tile_i += 1
 
@@ -804,7 +832,8 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                            BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
                            OVERLAP: gl.constexpr, FP8: gl.constexpr, P_LAYOUT: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PERSISTENT: gl.constexpr,
-                           TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr):
+                           TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, TMA_STORE: gl.constexpr):
+    # TMA_STORE: O is the output's TMA descriptor (TMA_STORE_O), else its pointer;
     # N_UNITS: batch x query heads (the 1-D orders' units); TRACE: the trace (kernel_trace.py) into
     # TRACE_PTR's [tiles, 3, TRACE_SLOTS] int64 slots (unused without)
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
@@ -842,12 +871,12 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                                O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
                                N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR,
                                TRACE_SLOTS, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP,
-                               FP8, TRACE, SCALE_POSITIVE)),
+                               FP8, TRACE, SCALE_POSITIVE, TMA_STORE)),
             (_consumer_tiles, (1, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
                                O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
                                N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR,
                                TRACE_SLOTS, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP,
-                               FP8, TRACE, SCALE_POSITIVE)),
+                               FP8, TRACE, SCALE_POSITIVE, TMA_STORE)),
             (_producer_tiles, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, pid, n_prog, N_UNITS, H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
                                LPT_UNITS, TRACE_PTR, TRACE_SLOTS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8,
@@ -880,12 +909,12 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                          qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
                          causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0,
                          _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE)),
+                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE, TMA_STORE)),
             (_consumer, (1, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
                          qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
                          causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0,
                          _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE)),
+                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE, TMA_STORE)),
             (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                          off_b, off_h, off_hk, start_m, lo, n_blocks, 0, 0,
                          _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8,
@@ -926,16 +955,18 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
-                      window: bool = False, trace: bool = False, scale_positive: bool | None = None) -> dict:
+                      window: bool = False, trace: bool = False, scale_positive: bool | None = None,
+                      tma_store: bool = False) -> dict:
     """The kernel's constexprs; ``scale_positive`` None: FMA_SOFTMAX (a launch passes
-    FMA_SOFTMAX and sm_scale > 0)."""
+    FMA_SOFTMAX and sm_scale > 0); ``tma_store``: O is a TMA descriptor (TMA_STORE_O)."""
     return dict(CAUSAL=bool(causal), WINDOW=bool(window), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M,
                 BLOCK_N=config.BLOCK_N, NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG),
                 OVERLAP=bool(config.OVERLAP), FP8=dtype in FP8_DTYPES,
                 P_LAYOUT=p_tile_layout(config.BLOCK_M, config.BLOCK_N, dtype),
                 PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS,
                 PERSISTENT=bool(config.PERSISTENT), TRACE=bool(trace),
-                SCALE_POSITIVE=bool(FMA_SOFTMAX if scale_positive is None else scale_positive))
+                SCALE_POSITIVE=bool(FMA_SOFTMAX if scale_positive is None else scale_positive),
+                TMA_STORE=bool(tma_store))
 
 
 def trace_shape(q_shape, n_k: int, config: GluonFwdConfig) -> tuple[int, int, int]:
@@ -1041,6 +1072,9 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     else:
         o = launch.empty(q.shape, dtype=o_dtype, device=q.device)
     lse2 = launch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
+    # TMA_STORE_O: o through its Q tile's shared memory and one bulk store a consumer (16-bit only:
+    # fp8's o is wider than the Q tile it would reuse)
+    tma_store = TMA_STORE_O and not fp8 and _tma_addressable(o)
     desc_q = _descriptor(q, config.BLOCK_M)
     desc_k = _descriptor(k, config.BLOCK_N)
     if fp8:  # [D, BLOCK_N] tiles of V^T
@@ -1055,11 +1089,12 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     else:
         grid = (n_m * H * B, ) if lpt else (n_m, H, B)
     with on_device(q):
-        launch.launch(_gluon_attn_fwd_kernel, desc_q, desc_k, desc_v, o, lse2, sm_scale * LOG2E, float(v_descale),
+        launch.launch(_gluon_attn_fwd_kernel, desc_q, desc_k, desc_v, _descriptor(o, config.BLOCK_M) if tma_store else o,
+                      lse2, sm_scale * LOG2E, float(v_descale),
                       *o.stride(), H, H // Hk, N_Q, N_K, off, *(window or (0, 0)), lpt, H * B,
                       lse2 if trace is None else trace, 0 if trace is None else trace.shape[2], grid=grid,
                       **kernel_constexprs(config, D, q.dtype, causal, window is not None, trace is not None,
-                                          FMA_SOFTMAX and sm_scale > 0),
+                                          FMA_SOFTMAX and sm_scale > 0, tma_store),
                       num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
     return o, lse2
 
@@ -1069,10 +1104,11 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 # ----------------------------------------------------------------------------------
 def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool, window: bool = False,
                      out_dtype: torch.dtype = torch.bfloat16, trace: bool = False,
-                     fma_softmax: bool | None = None):
+                     fma_softmax: bool | None = None, tma_store: bool | None = None):
     """Compile the kernel for sm_90 (ptxas; no GPU needed) as a launch on contiguous inputs
     would (``trace``: with its instrumentation; ``fma_softmax``: SCALE_POSITIVE, None
-    FMA_SOFTMAX); returns triton's CompiledKernel
+    FMA_SOFTMAX; ``tma_store``: the output through TMA, None TMA_STORE_O, never for fp8);
+    returns triton's CompiledKernel
     (``.metadata.shared``, ``.asm``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -1086,10 +1122,13 @@ def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, 
     def desc(rows: int, cols: int = head_dim) -> str:
         return f"tensordesc<{el}[1,1,{rows},{cols}],{tile_layout(rows, cols, dtype)!r}>"
 
-    constexprs = kernel_constexprs(config, head_dim, dtype, causal, window, trace, fma_softmax)
+    if tma_store is None:
+        tma_store = TMA_STORE_O
+    tma_store = tma_store and not fp8
+    constexprs = kernel_constexprs(config, head_dim, dtype, causal, window, trace, fma_softmax, tma_store)
     types = {"desc_q": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N),
              "desc_v": desc(head_dim, config.BLOCK_N) if fp8 else desc(config.BLOCK_N),
-             "O": f"*{names[out_dtype] if fp8 else el}", "LSE": "*fp32", "qk_scale": "fp32", "v_scale": "fp32",
+             "O": desc(config.BLOCK_M) if tma_store else f"*{names[out_dtype] if fp8 else el}", "LSE": "*fp32", "qk_scale": "fp32", "v_scale": "fp32",
              "TRACE_PTR": "*i64" if trace else "*fp32"}
     constexprs["stride_od"] = 1
     signature, attrs = {}, {}
@@ -1098,7 +1137,7 @@ def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, 
             signature[name] = "constexpr"
         else:
             signature[name] = types.get(name, "i32")
-            if name in ("O", "LSE", "TRACE_PTR") or name.startswith("stride"):
+            if name in ("LSE", "TRACE_PTR") or name.startswith("stride") or (name == "O" and not tma_store):
                 attrs[(i, )] = [["tt.divisibility", 16]]
     src = GluonASTSource(fn, signature, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),

@@ -4,7 +4,7 @@ sm_90 without a GPU.
 
 Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
 "dtype", "causal"} (optionally "window": the sliding-window variant; "trace": the forward's
-instrumentation; "fma_softmax": its SCALE_POSITIVE softmax; "compact_stats": the dK/dV
+instrumentation; "fma_softmax": its SCALE_POSITIVE softmax; "tma_store": its output through TMA; "compact_stats": the dK/dV
 kernel's COMPACT_STATS) on stdin and prints one JSON line per item with the compiled kernel's
 shared memory in bytes ("shared"), its PTX register cap ("maxnreg"), the setmaxnreg
 values of its partitions ("setmaxnreg"), its wgmma and TMA copy and reduce-add counts, its
@@ -37,7 +37,8 @@ def compile_item(item: dict) -> dict:
 
         cfg = GluonFwdConfig(**item["config"])
         compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"], item.get("window", False),
-                                    trace=item.get("trace", False), fma_softmax=item.get("fma_softmax"))
+                                    trace=item.get("trace", False), fma_softmax=item.get("fma_softmax"),
+                                    tma_store=item.get("tma_store"))
     ptx = compiled.asm["ptx"]
     maxnreg = re.search(r"\.maxnreg\s+(\d+)", ptx)
     return {"shared": int(compiled.metadata.shared), "maxnreg": int(maxnreg.group(1)) if maxnreg else None,
@@ -45,6 +46,7 @@ def compile_item(item: dict) -> dict:
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
             "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
             "tma_reduces": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
+            "tma_stores": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
             "clock_reads": len(re.findall(r"%clock64", ptx))}
 
 

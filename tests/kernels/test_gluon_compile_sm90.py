@@ -50,6 +50,8 @@ TRACE_ITEMS = ((C(NUM_BUFFERS=3), (128, ), False), (C(OVERLAP=0), (64, ), False)
                (C(NUM_BUFFERS=3, PERSISTENT=1), (128, ), False), (C(NUM_BUFFERS=3), (128, ), True))
 # the softmax with one multiply-add a score (FMA_SOFTMAX: SCALE_POSITIVE), both loops, bf16 and fp8
 FMA_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )))
+# the output through its Q tile and a TMA bulk store (TMA_STORE_O), 16-bit: both loops, persistent
+TMA_STORE_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )))
 
 
 def _request():
@@ -63,7 +65,11 @@ def _request():
         [{"config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": causal, "window": window,
           "trace": True} for cfg, dims, window in TRACE_ITEMS for d in dims for causal in (False, True)] + \
         [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal, "fma_softmax": True}
-         for cfg, dims in FMA_ITEMS for d in dims for dt in ("bfloat16", "float8_e4m3fn") for causal in (False, True)]
+         for cfg, dims in FMA_ITEMS for d in dims for dt in ("bfloat16", "float8_e4m3fn") for causal in (False, True)] + \
+        [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal, "tma_store": True}
+         for cfg, dims in TMA_STORE_ITEMS for d in dims for dt in ("bfloat16", "float16") for causal in (False, True)] + \
+        [{"config": C(NUM_BUFFERS=3).to_dict(), "head_dim": 128, "dtype": "bfloat16", "causal": True, "window": True,
+          "tma_store": True}]
 
 
 def _compile_for_sm90(request: list[dict]) -> list[dict]:
@@ -80,7 +86,8 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
         estimate = cfg.shared_memory(d, dtype)
         where = (f"{cfg.short()} D={d} {res['dtype']} causal={res['causal']}{' window' if res.get('window') else ''}"
-                 f"{' traced' if res.get('trace') else ''}{' fma-softmax' if res.get('fma_softmax') else ''}")
+                 f"{' traced' if res.get('trace') else ''}{' fma-softmax' if res.get('fma_softmax') else ''}"
+                 f"{' tma-store' if res.get('tma_store') else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > SM90_SHARED_MEMORY:
@@ -96,6 +103,10 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
         # the trace's stamps are in the traced kernel only: the untraced one reads no cycle counter
         if bool(res["clock_reads"]) != bool(res.get("trace")):
             problems.append(f"{where}: {res['clock_reads']} cycle-counter reads")
+        # TMA_STORE_O: one bulk store of O a consumer; else none (the items leave the switch as it is)
+        tma_store = res.get("tma_store", gluon_forward.TMA_STORE_O) and "float8" not in res["dtype"]
+        if res["tma_stores"] != (2 if tma_store else 0):
+            problems.append(f"{where}: {res['tma_stores']} TMA bulk stores")
         if not res["wgmma"] or not res["tma_loads"]:
             problems.append(f"{where}: expected wgmma and TMA instructions, got {res['wgmma']} and "
                             f"{res['tma_loads']}")

@@ -186,6 +186,46 @@ def test_the_fma_softmax_matches_the_reference(n_q, n_k, d, causal, overlap, mon
     torch.testing.assert_close(lse_on, lse_off, atol=1e-4, rtol=0, equal_nan=True)
 
 
+# the output through its Q tile and one TMA bulk store a consumer (gluon_forward.TMA_STORE_O): rows
+# that end inside a tile (the descriptor clips them), Nq != Nk both ways, grouped heads, the
+# (B, N, H, D) layout, bottom-right rows that see no key, fp16
+TMA_STORE_CASES = [  # n_q, n_k, d, heads, layout, causal_align
+    (777, 1000, 128, (8, 2), "bhnd", "top_left"),
+    (1000, 333, 64, (4, 4), "bnhd", "bottom_right"),
+    (129, 4096, 128, (8, 1), "bnhd", "top_left"),
+    (2048, 2048, 64, (8, 8), "bhnd", "top_left"),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("config", [GluonFwdConfig(NUM_BUFFERS=3), GluonFwdConfig(OVERLAP=0),
+                                    GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1)], ids=lambda c: c.short())
+@pytest.mark.parametrize("case", TMA_STORE_CASES, ids=lambda c: f"q{c[0]}k{c[1]}d{c[2]}h{c[3][0]}-{c[3][1]}{c[4]}")
+def test_the_tma_store_of_o_gives_the_register_stores_bits(case, config, causal, monkeypatch):
+    """TMA_STORE_O: o and the LSE bit for bit the register store's (the same values, stored
+    another way), and nothing written past the rows: o is compared whole, padding rows included
+    where q's storage has them (the (B, N, H, D) layout interleaves heads)."""
+    n_q, n_k, d, heads, layout, align = case
+    dtype = torch.float16 if d == 64 else torch.bfloat16
+    q, k, v = _inputs(n_q, n_k, d, dtype, heads=heads, layout=layout, seed=9)
+    kw = dict(causal=causal, causal_align=align)
+    monkeypatch.setattr(gluon_forward, "TMA_STORE_O", False)
+    o_reg, lse_reg = gluon_forward.gluon_attention_forward(q, k, v, config, **kw)
+    monkeypatch.setattr(gluon_forward, "TMA_STORE_O", True)
+    o_tma, lse_tma = gluon_forward.gluon_attention_forward(q, k, v, config, **kw)
+    torch.cuda.synchronize()
+    assert o_tma.stride() == o_reg.stride() == q.stride()
+    assert torch.equal(o_tma, o_reg)
+    assert torch.equal(lse_tma, lse_reg)
+
+
+def test_the_tma_store_of_o_matches_the_reference(monkeypatch):
+    monkeypatch.setattr(gluon_forward, "TMA_STORE_O", True)
+    for d, causal in ((128, True), (64, False)):
+        q, k, v = _inputs(1000, 1100, d, torch.bfloat16, seed=10)
+        check_gluon_forward(q, k, v, dtype_name="bf16", causal=causal)
+
+
 @pytest.mark.parametrize("fma", [False, True])
 @pytest.mark.parametrize("overlap", [0, 1])
 def test_a_negative_sm_scale_takes_the_row_max_of_the_scaled_scores(overlap, fma, monkeypatch):
