@@ -991,8 +991,9 @@ def portfolio(pass_: str, head_dim: int, dtype: torch.dtype, device=None) -> lis
 
 def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) -> list:
     """The starting config of each other kernel family that runs this head dim and dtype on
-    the device: on sm_90 the Gluon forward's default (gluon_forward.default_gluon_config);
-    for the backward the Gluon dK/dV kernel's (gluon_backward.default_gluon_bwd_config) with
+    the device: on sm_90 the Gluon forward's default (gluon_forward.default_gluon_config), then
+    the same with its persistent grid (faster on short and non-causal rows, slower on long causal
+    ones: H200, 2026-12-05, docs/gluon.md); for the backward the Gluon dK/dV kernel's (gluon_backward.default_gluon_bwd_config) with
     the Triton default's dQ half (family 1), then with the Gluon dQ kernel (family 2), then
     with dQ fused into it (families 3 and 4). The
     search times these first (key_search.warm_start), so the family
@@ -1005,7 +1006,7 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
 
         g = default_gluon_config(head_dim)
         configs = [FwdConfig(g.BLOCK_M, g.BLOCK_N, 4, g.NUM_BUFFERS, family=1, pingpong=g.PINGPONG,
-                             overlap=g.OVERLAP)]
+                             overlap=g.OVERLAP, persistent=p) for p in (0, 1)]
     else:
         from flashtune.kernels.gluon_backward import default_gluon_bwd_config
 

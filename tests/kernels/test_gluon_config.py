@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -120,8 +122,10 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(gluon_forward, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)  # the H200's
-    (cfg,) = family_defaults("fwd", 128, torch.bfloat16, "cuda")
+    cfg, persistent = family_defaults("fwd", 128, torch.bfloat16, "cuda")
     assert cfg.family == 1 and cfg.gluon() == gluon_forward.default_gluon_config(128)
+    # then the same with the persistent grid (the search chooses it per key)
+    assert persistent == dataclasses.replace(cfg, persistent=1) and persistent.gluon().PERSISTENT == 1
     assert family_defaults("fwd", 96, torch.bfloat16, "cuda") == []  # the Gluon kernel: D 64 and 128
     assert family_defaults("fwd", 128, torch.float32, "cuda") == []
     gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward")

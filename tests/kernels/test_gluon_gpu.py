@@ -264,10 +264,9 @@ def test_a_gluon_fwd_config_trains_through_attention(causal, head_dim, persisten
 
     q, k, v = (t.requires_grad_() for t in _inputs(777, 1000, head_dim, torch.bfloat16, seed=5))
     do = torch.randn_like(q)
-    (cfg,) = family_defaults("fwd", head_dim, q.dtype, q.device)
-    assert cfg.family == 1 and cfg.gluon() == gluon_forward.default_gluon_config(head_dim)
-    cfg = dataclasses.replace(cfg, persistent=persistent)
-    assert cfg.gluon().PERSISTENT == persistent
+    cfg = family_defaults("fwd", head_dim, q.dtype, q.device)[persistent]  # the grid's, then the persistent
+    assert cfg.family == 1 and cfg.gluon() == dataclasses.replace(gluon_forward.default_gluon_config(head_dim),
+                                                                  PERSISTENT=persistent)
     seen = []
     real = gluon_forward.gluon_attention_forward
     monkeypatch.setattr(gluon_forward, "gluon_attention_forward", lambda *a, **kw: seen.append(1) or real(*a, **kw))
