@@ -30,12 +30,19 @@ def sm90_run(dtype_name: str) -> tuple[torch.dtype, str]:
 def with_flag(module, name: str, value, fn):
     """``fn()`` with ``module.name`` set to ``value`` (a kernel module's switch, read at each
     launch: gluon_forward.FMA_SOFTMAX, gluon_backward.COMPACT_STATS), restored after."""
-    saved = getattr(module, name)
-    setattr(module, name, value)
+    return with_flags(module, {name: value}, fn)
+
+
+def with_flags(module, values: dict, fn):
+    """``fn()`` with each of ``module``'s switches named in ``values`` set, restored after."""
+    saved = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
     try:
         return fn()
     finally:
-        setattr(module, name, saved)
+        for name, value in saved.items():
+            setattr(module, name, value)
 
 
 def row_inputs(B, Hq, Hkv, Nq, Nk, D, dtype, with_do: bool = False) -> tuple:

@@ -117,10 +117,9 @@ def main() -> int:
                         label = (f"gluon {cfg.short()}{' fma' if fma and args.fma_softmax == 'both' else ''}"
                                  f"{' tma' if tma and args.tma_store == 'both' else ''}")
                         fns[label] = (
-                            lambda cfg=cfg, fma=fma, tma=tma: gluon_bench.with_flag(
-                                gluon_forward, "FMA_SOFTMAX", fma, lambda: gluon_bench.with_flag(
-                                    gluon_forward, "TMA_STORE_O", tma,
-                                    lambda: gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=scale)[0])))
+                            lambda cfg=cfg, fma=fma, tma=tma: gluon_bench.with_flags(
+                                gluon_forward, {"FMA_SOFTMAX": fma, "TMA_STORE_O": tma},
+                                lambda: gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=scale)[0]))
             for label in list(fns):
                 err = (fns[label]().float() - ref.float()).abs().max().item()
                 if not err <= bound:

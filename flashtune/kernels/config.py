@@ -993,7 +993,8 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
     """The starting config of each other kernel family that runs this head dim and dtype on
     the device: on sm_90 the Gluon forward's default (gluon_forward.default_gluon_config), then
     the same with its persistent grid (faster on short and non-causal rows, slower on long causal
-    ones: H200, 2026-12-05, docs/gluon.md); for the backward the Gluon dK/dV kernel's (gluon_backward.default_gluon_bwd_config) with
+    ones: H200, 2026-12-05, docs/gluon.md); for the backward the Gluon dK/dV kernel's
+    (gluon_backward.default_gluon_bwd_config) with
     the Triton default's dQ half (family 1), then with the Gluon dQ kernel (family 2), then
     with dQ fused into it (families 3 and 4). The
     search times these first (key_search.warm_start), so the family

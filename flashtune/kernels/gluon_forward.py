@@ -954,6 +954,12 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, D], tile_layout(rows, D, t.dtype))
 
 
+def _tma_store(dtype: torch.dtype, switch: bool) -> bool:
+    """Whether a kernel on inputs of ``dtype`` stores o through TMA (``switch``: TMA_STORE_O):
+    16-bit only, as fp8's o is wider than the Q tile it would go through."""
+    return bool(switch) and dtype not in FP8_DTYPES
+
+
 def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
                       window: bool = False, trace: bool = False, scale_positive: bool | None = None,
                       tma_store: bool = False) -> dict:
@@ -1072,9 +1078,7 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     else:
         o = launch.empty(q.shape, dtype=o_dtype, device=q.device)
     lse2 = launch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
-    # TMA_STORE_O: o through its Q tile's shared memory and one bulk store a consumer (16-bit only:
-    # fp8's o is wider than the Q tile it would reuse)
-    tma_store = TMA_STORE_O and not fp8 and _tma_addressable(o)
+    tma_store = _tma_store(q.dtype, TMA_STORE_O) and _tma_addressable(o)
     desc_q = _descriptor(q, config.BLOCK_M)
     desc_k = _descriptor(k, config.BLOCK_N)
     if fp8:  # [D, BLOCK_N] tiles of V^T
@@ -1089,8 +1093,8 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     else:
         grid = (n_m * H * B, ) if lpt else (n_m, H, B)
     with on_device(q):
-        launch.launch(_gluon_attn_fwd_kernel, desc_q, desc_k, desc_v, _descriptor(o, config.BLOCK_M) if tma_store else o,
-                      lse2, sm_scale * LOG2E, float(v_descale),
+        out = _descriptor(o, config.BLOCK_M) if tma_store else o
+        launch.launch(_gluon_attn_fwd_kernel, desc_q, desc_k, desc_v, out, lse2, sm_scale * LOG2E, float(v_descale),
                       *o.stride(), H, H // Hk, N_Q, N_K, off, *(window or (0, 0)), lpt, H * B,
                       lse2 if trace is None else trace, 0 if trace is None else trace.shape[2], grid=grid,
                       **kernel_constexprs(config, D, q.dtype, causal, window is not None, trace is not None,
@@ -1122,13 +1126,12 @@ def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, 
     def desc(rows: int, cols: int = head_dim) -> str:
         return f"tensordesc<{el}[1,1,{rows},{cols}],{tile_layout(rows, cols, dtype)!r}>"
 
-    if tma_store is None:
-        tma_store = TMA_STORE_O
-    tma_store = tma_store and not fp8
+    tma_store = _tma_store(dtype, TMA_STORE_O if tma_store is None else tma_store)
     constexprs = kernel_constexprs(config, head_dim, dtype, causal, window, trace, fma_softmax, tma_store)
     types = {"desc_q": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N),
              "desc_v": desc(head_dim, config.BLOCK_N) if fp8 else desc(config.BLOCK_N),
-             "O": desc(config.BLOCK_M) if tma_store else f"*{names[out_dtype] if fp8 else el}", "LSE": "*fp32", "qk_scale": "fp32", "v_scale": "fp32",
+             "O": desc(config.BLOCK_M) if tma_store else f"*{names[out_dtype] if fp8 else el}", "LSE": "*fp32",
+             "qk_scale": "fp32", "v_scale": "fp32",
              "TRACE_PTR": "*i64" if trace else "*fp32"}
     constexprs["stride_od"] = 1
     signature, attrs = {}, {}

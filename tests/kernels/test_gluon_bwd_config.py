@@ -99,9 +99,11 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
                for which, items in (("dkdv", ITEMS), ("dq", DQ_ITEMS)) for cfg, dims in items for d in dims
                for dt in ("bfloat16", "float16") for causal in (False, True)] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
-          "causal": causal, "trace": True, "compact_stats": default} for cfg, dims in TRACE_ITEMS for d in dims for causal in (False, True)] + \
+          "causal": causal, "trace": True, "compact_stats": default}
+         for cfg, dims in TRACE_ITEMS for d in dims for causal in (False, True)] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
-          "causal": causal, "compact_stats": not default, "trace": trace} for cfg, dims in OTHER_STATS_ITEMS for d in dims
+          "causal": causal, "compact_stats": not default, "trace": trace}
+         for cfg, dims in OTHER_STATS_ITEMS for d in dims
          for causal in (False, True) for trace in (False, True)]
     for item in request:
         C(**item["config"]).validate(item["head_dim"], getattr(torch, item["dtype"]))

@@ -65,9 +65,11 @@ def _request():
         [{"config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": causal, "window": window,
           "trace": True} for cfg, dims, window in TRACE_ITEMS for d in dims for causal in (False, True)] + \
         [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal, "fma_softmax": True}
-         for cfg, dims in FMA_ITEMS for d in dims for dt in ("bfloat16", "float8_e4m3fn") for causal in (False, True)] + \
+         for cfg, dims in FMA_ITEMS for d in dims for dt in ("bfloat16", "float8_e4m3fn")
+         for causal in (False, True)] + \
         [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal, "tma_store": True}
-         for cfg, dims in TMA_STORE_ITEMS for d in dims for dt in ("bfloat16", "float16") for causal in (False, True)] + \
+         for cfg, dims in TMA_STORE_ITEMS for d in dims for dt in ("bfloat16", "float16")
+         for causal in (False, True)] + \
         [{"config": C(NUM_BUFFERS=3).to_dict(), "head_dim": 128, "dtype": "bfloat16", "causal": True, "window": True,
           "tma_store": True}]
 
