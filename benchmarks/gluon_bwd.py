@@ -90,10 +90,12 @@ def main() -> int:
     ap.add_argument("--gluon", choices=("all", "family1", "fused"), default="all",
                     help="which Gluon runners: all four, family 1 only (Triton dQ), or the two fused-dQ ones")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
+    ap.add_argument("--rep", type=int, default=100, help="ms of calls per runner and round")
+    gluon_bench.add_timer_args(ap)
     ap.add_argument("--out", metavar="FILE.json")
     args = ap.parse_args()
     dtype, env = gluon_bench.sm90_run(args.dtype)
+    print(f"timer: {args.timer}")
     print(f"{'shape':>28} {'mask':>6} {'gluon cfg':>34} {'gluon ms':>9} {'TFLOP/s':>8} {'triton':>8} {'cudnn':>8} "
           f"{'flash':>8} {'dq':>8} {'g/triton':>8} {'g/cudnn':>8} {'g/flash':>8} {'t/cudnn':>8}")
     rows = []
@@ -160,14 +162,16 @@ def main() -> int:
                     del fns[label]
             if dq_alone is not None:
                 fns["dq"] = dq_alone
-            ms = gluon_bench.time_rounds(fns, args.rounds, args.rep)
+            if args.host_time:
+                gluon_bench.print_host_times(name, "causal" if causal else "full", fns)
+            ms = gluon_bench.time_rounds(fns, args.rounds, args.rep, args.timer)
             row = gluon_bench.ratio_row(name, B, Hq, Hkv, Nq, Nk, D, causal, ms, errors)
             rows.append(row)
             gluon_bench.print_row(row, flops, extra=('dq',), label_width=34)
     summary = gluon_bench.summarize(rows)
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"env": env, "rows": rows, "summary": summary}, fh, indent=1)
+            json.dump({"env": env, "timer": args.timer, "rows": rows, "summary": summary}, fh, indent=1)
     return 0
 
 

@@ -73,7 +73,7 @@ def _report(row: dict, acc: kernel_trace.Account, traces, trace: np.ndarray, ste
         np.save(traces / f"{stem}.npy", trace)
 
 
-def profile_forward(q, k, v, causal, scale, variant, sms, rounds, rep, traces, base: dict) -> dict:
+def profile_forward(q, k, v, causal, scale, variant, sms, rounds, rep, traces, base: dict, timer: str) -> dict:
     D = q.shape[-1]
     cfg = dataclasses.replace(default_gluon_config(D, causal), **VARIANTS[variant])
     buf = trace_buffer(q, k, cfg)
@@ -98,7 +98,7 @@ def profile_forward(q, k, v, causal, scale, variant, sms, rounds, rep, traces, b
         return dict(row, error="the traced call's output differs from the untraced call's")
     trace = buf.cpu().numpy()
     acc = kernel_trace.account(trace, cfg.OVERLAP, sms=sms)
-    ms = gluon_bench.time_rounds({"gluon": plain, "traced": traced, "cudnn": cudnn}, rounds, rep)
+    ms = gluon_bench.time_rounds({"gluon": plain, "traced": traced, "cudnn": cudnn}, rounds, rep, timer)
     row.update(ms=ms, account=acc.to_dict(), **{"gluon/cudnn": ms["cudnn"] / ms["gluon"],
                                                 "traced/untraced": ms["traced"] / ms["gluon"],
                                                 "tc": base["flops"] / ms["gluon"] / 1e9 / PEAK_TFLOPS})
@@ -106,7 +106,7 @@ def profile_forward(q, k, v, causal, scale, variant, sms, rounds, rep, traces, b
     return row
 
 
-def profile_backward(q, k, v, causal, scale, variant, sms, rounds, rep, traces, base: dict) -> dict:
+def profile_backward(q, k, v, causal, scale, variant, sms, rounds, rep, traces, base: dict, timer: str) -> dict:
     D = q.shape[-1]
     cfg = dataclasses.replace(default_gluon_bwd_config(D), **BWD_VARIANTS[variant])
     do = torch.randn_like(q)
@@ -131,7 +131,7 @@ def profile_backward(q, k, v, causal, scale, variant, sms, rounds, rep, traces, 
     acc = kernel_trace.account(trace, 0, sms=sms, layout=kernel_trace.BACKWARD)
     ms = gluon_bench.time_rounds({"gluon": plain, "traced": traced,
                                   "cudnn": sdpa_backward(SDPBackend.CUDNN_ATTENTION, q, k, v, do, causal, scale)},
-                                 rounds, rep)
+                                 rounds, rep, timer)
     flops = base["flops"] * 10 / 4  # five matmuls to the forward's two
     row.update(ms=ms, account=acc.to_dict(), **{"gluon/cudnn": ms["cudnn"] / ms["gluon"],
                                                 "traced/untraced": ms["traced"] / ms["gluon"],
@@ -159,7 +159,8 @@ def main() -> int:
     ap.add_argument("--head-dim", type=int, choices=(64, 128), help="only the shapes of this head dim")
     ap.add_argument("--rows", metavar="NAMES", help="only the shapes of these names (comma-separated)")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--rep", type=int, default=50, help="do_bench rep (ms)")
+    ap.add_argument("--rep", type=int, default=50, help="ms of calls per runner and round")
+    gluon_bench.add_timer_args(ap, host_time=False)
     ap.add_argument("--out", metavar="FILE.json")
     ap.add_argument("--traces", metavar="DIR", help="keep the raw traces (.npy) here")
     args = ap.parse_args()
@@ -180,7 +181,8 @@ def main() -> int:
         gluon_forward.TMA_STORE_O = args.tma_store == "on"
     if args.stats != "default":
         gluon_backward.COMPACT_STATS = args.stats == "compact"
-    env += (f", FMA_SOFTMAX {gluon_forward.FMA_SOFTMAX}, TMA_STORE_O {gluon_forward.TMA_STORE_O}, "
+    env += (f", timer {args.timer}, FMA_SOFTMAX {gluon_forward.FMA_SOFTMAX}, "
+            f"TMA_STORE_O {gluon_forward.TMA_STORE_O}, "
             f"COMPACT_STATS {gluon_backward.COMPACT_STATS}")
     sms = sm_count(torch.device("cuda"))
     traces = pathlib.Path(args.traces) if args.traces else None
@@ -198,7 +200,7 @@ def main() -> int:
                         flops=4 * B * Hq * Nq * Nk * D / (2 if causal else 1))
             for p, variant in runs:
                 profile = profile_forward if p == "fwd" else profile_backward
-                row = profile(q, k, v, causal, scale, variant, sms, args.rounds, args.rep, traces, base)
+                row = profile(q, k, v, causal, scale, variant, sms, args.rounds, args.rep, traces, base, args.timer)
                 if "error" in row:
                     print(f"{name:>28} {'causal' if causal else 'full':>6} {p} {variant:>10}: {row['error']}",
                           flush=True)
