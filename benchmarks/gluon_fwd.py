@@ -9,6 +9,7 @@ on an H100/H200, in one process; print the ratios and, with --out, write them as
     python benchmarks/gluon_fwd.py --configs persistent  # the default, and it with PERSISTENT=1
     python benchmarks/gluon_fwd.py --fma-softmax both    # each config with FMA_SOFTMAX off and on
     python benchmarks/gluon_fwd.py --tma-store both      # each config with O stored from registers and by TMA
+    python benchmarks/gluon_fwd.py --configs persistent --persistent-order both   # strided and snake tile orders
 
 Forward only. For every shape each kernel's output is first checked against cuDNN's
 (max |diff| within 4x FlashAttention-2's own distance from cuDNN, and at most 0.05);
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import pathlib
@@ -68,6 +70,9 @@ def main() -> int:
     ap.add_argument("--fma-softmax", choices=("default", "off", "on", "both"), default="default",
                     help="gluon_forward.FMA_SOFTMAX: as the module has it, off, on, or both (each Gluon config "
                          "twice, labels ending ' fma' for on)")
+    ap.add_argument("--persistent-order", choices=("default", "strided", "snake", "both"), default="default",
+                    help="gluon_forward.PERSISTENT_SNAKE for the persistent configs: as the module has it, off "
+                         "(strided), on (snake), or both (labels ending ' snake' for on)")
     ap.add_argument("--tma-store", choices=("default", "off", "on", "both"), default="default",
                     help="gluon_forward.TMA_STORE_O: as the module has it, off, on, or both (labels ending ' tma' "
                          "for on)")
@@ -114,14 +119,19 @@ def main() -> int:
                     errors[cfg.short()] = f"invalid: {e}"
                     continue
                 switches = {"default": None, "off": (False, ), "on": (True, ), "both": (False, True)}
-                for fma in switches[args.fma_softmax] or (gluon_forward.FMA_SOFTMAX, ):
-                    for tma in switches[args.tma_store] or (gluon_forward.TMA_STORE_O, ):
-                        label = (f"gluon {cfg.short()}{' fma' if fma and args.fma_softmax == 'both' else ''}"
-                                 f"{' tma' if tma and args.tma_store == 'both' else ''}")
-                        fns[label] = (
-                            lambda cfg=cfg, fma=fma, tma=tma: gluon_bench.with_flags(
-                                gluon_forward, {"FMA_SOFTMAX": fma, "TMA_STORE_O": tma},
-                                lambda: gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=scale)[0]))
+                orders = {"default": None, "strided": (False, ), "snake": (True, ), "both": (False, True)}
+                snakes = (orders[args.persistent_order] if cfg.PERSISTENT else None) or (
+                    gluon_forward.PERSISTENT_SNAKE, )
+                for fma, tma, snake in itertools.product(switches[args.fma_softmax] or (gluon_forward.FMA_SOFTMAX, ),
+                                                         switches[args.tma_store] or (gluon_forward.TMA_STORE_O, ),
+                                                         snakes):
+                    label = (f"gluon {cfg.short()}{' fma' if fma and args.fma_softmax == 'both' else ''}"
+                             f"{' tma' if tma and args.tma_store == 'both' else ''}"
+                             f"{' snake' if snake and len(snakes) > 1 else ''}")
+                    fns[label] = (
+                        lambda cfg=cfg, fma=fma, tma=tma, snake=snake: gluon_bench.with_flags(
+                            gluon_forward, {"FMA_SOFTMAX": fma, "TMA_STORE_O": tma, "PERSISTENT_SNAKE": snake},
+                            lambda: gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=scale)[0]))
             for label in list(fns):
                 err = (fns[label]().float() - ref.float()).abs().max().item()
                 if not err <= bound:

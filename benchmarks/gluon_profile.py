@@ -152,6 +152,8 @@ def main() -> int:
                     help="gluon_forward.FMA_SOFTMAX for the whole run (default: as the module has it)")
     ap.add_argument("--tma-store", choices=("default", "on", "off"), default="default",
                     help="gluon_forward.TMA_STORE_O for the whole run (default: as the module has it)")
+    ap.add_argument("--persistent-order", choices=("default", "strided", "snake"), default="default",
+                    help="gluon_forward.PERSISTENT_SNAKE for the whole run (default: as the module has it)")
     ap.add_argument("--stats", choices=("default", "compact", "wide"), default="default",
                     help="gluon_backward.COMPACT_STATS for the whole run (default: as the module has it)")
     ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
@@ -179,10 +181,12 @@ def main() -> int:
         gluon_forward.FMA_SOFTMAX = args.fma_softmax == "on"
     if args.tma_store != "default":
         gluon_forward.TMA_STORE_O = args.tma_store == "on"
+    if args.persistent_order != "default":
+        gluon_forward.PERSISTENT_SNAKE = args.persistent_order == "snake"
     if args.stats != "default":
         gluon_backward.COMPACT_STATS = args.stats == "compact"
     env += (f", timer {args.timer}, FMA_SOFTMAX {gluon_forward.FMA_SOFTMAX}, "
-            f"TMA_STORE_O {gluon_forward.TMA_STORE_O}, "
+            f"TMA_STORE_O {gluon_forward.TMA_STORE_O}, PERSISTENT_SNAKE {gluon_forward.PERSISTENT_SNAKE}, "
             f"COMPACT_STATS {gluon_backward.COMPACT_STATS}")
     sms = sm_count(torch.device("cuda"))
     traces = pathlib.Path(args.traces) if args.traces else None

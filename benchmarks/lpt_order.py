@@ -6,8 +6,10 @@ the causal rows of SHAPES.md and of the standard grid, in one process on a GPU.
 
 For each row and kernel the call runs with the order on and with it off (the kernel's 3-D
 grid, per head heaviest first), is checked bitwise equal between the two (the order decides
-only when each program starts), and is timed with triton's do_bench in --rounds interleaved
-rounds, launch plans off so each call runs its launcher. Kernels:
+only when each program starts), and is timed in --rounds interleaved rounds, launch plans off
+so each call runs its launcher: by default GPU time only (gluon_bench.cushioned_ms: the
+launcher's host time hidden behind a device sleep; before 2026-12-05 triton's do_bench, which
+counts host time that outlasts its L2 flush, `--timer do_bench`). Kernels:
 
 - ``fwd``: the forward at the call's heuristic default (Gluon for long D=128 calls on sm_90,
   Triton elsewhere), switched by ``common.LPT_ON["fwd"]``;
@@ -29,6 +31,8 @@ import argparse
 import datetime
 import json
 import math
+import pathlib
+import sys
 
 import torch
 import triton
@@ -95,7 +99,11 @@ def main() -> int:
     ap.add_argument("--rows", help="only these rows (comma-separated names)")
     ap.add_argument("--min-seq", type=int, default=512, help="rows with at least this many queries")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--rep", type=int, default=40, help="do_bench rep (ms)")
+    ap.add_argument("--rep", type=int, default=40, help="ms of calls per figure")
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import gluon_bench  # benchmarks/gluon_bench.py: the timers
+
+    gluon_bench.add_timer_args(ap, host_time=False)
     ap.add_argument("--uncapped", action="store_true",
                     help="time the order on every row (config.LPT_MAX_WAVES lifted), not only where it is served")
     ap.add_argument("--out", metavar="FILE.json")
@@ -105,7 +113,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     env = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC {torch.cuda.get_device_name()}, "
-           f"torch {torch.__version__}, triton {triton.__version__}, bf16")
+           f"torch {torch.__version__}, triton {triton.__version__}, bf16, timer {args.timer}")
     print(env)
     launch.ENABLED = False  # every call runs its launcher: a plan would replay the first call's grid
     warm_up_gpu(torch.device("cuda"))
@@ -130,7 +138,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 for on in (False, True):
                     switch(on)
-                    times[on].append(triton.testing.do_bench(fn, warmup=25, rep=args.rep, return_mode="median"))
+                    times[on].append(gluon_bench.time_rounds({"": fn}, 1, args.rep, args.timer)[""])
             common.LPT_ON.update(saved[0])
             backward.query_lpt_units = saved[1]
             off, on = min(times[False]), min(times[True])

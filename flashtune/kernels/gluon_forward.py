@@ -60,7 +60,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashtune.kernels import kernel_trace, launch
-from flashtune.kernels.common import LOG2E, causal_offset, cdiv, fwd_lpt_units, on_device, sm_count, window_bounds
+from flashtune.kernels.common import (LOG2E, LPT_ON, causal_offset, cdiv, fwd_lpt_units, on_device, sm_count,
+                                     window_bounds)
 from flashtune.kernels.config import ConfigError, device_capability
 
 SM90_SHARED_MEMORY = 232448  # bytes per block, opt-in maximum of the H100/H200 (227 KiB)
@@ -101,6 +102,19 @@ FMA_SOFTMAX = True
 # register store in geometric mean over 18 D=128 rows, up to 1.15x on N <= 1k; docs/gluon.md).
 # Read at each launch, like FMA_SOFTMAX.
 TMA_STORE_O = True
+# the persistent kernel's tile order (PERSISTENT configs only): True hands each CTA the tiles of
+# round k (n_prog consecutive tiles of the order) in a snake, pid in even rounds and n_prog - 1 - pid
+# in odd ones (persistent_tiles), and orders a causal call's tiles heaviest first across every
+# (batch, head) unit (lpt_tile with all units in one group: block-major), so that each CTA's sum of
+# key blocks is within about 3 % of the mean on every causal D=128 grid and SHAPES.md row
+# (benchmarks/persistent_order.py simulates it); False: tiles pid, pid + n_prog, ... of the grid
+# kernel's order, which gives CTA p the same query block of every unit wherever n_prog is a
+# multiple of the query blocks, and a heaviest CTA 1.2-1.6x the mean on those rows: the tail the
+# profile of 2026-12-05 found (grid-d128-16384 causal persistent 0.75x against 1.12x for the grid
+# kernel). Off until an H200 has run it (written 2026-12-05 without a device): the persistent
+# tests (test_gluon_persistent_gpu.py), then benchmarks/gluon_fwd.py --persistent-order both.
+# Read at each launch.
+PERSISTENT_SNAKE = False
 
 
 def check_int_fields(config) -> None:
@@ -774,6 +788,26 @@ def _tile(t, n_m, n_units, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNI
 
 
 @gluon.jit
+def _round_tile(k, pid, n_prog, SNAKE: gl.constexpr):
+    """The tile a persistent CTA takes in its round ``k`` (persistent_tiles is the host copy)."""
+    if SNAKE:
+        return k * n_prog + pid + (k % 2) * (n_prog - 1 - 2 * pid)
+    else:
+        return k * n_prog + pid
+
+
+@gluon.jit
+def _cta_tiles(total, pid, n_prog, SNAKE: gl.constexpr):
+    """How many of the ``total`` tiles a persistent CTA takes: every full round's, and the last
+    round's if its place there is one of the tiles left."""
+    full = total // n_prog
+    n = full
+    if _round_tile(full, pid, n_prog, SNAKE) < total:
+        n += 1
+    return n
+
+
+@gluon.jit
 def _trace_slots(TRACE_PTR, TRACE_SLOTS, tile, part, TRACE: gl.constexpr):
     """The slots of (tile, partition) in the trace (kernel_trace's [tiles, 3, slots] layout)."""
     if TRACE:
@@ -786,12 +820,14 @@ def _trace_slots(TRACE_PTR, TRACE_SLOTS, tile, part, TRACE: gl.constexpr):
 def _producer_tiles(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                     pid, n_prog, n_units, H, GROUP, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS,
                     TRACE_PTR, TRACE_SLOTS, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr, TRACE: gl.constexpr):
-    """PERSISTENT: the producer of every tile of this CTA (tiles pid, pid + n_prog, ...)."""
+                    BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr, TRACE: gl.constexpr,
+                    SNAKE: gl.constexpr):
+    """PERSISTENT: the producer of every tile of this CTA (_round_tile of each of its rounds)."""
     n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
     it = 0
     tile_i = 0
-    for t in range(pid, n_m * n_units, n_prog):
+    for k in range(_cta_tiles(n_m * n_units, pid, n_prog, SNAKE)):
+        t = _round_tile(k, pid, n_prog, SNAKE)
         off_b, off_h, start_m, lo, n_blocks = _tile(t, n_m, n_units, H, N_Q, N_K, causal_off, win_left, win_right,
                                                     LPT_UNITS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
         _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
@@ -808,12 +844,14 @@ def _consumer_tiles(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_r
                     causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR, TRACE_SLOTS,
                     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
-                    FP8: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, TMA_STORE: gl.constexpr):
+                    FP8: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, TMA_STORE: gl.constexpr,
+                    SNAKE: gl.constexpr):
     """PERSISTENT: one consumer's rows of every tile of this CTA, in the producer's order."""
     n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
     it = 0
     tile_i = 0
-    for t in range(pid, n_m * n_units, n_prog):
+    for k in range(_cta_tiles(n_m * n_units, pid, n_prog, SNAKE)):
+        t = _round_tile(k, pid, n_prog, SNAKE)
         off_b, off_h, start_m, lo, n_blocks = _tile(t, n_m, n_units, H, N_Q, N_K, causal_off, win_left, win_right,
                                                     LPT_UNITS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
         _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
@@ -834,8 +872,10 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                            BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
                            OVERLAP: gl.constexpr, FP8: gl.constexpr, P_LAYOUT: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PERSISTENT: gl.constexpr,
-                           TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, TMA_STORE: gl.constexpr):
-    # TMA_STORE: O is the output's TMA descriptor (TMA_STORE_O), else its pointer;
+                           TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, TMA_STORE: gl.constexpr,
+                           SNAKE: gl.constexpr):
+    # TMA_STORE: O is the output's TMA descriptor (TMA_STORE_O), else its pointer; SNAKE: the
+    # persistent CTAs' tiles in a snake over the rounds (PERSISTENT_SNAKE);
     # N_UNITS: batch x query heads (the 1-D orders' units); TRACE: the trace (kernel_trace.py) into
     # TRACE_PTR's [tiles, 3, TRACE_SLOTS] int64 slots (unused without)
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
@@ -865,7 +905,7 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
         mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
     fence_async_shared()
 
-    if PERSISTENT:  # at most one CTA per SM, each walking tiles pid, pid + n_prog, ... (_tile's order)
+    if PERSISTENT:  # at most one CTA per SM, each walking one tile of each round (_round_tile) of _tile's order
         pid = gl.program_id(0)
         n_prog = gl.num_programs(0)
         gl.warp_specialize([
@@ -873,16 +913,16 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                                O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
                                N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR,
                                TRACE_SLOTS, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP,
-                               FP8, TRACE, SCALE_POSITIVE, TMA_STORE)),
+                               FP8, TRACE, SCALE_POSITIVE, TMA_STORE, SNAKE)),
             (_consumer_tiles, (1, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
                                O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
                                N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR,
                                TRACE_SLOTS, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP,
-                               FP8, TRACE, SCALE_POSITIVE, TMA_STORE)),
+                               FP8, TRACE, SCALE_POSITIVE, TMA_STORE, SNAKE)),
             (_producer_tiles, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, pid, n_prog, N_UNITS, H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
                                LPT_UNITS, TRACE_PTR, TRACE_SLOTS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8,
-                               TRACE)),
+                               TRACE, SNAKE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
     else:
         if LPT_UNITS > 0:  # causal, a 1-D grid in heaviest-first order across heads (lpt_tile)
@@ -962,11 +1002,55 @@ def _tma_store(dtype: torch.dtype, switch: bool) -> bool:
     return bool(switch) and dtype not in FP8_DTYPES
 
 
+def persistent_tiles(pid: int, n_prog: int, total: int, snake: bool) -> list[int]:
+    """The tiles (indices into _tile's order) persistent CTA ``pid`` of ``n_prog`` takes, in
+    order: the kernel's _cta_tiles and _round_tile on the host (tests, benchmarks/persistent_order.py)."""
+    def round_tile(r):
+        return r * n_prog + (pid + (r % 2) * (n_prog - 1 - 2 * pid) if snake else pid)
+
+    full = total // n_prog
+    return [round_tile(r) for r in range(full + (round_tile(full) < total))]
+
+
+def persistent_cta_blocks(n_q: int, n_k: int, units: int, config: GluonFwdConfig, n_prog: int, *, causal: bool,
+                          snake: bool, lpt_units: int = 0) -> list[int]:
+    """Key blocks each of ``n_prog`` persistent CTAs walks for a call of ``units`` (batch x
+    query heads) of ``n_q`` queries on ``n_k`` keys, top-left causal or full, no window: the
+    kernel's schedule (_tile's order, persistent_tiles) on the host, for tests and
+    benchmarks/persistent_order.py (the balance of the CTAs' work). The order's LPT_UNITS is the
+    launcher's: persistent_lpt_units with ``snake``, else ``lpt_units`` (fwd_lpt_units's)."""
+    n_m = cdiv(n_q, 2 * config.BLOCK_M)
+    lpt = persistent_lpt_units(units, causal=causal, plain=True) if snake else lpt_units
+    loads = []
+    for pid in range(n_prog):
+        blocks = 0
+        for t in persistent_tiles(pid, n_prog, n_m * units, snake):
+            if lpt:  # lpt_tile's walk, heaviest first
+                per_group = n_m * lpt
+                units_here = min(lpt, units - t // per_group * lpt)
+                pid_m = n_m - 1 - t % per_group // units_here
+            else:
+                pid_m = n_m - 1 - t % n_m if causal else t % n_m
+            hi = min((pid_m + 1) * 2 * config.BLOCK_M, n_k) if causal else n_k
+            blocks += cdiv(hi, config.BLOCK_N)
+        loads.append(blocks)
+    return loads
+
+
+def persistent_lpt_units(units: int, *, causal: bool, plain: bool) -> int:
+    """LPT_UNITS of a persistent launch with PERSISTENT_SNAKE: a causal call's tiles heaviest
+    first across all its ``units`` (one group: block-major), so that a snake round holds tiles
+    of nearly one weight; 0 (per unit, the last query block first) without causal masking,
+    with a window, or with LPT_ON["fwd"] off."""
+    return units if causal and plain and LPT_ON["fwd"] else 0
+
+
 def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
                       window: bool = False, trace: bool = False, scale_positive: bool | None = None,
-                      tma_store: bool = False) -> dict:
+                      tma_store: bool = False, snake: bool | None = None) -> dict:
     """The kernel's constexprs; ``scale_positive`` None: FMA_SOFTMAX (a launch passes
-    FMA_SOFTMAX and sm_scale > 0); ``tma_store``: O is a TMA descriptor (TMA_STORE_O)."""
+    FMA_SOFTMAX and sm_scale > 0); ``tma_store``: O is a TMA descriptor (TMA_STORE_O);
+    ``snake`` None: PERSISTENT_SNAKE (persistent configs only)."""
     return dict(CAUSAL=bool(causal), WINDOW=bool(window), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M,
                 BLOCK_N=config.BLOCK_N, NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG),
                 OVERLAP=bool(config.OVERLAP), FP8=dtype in FP8_DTYPES,
@@ -974,7 +1058,8 @@ def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype,
                 PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS,
                 PERSISTENT=bool(config.PERSISTENT), TRACE=bool(trace),
                 SCALE_POSITIVE=bool(FMA_SOFTMAX if scale_positive is None else scale_positive),
-                TMA_STORE=bool(tma_store))
+                TMA_STORE=bool(tma_store),
+                SNAKE=bool(config.PERSISTENT) and bool(PERSISTENT_SNAKE if snake is None else snake))
 
 
 def trace_shape(q_shape, n_k: int, config: GluonFwdConfig) -> tuple[int, int, int]:
@@ -1089,7 +1174,9 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     else:
         desc_v = _descriptor(v, config.BLOCK_N)
     n_m = cdiv(N_Q, 2 * config.BLOCK_M)  # common.cdiv: triton.cdiv is a jit function
-    lpt = fwd_lpt_units(q, k, n_m, causal=causal, plain=window is None)
+    snake = bool(config.PERSISTENT and PERSISTENT_SNAKE)
+    lpt = persistent_lpt_units(B * H, causal=causal, plain=window is None) if snake else \
+        fwd_lpt_units(q, k, n_m, causal=causal, plain=window is None)
     if config.PERSISTENT:  # one CTA per SM at most (its shared memory allows no second), each walking tiles
         grid = (min(n_m * H * B, sm_count(q.device)), )
     else:
@@ -1100,7 +1187,7 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
                       *o.stride(), H, H // Hk, N_Q, N_K, off, *(window or (0, 0)), lpt, H * B,
                       lse2 if trace is None else trace, 0 if trace is None else trace.shape[2], grid=grid,
                       **kernel_constexprs(config, D, q.dtype, causal, window is not None, trace is not None,
-                                          FMA_SOFTMAX and sm_scale > 0, tma_store),
+                                          FMA_SOFTMAX and sm_scale > 0, tma_store, snake),
                       num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
     return o, lse2
 
@@ -1110,10 +1197,11 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 # ----------------------------------------------------------------------------------
 def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool, window: bool = False,
                      out_dtype: torch.dtype = torch.bfloat16, trace: bool = False,
-                     fma_softmax: bool | None = None, tma_store: bool | None = None):
+                     fma_softmax: bool | None = None, tma_store: bool | None = None, snake: bool | None = None):
     """Compile the kernel for sm_90 (ptxas; no GPU needed) as a launch on contiguous inputs
     would (``trace``: with its instrumentation; ``fma_softmax``: SCALE_POSITIVE, None
-    FMA_SOFTMAX; ``tma_store``: the output through TMA, None TMA_STORE_O, never for fp8);
+    FMA_SOFTMAX; ``tma_store``: the output through TMA, None TMA_STORE_O, never for fp8;
+    ``snake``: a persistent config's snake order, None PERSISTENT_SNAKE);
     returns triton's CompiledKernel
     (``.metadata.shared``, ``.asm``)."""
     from triton.backends.compiler import GPUTarget
@@ -1129,7 +1217,7 @@ def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, 
         return f"tensordesc<{el}[1,1,{rows},{cols}],{tile_layout(rows, cols, dtype)!r}>"
 
     tma_store = _tma_store(dtype, TMA_STORE_O if tma_store is None else tma_store)
-    constexprs = kernel_constexprs(config, head_dim, dtype, causal, window, trace, fma_softmax, tma_store)
+    constexprs = kernel_constexprs(config, head_dim, dtype, causal, window, trace, fma_softmax, tma_store, snake)
     types = {"desc_q": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N),
              "desc_v": desc(head_dim, config.BLOCK_N) if fp8 else desc(config.BLOCK_N),
              "O": desc(config.BLOCK_M) if tma_store else f"*{names[out_dtype] if fp8 else el}", "LSE": "*fp32",

@@ -38,7 +38,7 @@ def compile_item(item: dict) -> dict:
         cfg = GluonFwdConfig(**item["config"])
         compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"], item.get("window", False),
                                     trace=item.get("trace", False), fma_softmax=item.get("fma_softmax"),
-                                    tma_store=item.get("tma_store"))
+                                    tma_store=item.get("tma_store"), snake=item.get("snake"))
     ptx = compiled.asm["ptx"]
     maxnreg = re.search(r"\.maxnreg\s+(\d+)", ptx)
     return {"shared": int(compiled.metadata.shared), "maxnreg": int(maxnreg.group(1)) if maxnreg else None,

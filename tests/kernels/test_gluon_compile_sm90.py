@@ -52,6 +52,8 @@ TRACE_ITEMS = ((C(NUM_BUFFERS=3), (128, ), False), (C(OVERLAP=0), (64, ), False)
 FMA_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )))
 # the output's other store than the module's (TMA_STORE_O: through its Q tile and a TMA bulk store, or
 # from registers), 16-bit: both loops, persistent
+# the persistent kernel's other tile order than the module's (PERSISTENT_SNAKE), D 128 and 64
+OTHER_ORDER_ITEMS = ((C(NUM_BUFFERS=3, PERSISTENT=1), (128, )), (C(OVERLAP=0, PERSISTENT=1), (64, )))
 OTHER_STORE_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )))
 
 
@@ -72,6 +74,9 @@ def _request():
           "tma_store": not gluon_forward.TMA_STORE_O}
          for cfg, dims in OTHER_STORE_ITEMS for d in dims for dt in ("bfloat16", "float16")
          for causal in (False, True)] + \
+        [{"config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": causal,
+          "snake": not gluon_forward.PERSISTENT_SNAKE}
+         for cfg, dims in OTHER_ORDER_ITEMS for d in dims for causal in (False, True)] + \
         [{"config": C(NUM_BUFFERS=3).to_dict(), "head_dim": 128, "dtype": "bfloat16", "causal": True, "window": True,
           "tma_store": not gluon_forward.TMA_STORE_O}]
 
@@ -92,7 +97,8 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
         where = (f"{cfg.short()} D={d} {res['dtype']} causal={res['causal']}{' window' if res.get('window') else ''}"
                  f"{' traced' if res.get('trace') else ''}{' fma-softmax' if res.get('fma_softmax') else ''}"
                  f"{' tma-store' if res.get('tma_store') else ''}"
-                 f"{' register-store' if res.get('tma_store') is False else ''}")
+                 f"{' register-store' if res.get('tma_store') is False else ''}"
+                 f"{'' if 'snake' not in res else ' snake' if res['snake'] else ' strided'}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > SM90_SHARED_MEMORY:

@@ -127,3 +127,19 @@ def test_persistent_fp8_gives_the_grid_kernels_bits():
         for causal in (False, True):
             (o_grid, lse_grid), (o, lse) = _both(q, k, v, cfg, causal=causal, sm_scale=0.05)
             assert torch.equal(o, o_grid) and torch.equal(lse, lse_grid), (cfg.short(), causal)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("config", [C(NUM_BUFFERS=3, PERSISTENT=1), C(OVERLAP=0, PERSISTENT=1)],
+                         ids=lambda c: c.short())
+def test_the_snake_order_gives_the_grid_kernels_bits(config, case, monkeypatch):
+    """PERSISTENT_SNAKE: each CTA takes one tile a round, the rounds alternating direction, and
+    a causal call's tiles heaviest first across all its units; every tile's rows still as the
+    grid kernel computes them."""
+    monkeypatch.setattr(gluon_forward, "PERSISTENT_SNAKE", True)
+    b, heads, n_q, n_k, d, causal, align, window = case
+    q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, heads=heads, batch=b, seed=15)
+    (o_grid, lse_grid), (o, lse) = _both(q, k, v, config, causal=causal, sm_scale=None, causal_align=align,
+                                         window_size=window)
+    assert torch.equal(o, o_grid), (o - o_grid).abs().max()
+    assert torch.equal(lse, lse_grid)
