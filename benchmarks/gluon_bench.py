@@ -14,7 +14,7 @@ import statistics
 import torch
 import triton
 
-from flashtune.protocol import GRID_SEQ_LENS, geomean, grid_shape
+from flashtune.protocol import GRID_SEQ_LENS, geomean, grid_shape, time_clean_l2
 
 
 def sm90_run(dtype_name: str) -> tuple[torch.dtype, str]:
@@ -74,44 +74,17 @@ def shapes(args, large: list[tuple], *, min_seq_k: int = 1) -> list[tuple]:
 
 
 TIMERS = ("cushioned", "do_bench")
-_FLUSH: dict = {}
-
-
-def _flush_buffer(device) -> torch.Tensor:
-    buf = _FLUSH.get(device)
-    if buf is None:
-        buf = _FLUSH[device] = torch.ones(64 << 20, dtype=torch.int32, device=device)  # 256 MiB
-    return buf
+CUSHION_CYCLES = 400_000  # about 0.2 ms at the H200's clock: longer than a bare Gluon launch's host time
 
 
 def cushioned_ms(fn, rep: float) -> float:
-    """Median GPU time (ms) of ``fn`` over about ``rep`` ms of calls, each after the L2 is
-    emptied (a 256 MiB read, leaving clean lines) and a 0.2 ms device sleep, both queued before
-    the start event: the host enqueues ``fn``'s launches while the GPU is still busy, so a
-    launcher's host time (descriptors, validation, Python) is not counted, as it is not in a
-    model's queued steps. triton's do_bench counts it wherever it exceeds the time its L2 flush
-    keeps the GPU busy: measured on the H200, a 0.15 ms kernel read as 0.15 or 0.26 ms by run."""
+    """Median GPU time (ms) of ``fn`` over about ``rep`` ms of calls, each after an L2-emptying
+    read and a 0.2 ms device sleep (protocol.time_clean_l2 with a cushion): a launcher's host
+    time (descriptors, validation, Python) is not counted, as it is not in a model's queued
+    steps. triton's do_bench counts it wherever it outlasts its L2 flush: measured on the H200,
+    a 0.15 ms kernel read as 0.15 or 0.29 ms by run."""
     device = torch.device("cuda", torch.cuda.current_device())
-    buf = _flush_buffer(device)
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    n = max(10, min(1000, int(rep / max(start.elapsed_time(end) / 5, 1e-3))))
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    for a, b in events:
-        buf.sum()
-        torch.cuda._sleep(400_000)  # about 0.2 ms at the H200's clock
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in events)
+    return time_clean_l2(fn, device, rep=rep, cushion_cycles=CUSHION_CYCLES)
 
 
 def host_us(fn, calls: int = 50) -> float:
@@ -130,18 +103,22 @@ def host_us(fn, calls: int = 50) -> float:
     return t / calls * 1e6
 
 
-def time_rounds(fns: dict, rounds: int, rep: int, timer: str = "cushioned") -> dict[str, float]:
-    """Each callable's median time (ms) over ``rounds`` interleaved rounds: ``cushioned_ms``
-    (GPU time) or triton's do_bench (which counts host time that outlasts its L2 flush)."""
+def time_one(fn, rep: float, timer: str = "cushioned") -> float:
+    """``fn``'s median time (ms): ``cushioned_ms`` (GPU time) or triton's do_bench (which
+    counts host time that outlasts its L2 flush)."""
     if timer not in TIMERS:
         raise ValueError(f"timer: expected one of {TIMERS}, got {timer!r}")
+    if timer == "do_bench":
+        return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
+    return cushioned_ms(fn, rep)
+
+
+def time_rounds(fns: dict, rounds: int, rep: int, timer: str = "cushioned") -> dict[str, float]:
+    """Each callable's median time (ms, ``time_one``) over ``rounds`` interleaved rounds."""
     times = {label: [] for label in fns}
     for _ in range(rounds):
         for label, fn in fns.items():
-            if timer == "do_bench":
-                times[label].append(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
-            else:
-                times[label].append(cushioned_ms(fn, rep))
+            times[label].append(time_one(fn, rep, timer))
     return {label: statistics.median(t) for label, t in times.items()}
 
 

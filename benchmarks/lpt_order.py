@@ -138,7 +138,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 for on in (False, True):
                     switch(on)
-                    times[on].append(gluon_bench.time_rounds({"": fn}, 1, args.rep, args.timer)[""])
+                    times[on].append(gluon_bench.time_one(fn, args.rep, args.timer))
             common.LPT_ON.update(saved[0])
             backward.query_lpt_units = saved[1]
             off, on = min(times[False]), min(times[True])

@@ -28,8 +28,7 @@ from flashtune.shapes import REALISTIC_GRID
 
 def rows(head_dim: int | None) -> list[tuple]:
     """(name, B, Hq, Hkv, N, D) of the causal rows."""
-    out = [(f"grid-d{d}-{n}", *grid_shape(d, n)[:1], grid_shape(d, n)[1], grid_shape(d, n)[1], n, d)
-           for d in (64, 128) for n in GRID_SEQ_LENS]
+    out = [(f"grid-d{d}-{n}", b, h, h, n, d) for d in (64, 128) for n in GRID_SEQ_LENS for b, h in [grid_shape(d, n)]]
     out += [(s.name, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.head_dim) for s in REALISTIC_GRID
             if s.causal and s.head_dim in (64, 128) and s.seq_q == s.seq_k and s.seq_q >= 512]
     return [r for r in out if head_dim is None or r[-1] == head_dim]
@@ -38,18 +37,14 @@ def rows(head_dim: int | None) -> list[tuple]:
 def grid_kernel_balance(n: int, units: int, lpt: int, config, sms: int, tile_cost: float) -> float:
     """The grid kernel's busiest SM over the mean, its CTAs in launch order to the SM that
     frees first (one CTA an SM, as its shared memory allows)."""
-    loads = gluon_forward.persistent_cta_blocks(n, n, units, config, n_m_tiles(n, units, config), causal=True,
-                                                snake=False, lpt_units=lpt)
-    # one CTA per tile, in order: persistent_cta_blocks with a CTA per tile gives each tile's blocks
+    # with one CTA per tile, the model's per-CTA blocks are each tile's, in launch order
+    tiles = cdiv(n, 2 * config.BLOCK_M) * units
+    loads = gluon_forward.persistent_cta_blocks(n, n, units, config, tiles, causal=True, snake=False, lpt_units=lpt)
     free = [0.0] * sms
     for w in loads:
         t = heapq.heappop(free)
         heapq.heappush(free, t + w + tile_cost)
     return max(free) / ((sum(loads) + tile_cost * len(loads)) / sms)
-
-
-def n_m_tiles(n: int, units: int, config) -> int:
-    return cdiv(n, 2 * config.BLOCK_M) * units
 
 
 def balance(loads: list[int], tiles: list[int], tile_cost: float) -> float:

@@ -62,6 +62,7 @@ if "--device" in sys.argv[:-1] and sys.argv[sys.argv.index("--device") + 1].star
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import attention as grid_bench  # noqa: E402  (benchmarks/attention.py: timing and check helpers)
 
+from flashtune.protocol import time_clean_l2  # noqa: E402  (also imported from here by docs/data/*/ probes)
 from flashtune.shapes import REALISTIC_GRID, Shape  # noqa: E402
 
 BACKENDS = ("cudnn", "flash", "efficient")
@@ -232,39 +233,6 @@ def summarize(results: list[Result]) -> dict:
 # ----------------------------------------------------------------------------------
 # Measuring
 # ----------------------------------------------------------------------------------
-_CLEAN_L2: dict = {}
-
-
-def time_clean_l2(fn, device, *, rep: float = 20.0) -> float:
-    """Median ms of ``fn`` over about ``rep`` ms of calls, each after the L2 is emptied by
-    reading a 256 MiB buffer. triton's do_bench empties it by zero-filling one, which leaves
-    the L2 full of dirty lines: a call that reads more than the L2 holds then also writes
-    them back (about 12 us of a 50 us decode step on the H200, 2026-12-03). After a read the
-    lines are clean, as after a model's weight-streaming matmuls."""
-    import torch
-
-    buf = _CLEAN_L2.get(device)
-    if buf is None:
-        buf = _CLEAN_L2[device] = torch.ones(64 << 20, dtype=torch.int32, device=device)
-    fn()
-    torch.cuda.synchronize(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        fn()
-    end.record()
-    torch.cuda.synchronize(device)
-    n = max(10, min(2000, int(rep / max(start.elapsed_time(end) / 5, 1e-3))))
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    for a, b in events:
-        buf.sum()
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize(device)
-    return statistics.median(a.elapsed_time(b) for a, b in events)
-
-
 def copy_bandwidth(device, time_one, nbytes: int) -> float:
     """Bytes per second of a device copy (read + write), ``time_one(fn)`` in ms."""
     import torch

@@ -101,6 +101,47 @@ def time_ms(fn, device, *, quick: bool = False, grad_to_none=None) -> float:
     return statistics.median(times)
 
 
+_CLEAN_L2: dict = {}
+
+
+def time_clean_l2(fn, device, *, rep: float = 20.0, cushion_cycles: int = 0) -> float:
+    """Median ms of ``fn`` over about ``rep`` ms of calls, each after the L2 is emptied by
+    reading a 256 MiB buffer. triton's do_bench empties it by zero-filling one, which leaves
+    the L2 full of dirty lines: a call that reads more than the L2 holds then also writes
+    them back (about 12 us of a 50 us decode step on the H200, 2026-12-03). After a read the
+    lines are clean, as after a model's weight-streaming matmuls.
+
+    ``cushion_cycles`` > 0: a device sleep of that many cycles is queued after the read, before
+    the start event, so the host has enqueued ``fn``'s launches before the GPU reaches them and
+    the figure is GPU time only. Without it a launcher's host time beyond the read's GPU time is
+    counted (a bare Gluon launch, 160-880 us of host time, read 0.29 ms for a 0.15 ms kernel on
+    the H200, 2026-12-05; benchmarks/gluon_bench.py)."""
+    import torch
+
+    buf = _CLEAN_L2.get(device)
+    if buf is None:
+        buf = _CLEAN_L2[device] = torch.ones(64 << 20, dtype=torch.int32, device=device)
+    fn()
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    n = max(10, min(2000, int(rep / max(start.elapsed_time(end) / 5, 1e-3))))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for a, b in events:
+        buf.sum()
+        if cushion_cycles:
+            torch.cuda._sleep(cushion_cycles)
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize(device)
+    return statistics.median(a.elapsed_time(b) for a, b in events)
+
+
 def capture_graph(fn, device):
     """A CUDA graph of ``fn``'s launches on ``device``: ``fn`` runs twice on a side stream
     first (compiles, launch plans, allocations), then once under capture. Raises what the

@@ -50,10 +50,10 @@ TRACE_ITEMS = ((C(NUM_BUFFERS=3), (128, ), False), (C(OVERLAP=0), (64, ), False)
                (C(NUM_BUFFERS=3, PERSISTENT=1), (128, ), False), (C(NUM_BUFFERS=3), (128, ), True))
 # the softmax with one multiply-add a score (FMA_SOFTMAX: SCALE_POSITIVE), both loops, bf16 and fp8
 FMA_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )))
-# the output's other store than the module's (TMA_STORE_O: through its Q tile and a TMA bulk store, or
-# from registers), 16-bit: both loops, persistent
 # the persistent kernel's other tile order than the module's (PERSISTENT_SNAKE), D 128 and 64
 OTHER_ORDER_ITEMS = ((C(NUM_BUFFERS=3, PERSISTENT=1), (128, )), (C(OVERLAP=0, PERSISTENT=1), (64, )))
+# the output's other store than the module's (TMA_STORE_O: through its Q tile and a TMA bulk store, or
+# from registers), 16-bit: both loops, persistent
 OTHER_STORE_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )))
 
 
