@@ -10,6 +10,8 @@ on an H100/H200, in one process; print the ratios and, with --out, write them as
     python benchmarks/gluon_fwd.py --fma-softmax both    # each config with FMA_SOFTMAX off and on
     python benchmarks/gluon_fwd.py --tma-store both      # each config with O stored from registers and by TMA
     python benchmarks/gluon_fwd.py --configs persistent --persistent-order both   # strided and snake tile orders
+    python benchmarks/gluon_fwd.py --configs persistent --persistent-buffers 2,3 --o-tile both
+                                                      # the persistent kernel with and without its O tiles
 
 Forward only. For every shape each kernel's output is first checked against cuDNN's
 (max |diff| within 4x FlashAttention-2's own distance from cuDNN, and at most 0.05);
@@ -61,6 +63,15 @@ def sdpa(backend, q, k, v, causal, scale):
                                               enable_gqa=q.shape[1] != k.shape[1])
 
 
+def o_tile_label(cfg: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma: bool, switch: bool) -> str:
+    """What PERSISTENT_O_TILE ``switch`` gives this persistent config, as a label suffix."""
+    if not switch:
+        return ""
+    o_tile, early_q = gluon_forward.persistent_o_tile(cfg, head_dim, dtype, gluon_forward._tma_store(dtype, tma),
+                                                      True)
+    return " otile" if o_tile else " early-q" if early_q else " no-otile"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
@@ -76,6 +87,13 @@ def main() -> int:
     ap.add_argument("--tma-store", choices=("default", "off", "on", "both"), default="default",
                     help="gluon_forward.TMA_STORE_O: as the module has it, off, on, or both (labels ending ' tma' "
                          "for on)")
+    ap.add_argument("--o-tile", choices=("default", "off", "on", "both"), default="default",
+                    help="gluon_forward.PERSISTENT_O_TILE for the persistent configs: as the module has it, off, on, "
+                         "or both (labels ending ' otile' for on; ' early-q' where Q is released early without an "
+                         "O tile of its own, ' no-otile' where none fits)")
+    ap.add_argument("--persistent-buffers", metavar="N[,N]",
+                    help="the persistent configs' NUM_BUFFERS, one persistent config each (default: the default "
+                         "config's); D=128 holds O tiles with 2")
     ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
     ap.add_argument("--realistic", action="store_true", help="SHAPES.md's rows with D 64/128 and Nq >= 1024")
     ap.add_argument("--rows", metavar="NAMES", help="only the shapes of these names (comma-separated)")
@@ -108,7 +126,9 @@ def main() -> int:
             }
             configs = [default_gluon_config(D, causal)]
             if args.configs in ("all", "persistent"):
-                configs.append(dataclasses.replace(configs[0], PERSISTENT=1))
+                buffers = ([int(n) for n in args.persistent_buffers.split(",")] if args.persistent_buffers
+                           else [configs[0].NUM_BUFFERS])
+                configs += [dataclasses.replace(configs[0], PERSISTENT=1, NUM_BUFFERS=n) for n in buffers]
             if args.configs == "all":
                 configs += [c for c in NEIGHBOURS if c not in configs]
             errors = {}
@@ -122,15 +142,18 @@ def main() -> int:
                 orders = {"default": None, "strided": (False, ), "snake": (True, ), "both": (False, True)}
                 snakes = (orders[args.persistent_order] if cfg.PERSISTENT else None) or (
                     gluon_forward.PERSISTENT_SNAKE, )
-                for fma, tma, snake in itertools.product(switches[args.fma_softmax] or (gluon_forward.FMA_SOFTMAX, ),
-                                                         switches[args.tma_store] or (gluon_forward.TMA_STORE_O, ),
-                                                         snakes):
+                o_tiles = (switches[args.o_tile] if cfg.PERSISTENT else None) or (gluon_forward.PERSISTENT_O_TILE, )
+                for fma, tma, snake, o_tile in itertools.product(
+                        switches[args.fma_softmax] or (gluon_forward.FMA_SOFTMAX, ),
+                        switches[args.tma_store] or (gluon_forward.TMA_STORE_O, ), snakes, o_tiles):
                     label = (f"gluon {cfg.short()}{' fma' if fma and args.fma_softmax == 'both' else ''}"
                              f"{' tma' if tma and args.tma_store == 'both' else ''}"
-                             f"{' snake' if snake and len(snakes) > 1 else ''}")
+                             f"{' snake' if snake and len(snakes) > 1 else ''}"
+                             f"{o_tile_label(cfg, D, dtype, tma, o_tile) if len(o_tiles) > 1 else ''}")
                     fns[label] = (
-                        lambda cfg=cfg, fma=fma, tma=tma, snake=snake: gluon_bench.with_flags(
-                            gluon_forward, {"FMA_SOFTMAX": fma, "TMA_STORE_O": tma, "PERSISTENT_SNAKE": snake},
+                        lambda cfg=cfg, fma=fma, tma=tma, snake=snake, o_tile=o_tile: gluon_bench.with_flags(
+                            gluon_forward, {"FMA_SOFTMAX": fma, "TMA_STORE_O": tma, "PERSISTENT_SNAKE": snake,
+                                            "PERSISTENT_O_TILE": o_tile},
                             lambda: gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=scale)[0]))
             for label in list(fns):
                 err = (fns[label]().float() - ref.float()).abs().max().item()

@@ -6,8 +6,10 @@ For each causal row of the standard grid and of SHAPES.md (Nq = Nk >= 512, D 64/
 prints the key blocks of the busiest persistent CTA over the mean (1.0: every CTA ends at
 once; the kernel's time is the busiest CTA's), for the two tile orders of
 gluon_forward.PERSISTENT_SNAKE: ``strided`` (tiles pid, pid + n_prog, ... of the grid kernel's
-order) and ``snake`` (one tile a round, the rounds alternating direction, a causal call's
-tiles heaviest first across every unit), and, for reference, the grid kernel's CTAs as a
+order) and the snake (one tile a round, the rounds alternating direction) over the unit-major
+order (``snake/unit``: a unit's tiles together, its heaviest first) and over the block-major
+one (``snake/block``: every unit's heaviest tile first), with the one
+gluon_forward.persistent_lpt_units picks (``picks``), and, for reference, the grid kernel's CTAs as a
 greedy scheduler places them (each next CTA of its order to the SM that frees first), with
 ``--tile-cost`` blocks of fixed cost a tile (its Q load and epilogue) in every column. The
 figures are a model of the schedule (gluon_forward.persistent_cta_blocks), not a timing.
@@ -16,6 +18,7 @@ figures are a model of the schedule (gluon_forward.persistent_cta_blocks), not a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 
 import torch
@@ -58,7 +61,8 @@ def main() -> int:
     ap.add_argument("--head-dim", type=int, choices=(64, 128))
     ap.add_argument("--tile-cost", type=float, default=1.0, help="a tile's fixed cost in key blocks")
     args = ap.parse_args()
-    print(f"{'row':>28} {'tiles':>6} {'grid kernel':>11} {'strided':>8} {'snake':>8}")
+    print(f"{'row':>28} {'tiles':>6} {'grid kernel':>11} {'strided':>8} {'snake/unit':>10} {'snake/block':>11} "
+          f"{'picks':>6}")
     for name, B, Hq, Hkv, n, d in rows(args.head_dim):
         config = gluon_forward.default_gluon_config(d, True)
         units = B * Hq
@@ -69,12 +73,15 @@ def main() -> int:
         total = n_m * units
         n_prog = min(total, args.sms)
         cells = [grid_kernel_balance(n, units, lpt, config, args.sms, args.tile_cost)]
-        for snake in (False, True):
-            loads = gluon_forward.persistent_cta_blocks(n, n, units, config, n_prog, causal=True, snake=snake,
-                                                        lpt_units=lpt)
+        persistent = dataclasses.replace(config, PERSISTENT=1)
+        for snake, order in ((False, lpt), (True, 0), (True, units)):
+            loads = gluon_forward.persistent_cta_blocks(n, n, units, persistent, n_prog, causal=True, snake=snake,
+                                                        lpt_units=order)
             tiles = [len(gluon_forward.persistent_tiles(p, n_prog, total, snake)) for p in range(n_prog)]
             cells.append(balance(loads, tiles, args.tile_cost))
-        print(f"{name:>28} {total:6d} " + " ".join(f"{c:{w}.3f}" for c, w in zip(cells, (11, 8, 8))))
+        picks = gluon_forward.persistent_lpt_units(n, n, units, persistent, n_prog, causal=True, plain=True)
+        print(f"{name:>28} {total:6d} " + " ".join(f"{c:{w}.3f}" for c, w in zip(cells, (11, 8, 10, 11)))
+              + f" {'block' if picks else 'unit':>6}")
     return 0
 
 

@@ -115,6 +115,18 @@ TMA_STORE_O = True
 # tests (test_gluon_persistent_gpu.py), then benchmarks/gluon_fwd.py --persistent-order both.
 # Read at each launch.
 PERSISTENT_SNAKE = False
+# the persistent kernel's output tile (PERSISTENT configs with the TMA store only): True gives each
+# consumer an O tile of its own in shared memory where it fits beside the Q tiles and the K/V ring
+# (persistent_o_tile: D=64 at every ring, D=128 with 2 buffers; not D=128 with 3), and releases the
+# consumer's Q tile as soon as its last S = QK^T has been waited for, before the last P V and the
+# epilogue, so that the producer loads the next tile's Q under them; the bulk store of one tile's O
+# is waited for only before the next tile's epilogue writes the O tile again. False: O goes through
+# the Q tile (TMA_STORE_O), which is released only once the bulk store has read it: per tile and
+# consumer the epilogue, the store and a Q load in series (the persistent kernel's short-row loss:
+# grid-d128-512 full 0.89x cuDNN). Off until an H200 has run it (written 2026-12-05 without a
+# device): the persistent tests, then benchmarks/gluon_fwd.py --configs persistent --o-tile both.
+# Read at each launch.
+PERSISTENT_O_TILE = False
 
 
 def check_int_fields(config) -> None:
@@ -193,10 +205,12 @@ class GluonFwdConfig:
         return (f"m{self.BLOCK_M}n{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
                 f"{'pp' if self.PINGPONG else ''}{'' if self.OVERLAP else 'seq'}{'P' if self.PERSISTENT else ''}")
 
-    def shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
-        """Bytes of shared memory: two Q tiles, the K and V rings, the mbarriers."""
+    def shared_memory(self, head_dim: int, dtype: torch.dtype, o_tile: bool = False) -> int:
+        """Bytes of shared memory: two Q tiles, the K and V rings, the mbarriers (``o_tile``:
+        and the two O tiles of PERSISTENT_O_TILE)."""
         e = torch.empty((), dtype=dtype).element_size()
-        tiles = 2 * self.BLOCK_M * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_N * head_dim * e
+        q_tiles = 4 if o_tile else 2  # the Q tiles, and the O tiles of the same shape
+        tiles = q_tiles * self.BLOCK_M * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_N * head_dim * e
         barriers = (2 + 3 * self.NUM_BUFFERS + 2 + (2 if self.PERSISTENT else 0)) * _BARRIER_BYTES
         if dtype in FP8_DTYPES and self.OVERLAP:  # the consumers' P tiles (_stage_p)
             tiles += 2 * self.BLOCK_M * self.BLOCK_N * e
@@ -409,13 +423,18 @@ def _load_q(desc_q, q_smem, q_ready, q_empty, off_b, off_h, start_m, tile_i, BLO
 def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
               off_b, off_h, off_hk, start_m, lo, n_blocks, it0, tile_i, trace, pid,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr,
-              PERSISTENT: gl.constexpr, TRACE: gl.constexpr):
+              PERSISTENT: gl.constexpr, TRACE: gl.constexpr, EARLY_Q: gl.constexpr):
     _trace_start(trace, pid, n_blocks, tile_i, lo, TRACE)
     if PERSISTENT:
         # the first blocks of this tile go into slots the previous tile's consumption frees
         # (waits that need no Q of this tile), so they load under the previous tile's end;
-        # then Q, once released; more blocks than slots before Q would deadlock
-        n_pre = gl.minimum(n_blocks, NUM_BUFFERS)
+        # then Q, once released; more blocks than slots before Q would deadlock. EARLY_Q (the
+        # consumers release Q once the previous tile's block n-2 is done, before its last P V):
+        # one block fewer first, as the last slot frees only with that last P V
+        if EARLY_Q:
+            n_pre = gl.minimum(n_blocks, NUM_BUFFERS - 1)
+        else:
+            n_pre = gl.minimum(n_blocks, NUM_BUFFERS)
         for j in range(0, n_pre):
             _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0, trace,
                      BLOCK_N, NUM_BUFFERS, FP8, TRACE)
@@ -535,17 +554,18 @@ def _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, 
 
 
 @gluon.jit
-def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_ready, kv_empty, turn, which, rows, lo,
-                        full_lo, full_hi, n_blocks, it0, qk_scale, N_K, causal_off, win_left, win_right, trace,
-                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                        BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
-                        FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, TRACE: gl.constexpr,
-                        SCALE_POSITIVE: gl.constexpr):
+def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_ready, kv_empty, turn, q_empty, which,
+                        rows, lo, full_lo, full_hi, n_blocks, it0, qk_scale, N_K, causal_off, win_left, win_right,
+                        trace, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
+                        PINGPONG: gl.constexpr, FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                        TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, EARLY_Q: gl.constexpr):
     """All key blocks of one consumer, software-pipelined within the warp group (FA3's
     intra-warpgroup overlap): block j's S = QK^T and block j-1's O += PV are issued
     together, and block j's softmax runs while that PV wgmma is in flight. A slot is
     released once its PV is done; a turn (PINGPONG) covers the two issues. Ring slots and
-    turns count from ``it0``, the blocks the ring carried before this tile."""
+    turns count from ``it0``, the blocks the ring carried before this tile. EARLY_Q: the Q
+    tile goes back to the producer (``q_empty``) once the last S is done, before the last PV."""
     dtype: gl.constexpr = q.dtype
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
@@ -608,6 +628,9 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
             p16 = _stage_p(p, p_smem, dtype, p_layout, FP8)
             _stamp(ev, 7, TRACE)
+        if EARLY_Q:  # every S is done (all four warps past their waits): Q may be reloaded
+            gl.thread_barrier()
+            mbarrier.arrive(q_empty)
         # the last block's PV
         g_last = it0 + n_blocks - 1
         sl = g_last % NUM_BUFFERS
@@ -622,17 +645,22 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
 
 
 @gluon.jit
-def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
-              qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off,
+def _consumer(which, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O,
+              LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K, causal_off,
               win_left, win_right, start_m, lo, n_blocks, it0, tile_i, trace, pid,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
               FP8: gl.constexpr, PERSISTENT: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
-              TMA_STORE: gl.constexpr):
+              TMA_STORE: gl.constexpr, O_TILE: gl.constexpr, EARLY_Q: gl.constexpr):
     """One consumer's rows of one tile (``it0``: the blocks the ring carried before it;
     ``tile_i``: the tiles this CTA ran before it, for the Q barriers' phases; ``trace``: this
     partition's slots of the tile's trace, with TRACE). TMA_STORE: ``O`` is the output's TMA
-    descriptor (TMA_STORE_O), else its pointer with the strides."""
+    descriptor (TMA_STORE_O), else its pointer with the strides; the bulk store goes through
+    ``o_smem``, the consumers' O tiles with O_TILE (PERSISTENT_O_TILE), else their Q tiles."""
+    # PERSISTENT: the Q tile goes back to the producer once no wgmma reads it any more, unless
+    # O goes out through it (then once the bulk store has read it); EARLY_Q (PERSISTENT_O_TILE,
+    # with the overlap): before the last P V
+    Q_FOR_O: gl.constexpr = TMA_STORE and not O_TILE
     _trace_start(trace, pid, n_blocks, tile_i, lo, TRACE)
     # wgmma's K per instruction: 16 for 16-bit operands, 32 for fp8; a register A operand
     # holds 32 bits of K per element group (k_width 2 for 16-bit P, 4 for fp8 P)
@@ -669,10 +697,11 @@ def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, 
     q = q_smem.index(which).reshape([BLOCK_M, HEAD_DIM])
     if OVERLAP:
         acc, m_i, l_i = _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_bufs.index(which), k_ready, v_ready,
-                                            kv_empty, turn,
+                                            kv_empty, turn, q_empty.index(which),
                                             which, rows, lo, full_lo, full_hi, n_blocks, it0, qk_scale, N_K, causal_off,
                                             win_left, win_right, trace, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                            NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE)
+                                            NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE,
+                                            EARLY_Q)
     else:
         if WINDOW:  # the window's left edge
             acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn,
@@ -688,11 +717,17 @@ def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, 
                                         win_right, trace, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
                                         PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE)
     _stamp(trace, _T_CLK_BLOCKS, TRACE)
-    if PERSISTENT and not TMA_STORE:
+    if PERSISTENT and not Q_FOR_O:
         # every wgmma that read this Q tile has been waited for: all four warps past them,
-        # one arrival, and the producer may load the next tile's rows into it
-        gl.thread_barrier()
-        mbarrier.arrive(q_empty.index(which))
+        # one arrival, and the producer may load the next tile's rows into it (EARLY_Q: done
+        # before the last P V, unless the tile had no key block)
+        if EARLY_Q:
+            if n_blocks == 0:
+                gl.thread_barrier()
+                mbarrier.arrive(q_empty.index(which))
+        else:
+            gl.thread_barrier()
+            mbarrier.arrive(q_empty.index(which))
 
     if CAUSAL or WINDOW:
         # rows that saw no key (bottom-right, Nq > Nk): output 0, log-sum-exp -inf
@@ -703,13 +738,18 @@ def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, 
         l_div = l_div / v_scale
     o = acc / gl.convert_layout(l_div, gl.SliceLayout(1, o_layout))[:, None]
     if TMA_STORE:
-        # the Q tile is free: every wgmma that read it has been waited for (in this partition:
-        # the other consumer and the producer never touch it before q_empty)
-        o_smem = q_smem.index(which)
-        o_smem.reshape([BLOCK_M, HEAD_DIM]).store(o.to(q_smem.dtype))
+        # O_TILE: this consumer's O tile, once the previous tile's bulk store has read it (the
+        # issuing thread waits, the barrier holds the others); else its Q tile, free: every
+        # wgmma that read it has been waited for (in this partition: the other consumer and the
+        # producer never touch it before q_empty)
+        o_buf = o_smem.index(which)
+        if O_TILE:
+            tma.store_wait(0)
+            gl.thread_barrier()
+        o_buf.reshape([BLOCK_M, HEAD_DIM]).store(o.to(o_smem.dtype))
         fence_async_shared()
         gl.thread_barrier()  # all four warps' rows in shared memory before the one bulk store
-        tma.async_copy_shared_to_global(O, [off_b, off_h, row0, 0], o_smem)
+        tma.async_copy_shared_to_global(O, [off_b, off_h, row0, 0], o_buf)
     else:
         o_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
         o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
@@ -719,7 +759,7 @@ def _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, 
     # log-sum-exp in base 2 of the scaled scores
     lse_ptrs = LSE + (off_b.to(gl.int64) * H + off_h) * N_Q + rows
     gl.store(lse_ptrs, m_i + gl.log2(l_i), mask=rows < N_Q)
-    if TMA_STORE:
+    if Q_FOR_O:
         # the bulk store has read the tile: the CTA may exit, or (PERSISTENT) the producer may
         # load the next tile's rows into it
         tma.store_wait(0)
@@ -821,7 +861,7 @@ def _producer_tiles(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_e
                     pid, n_prog, n_units, H, GROUP, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS,
                     TRACE_PTR, TRACE_SLOTS, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr, TRACE: gl.constexpr,
-                    SNAKE: gl.constexpr):
+                    SNAKE: gl.constexpr, EARLY_Q: gl.constexpr):
     """PERSISTENT: the producer of every tile of this CTA (_round_tile of each of its rounds)."""
     n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
     it = 0
@@ -833,19 +873,20 @@ def _producer_tiles(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_e
         _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                   off_b, off_h, off_h // GROUP, start_m, lo, n_blocks, it, tile_i,
                   _trace_slots(TRACE_PTR, TRACE_SLOTS, t, 2, TRACE), pid, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8, True,
-                  TRACE)
+                  TRACE, EARLY_Q)
         it += n_blocks
         tile_i += 1
 
 
 @gluon.jit
-def _consumer_tiles(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
+def _consumer_tiles(which, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
+                    O, LSE,
                     qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog, n_units, H, N_Q, N_K,
                     causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR, TRACE_SLOTS,
                     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
                     FP8: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, TMA_STORE: gl.constexpr,
-                    SNAKE: gl.constexpr):
+                    SNAKE: gl.constexpr, O_TILE: gl.constexpr, EARLY_Q: gl.constexpr):
     """PERSISTENT: one consumer's rows of every tile of this CTA, in the producer's order."""
     n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
     it = 0
@@ -854,13 +895,16 @@ def _consumer_tiles(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_r
         t = _round_tile(k, pid, n_prog, SNAKE)
         off_b, off_h, start_m, lo, n_blocks = _tile(t, n_m, n_units, H, N_Q, N_K, causal_off, win_left, win_right,
                                                     LPT_UNITS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N)
-        _consumer(which, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
-                  qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
+        _consumer(which, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
+                  O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
                   causal_off, win_left, win_right, start_m, lo, n_blocks, it, tile_i,
                   _trace_slots(TRACE_PTR, TRACE_SLOTS, t, which, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                  BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, True, TRACE, SCALE_POSITIVE, TMA_STORE)
+                  BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, True, TRACE, SCALE_POSITIVE, TMA_STORE, O_TILE,
+                  EARLY_Q)
         it += n_blocks
         tile_i += 1
+    if O_TILE:  # the last tile's bulk store has read its O tile before the CTA exits
+        tma.store_wait(0)
 
 
 @gluon.jit
@@ -873,9 +917,11 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                            OVERLAP: gl.constexpr, FP8: gl.constexpr, P_LAYOUT: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PERSISTENT: gl.constexpr,
                            TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, TMA_STORE: gl.constexpr,
-                           SNAKE: gl.constexpr):
+                           SNAKE: gl.constexpr, O_TILE: gl.constexpr, EARLY_Q: gl.constexpr):
     # TMA_STORE: O is the output's TMA descriptor (TMA_STORE_O), else its pointer; SNAKE: the
-    # persistent CTAs' tiles in a snake over the rounds (PERSISTENT_SNAKE);
+    # persistent CTAs' tiles in a snake over the rounds (PERSISTENT_SNAKE); O_TILE (PERSISTENT
+    # with TMA_STORE): each consumer's O through a tile of its own; EARLY_Q (PERSISTENT with the
+    # overlap, O not through Q): Q released before the last P V (both PERSISTENT_O_TILE);
     # N_UNITS: batch x query heads (the 1-D orders' units); TRACE: the trace (kernel_trace.py) into
     # TRACE_PTR's [tiles, 3, TRACE_SLOTS] int64 slots (unused without)
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
@@ -885,6 +931,10 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
         p_bufs = gl.allocate_shared_memory(desc_q.dtype, [2, BLOCK_M, BLOCK_N], P_LAYOUT)
     else:
         p_bufs = q_smem  # not read
+    if O_TILE:  # each consumer's O tile for the bulk store (else its Q tile, with TMA_STORE)
+        o_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
+    else:
+        o_smem = q_smem
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     if PERSISTENT:  # per consumer: its Q tile is free for the next tile's rows
         q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -909,20 +959,20 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
         pid = gl.program_id(0)
         n_prog = gl.num_programs(0)
         gl.warp_specialize([
-            (_consumer_tiles, (0, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
-                               O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
-                               N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR,
-                               TRACE_SLOTS, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP,
-                               FP8, TRACE, SCALE_POSITIVE, TMA_STORE, SNAKE)),
-            (_consumer_tiles, (1, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
-                               O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
-                               N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR,
-                               TRACE_SLOTS, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP,
-                               FP8, TRACE, SCALE_POSITIVE, TMA_STORE, SNAKE)),
+            (_consumer_tiles, (0, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                               turn, O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
+                               N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR, TRACE_SLOTS,
+                               CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, TRACE,
+                               SCALE_POSITIVE, TMA_STORE, SNAKE, O_TILE, EARLY_Q)),
+            (_consumer_tiles, (1, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
+                               turn, O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
+                               N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR, TRACE_SLOTS,
+                               CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, TRACE,
+                               SCALE_POSITIVE, TMA_STORE, SNAKE, O_TILE, EARLY_Q)),
             (_producer_tiles, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, pid, n_prog, N_UNITS, H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
                                LPT_UNITS, TRACE_PTR, TRACE_SLOTS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8,
-                               TRACE, SNAKE)),
+                               TRACE, SNAKE, EARLY_Q)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
     else:
         if LPT_UNITS > 0:  # causal, a 1-D grid in heaviest-first order across heads (lpt_tile)
@@ -947,20 +997,22 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
         else:
             pid = 0
         gl.warp_specialize([
-            (_consumer, (0, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
-                         qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
-                         causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0,
+            (_consumer, (0, q_smem, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
+                         O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q,
+                         N_K, causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0,
                          _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE, TMA_STORE)),
-            (_consumer, (1, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn, O, LSE,
-                         qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
-                         causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0,
+                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE, TMA_STORE, False,
+                         False)),
+            (_consumer, (1, q_smem, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
+                         O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q,
+                         N_K, causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0,
                          _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE, TMA_STORE)),
+                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE, TMA_STORE, False,
+                         False)),
             (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                          off_b, off_h, off_hk, start_m, lo, n_blocks, 0, 0,
                          _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8,
-                         False, TRACE)),
+                         False, TRACE, False)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
 
 
@@ -1016,11 +1068,11 @@ def persistent_cta_blocks(n_q: int, n_k: int, units: int, config: GluonFwdConfig
                           snake: bool, lpt_units: int = 0) -> list[int]:
     """Key blocks each of ``n_prog`` persistent CTAs walks for a call of ``units`` (batch x
     query heads) of ``n_q`` queries on ``n_k`` keys, top-left causal or full, no window: the
-    kernel's schedule (_tile's order, persistent_tiles) on the host, for tests and
-    benchmarks/persistent_order.py (the balance of the CTAs' work). The order's LPT_UNITS is the
-    launcher's: persistent_lpt_units with ``snake``, else ``lpt_units`` (fwd_lpt_units's)."""
+    kernel's schedule (_tile's order with LPT_UNITS ``lpt_units``, persistent_tiles) on the
+    host, for persistent_lpt_units, tests and benchmarks/persistent_order.py (the balance of the
+    CTAs' work)."""
     n_m = cdiv(n_q, 2 * config.BLOCK_M)
-    lpt = persistent_lpt_units(units, causal=causal, plain=True) if snake else lpt_units
+    lpt = lpt_units
     loads = []
     for pid in range(n_prog):
         blocks = 0
@@ -1037,20 +1089,62 @@ def persistent_cta_blocks(n_q: int, n_k: int, units: int, config: GluonFwdConfig
     return loads
 
 
-def persistent_lpt_units(units: int, *, causal: bool, plain: bool) -> int:
-    """LPT_UNITS of a persistent launch with PERSISTENT_SNAKE: a causal call's tiles heaviest
-    first across all its ``units`` (one group: block-major), so that a snake round holds tiles
-    of nearly one weight; 0 (per unit, the last query block first) without causal masking,
-    with a window, or with LPT_ON["fwd"] off."""
-    return units if causal and plain and LPT_ON["fwd"] else 0
+def persistent_o_tile(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma_store: bool,
+                      switch: bool | None = None) -> tuple[bool, bool]:
+    """(O_TILE, EARLY_Q) of a launch (``switch`` None: PERSISTENT_O_TILE; ``tma_store``: the
+    launch's): with the switch a persistent config's consumers get O tiles of their own where
+    shared memory holds them beside the Q tiles and the ring (with the TMA store), and release
+    their Q tiles before the last P V (with the overlap) wherever O does not go through them."""
+    if not (config.PERSISTENT and (PERSISTENT_O_TILE if switch is None else switch)):
+        return False, False
+    o_tile = bool(tma_store) and config.shared_memory(head_dim, dtype, o_tile=True) <= SM90_SHARED_MEMORY
+    return o_tile, bool(config.OVERLAP) and (o_tile or not tma_store)
+
+
+# the snake's block-major order (a causal call's tiles heaviest first across all units) is taken
+# only where the unit-major one leaves its busiest CTA this much busier (persistent_lpt_units)
+SNAKE_BLOCK_MAJOR_GAIN = 1.05
+
+
+def persistent_lpt_units(n_q: int, n_k: int, units: int, config: GluonFwdConfig, n_prog: int, *, causal: bool,
+                         plain: bool) -> int:
+    """LPT_UNITS of a persistent launch with PERSISTENT_SNAKE: 0 (unit-major: a unit's tiles
+    together, its last query block first) or ``units`` (block-major: every unit's last query
+    block, then every unit's next, ...), whichever the schedule's model (persistent_cta_blocks,
+    a tile's fixed cost counted as one key block) balances better, unit-major unless block-major
+    leaves the busiest CTA SNAKE_BLOCK_MAJOR_GAIN times less busy. Unit-major keeps the tiles
+    that share a K/V head's blocks running together (measured on an H100, 2026-12-05: on
+    grid-d128-2048 causal, 128 units, block-major's rounds of 132 units ran at 0.67x cuDNN against
+    0.90x for the strided unit-major order, their K/V read from memory once a tile); block-major
+    is what balances calls of few units and many query blocks (16k, llama3-70b-tp8: the snake over
+    unit-major leaves the busiest CTA 1.5x the mean there). 0 without causal masking, with a
+    window, or with LPT_ON["fwd"] off."""
+    if not (causal and plain and LPT_ON["fwd"]) or units < 2:
+        return 0
+    return _snake_lpt_units(n_q, n_k, units, config.BLOCK_M, config.BLOCK_N, n_prog)
+
+
+@functools.lru_cache(maxsize=1024)
+def _snake_lpt_units(n_q: int, n_k: int, units: int, block_m: int, block_n: int, n_prog: int) -> int:
+    config = GluonFwdConfig(BLOCK_M=block_m, BLOCK_N=block_n, PERSISTENT=1)
+    total = cdiv(n_q, 2 * block_m) * units
+
+    def busiest(lpt: int) -> float:
+        loads = persistent_cta_blocks(n_q, n_k, units, config, n_prog, causal=True, snake=True, lpt_units=lpt)
+        work = [w + len(persistent_tiles(p, n_prog, total, True)) for p, w in enumerate(loads)]
+        return max(work) / (sum(work) / len(work))
+
+    return units if busiest(0) > SNAKE_BLOCK_MAJOR_GAIN * busiest(units) else 0
 
 
 def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
                       window: bool = False, trace: bool = False, scale_positive: bool | None = None,
-                      tma_store: bool = False, snake: bool | None = None) -> dict:
+                      tma_store: bool = False, snake: bool | None = None, o_tile: bool | None = None) -> dict:
     """The kernel's constexprs; ``scale_positive`` None: FMA_SOFTMAX (a launch passes
     FMA_SOFTMAX and sm_scale > 0); ``tma_store``: O is a TMA descriptor (TMA_STORE_O);
-    ``snake`` None: PERSISTENT_SNAKE (persistent configs only)."""
+    ``snake`` None: PERSISTENT_SNAKE, ``o_tile`` None: PERSISTENT_O_TILE (persistent configs
+    only; persistent_o_tile)."""
+    with_o_tile, early_q = persistent_o_tile(config, head_dim, dtype, tma_store, o_tile)
     return dict(CAUSAL=bool(causal), WINDOW=bool(window), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M,
                 BLOCK_N=config.BLOCK_N, NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG),
                 OVERLAP=bool(config.OVERLAP), FP8=dtype in FP8_DTYPES,
@@ -1059,7 +1153,8 @@ def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype,
                 PERSISTENT=bool(config.PERSISTENT), TRACE=bool(trace),
                 SCALE_POSITIVE=bool(FMA_SOFTMAX if scale_positive is None else scale_positive),
                 TMA_STORE=bool(tma_store),
-                SNAKE=bool(config.PERSISTENT) and bool(PERSISTENT_SNAKE if snake is None else snake))
+                SNAKE=bool(config.PERSISTENT) and bool(PERSISTENT_SNAKE if snake is None else snake),
+                O_TILE=with_o_tile, EARLY_Q=early_q)
 
 
 def trace_shape(q_shape, n_k: int, config: GluonFwdConfig) -> tuple[int, int, int]:
@@ -1175,11 +1270,13 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         desc_v = _descriptor(v, config.BLOCK_N)
     n_m = cdiv(N_Q, 2 * config.BLOCK_M)  # common.cdiv: triton.cdiv is a jit function
     snake = bool(config.PERSISTENT and PERSISTENT_SNAKE)
-    lpt = persistent_lpt_units(B * H, causal=causal, plain=window is None) if snake else \
-        fwd_lpt_units(q, k, n_m, causal=causal, plain=window is None)
     if config.PERSISTENT:  # one CTA per SM at most (its shared memory allows no second), each walking tiles
         grid = (min(n_m * H * B, sm_count(q.device)), )
+    if snake:
+        lpt = persistent_lpt_units(N_Q, N_K, B * H, config, grid[0], causal=causal, plain=window is None)
     else:
+        lpt = fwd_lpt_units(q, k, n_m, causal=causal, plain=window is None)
+    if not config.PERSISTENT:
         grid = (n_m * H * B, ) if lpt else (n_m, H, B)
     with on_device(q):
         out = _descriptor(o, config.BLOCK_M) if tma_store else o
@@ -1197,11 +1294,13 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 # ----------------------------------------------------------------------------------
 def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool, window: bool = False,
                      out_dtype: torch.dtype = torch.bfloat16, trace: bool = False,
-                     fma_softmax: bool | None = None, tma_store: bool | None = None, snake: bool | None = None):
+                     fma_softmax: bool | None = None, tma_store: bool | None = None, snake: bool | None = None,
+                     o_tile: bool | None = None):
     """Compile the kernel for sm_90 (ptxas; no GPU needed) as a launch on contiguous inputs
     would (``trace``: with its instrumentation; ``fma_softmax``: SCALE_POSITIVE, None
     FMA_SOFTMAX; ``tma_store``: the output through TMA, None TMA_STORE_O, never for fp8;
-    ``snake``: a persistent config's snake order, None PERSISTENT_SNAKE);
+    ``snake``: a persistent config's snake order, None PERSISTENT_SNAKE; ``o_tile``: its O tiles
+    and early Q release, None PERSISTENT_O_TILE);
     returns triton's CompiledKernel
     (``.metadata.shared``, ``.asm``)."""
     from triton.backends.compiler import GPUTarget
@@ -1217,7 +1316,8 @@ def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, 
         return f"tensordesc<{el}[1,1,{rows},{cols}],{tile_layout(rows, cols, dtype)!r}>"
 
     tma_store = _tma_store(dtype, TMA_STORE_O if tma_store is None else tma_store)
-    constexprs = kernel_constexprs(config, head_dim, dtype, causal, window, trace, fma_softmax, tma_store, snake)
+    constexprs = kernel_constexprs(config, head_dim, dtype, causal, window, trace, fma_softmax, tma_store, snake,
+                                   o_tile)
     types = {"desc_q": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N),
              "desc_v": desc(head_dim, config.BLOCK_N) if fp8 else desc(config.BLOCK_N),
              "O": desc(config.BLOCK_M) if tma_store else f"*{names[out_dtype] if fp8 else el}", "LSE": "*fp32",

@@ -5,7 +5,7 @@ sm_90 without a GPU.
 Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
 "dtype", "causal"} (optionally "window": the sliding-window variant; "trace": the forward's
 instrumentation; "fma_softmax": its SCALE_POSITIVE softmax; "tma_store": its output through
-TMA; "compact_stats": the dK/dV kernel's COMPACT_STATS) on stdin and prints one JSON line per
+TMA; "snake", "o_tile": the persistent kernel's PERSISTENT_SNAKE and PERSISTENT_O_TILE; "compact_stats": the dK/dV kernel's COMPACT_STATS) on stdin and prints one JSON line per
 item with the compiled kernel's shared memory in bytes ("shared"), its PTX register cap
 ("maxnreg"), the setmaxnreg values of its partitions ("setmaxnreg"), its wgmma and TMA copy,
 reduce-add and bulk-store counts, its cycle-counter reads ("clock_reads": the trace's stamps),
@@ -38,7 +38,8 @@ def compile_item(item: dict) -> dict:
         cfg = GluonFwdConfig(**item["config"])
         compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"], item.get("window", False),
                                     trace=item.get("trace", False), fma_softmax=item.get("fma_softmax"),
-                                    tma_store=item.get("tma_store"), snake=item.get("snake"))
+                                    tma_store=item.get("tma_store"), snake=item.get("snake"),
+                                    o_tile=item.get("o_tile"))
     ptx = compiled.asm["ptx"]
     maxnreg = re.search(r"\.maxnreg\s+(\d+)", ptx)
     return {"shared": int(compiled.metadata.shared), "maxnreg": int(maxnreg.group(1)) if maxnreg else None,
@@ -47,6 +48,7 @@ def compile_item(item: dict) -> dict:
             "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
             "tma_reduces": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
             "tma_stores": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
+            "store_waits": len(re.findall(r"cp\.async\.bulk\.wait_group", ptx)),
             "clock_reads": len(re.findall(r"%clock64", ptx))}
 
 

@@ -55,6 +55,11 @@ OTHER_ORDER_ITEMS = ((C(NUM_BUFFERS=3, PERSISTENT=1), (128, )), (C(OVERLAP=0, PE
 # the output's other store than the module's (TMA_STORE_O: through its Q tile and a TMA bulk store, or
 # from registers), 16-bit: both loops, persistent
 OTHER_STORE_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )))
+# the persistent kernel's other O tile setting than the module's (PERSISTENT_O_TILE: O tiles of its own
+# where they fit, the Q tile released before the last P V): D=128 with 2 buffers (fits) and 3 (does
+# not: O through Q as before), D=64 without the overlap; (config, head dims, tma_store)
+OTHER_O_TILE_ITEMS = ((C(NUM_BUFFERS=2, PERSISTENT=1), (128, ), None), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, ), None),
+                      (C(OVERLAP=0, PERSISTENT=1), (64, ), None), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, ), False))
 
 
 def _request():
@@ -77,6 +82,9 @@ def _request():
         [{"config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": causal,
           "snake": not gluon_forward.PERSISTENT_SNAKE}
          for cfg, dims in OTHER_ORDER_ITEMS for d in dims for causal in (False, True)] + \
+        [{"config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": causal,
+          "o_tile": not gluon_forward.PERSISTENT_O_TILE, **({} if tma is None else {"tma_store": tma})}
+         for cfg, dims, tma in OTHER_O_TILE_ITEMS for d in dims for causal in (False, True)] + \
         [{"config": C(NUM_BUFFERS=3).to_dict(), "head_dim": 128, "dtype": "bfloat16", "causal": True, "window": True,
           "tma_store": not gluon_forward.TMA_STORE_O}]
 
@@ -93,12 +101,15 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
     for res in _compile_for_sm90(request):
         cfg = GluonFwdConfig(**res["config"])
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
-        estimate = cfg.shared_memory(d, dtype)
+        tma_store = res.get("tma_store", gluon_forward.TMA_STORE_O) and "float8" not in res["dtype"]
+        o_tile, early_q = gluon_forward.persistent_o_tile(cfg, d, dtype, tma_store, res.get("o_tile"))
+        estimate = cfg.shared_memory(d, dtype, o_tile=o_tile)
         where = (f"{cfg.short()} D={d} {res['dtype']} causal={res['causal']}{' window' if res.get('window') else ''}"
                  f"{' traced' if res.get('trace') else ''}{' fma-softmax' if res.get('fma_softmax') else ''}"
                  f"{' tma-store' if res.get('tma_store') else ''}"
                  f"{' register-store' if res.get('tma_store') is False else ''}"
-                 f"{'' if 'snake' not in res else ' snake' if res['snake'] else ' strided'}")
+                 f"{'' if 'snake' not in res else ' snake' if res['snake'] else ' strided'}"
+                 f"{' o-tile' if o_tile else ''}{' early-q' if early_q else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > SM90_SHARED_MEMORY:
@@ -115,9 +126,12 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
         if bool(res["clock_reads"]) != bool(res.get("trace")):
             problems.append(f"{where}: {res['clock_reads']} cycle-counter reads")
         # TMA_STORE_O: one bulk store of O a consumer; else none (the items leave the switch as it is)
-        tma_store = res.get("tma_store", gluon_forward.TMA_STORE_O) and "float8" not in res["dtype"]
         if res["tma_stores"] != (2 if tma_store else 0):
             problems.append(f"{where}: {res['tma_stores']} TMA bulk stores")
+        # a wait for the bulk store a consumer: after it (O through Q), or before the next tile's
+        # and at the end (O_TILE)
+        if res["store_waits"] != (2 * (2 if o_tile else 1) if tma_store else 0):
+            problems.append(f"{where}: {res['store_waits']} bulk-store waits")
         if not res["wgmma"] or not res["tma_loads"]:
             problems.append(f"{where}: expected wgmma and TMA instructions, got {res['wgmma']} and "
                             f"{res['tma_loads']}")

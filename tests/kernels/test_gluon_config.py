@@ -361,6 +361,28 @@ def test_persistent_config_counts_its_q_barriers():
     assert persistent.short() == grid.short() + "P"
 
 
+@pytest.mark.parametrize("cfg, head_dim, dtype, tma_store, expected", [
+    # D=128: 2 x 16 KiB of O tiles fit beside 2 buffers (197 KB), not beside 3 (262 KB): O through Q
+    (GluonFwdConfig(NUM_BUFFERS=2, PERSISTENT=1), 128, torch.bfloat16, True, (True, True)),
+    (GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1), 128, torch.bfloat16, True, (False, False)),
+    # the register store never goes through Q: the Q tile is released early wherever the overlap runs
+    (GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1), 128, torch.bfloat16, False, (False, True)),
+    (GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1), 128, torch.float8_e4m3fn, False, (False, True)),
+    # D=64 fits them at every ring; without the overlap Q is released after the blocks as before
+    (GluonFwdConfig(NUM_BUFFERS=4, PERSISTENT=1), 64, torch.float16, True, (True, True)),
+    (GluonFwdConfig(OVERLAP=0, PERSISTENT=1), 64, torch.bfloat16, True, (True, False)),
+    (GluonFwdConfig(NUM_BUFFERS=2), 128, torch.bfloat16, True, (False, False)),  # the grid kernel: never
+])
+def test_persistent_o_tiles_where_shared_memory_holds_them(cfg, head_dim, dtype, tma_store, expected):
+    assert gluon_forward.persistent_o_tile(cfg, head_dim, dtype, tma_store, switch=True) == expected
+    assert gluon_forward.persistent_o_tile(cfg, head_dim, dtype, tma_store, switch=False) == (False, False)
+    o_tile, _early = expected
+    e = torch.empty((), dtype=dtype).element_size()
+    assert cfg.shared_memory(head_dim, dtype, o_tile=True) == \
+        cfg.shared_memory(head_dim, dtype) + 2 * cfg.BLOCK_M * head_dim * e
+    assert (cfg.shared_memory(head_dim, dtype, o_tile=True) <= gluon_forward.SM90_SHARED_MEMORY) >= o_tile
+
+
 @pytest.mark.parametrize("snake", [False, True], ids=["strided", "snake"])
 @pytest.mark.parametrize("total, n_prog", [(t, p) for t in (1, 6, 131, 132, 133, 264, 265, 1000)
                                            for p in (1, 2, 7, 132) if p <= t])  # min(tiles, SMs) CTAs
@@ -373,29 +395,39 @@ def test_persistent_ctas_take_every_tile_once(total, n_prog, snake):
     assert max(map(len, taken)) - min(map(len, taken)) <= 1
 
 
-def test_the_snake_order_balances_the_causal_grid_rows():
-    """The schedule's model (persistent_cta_blocks): with PERSISTENT_SNAKE's order the busiest
-    CTA walks within 3.5 % of the mean key blocks on every causal D=128 grid row, where the
-    strided order gives CTA p the same query block of every unit (1.5x at N=512 and 16k)."""
+def test_the_snake_order_balances_the_causal_rows():
+    """The schedule's model (persistent_cta_blocks): with PERSISTENT_SNAKE's order (unit-major
+    or block-major, as persistent_lpt_units picks) the busiest CTA walks within 3.5 % of the mean
+    key blocks on every causal D=128 grid row and on the grouped-query rows of few units, where
+    the strided order gives CTA p the same query block of every unit (1.5x at N=512 and 16k);
+    the grid rows up to 8k keep the unit-major order (a unit's tiles together: the K/V they
+    share read once into L2), 16k and llama3-70b-tp8 (16 units) take the block-major one."""
     from flashtune.protocol import GRID_SEQ_LENS, grid_shape
 
     cfg = GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1)
-    worst = {}
-    for n in GRID_SEQ_LENS:
-        b, h = grid_shape(128, n)
+    worst, orders = {}, {}
+    rows = [(n, b * h) for n in GRID_SEQ_LENS for b, h in [grid_shape(128, n)]] + [(4096, 2 * 8), (4096, 28)]
+    for n, units in rows:
+        lpt = gluon_forward.persistent_lpt_units(n, n, units, cfg, 132, causal=True, plain=True)
+        orders[n, units] = lpt
         for snake in (False, True):
-            loads = gluon_forward.persistent_cta_blocks(n, n, b * h, cfg, 132, causal=True, snake=snake)
-            assert sum(loads) == b * h * sum(-(-min((m + 1) * 128, n) // 128) for m in range(-(-n // 128)))
-            worst[n, snake] = max(loads) / (sum(loads) / len(loads))
-    assert all(worst[n, True] < 1.035 for n in GRID_SEQ_LENS), worst
-    assert worst[512, False] > 1.4 and worst[16384, False] > 1.4, worst
+            loads = gluon_forward.persistent_cta_blocks(n, n, units, cfg, 132, causal=True, snake=snake,
+                                                        lpt_units=lpt if snake else 0)
+            assert sum(loads) == units * sum(-(-min((m + 1) * 128, n) // 128) for m in range(-(-n // 128)))
+            worst[n, units, snake] = max(loads) / (sum(loads) / len(loads))
+    assert all(worst[n, units, True] < 1.035 for n, units in rows), worst
+    assert worst[512, 512, False] > 1.4 and worst[16384, 16, False] > 1.4, worst
+    assert all(orders[n, b * h] == 0 for n in GRID_SEQ_LENS[:-1] for b, h in [grid_shape(128, n)]), orders
+    assert orders[16384, 16] == 16 and orders[4096, 16] == 16, orders
 
 
 def test_the_snake_order_is_heaviest_first_for_causal_calls_only():
     lpt = gluon_forward.persistent_lpt_units
-    assert lpt(48, causal=True, plain=True) == 48
-    assert lpt(48, causal=False, plain=True) == 0
-    assert lpt(48, causal=True, plain=False) == 0  # a window: its own block ranges
+    cfg = GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1)
+    assert lpt(4096, 4096, 16, cfg, 132, causal=True, plain=True) == 16
+    assert lpt(4096, 4096, 16, cfg, 132, causal=False, plain=True) == 0
+    assert lpt(4096, 4096, 16, cfg, 132, causal=True, plain=False) == 0  # a window: its own block ranges
+    assert lpt(4096, 4096, 1, cfg, 132, causal=True, plain=True) == 0  # one unit: both orders are one
 
 
 def test_a_trace_of_the_wrong_shape_or_dtype_is_refused_by_name():

@@ -33,12 +33,16 @@ SMOKE = """
 import torch
 from flashtune.kernels import gluon_forward as g
 q, k, v = (torch.randn(4, 8, 1000, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-for overlap in (0, 1):
-    for pingpong in (0, 1):
-        for causal in (False, True):
-            cfg = g.GluonFwdConfig(NUM_BUFFERS=2, OVERLAP=overlap, PINGPONG=pingpong, PERSISTENT=1)
-            g.gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=None)
-            torch.cuda.synchronize()
+tma_store = g.TMA_STORE_O
+# the module's O tile setting, then the O tiles with either store (PERSISTENT_O_TILE)
+for o_tile, g.TMA_STORE_O in ((g.PERSISTENT_O_TILE, tma_store), (True, True), (True, False)):
+    g.PERSISTENT_O_TILE = o_tile
+    for overlap in (0, 1):
+        for pingpong in (0, 1):
+            for causal in (False, True):
+                cfg = g.GluonFwdConfig(NUM_BUFFERS=2, OVERLAP=overlap, PINGPONG=pingpong, PERSISTENT=1)
+                g.gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=None)
+                torch.cuda.synchronize()
 """
 
 
@@ -46,7 +50,8 @@ for overlap in (0, 1):
 def _the_persistent_kernel_comes_back():
     smoke_in_subprocess(SMOKE, what="the persistent Gluon forward",
                         hang_hint="a hang on 4x8x1000x64 with two tiles per CTA: the Q-empty barriers or the "
-                                  "ring's and turns' phases carried across tiles")
+                                  "ring's and turns' phases carried across tiles (PERSISTENT_O_TILE: the early "
+                                  "Q release, the O tiles' store waits)")
 
 
 C = GluonFwdConfig
@@ -143,3 +148,36 @@ def test_the_snake_order_gives_the_grid_kernels_bits(config, case, monkeypatch):
                                          window_size=window)
     assert torch.equal(o, o_grid), (o - o_grid).abs().max()
     assert torch.equal(lse, lse_grid)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("config,tma_store", [(C(PERSISTENT=1), True), (C(OVERLAP=0, PERSISTENT=1), True),
+                                              (C(NUM_BUFFERS=3, PERSISTENT=1), False),
+                                              (C(NUM_BUFFERS=3, PERSISTENT=1), True)],
+                         ids=lambda c: c.short() if isinstance(c, GluonFwdConfig) else "tma" if c else "registers")
+def test_the_o_tiles_give_the_grid_kernels_bits(config, tma_store, case, monkeypatch):
+    """PERSISTENT_O_TILE: each consumer's O through a tile of its own (where it fits: D=64, and
+    D=128 with 2 buffers; with 3 O still goes through Q) and its Q tile released before the last
+    P V, reloaded under it while the bulk store of the previous tile may still read its O tile;
+    every tile's rows still as the grid kernel computes them."""
+    monkeypatch.setattr(gluon_forward, "PERSISTENT_O_TILE", True)
+    monkeypatch.setattr(gluon_forward, "TMA_STORE_O", tma_store)
+    b, heads, n_q, n_k, d, causal, align, window = case
+    q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, heads=heads, batch=b, seed=16)
+    (o_grid, lse_grid), (o, lse) = _both(q, k, v, config, causal=causal, sm_scale=None, causal_align=align,
+                                         window_size=window)
+    assert torch.equal(o, o_grid), (o - o_grid).abs().max()
+    assert torch.equal(lse, lse_grid)
+
+
+def test_the_o_tiles_with_fp8_give_the_grid_kernels_bits(monkeypatch):
+    """PERSISTENT_O_TILE with fp8 inputs (the register store; with the overlap the early Q
+    release beside the P tiles in shared memory)."""
+    monkeypatch.setattr(gluon_forward, "PERSISTENT_O_TILE", True)
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    q, k, v = (torch.randn(4, 8, 1500, 128, device="cuda", generator=gen).to(torch.float8_e4m3fn) for _ in range(3))
+    v = v.transpose(2, 3).contiguous().transpose(2, 3)
+    for cfg in (C(NUM_BUFFERS=3, PERSISTENT=1), C(OVERLAP=0, PERSISTENT=1)):
+        for causal in (False, True):
+            (o_grid, lse_grid), (o, lse) = _both(q, k, v, cfg, causal=causal, sm_scale=0.05)
+            assert torch.equal(o, o_grid) and torch.equal(lse, lse_grid), (cfg.short(), causal)
