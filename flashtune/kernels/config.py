@@ -864,7 +864,17 @@ _SM90_FWD[(_bf, 128, "decode", "full")] = _F(64, 128, 4, 2, tma=1)
 # its host's cost (no launch plan for Gluon calls then, 0.1 ms calls); the search, timing CUDA-graph
 # replays, chose the Gluon kernel there (1.03x the default, docs/shape-tuning.md).
 # Other devices: it does not validate, and the entries after it serve.
-_SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1)
+# Since the persistent kernel's snake order (gluon_forward.PERSISTENT_SNAKE, 2026-12-05): the same
+# with its persistent grid, faster than the grid kernel on 15 of the 16 long D=128 rows measured and
+# within 1 % on chunked-prefill-1k-of-16k and grid-d128-16384 full; 4 % slower on grid-d128-16384
+# causal (1.041x cuDNN against 1.083x). Ratio to cuDNN, grid kernel -> persistent: grid 1024
+# 0.879 -> 0.943 full, 0.879 -> 0.961 causal; 2048 0.935 -> 0.979, 0.954 -> 1.026; 4096 0.972 ->
+# 0.995, 1.004 -> 1.045; mistral-7b-train-2k 0.954 -> 1.028, llama3-8b-prefill-2k 1.185 -> 1.217;
+# over the 18 D=128 rows of the standard grid and SHAPES.md 0.989 -> 1.021 in geometric mean.
+# benchmarks/gluon_fwd.py --grid --realistic --configs persistent --persistent-order both --rounds 2,
+# GPU time, H200, triton 3.6, 2026-12-05 (docs/gluon.md, docs/data/h200-2026-12-05c-gluon/). The
+# search times both (family_defaults) and keeps the faster per key.
+_SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1, persistent=1)
 # The backward from LONG_MIN_Q_BWD queries at D=128: the Gluon families. Causal: the Gluon dK/dV
 # kernel with the Triton default's dQ kernel (family 1, dkdv_split chosen at launch),
 # 1.03-1.16x the Triton default on every causal row measured (grid 4k/8k/16k 1.03-1.10x not
@@ -992,8 +1002,8 @@ def portfolio(pass_: str, head_dim: int, dtype: torch.dtype, device=None) -> lis
 def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) -> list:
     """The starting config of each other kernel family that runs this head dim and dtype on
     the device: on sm_90 the Gluon forward's default (gluon_forward.default_gluon_config), then
-    the same with its persistent grid (faster on short and non-causal rows, slower on long causal
-    ones: H200, 2026-12-05, docs/gluon.md); for the backward the Gluon dK/dV kernel's
+    the same with its persistent grid (with its snake order faster on 15 of 16 long D=128 rows and
+    within 4 % on the last: H200, 2026-12-05, docs/gluon.md); for the backward the Gluon dK/dV kernel's
     (gluon_backward.default_gluon_bwd_config) with
     the Triton default's dQ half (family 1), then with the Gluon dQ kernel (family 2), then
     with dQ fused into it (families 3 and 4). The

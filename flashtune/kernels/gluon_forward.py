@@ -104,17 +104,21 @@ FMA_SOFTMAX = True
 TMA_STORE_O = True
 # the persistent kernel's tile order (PERSISTENT configs only): True hands each CTA the tiles of
 # round k (n_prog consecutive tiles of the order) in a snake, pid in even rounds and n_prog - 1 - pid
-# in odd ones (persistent_tiles), and orders a causal call's tiles heaviest first across every
-# (batch, head) unit (lpt_tile with all units in one group: block-major), so that each CTA's sum of
-# key blocks is within about 3 % of the mean on every causal D=128 grid and SHAPES.md row
-# (benchmarks/persistent_order.py simulates it); False: tiles pid, pid + n_prog, ... of the grid
+# in odd ones (persistent_tiles), over the unit-major order (a (batch, head) unit's tiles together,
+# under causal masking its last query block first) or, for causal calls that one leaves unbalanced
+# (few units of many query blocks: 16k, llama3-70b-tp8), the block-major one (persistent_lpt_units);
+# the schedule model (benchmarks/persistent_order.py) puts the busiest CTA within 3.1 % of the mean
+# on every causal D=128 grid and SHAPES.md row. False: tiles pid, pid + n_prog, ... of the grid
 # kernel's order, which gives CTA p the same query block of every unit wherever n_prog is a
-# multiple of the query blocks, and a heaviest CTA 1.2-1.6x the mean on those rows: the tail the
-# profile of 2026-12-05 found (grid-d128-16384 causal persistent 0.75x against 1.12x for the grid
-# kernel). Off until an H200 has run it (written 2026-12-05 without a device): the persistent
-# tests (test_gluon_persistent_gpu.py), then benchmarks/gluon_fwd.py --persistent-order both.
+# multiple of the query blocks (a busiest CTA 1.1-1.6x the mean on those rows). On since the H200
+# ran it (2026-12-05: test_gluon_persistent_gpu.py -k "snake or heaviest", 14 passed, bit for bit
+# the grid kernel's; benchmarks/gluon_fwd.py --grid --realistic --configs persistent
+# --persistent-order both over the 12 D=128 grid rows, ratio to cuDNN in geometric mean: persistent
+# 0.891 strided -> 0.976 snake, causal 0.827 -> 0.982, 16k causal 0.739 -> 1.041; docs/gluon.md).
+# An earlier version took every causal call block-major: on an H100 the same day it lost 15-33 % on
+# grid-d128-1024/2048 causal, 132 units a round reading their K/V from memory once a tile.
 # Read at each launch.
-PERSISTENT_SNAKE = False
+PERSISTENT_SNAKE = True
 # the persistent kernel's output tile (PERSISTENT configs with the TMA store only): True gives each
 # consumer an O tile of its own in shared memory where it fits beside the Q tiles and the K/V ring
 # (persistent_o_tile: D=64 at every ring, D=128 with 2 buffers; not D=128 with 3), and releases the
