@@ -1076,14 +1076,13 @@ def persistent_cta_blocks(n_q: int, n_k: int, units: int, config: GluonFwdConfig
     host, for persistent_lpt_units, tests and benchmarks/persistent_order.py (the balance of the
     CTAs' work)."""
     n_m = cdiv(n_q, 2 * config.BLOCK_M)
-    lpt = lpt_units
     loads = []
     for pid in range(n_prog):
         blocks = 0
         for t in persistent_tiles(pid, n_prog, n_m * units, snake):
-            if lpt:  # lpt_tile's walk, heaviest first
-                per_group = n_m * lpt
-                units_here = min(lpt, units - t // per_group * lpt)
+            if lpt_units:  # lpt_tile's walk, heaviest first
+                per_group = n_m * lpt_units
+                units_here = min(lpt_units, units - t // per_group * lpt_units)
                 pid_m = n_m - 1 - t % per_group // units_here
             else:
                 pid_m = n_m - 1 - t % n_m if causal else t % n_m
