@@ -18,7 +18,6 @@ figures are a model of the schedule (gluon_forward.persistent_cta_blocks), not a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import heapq
 
 import torch
@@ -50,11 +49,6 @@ def grid_kernel_balance(n: int, units: int, lpt: int, config, sms: int, tile_cos
     return max(free) / ((sum(loads) + tile_cost * len(loads)) / sms)
 
 
-def balance(loads: list[int], tiles: list[int], tile_cost: float) -> float:
-    work = [w + tile_cost * t for w, t in zip(loads, tiles)]
-    return max(work) / (sum(work) / len(work))
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sms", type=int, default=132, help="SMs (persistent CTAs): the H200's 132")
@@ -73,13 +67,10 @@ def main() -> int:
         total = n_m * units
         n_prog = min(total, args.sms)
         cells = [grid_kernel_balance(n, units, lpt, config, args.sms, args.tile_cost)]
-        persistent = dataclasses.replace(config, PERSISTENT=1)
         for snake, order in ((False, lpt), (True, 0), (True, units)):
-            loads = gluon_forward.persistent_cta_blocks(n, n, units, persistent, n_prog, causal=True, snake=snake,
-                                                        lpt_units=order)
-            tiles = [len(gluon_forward.persistent_tiles(p, n_prog, total, snake)) for p in range(n_prog)]
-            cells.append(balance(loads, tiles, args.tile_cost))
-        picks = gluon_forward.persistent_lpt_units(n, n, units, persistent, n_prog, causal=True, plain=True)
+            cells.append(gluon_forward.persistent_balance(n, n, units, config, n_prog, causal=True, snake=snake,
+                                                          lpt_units=order, tile_cost=args.tile_cost))
+        picks = gluon_forward.persistent_lpt_units(n, n, units, config, n_prog, causal=True, plain=True)
         print(f"{name:>28} {total:6d} " + " ".join(f"{c:{w}.3f}" for c, w in zip(cells, (11, 8, 10, 11)))
               + f" {'block' if picks else 'unit':>6}")
     return 0

@@ -1124,20 +1124,25 @@ def persistent_lpt_units(n_q: int, n_k: int, units: int, config: GluonFwdConfig,
     window, or with LPT_ON["fwd"] off."""
     if not (causal and plain and LPT_ON["fwd"]) or units < 2:
         return 0
-    return _snake_lpt_units(n_q, n_k, units, config.BLOCK_M, config.BLOCK_N, n_prog)
+    return _snake_lpt_units(n_q, n_k, units, config, n_prog)
 
 
 @functools.lru_cache(maxsize=1024)
-def _snake_lpt_units(n_q: int, n_k: int, units: int, block_m: int, block_n: int, n_prog: int) -> int:
-    config = GluonFwdConfig(BLOCK_M=block_m, BLOCK_N=block_n, PERSISTENT=1)
-    total = cdiv(n_q, 2 * block_m) * units
-
+def _snake_lpt_units(n_q: int, n_k: int, units: int, config: GluonFwdConfig, n_prog: int) -> int:
     def busiest(lpt: int) -> float:
-        loads = persistent_cta_blocks(n_q, n_k, units, config, n_prog, causal=True, snake=True, lpt_units=lpt)
-        work = [w + len(persistent_tiles(p, n_prog, total, True)) for p, w in enumerate(loads)]
-        return max(work) / (sum(work) / len(work))
+        return persistent_balance(n_q, n_k, units, config, n_prog, causal=True, snake=True, lpt_units=lpt)
 
     return units if busiest(0) > SNAKE_BLOCK_MAJOR_GAIN * busiest(units) else 0
+
+
+def persistent_balance(n_q: int, n_k: int, units: int, config: GluonFwdConfig, n_prog: int, *, causal: bool,
+                       snake: bool, lpt_units: int = 0, tile_cost: float = 1.0) -> float:
+    """The busiest of persistent_cta_blocks's CTAs over the mean (1.0: all end at once), each
+    tile's fixed cost (its Q load and epilogue) counted as ``tile_cost`` key blocks."""
+    total = cdiv(n_q, 2 * config.BLOCK_M) * units
+    loads = persistent_cta_blocks(n_q, n_k, units, config, n_prog, causal=causal, snake=snake, lpt_units=lpt_units)
+    work = [w + tile_cost * len(persistent_tiles(p, n_prog, total, snake)) for p, w in enumerate(loads)]
+    return max(work) / (sum(work) / len(work))
 
 
 def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
@@ -1275,11 +1280,10 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     snake = bool(config.PERSISTENT and PERSISTENT_SNAKE)
     if config.PERSISTENT:  # one CTA per SM at most (its shared memory allows no second), each walking tiles
         grid = (min(n_m * H * B, sm_count(q.device)), )
-    if snake:
-        lpt = persistent_lpt_units(N_Q, N_K, B * H, config, grid[0], causal=causal, plain=window is None)
+        lpt = persistent_lpt_units(N_Q, N_K, B * H, config, grid[0], causal=causal, plain=window is None) if snake \
+            else fwd_lpt_units(q, k, n_m, causal=causal, plain=window is None)
     else:
         lpt = fwd_lpt_units(q, k, n_m, causal=causal, plain=window is None)
-    if not config.PERSISTENT:
         grid = (n_m * H * B, ) if lpt else (n_m, H, B)
     with on_device(q):
         out = _descriptor(o, config.BLOCK_M) if tma_store else o

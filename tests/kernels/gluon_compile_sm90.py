@@ -5,10 +5,11 @@ sm_90 without a GPU.
 Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
 "dtype", "causal"} (optionally "window": the sliding-window variant; "trace": the forward's
 instrumentation; "fma_softmax": its SCALE_POSITIVE softmax; "tma_store": its output through
-TMA; "snake", "o_tile": the persistent kernel's PERSISTENT_SNAKE and PERSISTENT_O_TILE; "compact_stats": the dK/dV kernel's COMPACT_STATS) on stdin and prints one JSON line per
-item with the compiled kernel's shared memory in bytes ("shared"), its PTX register cap
-("maxnreg"), the setmaxnreg values of its partitions ("setmaxnreg"), its wgmma and TMA copy,
-reduce-add and bulk-store counts, its cycle-counter reads ("clock_reads": the trace's stamps),
+TMA; "snake", "o_tile": the persistent kernel's PERSISTENT_SNAKE and PERSISTENT_O_TILE;
+"compact_stats": the dK/dV kernel's COMPACT_STATS) on stdin and prints one JSON line per item
+with the compiled kernel's shared memory in bytes ("shared"), its PTX register cap ("maxnreg"),
+the setmaxnreg values of its partitions ("setmaxnreg"), its wgmma and TMA copy, reduce-add and
+bulk-store counts and bulk-store waits, its cycle-counter reads ("clock_reads": the trace's stamps),
 or one {"skip": ...} line when this triton cannot compile Gluon for sm_90 here.
 """
 

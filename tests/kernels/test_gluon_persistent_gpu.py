@@ -87,17 +87,22 @@ def _both(q, k, v, cfg, **kw):
     return grid, persistent
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.short())
-def test_persistent_gives_the_grid_kernels_bits(config, case):
+def _assert_the_grid_kernels_bits(config, case, seed):
+    """o and the LSE of the persistent ``config`` on ``case`` bit for bit the grid kernel's."""
     b, heads, n_q, n_k, d, causal, align, window = case
-    q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, heads=heads, batch=b, seed=11)
+    q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, heads=heads, batch=b, seed=seed)
     tiles = -(-n_q // (2 * config.BLOCK_M)) * heads[0] * b
     assert tiles > sm_count(q.device), "the case must give CTAs more than one tile"
     (o_grid, lse_grid), (o, lse) = _both(q, k, v, config, causal=causal, sm_scale=None, causal_align=align,
                                          window_size=window)
     assert torch.equal(o, o_grid), (o - o_grid).abs().max()
     assert torch.equal(lse, lse_grid)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.short())
+def test_persistent_gives_the_grid_kernels_bits(config, case):
+    _assert_the_grid_kernels_bits(config, case, seed=11)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.short())
@@ -123,8 +128,11 @@ def test_persistent_heaviest_first_order_gives_the_same_bits(units, monkeypatch)
     assert torch.equal(o, o_grid) and torch.equal(lse, lse_grid)
 
 
-def test_persistent_fp8_gives_the_grid_kernels_bits():
-    """The FP8 variant (V^T tiles; P through each consumer's shared-memory tile with the overlap)."""
+@pytest.mark.parametrize("o_tile", [False, True], ids=["", "o-tile"])
+def test_persistent_fp8_gives_the_grid_kernels_bits(o_tile, monkeypatch):
+    """The FP8 variant (V^T tiles; P through each consumer's shared-memory tile with the overlap);
+    with PERSISTENT_O_TILE, the register store's early Q release beside those P tiles."""
+    monkeypatch.setattr(gluon_forward, "PERSISTENT_O_TILE", o_tile)
     gen = torch.Generator(device="cuda").manual_seed(14)
     q, k, v = (torch.randn(4, 8, 1500, 128, device="cuda", generator=gen).to(torch.float8_e4m3fn) for _ in range(3))
     v = v.transpose(2, 3).contiguous().transpose(2, 3)  # keys contiguous (fp8.keys_contiguous's layout)
@@ -137,17 +145,12 @@ def test_persistent_fp8_gives_the_grid_kernels_bits():
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("config", [C(NUM_BUFFERS=3, PERSISTENT=1), C(OVERLAP=0, PERSISTENT=1)],
                          ids=lambda c: c.short())
-def test_the_snake_order_gives_the_grid_kernels_bits(config, case, monkeypatch):
-    """PERSISTENT_SNAKE: each CTA takes one tile a round, the rounds alternating direction, and
-    a causal call's tiles heaviest first across all its units; every tile's rows still as the
-    grid kernel computes them."""
-    monkeypatch.setattr(gluon_forward, "PERSISTENT_SNAKE", True)
-    b, heads, n_q, n_k, d, causal, align, window = case
-    q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, heads=heads, batch=b, seed=15)
-    (o_grid, lse_grid), (o, lse) = _both(q, k, v, config, causal=causal, sm_scale=None, causal_align=align,
-                                         window_size=window)
-    assert torch.equal(o, o_grid), (o - o_grid).abs().max()
-    assert torch.equal(lse, lse_grid)
+def test_the_other_tile_order_gives_the_grid_kernels_bits(config, case, monkeypatch):
+    """The persistent tile order the module does not take (PERSISTENT_SNAKE: the snake over the
+    unit-major or block-major order, persistent_lpt_units's pick, or the strided order); every
+    tile's rows still as the grid kernel computes them."""
+    monkeypatch.setattr(gluon_forward, "PERSISTENT_SNAKE", not gluon_forward.PERSISTENT_SNAKE)
+    _assert_the_grid_kernels_bits(config, case, seed=15)
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -162,22 +165,5 @@ def test_the_o_tiles_give_the_grid_kernels_bits(config, tma_store, case, monkeyp
     every tile's rows still as the grid kernel computes them."""
     monkeypatch.setattr(gluon_forward, "PERSISTENT_O_TILE", True)
     monkeypatch.setattr(gluon_forward, "TMA_STORE_O", tma_store)
-    b, heads, n_q, n_k, d, causal, align, window = case
-    q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, heads=heads, batch=b, seed=16)
-    (o_grid, lse_grid), (o, lse) = _both(q, k, v, config, causal=causal, sm_scale=None, causal_align=align,
-                                         window_size=window)
-    assert torch.equal(o, o_grid), (o - o_grid).abs().max()
-    assert torch.equal(lse, lse_grid)
+    _assert_the_grid_kernels_bits(config, case, seed=16)
 
-
-def test_the_o_tiles_with_fp8_give_the_grid_kernels_bits(monkeypatch):
-    """PERSISTENT_O_TILE with fp8 inputs (the register store; with the overlap the early Q
-    release beside the P tiles in shared memory)."""
-    monkeypatch.setattr(gluon_forward, "PERSISTENT_O_TILE", True)
-    gen = torch.Generator(device="cuda").manual_seed(17)
-    q, k, v = (torch.randn(4, 8, 1500, 128, device="cuda", generator=gen).to(torch.float8_e4m3fn) for _ in range(3))
-    v = v.transpose(2, 3).contiguous().transpose(2, 3)
-    for cfg in (C(NUM_BUFFERS=3, PERSISTENT=1), C(OVERLAP=0, PERSISTENT=1)):
-        for causal in (False, True):
-            (o_grid, lse_grid), (o, lse) = _both(q, k, v, cfg, causal=causal, sm_scale=0.05)
-            assert torch.equal(o, o_grid) and torch.equal(lse, lse_grid), (cfg.short(), causal)
