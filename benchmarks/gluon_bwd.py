@@ -8,6 +8,7 @@ write them as JSON.
                                                        # compute-bound rows of SHAPES.md
     python benchmarks/gluon_bwd.py --configs all       # the Gluon default and its neighbours
     python benchmarks/gluon_bwd.py --stats both        # the row statistics compact and wide
+    python benchmarks/gluon_bwd.py --turns 0,1,2       # the consumers in step, staggered, taking turns
 
 Backward only: every runner's backward from the same forward output (flashtune's from its
 own forward's o and log-sum-exp; SDPA's through autograd.grad with the graph kept). For
@@ -27,6 +28,7 @@ Ratios are speed ratios (1.10: 1.10x as fast). TFLOP/s counts 10 x B x Hq x Nq x
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import pathlib
@@ -87,6 +89,10 @@ def main() -> int:
                     help="the dK/dV kernel's row statistics (gluon_backward.COMPACT_STATS): as the module has them, "
                          "compact (True), wide (False), or both, each Gluon runner twice (labels ending ' compact' "
                          "and ' wide')")
+    ap.add_argument("--turns", metavar="LIST",
+                    help="the dK/dV kernel's consumer turns (gluon_backward.CONSUMER_TURNS), comma-separated of 0, "
+                         "1, 2: each Gluon runner once per value (labels ending ' tN'); default: as the module has "
+                         "them")
     ap.add_argument("--gluon", choices=("all", "family1", "fused"), default="all",
                     help="which Gluon runners: all four, family 1 only (Triton dQ), or the two fused-dQ ones")
     ap.add_argument("--rounds", type=int, default=3)
@@ -101,6 +107,9 @@ def main() -> int:
     rows = []
     splits = [int(x) for x in args.splits.split(",")]
     lpts = [None if x == "auto" else 1 << 20 if x == "all" else int(x) for x in args.lpt.split(",")]
+    turns_list = [gluon_backward.CONSUMER_TURNS] if not args.turns else [int(x) for x in args.turns.split(",")]
+    if set(turns_list) - {0, 1, 2}:
+        ap.error(f"--turns: expected values of 0, 1, 2, got {args.turns!r}")
     if args.grid_order and 0 not in lpts:
         lpts.append(0)
     wanted = set(args.rows.split(",")) if args.rows else None
@@ -137,15 +146,19 @@ def main() -> int:
                     continue
                 for split in splits:
                     for lpt in (lpts if causal else (None,)):
-                        for compact in {"default": (gluon_backward.COMPACT_STATS, ), "compact": (True, ),
-                                        "wide": (False, ), "both": (True, False)}[args.stats]:
+                        for compact, turns in itertools.product(
+                                {"default": (gluon_backward.COMPACT_STATS, ), "compact": (True, ),
+                                 "wide": (False, ), "both": (True, False)}[args.stats], turns_list):
                             tag = (f" s{split}" if splits != [0] else "") + (
                                 "" if lpt is None else " grid-order" if lpt == 0 else " lpt-all" if lpt == 1 << 20
                                 else f" lpt{lpt}") + ({True: " compact", False: " wide"}[compact]
-                                                      if args.stats == "both" else "")
+                                                      if args.stats == "both" else "") + (
+                                f" t{turns}" if args.turns else "")
                             fns[f"gluon {label}{tag}"] = (
-                                lambda cfg=cfg, gdq=gdq, split=split, lpt=lpt, compact=compact: gluon_bench.with_flag(
-                                    gluon_backward, "COMPACT_STATS", compact, lambda: gluon_attention_backward(
+                                lambda cfg=cfg, gdq=gdq, split=split, lpt=lpt, compact=compact, turns=turns:
+                                gluon_bench.with_flags(
+                                    gluon_backward, {"COMPACT_STATS": compact, "CONSUMER_TURNS": turns},
+                                    lambda: gluon_attention_backward(
                                         do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale, gluon_dq=gdq,
                                         dkdv_split=split, lpt=lpt)))
             ref = [g.float() for g in fns["cudnn"]()]

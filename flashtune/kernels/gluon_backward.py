@@ -87,6 +87,15 @@ GLUON_DKDV_PROGRAMS_PER_SM = 1
 # fused late 0.825 -> 0.889x, family 1 0.792 -> 0.815x; docs/gluon.md). Read at each launch; a launch
 # plan (kernels/launch.py) replays the kernel it recorded, so set it before the calls.
 COMPACT_STATS = True
+# the dK/dV kernel's consumers out of step: 0 lets both walk the steps together (each step both
+# issue S^T and dP^T, both compute P^T and dS^T while the tensor cores idle, both issue dV, dK and
+# the dQ share); 1 starts consumer 1 once consumer 0 has its first P^T, half a step behind, and
+# lets them run free from there; 2 keeps them so every step: a consumer issues a step's S^T and
+# dP^T only after the other has its P^T of the step before (consumer 0) or of the same step
+# (consumer 1), so one's exponentials run under the other's matmuls, as the forward's ping-pong.
+# The turns order issues only (no data passes through them): same values, same bits. Read at each
+# launch, as COMPACT_STATS; a launch plan replays the kernel it recorded.
+CONSUMER_TURNS = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,12 +159,13 @@ class GluonBwdConfig:
         """Bytes of shared memory: the CTA's K and V tiles, the Q/dO ring, the mbarriers; with
         DQ_FUSED also the dS^T slots (two per consumer, four a step late) and the two
         consumers' fp32 dQ shares; with COMPACT_STATS the consumers' exchange of a step's row
-        statistics (triton's layout-conversion scratch, counted as a BLOCK_M fp32 vector each)."""
+        statistics (triton's layout-conversion scratch, counted as a BLOCK_M fp32 vector each);
+        with CONSUMER_TURNS the turns' two mbarriers."""
         e = torch.empty((), dtype=dtype).element_size()
         tiles = 2 * 2 * self.BLOCK_N * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_M * head_dim * e
         if COMPACT_STATS:
             tiles += 2 * self.BLOCK_M * 4
-        barriers = (2 + 3 * self.NUM_BUFFERS) * _BARRIER_BYTES
+        barriers = (2 + 3 * self.NUM_BUFFERS + (2 if CONSUMER_TURNS else 0)) * _BARRIER_BYTES
         if self.DQ_FUSED:
             slots = 4 if self.DQ_FUSED == 2 else 2
             tiles += 2 * slots * self.BLOCK_N * self.BLOCK_M * e + 2 * self.BLOCK_M * (head_dim // 2) * 4
@@ -318,12 +328,35 @@ def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dq
 
 
 @gluon.jit
+def _turn_wait(turn, which, it, TURNS: gl.constexpr):
+    """Before step ``it``'s S^T and dP^T (CONSUMER_TURNS): consumer 0 waits for consumer 1's
+    P^T of the step before, consumer 1 for consumer 0's of this step (a fresh mbarrier counts
+    as having completed the phase before its first: consumer 0's first wait passes)."""
+    if TURNS == 2:
+        mbarrier.wait(turn.index(which), (it & 1) ^ (1 - which))
+    elif TURNS == 1:
+        if it == 0:
+            mbarrier.wait(turn.index(which), 1 - which)
+
+
+@gluon.jit
+def _turn_pass(turn, which, it, TURNS: gl.constexpr):
+    """Once step ``it``'s P^T is computed: the other consumer's turn (CONSUMER_TURNS)."""
+    if TURNS == 2:
+        mbarrier.arrive(turn.index(1 - which))
+    elif TURNS == 1:
+        if it == 0:
+            mbarrier.arrive(turn.index(1 - which))
+
+
+@gluon.jit
 def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
               qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
               stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-              n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, trace, pid, CAUSAL: gl.constexpr,
+              n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn, trace, pid, CAUSAL: gl.constexpr,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
-              DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr):
+              DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr,
+              TURNS: gl.constexpr):
     # TRACE: per step, the events of kernel_trace.BACKWARD (a step without a dQ share stamps
     # its four dQ events at once)
     _trace_start(trace, pid, n_steps, 0, first_qb, TRACE)
@@ -370,6 +403,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
             delta = gl.load(DELTA + row_base + rows, mask=rows < N_Q, other=0.0)
         q = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         do = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
+        _turn_wait(turn, which, it, TURNS)  # (the trace counts it in the wait for Q)
         mbarrier.wait(q_ready.index(s), phase)
         _stamp(ev, 1, TRACE)
         st = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -386,6 +420,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
             if qb * BLOCK_M + causal_off < key0 + BLOCK_N - 1:
                 pt = gl.where(keys[:, None] <= rows[None, :] + causal_off, pt, 0.0)
         pt16 = gl.convert_layout(pt.to(q.dtype), a_layout)
+        _turn_pass(turn, which, it, TURNS)
         if DV_EARLY:  # dV's wgmma runs under dS^T's arithmetic (P^T's 16-bit copy stays live)
             dv = warpgroup_mma(pt16, do, dv, is_async=True)
             _stamp(ev, 4, TRACE)
@@ -460,7 +495,7 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                                 BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr,
                                 FUSED_DQ: gl.constexpr, DS_LAYOUT: gl.constexpr,
                                 PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TRACE: gl.constexpr,
-                                COMPACT_STATS: gl.constexpr):
+                                COMPACT_STATS: gl.constexpr, TURNS: gl.constexpr):
     # TRACE: the trace (kernel_trace.BACKWARD) into TRACE_PTR's [CTAs, 3, TRACE_SLOTS] int64 slots
     # a 1-D grid of key blocks (2 x BLOCK_N keys) x units, a unit being one (batch, K/V head,
     # split) in that order; the CTA's key block and unit from its index (gluon_forward.lpt_tile)
@@ -516,21 +551,27 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
         ds_smem = q_bufs
         dq_smem = q_bufs
         ds_ready = q_empty
+    if TURNS:  # the consumers' turns (CONSUMER_TURNS): one mbarrier each, the other arrives
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+    else:  # not read
+        turn = q_empty
     fence_async_shared()
 
     gl.warp_specialize([
         (_consumer, (0, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-                     n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready,
+                     n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS)),
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS)),
         (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-                     n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready,
+                     n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS)),
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
                      q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, BLOCK_M, BLOCK_N, NUM_BUFFERS,
@@ -734,11 +775,12 @@ def _gluon_attn_bwd_dq_kernel(desc_q, desc_do, desc_k, desc_v, DQ, LSE, DELTA, q
 # ----------------------------------------------------------------------------------
 def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
                       trace: bool = False) -> dict:
-    """The dK/dV kernel's constexprs (COMPACT_STATS: the module's value at the call)."""
+    """The dK/dV kernel's constexprs (COMPACT_STATS, CONSUMER_TURNS: the module's values at the call)."""
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                 NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=config.DQ_FUSED,
                 DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
-                CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace), COMPACT_STATS=bool(COMPACT_STATS))
+                CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace), COMPACT_STATS=bool(COMPACT_STATS),
+                TURNS=int(CONSUMER_TURNS))
 
 
 def dkdv_trace_shape(q_shape, k_shape, config: GluonBwdConfig, split: tuple[int, int]) -> tuple[int, int, int]:

@@ -104,7 +104,9 @@ class Account:
     blocks of a block's cycles (first event to the next block's first); grid: the SMs' time
     over the kernel's span (busy: running a tile; gaps: between two tiles of an SM; head,
     tail: before an SM's first tile, after its last), from the global timer; ghz: the cycle
-    counter's rate against the global timer (median over tiles).
+    counter's rate against the global timer (median over tiles); consumer_lag: the median over
+    blocks of how many cycles after consumer 0 consumer 1 started the same block (both read one
+    SM's counter; about 0 when the two walk in step, half a block when they take turns).
     """
 
     kernel: str
@@ -118,6 +120,7 @@ class Account:
     grid: dict[str, float]
     cycles_per_block: float
     block_phases: dict[str, float]  # median cycles of each block interval
+    consumer_lag: float = 0.0
 
     def lines(self) -> list[str]:
         """The account as a few lines of text."""
@@ -128,7 +131,8 @@ class Account:
                 f"producer: {pct(self.producer)}",
                 f"SMs: {pct(self.grid)}",
                 f"per block (median cycles): {self.cycles_per_block:.0f}: "
-                + ", ".join(f"{k} {v:.0f}" for k, v in self.block_phases.items())]
+                + ", ".join(f"{k} {v:.0f}" for k, v in self.block_phases.items())
+                + f"; consumer 1 behind consumer 0 by {self.consumer_lag:.0f}"]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -186,6 +190,7 @@ def account(trace, variant: int, sms: int | None = None, layout: Layout = FORWAR
     prod = dict.fromkeys(PRODUCER_PHASES, 0)
     per_phase: dict[str, list[int]] = {name: [] for name, _a, _b in intervals}
     per_block: list[int] = []
+    lags: list[int] = []
     ghz = []
     for t in range(trace.shape[0]):
         n = int(trace[t, 0, H_N_BLOCKS])
@@ -213,6 +218,8 @@ def account(trace, variant: int, sms: int | None = None, layout: Layout = FORWAR
             gt = int(h[H_GT_END] - h[H_GT_START])
             if gt > 0:
                 ghz.append(int(h[H_CLK_END] - h[H_CLK_START]) / gt)
+        starts = trace[t, :2, HEAD:HEAD + layout.events * n].reshape(2, n, layout.events)[:, :, 0]
+        lags += (starts[1] - starts[0]).tolist()
         h = trace[t, 2]
         ev = h[HEAD:HEAD + layout.events * n].reshape(n, layout.events)
         total = int(h[H_CLK_END] - h[H_CLK_START])
@@ -229,4 +236,5 @@ def account(trace, variant: int, sms: int | None = None, layout: Layout = FORWAR
     return Account(kernel=layout.kernel, tiles=int(trace.shape[0]), blocks=int(trace[:, 0, H_N_BLOCKS].sum()),
                    span_us=span_us, sms=n_sms, ghz=med(ghz), consumer={k: v / cons_total for k, v in cons.items()},
                    producer={k: v / prod_total for k, v in prod.items()}, grid=grid,
-                   cycles_per_block=med(per_block), block_phases={k: med(v) for k, v in per_phase.items()})
+                   cycles_per_block=med(per_block), block_phases={k: med(v) for k, v in per_phase.items()},
+                   consumer_lag=med(lags))

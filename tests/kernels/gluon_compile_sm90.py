@@ -6,7 +6,7 @@ Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "he
 "dtype", "causal"} (optionally "window": the sliding-window variant; "trace": the forward's
 instrumentation; "fma_softmax": its SCALE_POSITIVE softmax; "tma_store": its output through
 TMA; "snake", "o_tile": the persistent kernel's PERSISTENT_SNAKE and PERSISTENT_O_TILE;
-"compact_stats": the dK/dV kernel's COMPACT_STATS) on stdin and prints one JSON line per item
+"compact_stats", "turns": the dK/dV kernel's COMPACT_STATS and CONSUMER_TURNS) on stdin and prints one JSON line per item
 with the compiled kernel's shared memory in bytes ("shared"), its PTX register cap ("maxnreg"),
 the setmaxnreg values of its partitions ("setmaxnreg"), its wgmma and TMA copy, reduce-add and
 bulk-store counts and bulk-store waits, its cycle-counter reads ("clock_reads": the trace's stamps),
@@ -30,6 +30,8 @@ def compile_item(item: dict) -> dict:
 
         if "compact_stats" in item:  # the module's switch, read at the compile
             gluon_backward.COMPACT_STATS = item["compact_stats"]
+        if "turns" in item:
+            gluon_backward.CONSUMER_TURNS = item["turns"]
 
         compiled = compile_bwd(GluonBwdConfig(**item["config"]), item["head_dim"], dtype, item["causal"],
                                item.get("bwd_kernel", "dkdv"), trace=item.get("trace", False))
@@ -50,6 +52,7 @@ def compile_item(item: dict) -> dict:
             "tma_reduces": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
             "tma_stores": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
             "store_waits": len(re.findall(r"cp\.async\.bulk\.wait_group", ptx)),
+            "mbarrier_waits": len(re.findall(r"mbarrier\.try_wait", ptx)),
             "clock_reads": len(re.findall(r"%clock64", ptx))}
 
 

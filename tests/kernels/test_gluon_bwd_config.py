@@ -9,6 +9,7 @@ Nothing here runs the kernel: its numbers are checked by test_gluon_bwd_gpu.py o
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 
 import pytest
@@ -89,6 +90,10 @@ TRACE_ITEMS = ((C(), (128, )), (C(DQ_FUSED=1), (128, )), (C(DQ_FUSED=2), (64, 12
 # on: these compile the wide load, 16 values a thread live across both wgmmas), bf16; traced too
 OTHER_STATS_ITEMS = ((C(), (64, 128)), (C(DQ_FUSED=1), (128, )), (C(DQ_FUSED=2), (128, )),
                      (C(NUM_BUFFERS=3, DV_EARLY=1), (128, )))
+# the dK/dV kernel with its consumers taking turns (CONSUMER_TURNS 1 and 2; off by default), bf16:
+# two mbarrier waits more than the same kernel in step (ITEMS), the turns' two mbarriers in its
+# shared memory
+TURNS_ITEMS = ((C(), (128, )), (C(DQ_FUSED=1), (64, 128)), (C(DQ_FUSED=2), (128, )))
 
 
 def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
@@ -104,19 +109,31 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
           "causal": causal, "compact_stats": not default, "trace": trace}
          for cfg, dims in OTHER_STATS_ITEMS for d in dims
-         for causal in (False, True) for trace in (False, True)]
+         for causal in (False, True) for trace in (False, True)] + \
+        [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
+          "causal": causal, "compact_stats": default, "turns": turns}
+         for cfg, dims in TURNS_ITEMS for d in dims for causal in (False, True) for turns in (1, 2)]
+    assert gluon_backward.CONSUMER_TURNS == 0, "TURNS_ITEMS compile the turns the module does not take"
     for item in request:
         C(**item["config"]).validate(item["head_dim"], getattr(torch, item["dtype"]))
     problems = []
-    for res in compile_for_sm90(SCRIPT, request, timeout=1800, what="the Gluon dK/dV kernel"):
+    waits = {}  # the in-step kernels' mbarrier waits, per (config, head dim, causal)
+    results = list(compile_for_sm90(SCRIPT, request, timeout=1800, what="the Gluon dK/dV kernel"))
+    for res in results:
+        if res["bwd_kernel"] == "dkdv" and res["dtype"] == "bfloat16" and not res.get("trace") \
+                and res["compact_stats"] == default and not res.get("turns"):
+            waits[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["mbarrier_waits"]
+    for res in results:
         cfg = C(**{k: v for k, v in res["config"].items()})
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
         dq = res["bwd_kernel"] == "dq"
-        # the compile's switch, for its estimate
+        # the compile's switches, for its estimate
         monkeypatch.setattr(gluon_backward, "COMPACT_STATS", res["compact_stats"])
+        monkeypatch.setattr(gluon_backward, "CONSUMER_TURNS", res.get("turns", 0))
         estimate = cfg.dq_shared_memory(d, dtype) if dq else cfg.shared_memory(d, dtype)
         where = (f"{res['bwd_kernel']} {cfg.short()} D={d} {res['dtype']} causal={res['causal']}"
-                 f"{' traced' if res.get('trace') else ''}{' compact' if res.get('compact_stats') else ''}")
+                 f"{' traced' if res.get('trace') else ''}{' compact' if res.get('compact_stats') else ''}"
+                 f"{' turns %d' % res['turns'] if res.get('turns') else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > min(estimate, SM90_SHARED_MEMORY):
@@ -138,6 +155,10 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
         if (res["tma_reduces"] > 0) != fused or (fused and res["wgmma"] < 6):
             problems.append(f"{where}: {res['tma_reduces']} TMA reduce-adds and {res['wgmma']} wgmma "
                             f"({'fused' if fused else 'not fused'})")
+        if res.get("turns"):  # a wait for the other consumer's turn in each consumer
+            base = waits[(json.dumps(res["config"], sort_keys=True), d, res["causal"])]
+            if res["mbarrier_waits"] != base + 2:
+                problems.append(f"{where}: {res['mbarrier_waits']} mbarrier waits, in step {base}")
     assert not problems, "\n".join(problems)
 
 

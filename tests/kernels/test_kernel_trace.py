@@ -101,7 +101,21 @@ def test_the_account_adds_up_to_the_stamped_intervals(overlap):
                                           "the rest": len(blocks) * P_Q / p_total})
     assert acc.tiles == 4 and acc.blocks == n
     assert acc.ghz == pytest.approx(GHZ, rel=0.02)
+    assert acc.consumer_lag == 0.0  # the synthetic consumers walk in step
     assert len(acc.lines()) == 5 and acc.to_dict()["consumer"] == acc.consumer
+
+
+def test_the_consumer_lag_is_the_median_offset_of_consumer_1s_blocks():
+    layout = kt.BACKWARD
+    trace = _trace([4, 3], 0, sms=2, layout=layout)
+    for t, n in enumerate([4, 3]):  # consumer 1 starts each block later: 100 + 10 per block, tile t
+        for j in range(n):
+            ev = slice(kt.HEAD + layout.events * j, kt.HEAD + layout.events * (j + 1))
+            trace[t, 1, ev] += 100 + 10 * j + 1000 * t
+    acc = kt.account(trace, 0, layout=layout)
+    lags = sorted([100, 110, 120, 130] + [1100, 1110, 1120])
+    assert acc.consumer_lag == float(lags[len(lags) // 2])
+    assert acc.lines()[-1].endswith(f"consumer 1 behind consumer 0 by {lags[len(lags) // 2]}")
 
 
 def test_the_grid_account_splits_the_span_into_busy_gaps_head_and_tail():
