@@ -93,8 +93,12 @@ COMPACT_STATS = True
 # lets them run free from there; 2 keeps them so every step: a consumer issues a step's S^T and
 # dP^T only after the other has its P^T of the step before (consumer 0) or of the same step
 # (consumer 1), so one's exponentials run under the other's matmuls, as the forward's ping-pong.
-# The turns order issues only (no data passes through them): same values, same bits. Read at each
-# launch, as COMPACT_STATS; a launch plan replays the kernel it recorded.
+# The turns order issues only (no data passes through them): same values, same bits. Off: on an
+# H100 (2026-12-05: test_the_consumer_turns_change_no_bit passed; gluon_bwd.py --turns 0,1,2 over
+# 5 D=128 rows, ratio to cuDNN in geometric mean, fused dQ 0.898 / 0.899 / 0.893, a step late
+# 0.902 / 0.884 / 0.891) they gained nothing: the trace showed the late-dQ consumers already half a
+# step apart without them, at the same cycles a step (docs/gluon.md). Read at each launch, as
+# COMPACT_STATS; a launch plan replays the kernel it recorded.
 CONSUMER_TURNS = 0
 
 

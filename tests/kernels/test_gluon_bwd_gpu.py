@@ -197,7 +197,7 @@ def test_the_consumer_turns_change_no_bit(turns, causal, config, monkeypatch):
     dQ's reduce-adds (any order), on grouped heads, a split and lengths that end inside a block
     (and Nq != Nk, with a CTA of no query block under causal masking), and against the reference."""
     cfg, _gdq, split = CONFIGS[config]
-    for hq, hkv, n_q, n_k, dkdv_split in ((8, 2, 1000, 1000, split), (4, 1, 333, 1000, (2, 2)), (8, 8, 130, 130, split)):
+    for hq, hkv, n_q, n_k, dkdv_split in ((8, 2, 1000, 1000, split), (4, 1, 333, 1000, 4), (8, 8, 130, 130, split)):
         q, k, v, do, o, lse2 = causal_inputs(2, hq, hkv, n_q, seed=11)
         if n_k != n_q:
             k, v = (torch.randn(2, hkv, n_k, 128, device="cuda", dtype=q.dtype) for _ in range(2))
