@@ -9,6 +9,7 @@ benchmarks/ first on the import path).
 from __future__ import annotations
 
 import datetime
+import itertools
 import statistics
 
 import torch
@@ -43,6 +44,29 @@ def with_flags(module, values: dict, fn):
     finally:
         for name, value in saved.items():
             setattr(module, name, value)
+
+
+def switch_values(ap, module, items: list[str]) -> list[dict]:
+    """``--switch NAME=V[,V...]`` arguments (integer values of ``module``'s upper-case switches)
+    as every combination of them, one dict per combination ([{}] for none); ``ap.error`` names
+    a bad one."""
+    axes = []
+    for item in items:
+        name, _, values = item.partition("=")
+        if name.upper() != name or not isinstance(getattr(module, name, None), (bool, int)):
+            ap.error(f"--switch: {module.__name__} has no switch {name!r}")
+        try:
+            parsed = [int(v) for v in values.split(",")]
+        except ValueError:
+            ap.error(f"--switch: expected {name}=V[,V...] with integer values, got {item!r}")
+        axes.append([(name, type(getattr(module, name))(v)) for v in parsed])
+    return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def switch_tag(flags: dict, items: list[str]) -> str:
+    """The label suffix of one combination: `` NAME=V`` for each switch given several values."""
+    multi = {item.partition("=")[0] for item in items if "," in item}
+    return "".join(f" {name}={int(value)}" for name, value in flags.items() if name in multi)
 
 
 def row_inputs(B, Hq, Hkv, Nq, Nk, D, dtype, with_do: bool = False) -> tuple:

@@ -8,7 +8,8 @@ write them as JSON.
                                                        # compute-bound rows of SHAPES.md
     python benchmarks/gluon_bwd.py --configs all       # the Gluon default and its neighbours
     python benchmarks/gluon_bwd.py --stats both        # the row statistics compact and wide
-    python benchmarks/gluon_bwd.py --turns 0,1,2       # the consumers in step, staggered, taking turns
+    python benchmarks/gluon_bwd.py --switch CONSUMER_TURNS=0,1,2 --switch DQ_FIRST=0,1
+                                                       # the kernel module's switches, every combination
 
 Backward only: every runner's backward from the same forward output (flashtune's from its
 own forward's o and log-sum-exp; SDPA's through autograd.grad with the graph kept). For
@@ -89,10 +90,10 @@ def main() -> int:
                     help="the dK/dV kernel's row statistics (gluon_backward.COMPACT_STATS): as the module has them, "
                          "compact (True), wide (False), or both, each Gluon runner twice (labels ending ' compact' "
                          "and ' wide')")
-    ap.add_argument("--turns", metavar="LIST",
-                    help="the dK/dV kernel's consumer turns (gluon_backward.CONSUMER_TURNS), comma-separated of 0, "
-                         "1, 2: each Gluon runner once per value (labels ending ' tN'); default: as the module has "
-                         "them")
+    ap.add_argument("--switch", action="append", default=[], metavar="NAME=V[,V...]",
+                    help="one of gluon_backward's switches (CONSUMER_TURNS, DQ_FIRST, ...) at these integer values "
+                         "(repeatable): each Gluon runner once per combination (labels ending ' NAME=V' for the "
+                         "switches given more than one value); unnamed switches as the module has them")
     ap.add_argument("--gluon", choices=("all", "family1", "fused"), default="all",
                     help="which Gluon runners: all four, family 1 only (Triton dQ), or the two fused-dQ ones")
     ap.add_argument("--rounds", type=int, default=3)
@@ -107,9 +108,7 @@ def main() -> int:
     rows = []
     splits = [int(x) for x in args.splits.split(",")]
     lpts = [None if x == "auto" else 1 << 20 if x == "all" else int(x) for x in args.lpt.split(",")]
-    turns_list = [gluon_backward.CONSUMER_TURNS] if not args.turns else [int(x) for x in args.turns.split(",")]
-    if set(turns_list) - {0, 1, 2}:
-        ap.error(f"--turns: expected values of 0, 1, 2, got {args.turns!r}")
+    switches = gluon_bench.switch_values(ap, gluon_backward, args.switch)
     if args.grid_order and 0 not in lpts:
         lpts.append(0)
     wanted = set(args.rows.split(",")) if args.rows else None
@@ -146,18 +145,18 @@ def main() -> int:
                     continue
                 for split in splits:
                     for lpt in (lpts if causal else (None,)):
-                        for compact, turns in itertools.product(
+                        for compact, flags in itertools.product(
                                 {"default": (gluon_backward.COMPACT_STATS, ), "compact": (True, ),
-                                 "wide": (False, ), "both": (True, False)}[args.stats], turns_list):
+                                 "wide": (False, ), "both": (True, False)}[args.stats], switches):
                             tag = (f" s{split}" if splits != [0] else "") + (
                                 "" if lpt is None else " grid-order" if lpt == 0 else " lpt-all" if lpt == 1 << 20
                                 else f" lpt{lpt}") + ({True: " compact", False: " wide"}[compact]
-                                                      if args.stats == "both" else "") + (
-                                f" t{turns}" if args.turns else "")
+                                                      if args.stats == "both" else "") + gluon_bench.switch_tag(
+                                flags, args.switch)
                             fns[f"gluon {label}{tag}"] = (
-                                lambda cfg=cfg, gdq=gdq, split=split, lpt=lpt, compact=compact, turns=turns:
+                                lambda cfg=cfg, gdq=gdq, split=split, lpt=lpt, compact=compact, flags=flags:
                                 gluon_bench.with_flags(
-                                    gluon_backward, {"COMPACT_STATS": compact, "CONSUMER_TURNS": turns},
+                                    gluon_backward, {"COMPACT_STATS": compact, **flags},
                                     lambda: gluon_attention_backward(
                                         do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale, gluon_dq=gdq,
                                         dkdv_split=split, lpt=lpt)))

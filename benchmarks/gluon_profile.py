@@ -156,8 +156,9 @@ def main() -> int:
                     help="gluon_forward.PERSISTENT_SNAKE for the whole run (default: as the module has it)")
     ap.add_argument("--stats", choices=("default", "compact", "wide"), default="default",
                     help="gluon_backward.COMPACT_STATS for the whole run (default: as the module has it)")
-    ap.add_argument("--turns", type=int, choices=(0, 1, 2),
-                    help="gluon_backward.CONSUMER_TURNS for the whole run (default: as the module has it)")
+    ap.add_argument("--switch", action="append", default=[], metavar="NAME=V",
+                    help="one of gluon_backward's switches (CONSUMER_TURNS, DQ_FIRST, ...) at this integer value "
+                         "for the whole run (repeatable; default: as the module has them)")
     ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
     ap.add_argument("--realistic", action="store_true", help="SHAPES.md's rows with D 64/128 and Nq >= 1024")
     ap.add_argument("--head-dim", type=int, choices=(64, 128), help="only the shapes of this head dim")
@@ -187,11 +188,15 @@ def main() -> int:
         gluon_forward.PERSISTENT_SNAKE = args.persistent_order == "snake"
     if args.stats != "default":
         gluon_backward.COMPACT_STATS = args.stats == "compact"
-    if args.turns is not None:
-        gluon_backward.CONSUMER_TURNS = args.turns
+    combos = gluon_bench.switch_values(ap, gluon_backward, args.switch)
+    if len(combos) != 1:
+        ap.error("--switch: one value per switch here")
+    for name, value in combos[0].items():
+        setattr(gluon_backward, name, value)
     env += (f", timer {args.timer}, FMA_SOFTMAX {gluon_forward.FMA_SOFTMAX}, "
             f"TMA_STORE_O {gluon_forward.TMA_STORE_O}, PERSISTENT_SNAKE {gluon_forward.PERSISTENT_SNAKE}, "
-            f"COMPACT_STATS {gluon_backward.COMPACT_STATS}, CONSUMER_TURNS {gluon_backward.CONSUMER_TURNS}")
+            f"COMPACT_STATS {gluon_backward.COMPACT_STATS}, CONSUMER_TURNS {gluon_backward.CONSUMER_TURNS}, "
+            f"DQ_FIRST {gluon_backward.DQ_FIRST}")
     sms = sm_count(torch.device("cuda"))
     traces = pathlib.Path(args.traces) if args.traces else None
     if traces:

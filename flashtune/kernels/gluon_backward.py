@@ -100,6 +100,16 @@ COMPACT_STATS = True
 # step apart without them, at the same cycles a step (docs/gluon.md). Read at each launch, as
 # COMPACT_STATS; a launch plan replays the kernel it recorded.
 CONSUMER_TURNS = 0
+# the fused dQ share's order within a step (DQ_FUSED configs): True issues the share's two wgmmas
+# before the step's dV and dK, waits for them alone and stores the share and issues its reduce-add
+# while dV and dK run; False issues dV and dK first and waits for all four before the store. With
+# the share a step late (DQ_FUSED 2) its wgmmas need nothing of this step; in its own step (1) they
+# wait for the other group's dS^T first, as before, but ahead of dV's and dK's issue. The same
+# wgmmas on the same operands: the same bits. The trace (kernel_trace.BACKWARD) then counts the
+# issue of dV and dK in "dQ: wgmma". Off until a GPU has run it (written 2026-12-05 without one:
+# the H100 profile put a step's wait for the share's wgmma, behind dV's and dK's, at 570-600 cycles
+# and its store and reduce issue at 485-525, both on the consumer's path). Read at each launch.
+DQ_FIRST = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,14 +308,12 @@ def _producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, 
 
 
 @gluon.jit
-def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
-                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DS_SLOTS: gl.constexpr,
-                    TRACE: gl.constexpr):
-    """Step p's dQ share of consumer ``which``: dQ[:, half] = dS K[:, half] over both groups'
-    keys once both stored their dS^T (two wgmmas: A dS^T transposed from shared memory, B a
-    column slice of each K tile), scaled, sent as one TMA bulk reduce-add into the fp32 dQ
-    buffer at (batch, query head h, query block qb). Waits for every wgmma of the group.
-    TRACE: stamps events 8 to 11 of the step's trace slots ``ev`` (kernel_trace.BACKWARD)."""
+def _dq_share_issue(which, p, k_smem, ds_smem, ds_ready, ev, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, DS_SLOTS: gl.constexpr, TRACE: gl.constexpr):
+    """Step p's dQ share of consumer ``which``, issued: dQ[:, half] = dS K[:, half] over both
+    groups' keys once both stored their dS^T (two async wgmmas: A dS^T transposed from shared
+    memory, B a column slice of each K tile). Returns (dq, ds0, ds1, k0, k1), the accumulator
+    in flight and its operands. TRACE: stamps event 8 (kernel_trace.BACKWARD)."""
     HALF: gl.constexpr = HEAD_DIM // 2
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HALF, 16])
@@ -318,8 +326,16 @@ def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dq
     k1 = k_smem.index(1).reshape([BLOCK_N, HEAD_DIM]).slice(which * HALF, HALF, dim=1)
     dq = warpgroup_mma(ds0, k0, gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False, is_async=True)
     dq = warpgroup_mma(ds1, k1, dq, is_async=True)
-    dq, _d0, _d1, _k0, _k1 = warpgroup_mma_wait(0, deps=(dq, ds0, ds1, k0, k1))
-    _stamp(ev, 9, TRACE)
+    return dq, ds0, ds1, k0, k1
+
+
+@gluon.jit
+def _dq_share_send(which, dq, h, qb, dq_smem, desc_dqa, off_b, sm_scale, ev, HEAD_DIM: gl.constexpr,
+                   BLOCK_M: gl.constexpr, TRACE: gl.constexpr):
+    """A finished dQ share ``dq``, scaled, sent as one TMA bulk reduce-add into the fp32 dQ
+    buffer at (batch, query head h, query block qb) through consumer ``which``'s staging tile,
+    once the previous share's reduce has read it. TRACE: stamps events 10 and 11."""
+    HALF: gl.constexpr = HEAD_DIM // 2
     dq_buf = dq_smem.index(which)
     tma.store_wait(0)  # the previous share's reduce has read the buffer
     _stamp(ev, 10, TRACE)
@@ -329,6 +345,20 @@ def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dq
     gl.thread_barrier()
     _tma_reduce_add(desc_dqa, [off_b, h, qb * BLOCK_M, which * HALF], dq_buf)
     _stamp(ev, 11, TRACE)
+
+
+@gluon.jit
+def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DS_SLOTS: gl.constexpr,
+                    TRACE: gl.constexpr):
+    """Step p's dQ share of consumer ``which`` (``_dq_share_issue``), waited for with every
+    wgmma of the group, then sent (``_dq_share_send``). TRACE: stamps events 8 to 11 of the
+    step's trace slots ``ev`` (kernel_trace.BACKWARD)."""
+    dq, ds0, ds1, k0, k1 = _dq_share_issue(which, p, k_smem, ds_smem, ds_ready, ev, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                           DS_SLOTS, TRACE)
+    dq, _d0, _d1, _k0, _k1 = warpgroup_mma_wait(0, deps=(dq, ds0, ds1, k0, k1))
+    _stamp(ev, 9, TRACE)
+    _dq_share_send(which, dq, h, qb, dq_smem, desc_dqa, off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, TRACE)
 
 
 @gluon.jit
@@ -360,7 +390,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
               n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn, trace, pid, CAUSAL: gl.constexpr,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
               DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr,
-              TURNS: gl.constexpr):
+              TURNS: gl.constexpr, DQ_FIRST: gl.constexpr):
     # TRACE: per step, the events of kernel_trace.BACKWARD (a step without a dQ share stamps
     # its four dQ events at once)
     _trace_start(trace, pid, n_steps, 0, first_qb, TRACE)
@@ -443,23 +473,49 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
             gl.thread_barrier()
             mbarrier.arrive(ds_ready.index(it % DS_SLOTS))
         _stamp(ev, 6, TRACE)
-        if not DV_EARLY:
-            dv = warpgroup_mma(pt16, do, dv, is_async=True)
-        dk = warpgroup_mma(dst16, q, dk, is_async=True)
-        _stamp(ev, 7, TRACE)
-        if FUSED_DQ == 1:  # this step's dQ share
-            _fused_dq_share(which, it, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
-                            HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE)
-        elif FUSED_DQ == 2:  # the previous step's, so the groups may drift a step apart
-            if it > 0:
-                _fused_dq_share(which, it - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
-                                off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE)
+        if DQ_FIRST and FUSED_DQ != 0:
+            # the dQ share's wgmmas ahead of dV's and dK's, its store and reduce-add under them
+            _stamp(ev, 7, TRACE)
+            if FUSED_DQ == 1:  # this step's
+                p_share = it
+                share_h = h
+                share_qb = qb
+            else:  # the previous step's; at the first step its own, computed and not sent
+                p_share = gl.maximum(it - 1, 0)
+                share_h = h_prev
+                share_qb = qb_prev
+            dq, _d0, _d1, _k0, _k1 = _dq_share_issue(which, p_share, k_smem, ds_smem, ds_ready, ev, HEAD_DIM,
+                                                     BLOCK_M, BLOCK_N, DS_SLOTS, TRACE)
+            if not DV_EARLY:
+                dv = warpgroup_mma(pt16, do, dv, is_async=True)
+            dk = warpgroup_mma(dst16, q, dk, is_async=True)
+            # the share's two wgmmas done (with DV_EARLY dV's too, issued before them); dK, dV in flight
+            dq, _d0, _d1, _k0, _k1 = warpgroup_mma_wait(1 if DV_EARLY else 2, deps=(dq, _d0, _d1, _k0, _k1))
+            _stamp(ev, 9, TRACE)
+            if it >= FUSED_DQ - 1:
+                _dq_share_send(which, dq, share_h, share_qb, dq_smem, desc_dqa, off_b, sm_scale, ev, HEAD_DIM,
+                               BLOCK_M, TRACE)
+            else:
+                _stamp(ev, 10, TRACE)
+                _stamp(ev, 11, TRACE)
+        else:
+            if not DV_EARLY:
+                dv = warpgroup_mma(pt16, do, dv, is_async=True)
+            dk = warpgroup_mma(dst16, q, dk, is_async=True)
+            _stamp(ev, 7, TRACE)
+            if FUSED_DQ == 1:  # this step's dQ share
+                _fused_dq_share(which, it, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE)
+            elif FUSED_DQ == 2:  # the previous step's, so the groups may drift a step apart
+                if it > 0:
+                    _fused_dq_share(which, it - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
+                                    off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE)
+                else:
+                    for e in gl.static_range(8, 12):
+                        _stamp(ev, e, TRACE)
             else:
                 for e in gl.static_range(8, 12):
                     _stamp(ev, e, TRACE)
-        else:
-            for e in gl.static_range(8, 12):
-                _stamp(ev, e, TRACE)
         dv, dk, _p, _ds, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, pt16, dst16, do, q))
         _stamp(ev, 12, TRACE)
         # every warp of the group is done with the slot before its one arrival
@@ -499,7 +555,7 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                                 BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr,
                                 FUSED_DQ: gl.constexpr, DS_LAYOUT: gl.constexpr,
                                 PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TRACE: gl.constexpr,
-                                COMPACT_STATS: gl.constexpr, TURNS: gl.constexpr):
+                                COMPACT_STATS: gl.constexpr, TURNS: gl.constexpr, DQ_FIRST: gl.constexpr):
     # TRACE: the trace (kernel_trace.BACKWARD) into TRACE_PTR's [CTAs, 3, TRACE_SLOTS] int64 slots
     # a 1-D grid of key blocks (2 x BLOCK_N keys) x units, a unit being one (batch, K/V head,
     # split) in that order; the CTA's key block and unit from its index (gluon_forward.lpt_tile)
@@ -569,13 +625,13 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
                      n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS)),
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST)),
         (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
                      n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS)),
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
                      q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, BLOCK_M, BLOCK_N, NUM_BUFFERS,
@@ -779,12 +835,12 @@ def _gluon_attn_bwd_dq_kernel(desc_q, desc_do, desc_k, desc_v, DQ, LSE, DELTA, q
 # ----------------------------------------------------------------------------------
 def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
                       trace: bool = False) -> dict:
-    """The dK/dV kernel's constexprs (COMPACT_STATS, CONSUMER_TURNS: the module's values at the call)."""
+    """The dK/dV kernel's constexprs (COMPACT_STATS, CONSUMER_TURNS, DQ_FIRST: the module's values at the call)."""
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                 NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=config.DQ_FUSED,
                 DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
                 CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace), COMPACT_STATS=bool(COMPACT_STATS),
-                TURNS=int(CONSUMER_TURNS))
+                TURNS=int(CONSUMER_TURNS), DQ_FIRST=bool(DQ_FIRST))
 
 
 def dkdv_trace_shape(q_shape, k_shape, config: GluonBwdConfig, split: tuple[int, int]) -> tuple[int, int, int]:

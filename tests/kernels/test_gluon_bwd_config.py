@@ -94,6 +94,8 @@ OTHER_STATS_ITEMS = ((C(), (64, 128)), (C(DQ_FUSED=1), (128, )), (C(DQ_FUSED=2),
 # two mbarrier waits more than the same kernel in step (ITEMS), the turns' two mbarriers in its
 # shared memory
 TURNS_ITEMS = ((C(), (128, )), (C(DQ_FUSED=1), (64, 128)), (C(DQ_FUSED=2), (128, )))
+# the fused dQ's share issued ahead of dV and dK (DQ_FIRST, off by default), bf16; traced too
+DQ_FIRST_ITEMS = ((C(DQ_FUSED=1), (64, 128)), (C(DQ_FUSED=2), (64, 128)), (C(DQ_FUSED=1, NUM_BUFFERS=3), (128, )))
 
 
 def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
@@ -112,8 +114,12 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
          for causal in (False, True) for trace in (False, True)] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
           "causal": causal, "compact_stats": default, "turns": turns}
-         for cfg, dims in TURNS_ITEMS for d in dims for causal in (False, True) for turns in (1, 2)]
+         for cfg, dims in TURNS_ITEMS for d in dims for causal in (False, True) for turns in (1, 2)] + \
+        [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
+          "causal": causal, "compact_stats": default, "dq_first": True, "trace": trace}
+         for cfg, dims in DQ_FIRST_ITEMS for d in dims for causal in (False, True) for trace in (False, True)]
     assert gluon_backward.CONSUMER_TURNS == 0, "TURNS_ITEMS compile the turns the module does not take"
+    assert not gluon_backward.DQ_FIRST, "DQ_FIRST_ITEMS compile the order the module does not take"
     for item in request:
         C(**item["config"]).validate(item["head_dim"], getattr(torch, item["dtype"]))
     problems = []
@@ -121,7 +127,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
     results = list(compile_for_sm90(SCRIPT, request, timeout=1800, what="the Gluon dK/dV kernel"))
     for res in results:
         if res["bwd_kernel"] == "dkdv" and res["dtype"] == "bfloat16" and not res.get("trace") \
-                and res["compact_stats"] == default and not res.get("turns"):
+                and res["compact_stats"] == default and not res.get("turns") and not res.get("dq_first"):
             waits[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["mbarrier_waits"]
     for res in results:
         cfg = C(**{k: v for k, v in res["config"].items()})
@@ -133,7 +139,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
         estimate = cfg.dq_shared_memory(d, dtype) if dq else cfg.shared_memory(d, dtype)
         where = (f"{res['bwd_kernel']} {cfg.short()} D={d} {res['dtype']} causal={res['causal']}"
                  f"{' traced' if res.get('trace') else ''}{' compact' if res.get('compact_stats') else ''}"
-                 f"{' turns %d' % res['turns'] if res.get('turns') else ''}")
+                 f"{' turns %d' % res['turns'] if res.get('turns') else ''}{' dq-first' if res.get('dq_first') else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > min(estimate, SM90_SHARED_MEMORY):

@@ -188,14 +188,20 @@ def test_the_compact_row_statistics_change_no_bit(causal, config, monkeypatch):
     check_gluon_backward(1000, 1000, 128, causal=causal, config=config)
 
 
+# gluon_backward's switches that only order work (no data passes through them), off by default
+ORDER_SWITCHES = [{"CONSUMER_TURNS": 1}, {"CONSUMER_TURNS": 2}, {"DQ_FIRST": True},
+                  {"DQ_FIRST": True, "CONSUMER_TURNS": 2}]
+
+
 @pytest.mark.parametrize("config", ["m64", "m64-fused", "m64-fused-late"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("turns", [1, 2])
-def test_the_consumer_turns_change_no_bit(turns, causal, config, monkeypatch):
-    """gluon_backward.CONSUMER_TURNS only orders the consumers' issues (no data passes through
-    the turns): dK and dV agree exactly with the consumers in step, dQ too but for the fused
-    dQ's reduce-adds (any order), on grouped heads, a split and lengths that end inside a block
-    (and Nq != Nk, with a CTA of no query block under causal masking), and against the reference."""
+@pytest.mark.parametrize("flags", ORDER_SWITCHES, ids=lambda f: "-".join(f"{k}={int(v)}" for k, v in f.items()))
+def test_the_order_switches_change_no_bit(flags, causal, config, monkeypatch):
+    """gluon_backward.CONSUMER_TURNS (the consumers' issues in turns) and DQ_FIRST (the fused dQ
+    share's wgmmas ahead of dV's and dK's) only order the same work: dK and dV agree exactly with
+    the module's defaults, dQ too but for the fused dQ's reduce-adds (any order), on grouped heads,
+    a split and lengths that end inside a block (and Nq != Nk, with a CTA of no query block under
+    causal masking), and against the reference."""
     cfg, _gdq, split = CONFIGS[config]
     for hq, hkv, n_q, n_k, dkdv_split in ((8, 2, 1000, 1000, split), (4, 1, 333, 1000, 4), (8, 8, 130, 130, split)):
         q, k, v, do, o, lse2 = causal_inputs(2, hq, hkv, n_q, seed=11)
@@ -204,8 +210,9 @@ def test_the_consumer_turns_change_no_bit(turns, causal, config, monkeypatch):
         o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128),
                                                         causal=causal)
         runs = []
-        for t in (0, turns):
-            monkeypatch.setattr(gluon_backward, "CONSUMER_TURNS", t)
+        for on in (False, True):
+            for name, value in flags.items():
+                monkeypatch.setattr(gluon_backward, name, value if on else type(value)(0))
             runs.append(gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=causal,
                                                                 dkdv_split=dkdv_split))
         torch.cuda.synchronize()

@@ -235,3 +235,22 @@ def test_gluon_sass_names_a_bad_setting(load_benchmark, capsys):
     with pytest.raises(SystemExit) as exit_:
         script.main(["--config", "BLOCK_M=abc"])
     assert exit_.value.code == 2 and "expected NAME=INTEGER" in capsys.readouterr().err
+
+
+def test_the_benchmarks_switch_option_gives_every_combination_and_names_a_bad_one(load_benchmark, capsys):
+    import argparse
+
+    from flashtune.kernels import gluon_backward
+
+    bench = load_benchmark("gluon_bench")
+    ap = argparse.ArgumentParser(prog="gluon_bwd.py")
+    combos = bench.switch_values(ap, gluon_backward, ["CONSUMER_TURNS=0,2", "DQ_FIRST=1"])
+    assert combos == [{"CONSUMER_TURNS": 0, "DQ_FIRST": True}, {"CONSUMER_TURNS": 2, "DQ_FIRST": True}]
+    assert bench.switch_values(ap, gluon_backward, []) == [{}]
+    # only the switches given several values name a runner
+    assert bench.switch_tag(combos[1], ["CONSUMER_TURNS=0,2", "DQ_FIRST=1"]) == " CONSUMER_TURNS=2"
+    for bad, message in (("NO_SUCH=1", "has no switch 'NO_SUCH'"), ("DQ_FIRST=on", "integer values"),
+                         ("dq_first=1", "has no switch")):
+        with pytest.raises(SystemExit):
+            bench.switch_values(ap, gluon_backward, [bad])
+        assert message in capsys.readouterr().err
