@@ -67,9 +67,11 @@ def o_tile_label(cfg: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma: bo
     """What PERSISTENT_O_TILE ``switch`` gives this persistent config, as a label suffix."""
     if not switch:
         return ""
-    o_tile, early_q = gluon_forward.persistent_o_tile(cfg, head_dim, dtype, gluon_forward._tma_store(dtype, tma),
-                                                      True)
-    return " otile" if o_tile else " early-q" if early_q else " no-otile"
+    tma_store = gluon_forward._tma_store(dtype, tma)
+    o_tile, early_q = gluon_forward.persistent_o_tile(cfg, head_dim, dtype, tma_store, True)
+    v_buffers = gluon_forward.persistent_v_buffers(cfg, head_dim, dtype, tma_store, True)
+    short_v = f" v{v_buffers}" if v_buffers != cfg.NUM_BUFFERS else ""  # V's ring a slot shorter
+    return f" otile{short_v}" if o_tile else " early-q" if early_q else " no-otile"
 
 
 def main() -> int:

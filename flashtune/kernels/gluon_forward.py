@@ -121,15 +121,18 @@ TMA_STORE_O = True
 PERSISTENT_SNAKE = True
 # the persistent kernel's output tile (PERSISTENT configs with the TMA store only): True gives each
 # consumer an O tile of its own in shared memory where it fits beside the Q tiles and the K/V ring
-# (persistent_o_tile: D=64 at every ring, D=128 with 2 buffers; not D=128 with 3), and releases the
-# consumer's Q tile as soon as its last S = QK^T has been waited for, before the last P V and the
+# (persistent_o_tile: D=64 at every ring, D=128 with 2 buffers; D=128 with 3 since the fourth
+# session of 2026-12-05 with V's ring one slot shorter than K's, persistent_v_buffers), and releases
+# the consumer's Q tile as soon as its last S = QK^T has been waited for, before the last P V and the
 # epilogue, so that the producer loads the next tile's Q under them; the bulk store of one tile's O
 # is waited for only before the next tile's epilogue writes the O tile again. False: O goes through
 # the Q tile (TMA_STORE_O), which is released only once the bulk store has read it: per tile and
 # consumer the epilogue, the store and a Q load in series (the persistent kernel's short-row loss:
-# grid-d128-512 full 0.89x cuDNN). Off until an H200 has run it (written 2026-12-05 without a
-# device): the persistent tests, then benchmarks/gluon_fwd.py --configs persistent --o-tile both.
-# Read at each launch.
+# grid-d128-512 full 0.89x cuDNN). Off: on an H100 (2026-12-05, docs/gluon.md) it gained 4-7 % at
+# N <= 1k with 2 buffers, where 2 buffers lose 10 % to 3; with 3 K and 2 V slots it is written and
+# compiled, not yet run (the next step: the persistent tests, then benchmarks/gluon_fwd.py --configs
+# persistent --o-tile both on the short rows). The register store with the early Q alone lost 7-9 %
+# to the TMA store (H100, N <= 1k). Read at each launch.
 PERSISTENT_O_TILE = False
 
 
@@ -209,13 +212,16 @@ class GluonFwdConfig:
         return (f"m{self.BLOCK_M}n{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
                 f"{'pp' if self.PINGPONG else ''}{'' if self.OVERLAP else 'seq'}{'P' if self.PERSISTENT else ''}")
 
-    def shared_memory(self, head_dim: int, dtype: torch.dtype, o_tile: bool = False) -> int:
+    def shared_memory(self, head_dim: int, dtype: torch.dtype, o_tile: bool = False,
+                      v_buffers: int | None = None) -> int:
         """Bytes of shared memory: two Q tiles, the K and V rings, the mbarriers (``o_tile``:
-        and the two O tiles of PERSISTENT_O_TILE)."""
+        and the two O tiles of PERSISTENT_O_TILE; ``v_buffers``: V's ring slots where fewer than
+        K's, persistent_v_buffers)."""
         e = torch.empty((), dtype=dtype).element_size()
+        v_slots = self.NUM_BUFFERS if v_buffers is None else v_buffers
         q_tiles = 4 if o_tile else 2  # the Q tiles, and the O tiles of the same shape
-        tiles = q_tiles * self.BLOCK_M * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_N * head_dim * e
-        barriers = (2 + 3 * self.NUM_BUFFERS + 2 + (2 if self.PERSISTENT else 0)) * _BARRIER_BYTES
+        tiles = q_tiles * self.BLOCK_M * head_dim * e + (self.NUM_BUFFERS + v_slots) * self.BLOCK_N * head_dim * e
+        barriers = (2 + 2 * self.NUM_BUFFERS + v_slots + 2 + (2 if self.PERSISTENT else 0)) * _BARRIER_BYTES
         if dtype in FP8_DTYPES and self.OVERLAP:  # the consumers' P tiles (_stage_p)
             tiles += 2 * self.BLOCK_M * self.BLOCK_N * e
         return tiles + barriers + _SHARED_SLACK
@@ -387,9 +393,14 @@ def _v_tile(v_bufs, s, FP8: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.co
 def _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0, trace,
              BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FP8: gl.constexpr, TRACE: gl.constexpr):
     """The tile's key block lo + j into ring slot (it0 + j) % NUM_BUFFERS; ``it0``: the blocks
-    the ring carried before this tile (0 without PERSISTENT)."""
+    the ring carried before this tile (0 without PERSISTENT). V into slot (it0 + j) % VB of its
+    own ring where ``v_bufs`` has fewer slots (VB) than the K ring (the O tiles' room,
+    persistent_v_buffers): V slot free once block g - VB is released, which the K ring's empty
+    mbarrier of that block's slot tells (the phase block g + NUM_BUFFERS - VB's K load waits for)."""
+    VB: gl.constexpr = v_bufs.shape[0]
     g = it0 + j
     s = g % NUM_BUFFERS
+    sv = g % VB
     phase = (g // NUM_BUFFERS) & 1
     ev = trace + _T_HEAD + _T_EVENTS * j
     _stamp(ev, 0, TRACE)
@@ -400,13 +411,16 @@ def _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, 
     mbarrier.expect(k_ready.index(s), desc_k.block_type.nbytes)
     tma.async_copy_global_to_shared(desc_k, [off_b, off_hk, (lo + j) * BLOCK_N, 0], k_ready.index(s),
                                     k_bufs.index(s))
-    mbarrier.expect(v_ready.index(s), desc_v.block_type.nbytes)
+    if VB != NUM_BUFFERS:
+        r = g + (NUM_BUFFERS - VB)
+        mbarrier.wait(kv_empty.index(r % NUM_BUFFERS), ((r // NUM_BUFFERS) & 1) ^ 1)
+    mbarrier.expect(v_ready.index(sv), desc_v.block_type.nbytes)
     if FP8:  # V^T: [D, BLOCK_N] tiles of the key-contiguous V
-        tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, 0, (lo + j) * BLOCK_N], v_ready.index(s),
-                                        v_bufs.index(s))
+        tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, 0, (lo + j) * BLOCK_N], v_ready.index(sv),
+                                        v_bufs.index(sv))
     else:
-        tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, (lo + j) * BLOCK_N, 0], v_ready.index(s),
-                                        v_bufs.index(s))
+        tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, (lo + j) * BLOCK_N, 0], v_ready.index(sv),
+                                        v_bufs.index(sv))
     _stamp(ev, 2, TRACE)
 
 
@@ -434,11 +448,13 @@ def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, 
         # (waits that need no Q of this tile), so they load under the previous tile's end;
         # then Q, once released; more blocks than slots before Q would deadlock. EARLY_Q (the
         # consumers release Q once the previous tile's block n-2 is done, before its last P V):
-        # one block fewer first, as the last slot frees only with that last P V
+        # one block fewer first, as the last slot frees only with that last P V. A V ring shorter
+        # than the K ring (v_bufs) bounds them the same way
+        VB: gl.constexpr = v_bufs.shape[0]
         if EARLY_Q:
-            n_pre = gl.minimum(n_blocks, NUM_BUFFERS - 1)
+            n_pre = gl.minimum(n_blocks, VB - 1)
         else:
-            n_pre = gl.minimum(n_blocks, NUM_BUFFERS)
+            n_pre = gl.minimum(n_blocks, VB)
         for j in range(0, n_pre):
             _load_kv(desc_k, desc_v, k_bufs, v_bufs, k_ready, v_ready, kv_empty, off_b, off_hk, lo, j, it0, trace,
                      BLOCK_N, NUM_BUFFERS, FP8, TRACE)
@@ -468,14 +484,16 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
     consumer: online softmax into (acc, m_i, l_i). Ring slots and turns count from ``it0``,
     the blocks the ring carried before this tile."""
     dtype: gl.constexpr = q.dtype
+    VB: gl.constexpr = v_bufs.shape[0]
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     for j in range(first, last):
         g = it0 + j
         s = g % NUM_BUFFERS
         phase = (g // NUM_BUFFERS) & 1
+        sv = g % VB  # V's slot (its own ring where shorter, _load_kv)
         k_smem = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
-        v_smem = _v_tile(v_bufs, s, FP8, HEAD_DIM, BLOCK_N)
+        v_smem = _v_tile(v_bufs, sv, FP8, HEAD_DIM, BLOCK_N)
         ev = trace + _T_HEAD + _T_EVENTS * j  # kernel_trace.FORWARD.consumer[0]
         _stamp(ev, 0, TRACE)
         mbarrier.wait(k_ready.index(s), phase)
@@ -494,7 +512,7 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         _stamp(ev, 4, TRACE)
-        mbarrier.wait(v_ready.index(s), phase)
+        mbarrier.wait(v_ready.index(sv), (g // VB) & 1)
         _stamp(ev, 5, TRACE)
         acc = warpgroup_mma(p16, v_smem, acc, is_async=True)
         acc, _v = warpgroup_mma_wait(0, deps=(acc, v_smem))
@@ -571,6 +589,7 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
     turns count from ``it0``, the blocks the ring carried before this tile. EARLY_Q: the Q
     tile goes back to the producer (``q_empty``) once the last S is done, before the last PV."""
     dtype: gl.constexpr = q.dtype
+    VB: gl.constexpr = v_bufs.shape[0]  # V's ring (shorter than K's where the O tiles need room)
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     if n_blocks > 0:
@@ -602,12 +621,12 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
             s = g % NUM_BUFFERS
             sp = (g - 1) % NUM_BUFFERS
             k_smem = k_bufs.index(s).reshape([BLOCK_N, HEAD_DIM])
-            v_prev = _v_tile(v_bufs, sp, FP8, HEAD_DIM, BLOCK_N)
+            v_prev = _v_tile(v_bufs, (g - 1) % VB, FP8, HEAD_DIM, BLOCK_N)
             ev = trace + _T_HEAD + _T_EVENTS * j
             _stamp(ev, 0, TRACE)
             mbarrier.wait(k_ready.index(s), (g // NUM_BUFFERS) & 1)
             _stamp(ev, 1, TRACE)
-            mbarrier.wait(v_ready.index(sp), ((g - 1) // NUM_BUFFERS) & 1)
+            mbarrier.wait(v_ready.index((g - 1) % VB), ((g - 1) // VB) & 1)
             _stamp(ev, 2, TRACE)
             if PINGPONG:
                 mbarrier.wait(turn.index(which), (g & 1) ^ (1 - which))
@@ -638,8 +657,8 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
         # the last block's PV
         g_last = it0 + n_blocks - 1
         sl = g_last % NUM_BUFFERS
-        v_last = _v_tile(v_bufs, sl, FP8, HEAD_DIM, BLOCK_N)
-        mbarrier.wait(v_ready.index(sl), (g_last // NUM_BUFFERS) & 1)
+        v_last = _v_tile(v_bufs, g_last % VB, FP8, HEAD_DIM, BLOCK_N)
+        mbarrier.wait(v_ready.index(g_last % VB), (g_last // VB) & 1)
         _stamp(trace, _T_CLK_LAST_V, TRACE)
         acc = warpgroup_mma(p16, v_last, acc, is_async=True)
         acc, _p, _v = warpgroup_mma_wait(0, deps=(acc, p16, v_last))
@@ -921,7 +940,10 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                            OVERLAP: gl.constexpr, FP8: gl.constexpr, P_LAYOUT: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PERSISTENT: gl.constexpr,
                            TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, TMA_STORE: gl.constexpr,
-                           SNAKE: gl.constexpr, O_TILE: gl.constexpr, EARLY_Q: gl.constexpr):
+                           SNAKE: gl.constexpr, O_TILE: gl.constexpr, EARLY_Q: gl.constexpr,
+                           V_BUFFERS: gl.constexpr):
+    # V_BUFFERS: V's ring slots (NUM_BUFFERS, or fewer where the O tiles need the room:
+    # persistent_v_buffers; the V loads then wait for their own slots, _load_kv);
     # TMA_STORE: O is the output's TMA descriptor (TMA_STORE_O), else its pointer; SNAKE: the
     # persistent CTAs' tiles in a snake over the rounds (PERSISTENT_SNAKE); O_TILE (PERSISTENT
     # with TMA_STORE): each consumer's O through a tile of its own; EARLY_Q (PERSISTENT with the
@@ -930,7 +952,7 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
     # TRACE_PTR's [tiles, 3, TRACE_SLOTS] int64 slots (unused without)
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
     k_bufs = gl.allocate_shared_memory(desc_k.dtype, [NUM_BUFFERS] + desc_k.block_type.shape, desc_k.layout)
-    v_bufs = gl.allocate_shared_memory(desc_v.dtype, [NUM_BUFFERS] + desc_v.block_type.shape, desc_v.layout)
+    v_bufs = gl.allocate_shared_memory(desc_v.dtype, [V_BUFFERS] + desc_v.block_type.shape, desc_v.layout)
     if FP8 and OVERLAP:  # each consumer's P tile (_stage_p)
         p_bufs = gl.allocate_shared_memory(desc_q.dtype, [2, BLOCK_M, BLOCK_N], P_LAYOUT)
     else:
@@ -946,7 +968,7 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
         q_empty = q_ready  # not used
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [V_BUFFERS, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
@@ -955,8 +977,9 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
             mbarrier.init(q_empty.index(i), count=1)
     for i in gl.static_range(NUM_BUFFERS):
         mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot (its K and V)
+    for i in gl.static_range(V_BUFFERS):
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=2)  # both consumers release a slot
     fence_async_shared()
 
     if PERSISTENT:  # at most one CTA per SM, each walking one tile of each round (_round_tile) of _tile's order
@@ -1100,8 +1123,27 @@ def persistent_o_tile(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype,
     their Q tiles before the last P V (with the overlap) wherever O does not go through them."""
     if not (config.PERSISTENT and (PERSISTENT_O_TILE if switch is None else switch)):
         return False, False
-    o_tile = bool(tma_store) and config.shared_memory(head_dim, dtype, o_tile=True) <= SM90_SHARED_MEMORY
+    o_tile = bool(tma_store) and _o_tile_v_buffers(config, head_dim, dtype) is not None
     return o_tile, bool(config.OVERLAP) and (o_tile or not tma_store)
+
+
+def _o_tile_v_buffers(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype) -> int | None:
+    """V's ring slots beside the O tiles: NUM_BUFFERS where shared memory holds them all, one
+    fewer (at least 2) where only that does (D=128 with 3 x 128-key slots: 3 K and 2 V slots
+    and the O tiles, 229 KB), else None (no O tiles)."""
+    for v_buffers in (config.NUM_BUFFERS, config.NUM_BUFFERS - 1):
+        if v_buffers >= 2 and config.shared_memory(head_dim, dtype, True, v_buffers) <= SM90_SHARED_MEMORY:
+            return v_buffers
+    return None
+
+
+def persistent_v_buffers(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma_store: bool,
+                         switch: bool | None = None) -> int:
+    """V's ring slots of a launch (arguments as persistent_o_tile's): NUM_BUFFERS, or one fewer
+    where the O tiles need the room (the V loads then wait for their own slots, each freed with
+    the release of the block VB before: at 3 K and 2 V slots V keeps two blocks of lead, K three)."""
+    o_tile, _early_q = persistent_o_tile(config, head_dim, dtype, tma_store, switch)
+    return _o_tile_v_buffers(config, head_dim, dtype) if o_tile else config.NUM_BUFFERS
 
 
 # the snake's block-major order (a causal call's tiles heaviest first across all units) is taken
@@ -1153,6 +1195,7 @@ def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype,
     ``snake`` None: PERSISTENT_SNAKE, ``o_tile`` None: PERSISTENT_O_TILE (persistent configs
     only; persistent_o_tile)."""
     with_o_tile, early_q = persistent_o_tile(config, head_dim, dtype, tma_store, o_tile)
+    v_buffers = persistent_v_buffers(config, head_dim, dtype, tma_store, o_tile)
     return dict(CAUSAL=bool(causal), WINDOW=bool(window), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M,
                 BLOCK_N=config.BLOCK_N, NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG),
                 OVERLAP=bool(config.OVERLAP), FP8=dtype in FP8_DTYPES,
@@ -1162,7 +1205,7 @@ def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype,
                 SCALE_POSITIVE=bool(FMA_SOFTMAX if scale_positive is None else scale_positive),
                 TMA_STORE=bool(tma_store),
                 SNAKE=bool(config.PERSISTENT) and bool(PERSISTENT_SNAKE if snake is None else snake),
-                O_TILE=with_o_tile, EARLY_Q=early_q)
+                O_TILE=with_o_tile, EARLY_Q=early_q, V_BUFFERS=v_buffers)
 
 
 def trace_shape(q_shape, n_k: int, config: GluonFwdConfig) -> tuple[int, int, int]:

@@ -56,10 +56,12 @@ OTHER_ORDER_ITEMS = ((C(NUM_BUFFERS=3, PERSISTENT=1), (128, )), (C(OVERLAP=0, PE
 # from registers), 16-bit: both loops, persistent
 OTHER_STORE_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )))
 # the persistent kernel's other O tile setting than the module's (PERSISTENT_O_TILE: O tiles of its own
-# where they fit, the Q tile released before the last P V): D=128 with 2 buffers (fits) and 3 (does
-# not: O through Q as before), D=64 without the overlap; (config, head dims, tma_store)
+# where they fit, the Q tile released before the last P V): D=128 with 2 buffers (fits) and 3 (fits
+# with V's ring a slot shorter than K's: persistent_v_buffers), D=64 without the overlap; (config,
+# head dims, tma_store)
 OTHER_O_TILE_ITEMS = ((C(NUM_BUFFERS=2, PERSISTENT=1), (128, ), None), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, ), None),
-                      (C(OVERLAP=0, PERSISTENT=1), (64, ), None), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, ), False))
+                      (C(OVERLAP=0, PERSISTENT=1), (64, ), None), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, ), False),
+                      (C(NUM_BUFFERS=3, OVERLAP=0, PERSISTENT=1), (128, ), None))
 
 
 def _request():
@@ -103,13 +105,15 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
         tma_store = res.get("tma_store", gluon_forward.TMA_STORE_O) and "float8" not in res["dtype"]
         o_tile, early_q = gluon_forward.persistent_o_tile(cfg, d, dtype, tma_store, res.get("o_tile"))
-        estimate = cfg.shared_memory(d, dtype, o_tile=o_tile)
+        v_buffers = gluon_forward.persistent_v_buffers(cfg, d, dtype, tma_store, res.get("o_tile"))
+        estimate = cfg.shared_memory(d, dtype, o_tile=o_tile, v_buffers=v_buffers)
         where = (f"{cfg.short()} D={d} {res['dtype']} causal={res['causal']}{' window' if res.get('window') else ''}"
                  f"{' traced' if res.get('trace') else ''}{' fma-softmax' if res.get('fma_softmax') else ''}"
                  f"{' tma-store' if res.get('tma_store') else ''}"
                  f"{' register-store' if res.get('tma_store') is False else ''}"
                  f"{'' if 'snake' not in res else ' snake' if res['snake'] else ' strided'}"
-                 f"{' o-tile' if o_tile else ''}{' early-q' if early_q else ''}")
+                 f"{' o-tile' if o_tile else ''}{' early-q' if early_q else ''}"
+                 f"{' v%d' % v_buffers if v_buffers != cfg.NUM_BUFFERS else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > SM90_SHARED_MEMORY:

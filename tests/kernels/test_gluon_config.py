@@ -362,9 +362,12 @@ def test_persistent_config_counts_its_q_barriers():
 
 
 @pytest.mark.parametrize("cfg, head_dim, dtype, tma_store, expected", [
-    # D=128: 2 x 16 KiB of O tiles fit beside 2 buffers (197 KB), not beside 3 (262 KB): O through Q
+    # D=128: 2 x 16 KiB of O tiles fit beside 2 buffers (197 KB); beside 3 (262 KB) only with V's
+    # ring a slot shorter (3 K, 2 V: 230 KB; persistent_v_buffers)
     (GluonFwdConfig(NUM_BUFFERS=2, PERSISTENT=1), 128, torch.bfloat16, True, (True, True)),
-    (GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1), 128, torch.bfloat16, True, (False, False)),
+    (GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1), 128, torch.bfloat16, True, (True, True)),
+    # 64-key blocks at D=128 fit the O tiles beside 4 slots of each
+    (GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=4, PERSISTENT=1), 128, torch.bfloat16, True, (True, True)),
     # the register store never goes through Q: the Q tile is released early wherever the overlap runs
     (GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1), 128, torch.bfloat16, False, (False, True)),
     (GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1), 128, torch.float8_e4m3fn, False, (False, True)),
@@ -380,7 +383,24 @@ def test_persistent_o_tiles_where_shared_memory_holds_them(cfg, head_dim, dtype,
     e = torch.empty((), dtype=dtype).element_size()
     assert cfg.shared_memory(head_dim, dtype, o_tile=True) == \
         cfg.shared_memory(head_dim, dtype) + 2 * cfg.BLOCK_M * head_dim * e
-    assert (cfg.shared_memory(head_dim, dtype, o_tile=True) <= gluon_forward.SM90_SHARED_MEMORY) >= o_tile
+    v_buffers = gluon_forward.persistent_v_buffers(cfg, head_dim, dtype, tma_store, switch=True)
+    assert gluon_forward.persistent_v_buffers(cfg, head_dim, dtype, tma_store, switch=False) == cfg.NUM_BUFFERS
+    # V's ring is shortened only for the O tiles, by one slot, and only where the full ring has no room
+    assert v_buffers == cfg.NUM_BUFFERS or (o_tile and v_buffers == cfg.NUM_BUFFERS - 1 and cfg.shared_memory(
+        head_dim, dtype, o_tile=True) > gluon_forward.SM90_SHARED_MEMORY)
+    assert (cfg.shared_memory(head_dim, dtype, o_tile=True, v_buffers=v_buffers)
+            <= gluon_forward.SM90_SHARED_MEMORY) >= o_tile
+
+
+def test_a_shorter_v_ring_counts_its_slots_and_barriers():
+    cfg = GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1)
+    e, d, block = 2, 128, 128 * 128 * 2
+    assert cfg.shared_memory(d, torch.bfloat16, v_buffers=3) == cfg.shared_memory(d, torch.bfloat16)
+    assert cfg.shared_memory(d, torch.bfloat16, v_buffers=2) == \
+        cfg.shared_memory(d, torch.bfloat16) - block - gluon_forward._BARRIER_BYTES
+    assert cfg.shared_memory(d, torch.bfloat16, o_tile=True, v_buffers=2) == \
+        cfg.shared_memory(d, torch.bfloat16) + 2 * 64 * d * e - block - gluon_forward._BARRIER_BYTES
+    assert cfg.shared_memory(d, torch.bfloat16, o_tile=True, v_buffers=2) <= gluon_forward.SM90_SHARED_MEMORY
 
 
 @pytest.mark.parametrize("snake", [False, True], ids=["strided", "snake"])

@@ -43,6 +43,14 @@ for o_tile, g.TMA_STORE_O in ((g.PERSISTENT_O_TILE, tma_store), (True, True), (T
                 cfg = g.GluonFwdConfig(NUM_BUFFERS=2, OVERLAP=overlap, PINGPONG=pingpong, PERSISTENT=1)
                 g.gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=None)
                 torch.cuda.synchronize()
+# D=128 with 3 slots: the O tiles with V's ring a slot shorter than K's (persistent_v_buffers)
+q, k, v = (torch.randn(4, 8, 1000, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+g.PERSISTENT_O_TILE, g.TMA_STORE_O = True, True
+for overlap in (0, 1):
+    for causal in (False, True):
+        cfg = g.GluonFwdConfig(NUM_BUFFERS=3, OVERLAP=overlap, PERSISTENT=1)
+        g.gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=None)
+        torch.cuda.synchronize()
 """
 
 
@@ -51,7 +59,8 @@ def _the_persistent_kernel_comes_back():
     smoke_in_subprocess(SMOKE, what="the persistent Gluon forward",
                         hang_hint="a hang on 4x8x1000x64 with two tiles per CTA: the Q-empty barriers or the "
                                   "ring's and turns' phases carried across tiles (PERSISTENT_O_TILE: the early "
-                                  "Q release, the O tiles' store waits)")
+                                  "Q release, the O tiles' store waits; at D=128 V's shorter ring: _load_kv's "
+                                  "wait for the V slot)")
 
 
 C = GluonFwdConfig
@@ -159,11 +168,30 @@ def test_the_other_tile_order_gives_the_grid_kernels_bits(config, case, monkeypa
                                               (C(NUM_BUFFERS=3, PERSISTENT=1), True)],
                          ids=lambda c: c.short() if isinstance(c, GluonFwdConfig) else "tma" if c else "registers")
 def test_the_o_tiles_give_the_grid_kernels_bits(config, tma_store, case, monkeypatch):
-    """PERSISTENT_O_TILE: each consumer's O through a tile of its own (where it fits: D=64, and
-    D=128 with 2 buffers; with 3 O still goes through Q) and its Q tile released before the last
+    """PERSISTENT_O_TILE: each consumer's O through a tile of its own (D=64; D=128 with 2 buffers,
+    and with 3 beside V's ring a slot shorter than K's) and its Q tile released before the last
     P V, reloaded under it while the bulk store of the previous tile may still read its O tile;
     every tile's rows still as the grid kernel computes them."""
     monkeypatch.setattr(gluon_forward, "PERSISTENT_O_TILE", True)
     monkeypatch.setattr(gluon_forward, "TMA_STORE_O", tma_store)
     _assert_the_grid_kernels_bits(config, case, seed=16)
 
+
+# D=128 tiles of 1 to 4 key blocks, many per CTA: V's 2-slot ring beside K's 3 (persistent_v_buffers)
+# laps the K ring out of step, with the persistent pre-loads of a tile's first blocks
+SHORT_V_CASES = [
+    (64, (4, 1), 300, 300, 128, True, "top_left", None),
+    (32, (8, 8), 130, 130, 128, False, "top_left", None),
+    (16, (8, 2), 512, 512, 128, False, "top_left", None),
+    (16, (8, 2), 600, 333, 128, True, "bottom_right", None),
+]
+
+
+@pytest.mark.parametrize("case", SHORT_V_CASES, ids=_case_id)
+@pytest.mark.parametrize("config", [C(NUM_BUFFERS=3, PERSISTENT=1), C(NUM_BUFFERS=3, OVERLAP=0, PERSISTENT=1)],
+                         ids=lambda c: c.short())
+def test_the_shorter_v_ring_gives_the_grid_kernels_bits(config, case, monkeypatch):
+    monkeypatch.setattr(gluon_forward, "PERSISTENT_O_TILE", True)
+    monkeypatch.setattr(gluon_forward, "TMA_STORE_O", True)
+    assert gluon_forward.persistent_v_buffers(config, 128, torch.bfloat16, True) == 2
+    _assert_the_grid_kernels_bits(config, case, seed=17)
