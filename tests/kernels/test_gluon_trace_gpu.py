@@ -116,10 +116,26 @@ BWD_CASES = [  # batch, (Hq, Hkv), n_q, n_k, head_dim, causal, dkdv_split
 ]
 
 
-@pytest.mark.parametrize("case", BWD_CASES, ids=lambda c: f"b{c[0]}h{c[1][0]}kv{c[1][1]}q{c[2]}k{c[3]}d{c[4]}"
-                         f"{'-causal' if c[5] else ''}-split{c[6]}")
+def _bwd_case_id(c):
+    return f"b{c[0]}h{c[1][0]}kv{c[1][1]}q{c[2]}k{c[3]}d{c[4]}{'-causal' if c[5] else ''}-split{c[6]}"
+
+
+@pytest.mark.parametrize("case", BWD_CASES, ids=_bwd_case_id)
 @pytest.mark.parametrize("config", BWD_CONFIGS, ids=lambda c: c.short())
 def test_a_traced_backward_gives_the_untraced_bits_and_a_consistent_trace(config, case):
+    _check_traced_backward(config, case)
+
+
+@pytest.mark.parametrize("case", BWD_CASES, ids=_bwd_case_id)
+@pytest.mark.parametrize("config", [B_(DQ_FUSED=1), B_(DQ_FUSED=2)], ids=lambda c: c.short())
+def test_the_dq_share_first_keeps_the_traces_order(config, case, monkeypatch):
+    """gluon_backward.DQ_FIRST stamps the dQ share's events around its own issue and wait (the
+    issue of dV and dK inside "dQ: wgmma"): still in program order, still the untraced bits."""
+    monkeypatch.setattr(gluon_backward, "DQ_FIRST", True)
+    _check_traced_backward(config, case)
+
+
+def _check_traced_backward(config, case):
     b, heads, n_q, n_k, d, causal, split = case
     q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, heads=heads, batch=b, seed=9)
     do = torch.randn_like(q)
