@@ -59,7 +59,10 @@ def switch_values(ap, module, items: list[str]) -> list[dict]:
             parsed = [int(v) for v in values.split(",")]
         except ValueError:
             ap.error(f"--switch: expected {name}=V[,V...] with integer values, got {item!r}")
-        axes.append([(name, type(getattr(module, name))(v)) for v in parsed])
+        kind = type(getattr(module, name))
+        if kind is bool and set(parsed) - {0, 1}:
+            ap.error(f"--switch: {name} is on or off, expected values of 0 and 1, got {values!r}")
+        axes.append([(name, kind(v)) for v in parsed])
     return [dict(combo) for combo in itertools.product(*axes)]
 
 

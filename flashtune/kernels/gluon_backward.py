@@ -94,8 +94,8 @@ COMPACT_STATS = True
 # dP^T only after the other has its P^T of the step before (consumer 0) or of the same step
 # (consumer 1), so one's exponentials run under the other's matmuls, as the forward's ping-pong.
 # The turns order issues only (no data passes through them): same values, same bits. Off: on an
-# H100 (2026-12-05: test_the_consumer_turns_change_no_bit passed; gluon_bwd.py --turns 0,1,2 over
-# 5 D=128 rows, ratio to cuDNN in geometric mean, fused dQ 0.898 / 0.899 / 0.893, a step late
+# H100 (2026-12-05: the turns' bits test passed, now test_the_order_switches_change_no_bit;
+# gluon_bwd.py --switch CONSUMER_TURNS=0,1,2 (then --turns) over 5 D=128 rows, ratio to cuDNN in geometric mean, fused dQ 0.898 / 0.899 / 0.893, a step late
 # 0.902 / 0.884 / 0.891) they gained nothing: the trace showed the late-dQ consumers already half a
 # step apart without them, at the same cycles a step (docs/gluon.md). Read at each launch, as
 # COMPACT_STATS; a launch plan replays the kernel it recorded.
@@ -840,7 +840,14 @@ def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype,
                 NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=config.DQ_FUSED,
                 DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
                 CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace), COMPACT_STATS=bool(COMPACT_STATS),
-                TURNS=int(CONSUMER_TURNS), DQ_FIRST=bool(DQ_FIRST))
+                TURNS=_consumer_turns(), DQ_FIRST=bool(DQ_FIRST))
+
+
+def _consumer_turns() -> int:
+    """CONSUMER_TURNS, checked: the kernel knows 0, 1 and 2 (any other value would run as 0)."""
+    if CONSUMER_TURNS not in (0, 1, 2) or isinstance(CONSUMER_TURNS, bool):
+        raise ValueError(f"gluon_backward.CONSUMER_TURNS: expected 0, 1 or 2, got {CONSUMER_TURNS!r}")
+    return int(CONSUMER_TURNS)
 
 
 def dkdv_trace_shape(q_shape, k_shape, config: GluonBwdConfig, split: tuple[int, int]) -> tuple[int, int, int]:

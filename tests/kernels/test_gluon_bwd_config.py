@@ -65,6 +65,15 @@ def test_defaults_validate(d):
     assert cfg.validate(d, torch.float16) is cfg
 
 
+@pytest.mark.parametrize("turns", [3, -1, True])
+def test_an_unknown_consumer_turns_value_is_refused_not_run_as_off(turns, monkeypatch):
+    monkeypatch.setattr(gluon_backward, "CONSUMER_TURNS", turns)
+    with pytest.raises(ValueError, match="CONSUMER_TURNS: expected 0, 1 or 2"):
+        gluon_backward.kernel_constexprs(C(), 128, torch.bfloat16, causal=True)
+    monkeypatch.setattr(gluon_backward, "CONSUMER_TURNS", 2)
+    assert gluon_backward.kernel_constexprs(C(), 128, torch.bfloat16, causal=True)["TURNS"] == 2
+
+
 def test_shared_memory_counts_the_tiles_and_the_ring(monkeypatch):
     # K and V of both consumers (4 tiles of 64 x D) and NUM_BUFFERS (Q, dO) pairs of BLOCK_M x D;
     # with the compact row statistics, both consumers' exchange of a BLOCK_M fp32 vector

@@ -250,7 +250,7 @@ def test_the_benchmarks_switch_option_gives_every_combination_and_names_a_bad_on
     # only the switches given several values name a runner
     assert bench.switch_tag(combos[1], ["CONSUMER_TURNS=0,2", "DQ_FIRST=1"]) == " CONSUMER_TURNS=2"
     for bad, message in (("NO_SUCH=1", "has no switch 'NO_SUCH'"), ("DQ_FIRST=on", "integer values"),
-                         ("dq_first=1", "has no switch")):
+                         ("dq_first=1", "has no switch"), ("DQ_FIRST=0,2", "expected values of 0 and 1")):
         with pytest.raises(SystemExit):
             bench.switch_values(ap, gluon_backward, [bad])
         assert message in capsys.readouterr().err
