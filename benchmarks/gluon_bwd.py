@@ -8,8 +8,9 @@ write them as JSON.
                                                        # compute-bound rows of SHAPES.md
     python benchmarks/gluon_bwd.py --configs all       # the Gluon default and its neighbours
     python benchmarks/gluon_bwd.py --stats both        # the row statistics compact and wide
-    python benchmarks/gluon_bwd.py --switch CONSUMER_TURNS=0,1,2 --switch DQ_FIRST=0,1
+    python benchmarks/gluon_bwd.py --switch CONSUMER_TURNS=0,1 --switch COMPACT_STATS=0,1
                                                        # the kernel module's switches, every combination
+    python benchmarks/gluon_bwd.py --dq-first both     # the fused dQ runners with DQ_FIRST 0 and 1
 
 Backward only: every runner's backward from the same forward output (flashtune's from its
 own forward's o and log-sum-exp; SDPA's through autograd.grad with the graph kept). For
@@ -29,6 +30,7 @@ Ratios are speed ratios (1.10: 1.10x as fast). TFLOP/s counts 10 x B x Hq x Nq x
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -91,9 +93,12 @@ def main() -> int:
                          "compact (True), wide (False), or both, each Gluon runner twice (labels ending ' compact' "
                          "and ' wide')")
     ap.add_argument("--switch", action="append", default=[], metavar="NAME=V[,V...]",
-                    help="one of gluon_backward's switches (CONSUMER_TURNS, DQ_FIRST, ...) at these integer values "
+                    help="one of gluon_backward's switches (CONSUMER_TURNS, COMPACT_STATS, ...) at these integer values "
                          "(repeatable): each Gluon runner once per combination (labels ending ' NAME=V' for the "
                          "switches given more than one value); unnamed switches as the module has them")
+    ap.add_argument("--dq-first", choices=("default", "off", "on", "both"), default="default",
+                    help="GluonBwdConfig.DQ_FIRST of the fused-dQ runners: as their configs have it (0), off, on, "
+                         "or both (labels ending '-first' for on)")
     ap.add_argument("--gluon", choices=("all", "family1", "fused"), default="all",
                     help="which Gluon runners: all four, family 1 only (Triton dQ), or the two fused-dQ ones")
     ap.add_argument("--rounds", type=int, default=3)
@@ -135,6 +140,10 @@ def main() -> int:
             if args.gluon != "all":
                 configs = [(c, gdq) for c, gdq in configs
                            if (args.gluon == "fused") == bool(c.DQ_FUSED) and not gdq]
+            firsts = {"default": None, "off": (0, ), "on": (1, ), "both": (0, 1)}[args.dq_first]
+            if firsts:
+                configs = [(dataclasses.replace(c, DQ_FIRST=first) if c.DQ_FUSED else c, gdq) for c, gdq in configs
+                           for first in (firsts if c.DQ_FUSED else (None, ))]
             errors = {}
             for cfg, gdq in configs:
                 label = cfg.short() if gdq or cfg.DQ_FUSED else cfg.short().split("/dq")[0] + "/triton-dq"

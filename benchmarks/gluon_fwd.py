@@ -64,7 +64,8 @@ def sdpa(backend, q, k, v, causal, scale):
 
 
 def o_tile_label(cfg: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma: bool, switch: bool) -> str:
-    """What PERSISTENT_O_TILE ``switch`` gives this persistent config, as a label suffix."""
+    """What O_TILE ``switch`` (the config's O_TILE in its place) gives this persistent config, as a
+    label suffix."""
     if not switch:
         return ""
     tma_store = gluon_forward._tma_store(dtype, tma)
@@ -90,7 +91,7 @@ def main() -> int:
                     help="gluon_forward.TMA_STORE_O: as the module has it, off, on, or both (labels ending ' tma' "
                          "for on)")
     ap.add_argument("--o-tile", choices=("default", "off", "on", "both"), default="default",
-                    help="gluon_forward.PERSISTENT_O_TILE for the persistent configs: as the module has it, off, on, "
+                    help="GluonFwdConfig.O_TILE of the persistent configs: as the config has it, off, on, "
                          "or both (labels ending ' otile' for on; ' early-q' where Q is released early without an "
                          "O tile of its own, ' no-otile' where none fits)")
     ap.add_argument("--persistent-buffers", metavar="N[,N]",
@@ -144,7 +145,7 @@ def main() -> int:
                 orders = {"default": None, "strided": (False, ), "snake": (True, ), "both": (False, True)}
                 snakes = (orders[args.persistent_order] if cfg.PERSISTENT else None) or (
                     gluon_forward.PERSISTENT_SNAKE, )
-                o_tiles = (switches[args.o_tile] if cfg.PERSISTENT else None) or (gluon_forward.PERSISTENT_O_TILE, )
+                o_tiles = (switches[args.o_tile] if cfg.PERSISTENT else None) or (bool(cfg.O_TILE), )
                 for fma, tma, snake, o_tile in itertools.product(
                         switches[args.fma_softmax] or (gluon_forward.FMA_SOFTMAX, ),
                         switches[args.tma_store] or (gluon_forward.TMA_STORE_O, ), snakes, o_tiles):
@@ -153,9 +154,9 @@ def main() -> int:
                              f"{' snake' if snake and len(snakes) > 1 else ''}"
                              f"{o_tile_label(cfg, D, dtype, tma, o_tile) if len(o_tiles) > 1 else ''}")
                     fns[label] = (
-                        lambda cfg=cfg, fma=fma, tma=tma, snake=snake, o_tile=o_tile: gluon_bench.with_flags(
-                            gluon_forward, {"FMA_SOFTMAX": fma, "TMA_STORE_O": tma, "PERSISTENT_SNAKE": snake,
-                                            "PERSISTENT_O_TILE": o_tile},
+                        lambda cfg=dataclasses.replace(cfg, O_TILE=int(o_tile)), fma=fma, tma=tma, snake=snake:
+                        gluon_bench.with_flags(
+                            gluon_forward, {"FMA_SOFTMAX": fma, "TMA_STORE_O": tma, "PERSISTENT_SNAKE": snake},
                             lambda: gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=scale)[0]))
             for label in list(fns):
                 err = (fns[label]().float() - ref.float()).abs().max().item()

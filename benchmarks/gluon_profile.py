@@ -56,7 +56,8 @@ LARGE = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal or None for both)
 ]
 VARIANTS = {"default": {}, "persistent": {"PERSISTENT": 1}, "seq": {"OVERLAP": 0}, "b2": {"NUM_BUFFERS": 2},
             "nopp": {"PINGPONG": 0}}
-BWD_VARIANTS = {"f1": {}, "fused": {"DQ_FUSED": 1}, "late": {"DQ_FUSED": 2}}
+BWD_VARIANTS = {"f1": {}, "fused": {"DQ_FUSED": 1}, "late": {"DQ_FUSED": 2},
+                "fused-first": {"DQ_FUSED": 1, "DQ_FIRST": 1}, "late-first": {"DQ_FUSED": 2, "DQ_FIRST": 1}}
 MAX_SAVED_BYTES = 64 << 20
 
 
@@ -157,7 +158,7 @@ def main() -> int:
     ap.add_argument("--stats", choices=("default", "compact", "wide"), default="default",
                     help="gluon_backward.COMPACT_STATS for the whole run (default: as the module has it)")
     ap.add_argument("--switch", action="append", default=[], metavar="NAME=V",
-                    help="one of gluon_backward's switches (CONSUMER_TURNS, DQ_FIRST, ...) at this integer value "
+                    help="one of gluon_backward's switches (CONSUMER_TURNS, COMPACT_STATS, ...) at this integer value "
                          "for the whole run (repeatable; default: as the module has them)")
     ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
     ap.add_argument("--realistic", action="store_true", help="SHAPES.md's rows with D 64/128 and Nq >= 1024")
@@ -195,8 +196,7 @@ def main() -> int:
         setattr(gluon_backward, name, value)
     env += (f", timer {args.timer}, FMA_SOFTMAX {gluon_forward.FMA_SOFTMAX}, "
             f"TMA_STORE_O {gluon_forward.TMA_STORE_O}, PERSISTENT_SNAKE {gluon_forward.PERSISTENT_SNAKE}, "
-            f"COMPACT_STATS {gluon_backward.COMPACT_STATS}, CONSUMER_TURNS {gluon_backward.CONSUMER_TURNS}, "
-            f"DQ_FIRST {gluon_backward.DQ_FIRST}")
+            f"COMPACT_STATS {gluon_backward.COMPACT_STATS}, CONSUMER_TURNS {gluon_backward.CONSUMER_TURNS}")
     sms = sm_count(torch.device("cuda"))
     traces = pathlib.Path(args.traces) if args.traces else None
     if traces:

@@ -265,7 +265,7 @@ class _ConfigBase:
 # what FwdConfig fixes on construction per family (_ConfigBase.UNUSED_BY_FAMILY), so its
 # canonical form (_ConfigBase.canonical) is the config itself
 _FWD_UNUSED_BY_FAMILY = {
-    0: {"pingpong": (1, (0, 1)), "overlap": (1, (0, 1)), "persistent": (0, (0, 1))},
+    0: {"pingpong": (1, (0, 1)), "overlap": (1, (0, 1)), "persistent": (0, (0, 1)), "o_tile": (0, (0, 1))},
     1: {"num_warps": (4, (1, 2, 4, 8, 16)), "tma": (0, (0, 1)), "num_splits": (1, range(MAX_SPLITS + 1)),
         "pack_gqa": (0, (-1, 0, 1))},
 }
@@ -311,7 +311,10 @@ class FwdConfig(_ConfigBase):
     softmax of one under the PV matmul of the one before; ``persistent`` 1 launches one
     program per SM that walks the tiles, heaviest first under causal masking, with the K/V
     ring carried from tile to tile: faster on short and non-causal rows, slower on long
-    causal ones on the H200, so the search chooses it per key). A Gluon config validates only for head dims 64 and 128,
+    causal ones on the H200, so the search chooses it per key; ``o_tile`` 1, persistent only, gives
+    each consumer an O tile of its own in shared memory and releases its Q tile early,
+    GluonFwdConfig.O_TILE: faster up to 4k keys, slower at 16k on an H100, chosen per key too;
+    a non-persistent config holds 0). A Gluon config validates only for head dims 64 and 128,
     float16/bfloat16 or fp8 (attention_fp8) and a device of compute capability 9.0, so the
     search never tries it and the dispatcher never serves it anywhere else; num_warps, tma
     and the schedule do not apply to it (its canonical form fixes them). A call the Gluon
@@ -330,21 +333,26 @@ class FwdConfig(_ConfigBase):
     pingpong: int = 1
     overlap: int = 1
     persistent: int = 0
+    o_tile: int = 0
 
     PASS: ClassVar[str] = "fwd"
     UNUSED_BY_FAMILY: ClassVar[dict] = _FWD_UNUSED_BY_FAMILY
 
     def __post_init__(self) -> None:
-        self._flags_as_ints("tma", "pack_gqa", "family", "pingpong", "overlap", "persistent")
+        self._flags_as_ints("tma", "pack_gqa", "family", "pingpong", "overlap", "persistent", "o_tile")
         self._fix_unused_fields()
+        if self.persistent == 0 and type(self.persistent) is int and self.o_tile in (0, 1):
+            object.__setattr__(self, "o_tile", 0)  # the O tiles are the persistent kernel's
 
     def label(self) -> str:
         """Compact: ``BLOCK_MxBLOCK_N wW sS``, `` tma`` when tiles load through TMA; a Gluon
         config ``gluon 2xBLOCK_MxBLOCK_N bB``, `` pp`` with ping-pong."""
         if self.family:
             return (f"gluon 2x{self.BLOCK_M}x{self.BLOCK_N} b{self.num_stages}{' pp' if self.pingpong else ''}"
-                    f"{'' if self.overlap else ' seq'}{' persistent' if self.persistent else ''}")
-        shown = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma", "pingpong", "overlap", "persistent")
+                    f"{'' if self.overlap else ' seq'}{' persistent' if self.persistent else ''}"
+                    f"{' o-tile' if self.o_tile else ''}")
+        shown = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma", "pingpong", "overlap", "persistent",
+                 "o_tile")
         return (f"{self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{' tma' if self.tma else ''}"
                 + self._extra_label(shown))
 
@@ -361,7 +369,8 @@ class FwdConfig(_ConfigBase):
         from flashtune.kernels.gluon_forward import GluonFwdConfig
 
         return GluonFwdConfig(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, NUM_BUFFERS=self.num_stages,
-                              PINGPONG=self.pingpong, OVERLAP=self.overlap, PERSISTENT=self.persistent)
+                              PINGPONG=self.pingpong, OVERLAP=self.overlap, PERSISTENT=self.persistent,
+                              O_TILE=self.o_tile)
 
     def as_triton(self, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None) -> "FwdConfig":
         """The config that runs a call the Gluon kernel cannot (a softcap, packed
@@ -385,6 +394,7 @@ class FwdConfig(_ConfigBase):
         _check_flag("pingpong", self.pingpong)
         _check_flag("overlap", self.overlap)
         _check_flag("persistent", self.persistent)
+        _check_flag("o_tile", self.o_tile)
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype, dropout: bool = False) -> int:
         d, e = padded_head_dim(head_dim, dtype), _element_size(dtype)
@@ -431,11 +441,14 @@ class FwdConfig(_ConfigBase):
 
 # what BwdConfig fixes on construction per family (_ConfigBase.UNUSED_BY_FAMILY): the Gluon
 # dK/dV kernel's unused fields; with the Gluon dQ kernel (2) also the Triton dQ kernel's
-_GLUON_DKDV_UNUSED = {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1))}
+_GLUON_DKDV_UNUSED = {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1)), "dq_first": (0, (0, 1))}
 _BLOCKS = (16, 32, 64, 128, 256)
-_FUSED_DQ_UNUSED = {**_GLUON_DKDV_UNUSED, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, _BLOCKS),
-                    "BLOCK_N2": (64, _BLOCKS), "dq_num_stages": (2, range(1, 9)), "tma": (0, (0, 1))}
+# (the fused dQ's families read dq_first: its share's order in a step)
+_FUSED_DQ_UNUSED = {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1)),
+                    "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, _BLOCKS), "BLOCK_N2": (64, _BLOCKS),
+                    "dq_num_stages": (2, range(1, 9)), "tma": (0, (0, 1))}
 _BWD_UNUSED_BY_FAMILY = {
+    0: {"dq_first": (0, (0, 1))},
     1: _GLUON_DKDV_UNUSED,
     2: {**_GLUON_DKDV_UNUSED, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, _BLOCKS), "tma": (0, (0, 1))},
     # the fused dQ (each step's share in its step, or a step late): no dQ kernel, no dQ half
@@ -491,7 +504,9 @@ class BwdConfig(_ConfigBase):
     dQ too (GluonBwdConfig.DQ_FUSED: TMA bulk reduce-adds into an fp32 buffer, five matmuls;
     BLOCK_M1 64 only; no dQ half, its fields fixed at 64, 64, 4 warps, 2 stages, tma 0; under
     ``torch.use_deterministic_algorithms`` dQ comes from the Triton default's dQ kernel);
-    family 4 the same with each step's dQ share computed a step late (DQ_FUSED=2). A
+    family 4 the same with each step's dQ share computed a step late (DQ_FUSED=2); for both,
+    ``dq_first`` 1 issues the share's wgmmas ahead of the step's dV and dK and stores it under
+    them (GluonBwdConfig.DQ_FIRST; the other families hold 0), chosen per key by the search. A
     call the Gluon kernels cannot run (a softcap, a window, packed sequences, dropout) runs
     the Triton default (``as_triton``).
     """
@@ -508,6 +523,7 @@ class BwdConfig(_ConfigBase):
     tma: int = 0
     dkdv_split: int = 0
     family: int = 0
+    dq_first: int = 0
 
     PASS: ClassVar[str] = "bwd"
     UNUSED_BY_FAMILY: ClassVar[dict] = _BWD_UNUSED_BY_FAMILY
@@ -521,7 +537,7 @@ class BwdConfig(_ConfigBase):
             object.__setattr__(self, "dq_num_warps", self.num_warps)
         if self.dq_num_stages is None:
             object.__setattr__(self, "dq_num_stages", self.num_stages)
-        self._flags_as_ints("atomic_dq", "tma", "family")
+        self._flags_as_ints("atomic_dq", "tma", "family", "dq_first")
         self._fix_unused_fields()
 
     def label(self) -> str:
@@ -535,7 +551,8 @@ class BwdConfig(_ConfigBase):
         gluon_shown = tuple(name for name in self.FIELDS if name != "dkdv_split")
         if self.family >= 3:  # ``gluon 2xN1 mM1 bS fused-dQ[ late]``: dQ in the Gluon dK/dV kernel
             return (f"gluon 2x{self.BLOCK_N1} m{self.BLOCK_M1} b{self.num_stages} fused-dQ"
-                    f"{' late' if self.family == 4 else ''}" + self._extra_label(gluon_shown))
+                    f"{' late' if self.family == 4 else ''}{' first' if self.dq_first else ''}"
+                    + self._extra_label(gluon_shown))
         if self.family == 2:  # ``gluon 2xN1 mM1 bS / gluon-dq nN2 bS``: both Gluon kernels
             return (f"gluon 2x{self.BLOCK_N1} m{self.BLOCK_M1} b{self.num_stages} / gluon-dq n{self.BLOCK_N2} "
                     f"b{self.dq_num_stages}" + self._extra_label(gluon_shown))
@@ -557,7 +574,7 @@ class BwdConfig(_ConfigBase):
 
         dq = dict(DQ_BLOCK_N=self.BLOCK_N2, DQ_BUFFERS=self.dq_num_stages) if self.family == 2 else {}
         if self.family >= 3:
-            dq = dict(DQ_FUSED=self.family - 2)
+            dq = dict(DQ_FUSED=self.family - 2, DQ_FIRST=self.dq_first)
         return GluonBwdConfig(BLOCK_M=self.BLOCK_M1, BLOCK_N=self.BLOCK_N1, NUM_BUFFERS=self.num_stages, **dq)
 
     def as_triton(self, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None) -> "BwdConfig":
@@ -580,6 +597,7 @@ class BwdConfig(_ConfigBase):
         _check_launch(self.dq_num_warps, self.dq_num_stages, prefix="dq_")
         _check_flag("atomic_dq", self.atomic_dq)
         _check_flag("tma", self.tma)
+        _check_flag("dq_first", self.dq_first)
         if type(self.family) is not int or self.family not in BWD_FAMILIES:
             raise ConfigError(f"family: expected one of {BWD_FAMILIES} (0 Triton, 1 the Gluon dK/dV kernel, 2 both "
                               f"Gluon kernels, 3 and 4 the Gluon dK/dV kernel with dQ fused), got {self.family!r}")
@@ -1003,10 +1021,12 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
     """The starting config of each other kernel family that runs this head dim and dtype on
     the device: on sm_90 the Gluon forward's default (gluon_forward.default_gluon_config), then
     the same with its persistent grid (with its snake order faster on 15 of 16 long D=128 rows and
-    within 4 % on the last: H200, 2026-12-05, docs/gluon.md); for the backward the Gluon dK/dV kernel's
+    within 4 % on the last: H200, 2026-12-05, docs/gluon.md), then that with its O tiles (o_tile:
+    1-9 % faster up to 4k keys, 4 % slower at 16k, H100, 2026-12-05); for the backward the Gluon dK/dV kernel's
     (gluon_backward.default_gluon_bwd_config) with
     the Triton default's dQ half (family 1), then with the Gluon dQ kernel (family 2), then
-    with dQ fused into it (families 3 and 4). The
+    with dQ fused into it (families 3 and 4), each with its share in the step's usual order and
+    ahead of dV and dK (dq_first: 1-4 % either way per row on an H100, 2026-12-05). The
     search times these first (key_search.warm_start), so the family
     is chosen per key by measurement."""
     config_class(pass_)
@@ -1017,7 +1037,7 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
 
         g = default_gluon_config(head_dim)
         configs = [FwdConfig(g.BLOCK_M, g.BLOCK_N, 4, g.NUM_BUFFERS, family=1, pingpong=g.PINGPONG,
-                             overlap=g.OVERLAP, persistent=p) for p in (0, 1)]
+                             overlap=g.OVERLAP, persistent=p, o_tile=o) for p, o in ((0, 0), (1, 0), (1, 1))]
     else:
         from flashtune.kernels.gluon_backward import default_gluon_bwd_config
 
@@ -1029,7 +1049,8 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
         configs = [BwdConfig(g.BLOCK_M, g.BLOCK_N, t.BLOCK_M2, t.BLOCK_N2, 4, g.NUM_BUFFERS, t.dq_num_warps,
                              t.dq_num_stages, tma=t.tma, family=1),
                    BwdConfig(g.BLOCK_M, g.BLOCK_N, 64, 64, 4, 3, 4, 3, family=2),
-                   BwdConfig(64, g.BLOCK_N, 64, 64, 4, 2, family=3), BwdConfig(64, g.BLOCK_N, 64, 64, 4, 2, family=4)]
+                   *(BwdConfig(64, g.BLOCK_N, 64, 64, 4, 2, family=f, dq_first=first) for f in (3, 4)
+                     for first in (0, 1))]
     out = []
     for cfg in configs:
         try:

@@ -100,16 +100,6 @@ COMPACT_STATS = True
 # step apart without them, at the same cycles a step (docs/gluon.md). Read at each launch, as
 # COMPACT_STATS; a launch plan replays the kernel it recorded.
 CONSUMER_TURNS = 0
-# the fused dQ share's order within a step (DQ_FUSED configs): True issues the share's two wgmmas
-# before the step's dV and dK, waits for them alone and stores the share and issues its reduce-add
-# while dV and dK run; False issues dV and dK first and waits for all four before the store. With
-# the share a step late (DQ_FUSED 2) its wgmmas need nothing of this step; in its own step (1) they
-# wait for the other group's dS^T first, as before, but ahead of dV's and dK's issue. The same
-# wgmmas on the same operands: the same bits. The trace (kernel_trace.BACKWARD) then counts the
-# issue of dV and dK in "dQ: wgmma". Off until a GPU has run it (written 2026-12-05 without one:
-# the H100 profile put a step's wait for the share's wgmma, behind dV's and dK's, at 570-600 cycles
-# and its store and reduce issue at 485-525, both on the consumer's path). Read at each launch.
-DQ_FIRST = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +123,15 @@ class GluonBwdConfig:
     step (four dS^T slots instead of two), so the two consumers are not held in lock-step
     (on the H200 the faster without causal masking, the slower with it). BLOCK_M 64 only
     (a wgmma's M); the other DQ_ fields unused.
+    DQ_FIRST: 1 (DQ_FUSED configs only) issues a step's dQ share's two wgmmas before its dV and
+    dK, waits for them alone, and stores the share and issues its reduce-add while dV and dK run;
+    0 issues dV and dK first and waits for all four before the store. A step late (DQ_FUSED 2)
+    the share's wgmmas need nothing of this step; in its own step (1) they wait for the other
+    consumer's dS^T first, as before, but ahead of dV's and dK's issue. The same wgmmas on the
+    same operands: the same bits. The trace (kernel_trace.BACKWARD) then counts the issue of dV
+    and dK in "dQ: wgmma". Measured (H100, 2026-12-05, docs/gluon.md): a step late it gained
+    1-4 % on 5 of 7 D=128 rows and lost 3 % on grid-d128-16384 full; in its own step it lost
+    2-4 % causal and gained 1-7 % without the mask; the search chooses it per key.
     """
 
     BLOCK_M: int = 64
@@ -145,6 +144,7 @@ class GluonBwdConfig:
     DQ_BUFFERS: int = 2
     DQ_OVERLAP: int = 1
     DQ_FUSED: int = 0
+    DQ_FIRST: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -153,7 +153,8 @@ class GluonBwdConfig:
         head = f"m{self.BLOCK_M}n2x{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
         head += "dv" if self.DV_EARLY else ""
         if self.DQ_FUSED:
-            return head + ("/fused-dq" if self.DQ_FUSED == 1 else "/fused-dq-late")
+            return head + ("/fused-dq" if self.DQ_FUSED == 1 else "/fused-dq-late") + (
+                "-first" if self.DQ_FIRST else "")
         return head + f"/dq-n{self.DQ_BLOCK_N}b{self.DQ_BUFFERS}{'' if self.DQ_OVERLAP else 'seq'}"
 
     def dq_shared_memory(self, head_dim: int, dtype: torch.dtype) -> int:
@@ -214,6 +215,9 @@ class GluonBwdConfig:
             raise ConfigError(f"DQ_OVERLAP: expected 0 or 1, got {self.DQ_OVERLAP}")
         if self.DQ_FUSED not in (0, 1, 2):
             raise ConfigError(f"DQ_FUSED: expected 0, 1 or 2, got {self.DQ_FUSED}")
+        if self.DQ_FIRST not in (0, 1) or (self.DQ_FIRST and not self.DQ_FUSED):
+            raise ConfigError(f"DQ_FIRST: expected 0 or 1, and 1 only with DQ_FUSED 1 or 2 (the fused dQ share's "
+                              f"order), got {self.DQ_FIRST} with DQ_FUSED {self.DQ_FUSED}")
         if self.DQ_FUSED and self.BLOCK_M != 64:
             raise ConfigError(f"BLOCK_M: the fused dQ (DQ_FUSED) takes 64 query rows per step (a wgmma's M), "
                               f"got {self.BLOCK_M}")
@@ -835,12 +839,12 @@ def _gluon_attn_bwd_dq_kernel(desc_q, desc_do, desc_k, desc_v, DQ, LSE, DELTA, q
 # ----------------------------------------------------------------------------------
 def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
                       trace: bool = False) -> dict:
-    """The dK/dV kernel's constexprs (COMPACT_STATS, CONSUMER_TURNS, DQ_FIRST: the module's values at the call)."""
+    """The dK/dV kernel's constexprs (COMPACT_STATS, CONSUMER_TURNS: the module's values at the call)."""
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                 NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=config.DQ_FUSED,
                 DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
                 CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace), COMPACT_STATS=bool(COMPACT_STATS),
-                TURNS=_consumer_turns(), DQ_FIRST=bool(DQ_FIRST))
+                TURNS=_consumer_turns(), DQ_FIRST=bool(config.DQ_FIRST))
 
 
 def _consumer_turns() -> int:

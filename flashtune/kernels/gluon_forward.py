@@ -119,21 +119,6 @@ TMA_STORE_O = True
 # grid-d128-1024/2048 causal, 132 units a round reading their K/V from memory once a tile.
 # Read at each launch.
 PERSISTENT_SNAKE = True
-# the persistent kernel's output tile (PERSISTENT configs with the TMA store only): True gives each
-# consumer an O tile of its own in shared memory where it fits beside the Q tiles and the K/V ring
-# (persistent_o_tile: D=64 at every ring, D=128 with 2 buffers; D=128 with 3 since the fourth
-# session of 2026-12-05 with V's ring one slot shorter than K's, persistent_v_buffers), and releases
-# the consumer's Q tile as soon as its last S = QK^T has been waited for, before the last P V and the
-# epilogue, so that the producer loads the next tile's Q under them; the bulk store of one tile's O
-# is waited for only before the next tile's epilogue writes the O tile again. False: O goes through
-# the Q tile (TMA_STORE_O), which is released only once the bulk store has read it: per tile and
-# consumer the epilogue, the store and a Q load in series (the persistent kernel's short-row loss:
-# grid-d128-512 full 0.89x cuDNN). Off: on an H100 (2026-12-05, docs/gluon.md) it gained 4-7 % at
-# N <= 1k with 2 buffers, where 2 buffers lose 10 % to 3; with 3 K and 2 V slots it is written and
-# compiled, not yet run (the next step: the persistent tests, then benchmarks/gluon_fwd.py --configs
-# persistent --o-tile both on the short rows). The register store with the early Q alone lost 7-9 %
-# to the TMA store (H100, N <= 1k). Read at each launch.
-PERSISTENT_O_TILE = False
 
 
 def check_int_fields(config) -> None:
@@ -194,6 +179,17 @@ class GluonFwdConfig:
     ring and its barriers carried from tile to tile: the producer loads the next tile's
     first K/V blocks while the consumers finish the current one, and a tile's Q is reloaded
     once both consumers are done with the previous one's (per consumer a Q-empty mbarrier).
+    O_TILE: 1 (PERSISTENT configs only) gives each consumer an O tile of its own in shared
+    memory where it fits beside the Q tiles and the K/V ring (persistent_o_tile: D=64 at every
+    ring; D=128 with 2 buffers, and with 3 with V's ring one slot shorter than K's,
+    persistent_v_buffers), with the TMA store of O (TMA_STORE_O); and releases the consumer's Q
+    tile once its last S = QK^T has been waited for, before the last P V and the epilogue, so
+    the producer loads the next tile's Q under them (also with the register store). 0: O goes
+    out through the Q tile, released only once the bulk store has read it (per tile and consumer
+    the epilogue, the store and a Q load in series). Measured (H100, 2026-12-05, docs/gluon.md):
+    with 3 K and 2 V slots at D=128 it gains 1-9 % from 512 to 4096 keys (grid-d128-512 full
+    0.881 -> 0.959x cuDNN, 1024 causal 0.949 -> 1.017x) and loses 4 % at 16384 (1.047 -> 1.008x),
+    where the shorter V ring shows; the search chooses it per key.
     """
 
     BLOCK_M: int = 64
@@ -204,18 +200,20 @@ class GluonFwdConfig:
     PINGPONG: int = 1
     OVERLAP: int = 1
     PERSISTENT: int = 0
+    O_TILE: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
     def short(self) -> str:
         return (f"m{self.BLOCK_M}n{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
-                f"{'pp' if self.PINGPONG else ''}{'' if self.OVERLAP else 'seq'}{'P' if self.PERSISTENT else ''}")
+                f"{'pp' if self.PINGPONG else ''}{'' if self.OVERLAP else 'seq'}{'P' if self.PERSISTENT else ''}"
+                f"{'o' if self.O_TILE else ''}")
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype, o_tile: bool = False,
                       v_buffers: int | None = None) -> int:
         """Bytes of shared memory: two Q tiles, the K and V rings, the mbarriers (``o_tile``:
-        and the two O tiles of PERSISTENT_O_TILE; ``v_buffers``: V's ring slots where fewer than
+        and the two O tiles of O_TILE; ``v_buffers``: V's ring slots where fewer than
         K's, persistent_v_buffers)."""
         e = torch.empty((), dtype=dtype).element_size()
         v_slots = self.NUM_BUFFERS if v_buffers is None else v_buffers
@@ -261,6 +259,9 @@ class GluonFwdConfig:
             raise ConfigError(f"OVERLAP: expected 0 or 1, got {self.OVERLAP}")
         if self.PERSISTENT not in (0, 1):
             raise ConfigError(f"PERSISTENT: expected 0 or 1, got {self.PERSISTENT}")
+        if self.O_TILE not in (0, 1) or (self.O_TILE and not self.PERSISTENT):
+            raise ConfigError(f"O_TILE: expected 0 or 1, and 1 only with PERSISTENT 1 (the persistent kernel's O "
+                              f"tiles), got {self.O_TILE} with PERSISTENT {self.PERSISTENT}")
         check_register_split(self.PRODUCER_REGS, self.CONSUMER_REGS)
         if head_dim not in HEAD_DIMS:
             raise ConfigError(f"head_dim: the Gluon forward supports {HEAD_DIMS}, got {head_dim}")
@@ -679,9 +680,9 @@ def _consumer(which, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k
     ``tile_i``: the tiles this CTA ran before it, for the Q barriers' phases; ``trace``: this
     partition's slots of the tile's trace, with TRACE). TMA_STORE: ``O`` is the output's TMA
     descriptor (TMA_STORE_O), else its pointer with the strides; the bulk store goes through
-    ``o_smem``, the consumers' O tiles with O_TILE (PERSISTENT_O_TILE), else their Q tiles."""
+    ``o_smem``, the consumers' O tiles with O_TILE (the config's O_TILE), else their Q tiles."""
     # PERSISTENT: the Q tile goes back to the producer once no wgmma reads it any more, unless
-    # O goes out through it (then once the bulk store has read it); EARLY_Q (PERSISTENT_O_TILE,
+    # O goes out through it (then once the bulk store has read it); EARLY_Q (the config's O_TILE,
     # with the overlap): before the last P V
     Q_FOR_O: gl.constexpr = TMA_STORE and not O_TILE
     _trace_start(trace, pid, n_blocks, tile_i, lo, TRACE)
@@ -947,7 +948,7 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
     # TMA_STORE: O is the output's TMA descriptor (TMA_STORE_O), else its pointer; SNAKE: the
     # persistent CTAs' tiles in a snake over the rounds (PERSISTENT_SNAKE); O_TILE (PERSISTENT
     # with TMA_STORE): each consumer's O through a tile of its own; EARLY_Q (PERSISTENT with the
-    # overlap, O not through Q): Q released before the last P V (both PERSISTENT_O_TILE);
+    # overlap, O not through Q): Q released before the last P V (both the config's O_TILE);
     # N_UNITS: batch x query heads (the 1-D orders' units); TRACE: the trace (kernel_trace.py) into
     # TRACE_PTR's [tiles, 3, TRACE_SLOTS] int64 slots (unused without)
     q_smem = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)
@@ -1116,15 +1117,16 @@ def persistent_cta_blocks(n_q: int, n_k: int, units: int, config: GluonFwdConfig
 
 
 def persistent_o_tile(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma_store: bool,
-                      switch: bool | None = None) -> tuple[bool, bool]:
-    """(O_TILE, EARLY_Q) of a launch (``switch`` None: PERSISTENT_O_TILE; ``tma_store``: the
-    launch's): with the switch a persistent config's consumers get O tiles of their own where
-    shared memory holds them beside the Q tiles and the ring (with the TMA store), and release
-    their Q tiles before the last P V (with the overlap) wherever O does not go through them."""
-    if not (config.PERSISTENT and (PERSISTENT_O_TILE if switch is None else switch)):
+                      o_tile: bool | None = None) -> tuple[bool, bool]:
+    """(O_TILE, EARLY_Q) of a launch (``o_tile`` None: the config's O_TILE, else that value in
+    its place; ``tma_store``: the launch's): with it a persistent config's consumers get O tiles
+    of their own where shared memory holds them beside the Q tiles and the ring (with the TMA
+    store), and release their Q tiles before the last P V (with the overlap) wherever O does not
+    go through them."""
+    if not (config.PERSISTENT and (config.O_TILE if o_tile is None else o_tile)):
         return False, False
-    o_tile = bool(tma_store) and _o_tile_v_buffers(config, head_dim, dtype) is not None
-    return o_tile, bool(config.OVERLAP) and (o_tile or not tma_store)
+    with_o_tile = bool(tma_store) and _o_tile_v_buffers(config, head_dim, dtype) is not None
+    return with_o_tile, bool(config.OVERLAP) and (with_o_tile or not tma_store)
 
 
 def _o_tile_v_buffers(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype) -> int | None:
@@ -1138,12 +1140,12 @@ def _o_tile_v_buffers(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype)
 
 
 def persistent_v_buffers(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma_store: bool,
-                         switch: bool | None = None) -> int:
+                         o_tile: bool | None = None) -> int:
     """V's ring slots of a launch (arguments as persistent_o_tile's): NUM_BUFFERS, or one fewer
     where the O tiles need the room (the V loads then wait for their own slots, each freed with
     the release of the block VB before: at 3 K and 2 V slots V keeps two blocks of lead, K three)."""
-    o_tile, _early_q = persistent_o_tile(config, head_dim, dtype, tma_store, switch)
-    return _o_tile_v_buffers(config, head_dim, dtype) if o_tile else config.NUM_BUFFERS
+    with_o_tile, _early_q = persistent_o_tile(config, head_dim, dtype, tma_store, o_tile)
+    return _o_tile_v_buffers(config, head_dim, dtype) if with_o_tile else config.NUM_BUFFERS
 
 
 # the snake's block-major order (a causal call's tiles heaviest first across all units) is taken
@@ -1192,7 +1194,7 @@ def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype,
                       tma_store: bool = False, snake: bool | None = None, o_tile: bool | None = None) -> dict:
     """The kernel's constexprs; ``scale_positive`` None: FMA_SOFTMAX (a launch passes
     FMA_SOFTMAX and sm_scale > 0); ``tma_store``: O is a TMA descriptor (TMA_STORE_O);
-    ``snake`` None: PERSISTENT_SNAKE, ``o_tile`` None: PERSISTENT_O_TILE (persistent configs
+    ``snake`` None: PERSISTENT_SNAKE, ``o_tile`` None: the config's O_TILE (persistent configs
     only; persistent_o_tile)."""
     with_o_tile, early_q = persistent_o_tile(config, head_dim, dtype, tma_store, o_tile)
     v_buffers = persistent_v_buffers(config, head_dim, dtype, tma_store, o_tile)
@@ -1350,7 +1352,7 @@ def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, 
     would (``trace``: with its instrumentation; ``fma_softmax``: SCALE_POSITIVE, None
     FMA_SOFTMAX; ``tma_store``: the output through TMA, None TMA_STORE_O, never for fp8;
     ``snake``: a persistent config's snake order, None PERSISTENT_SNAKE; ``o_tile``: its O tiles
-    and early Q release, None PERSISTENT_O_TILE);
+    and early Q release, None the config's O_TILE);
     returns triton's CompiledKernel
     (``.metadata.shared``, ``.asm``)."""
     from triton.backends.compiler import GPUTarget

@@ -31,6 +31,8 @@ FWD_SPACE: dict[str, list[int]] = {
     "overlap": [0, 1],
     # the Gluon kernel's persistent grid (one program per SM walking the tiles)
     "persistent": [0, 1],
+    # its O tiles of their own and early Q release (persistent configs only; GluonFwdConfig.O_TILE)
+    "o_tile": [0, 1],
 }
 
 # dK/dV holds keys (BLOCK_N1) and walks queries (BLOCK_M1); dQ holds queries (BLOCK_M2)
@@ -55,6 +57,9 @@ BWD_SPACE: dict[str, list[int]] = {
     # dQ kernel, 2 both Gluon, 3 and 4 the Gluon dK/dV kernel with dQ fused (sm_90, D 64/128,
     # 16-bit, BLOCK_N1 64; BwdConfig's docstring)
     "family": [0, 1, 2, 3, 4],
+    # the fused dQ share's wgmmas ahead of the step's dV and dK (families 3 and 4;
+    # GluonBwdConfig.DQ_FIRST)
+    "dq_first": [0, 1],
 }
 
 SPACES = {"fwd": (FwdConfig, FWD_SPACE), "bwd": (BwdConfig, BWD_SPACE)}

@@ -5,8 +5,8 @@ sm_90 without a GPU.
 Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
 "dtype", "causal"} (optionally "window": the sliding-window variant; "trace": the forward's
 instrumentation; "fma_softmax": its SCALE_POSITIVE softmax; "tma_store": its output through
-TMA; "snake", "o_tile": the persistent kernel's PERSISTENT_SNAKE and PERSISTENT_O_TILE;
-"compact_stats", "turns", "dq_first": the dK/dV kernel's COMPACT_STATS, CONSUMER_TURNS and DQ_FIRST) on stdin and prints one JSON line per item
+TMA; "snake", "o_tile": the persistent kernel's PERSISTENT_SNAKE and O tiles (None: the config's O_TILE);
+"compact_stats", "turns": the dK/dV kernel's COMPACT_STATS and CONSUMER_TURNS) on stdin and prints one JSON line per item
 with the compiled kernel's shared memory in bytes ("shared"), its PTX register cap ("maxnreg"),
 the setmaxnreg values of its partitions ("setmaxnreg"), its wgmma and TMA copy, reduce-add and
 bulk-store counts and bulk-store waits, its cycle-counter reads ("clock_reads": the trace's stamps),
@@ -32,8 +32,6 @@ def compile_item(item: dict) -> dict:
             gluon_backward.COMPACT_STATS = item["compact_stats"]
         if "turns" in item:
             gluon_backward.CONSUMER_TURNS = item["turns"]
-        if "dq_first" in item:
-            gluon_backward.DQ_FIRST = item["dq_first"]
 
         compiled = compile_bwd(GluonBwdConfig(**item["config"]), item["head_dim"], dtype, item["causal"],
                                item.get("bwd_kernel", "dkdv"), trace=item.get("trace", False))

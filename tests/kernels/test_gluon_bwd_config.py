@@ -103,10 +103,9 @@ OTHER_STATS_ITEMS = ((C(), (64, 128)), (C(DQ_FUSED=1), (128, )), (C(DQ_FUSED=2),
 # two mbarrier waits more than the same kernel in step (ITEMS), the turns' two mbarriers in its
 # shared memory
 TURNS_ITEMS = ((C(), (128, )), (C(DQ_FUSED=1), (64, )), (C(DQ_FUSED=2), (128, )))
-# the fused dQ's share issued ahead of dV and dK (DQ_FIRST, off by default), bf16; (config, head
-# dims, traced too)
-DQ_FIRST_ITEMS = ((C(DQ_FUSED=1), (64, 128), True), (C(DQ_FUSED=2), (64, 128), True),
-                  (C(DQ_FUSED=1, NUM_BUFFERS=3), (128, ), False))
+# the fused dQ's share issued ahead of dV and dK (DQ_FIRST 1), bf16; (config, head dims, traced too)
+DQ_FIRST_ITEMS = ((C(DQ_FUSED=1, DQ_FIRST=1), (64, 128), True), (C(DQ_FUSED=2, DQ_FIRST=1), (64, 128), True),
+                  (C(DQ_FUSED=1, NUM_BUFFERS=3, DQ_FIRST=1), (128, ), False))
 
 
 def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
@@ -127,11 +126,10 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
           "causal": causal, "compact_stats": default, "turns": turns}
          for cfg, dims in TURNS_ITEMS for d in dims for causal in (False, True) for turns in (1, 2)] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
-          "causal": causal, "compact_stats": default, "dq_first": True, "trace": trace}
+          "causal": causal, "compact_stats": default, "trace": trace}
          for cfg, dims, traced in DQ_FIRST_ITEMS for d in dims for causal in (False, True)
          for trace in ((False, True) if traced and d == 128 and causal else (False, ))]
     assert gluon_backward.CONSUMER_TURNS == 0, "TURNS_ITEMS compile the turns the module does not take"
-    assert not gluon_backward.DQ_FIRST, "DQ_FIRST_ITEMS compile the order the module does not take"
     for item in request:
         C(**item["config"]).validate(item["head_dim"], getattr(torch, item["dtype"]))
     problems = []
@@ -139,7 +137,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
     results = list(compile_for_sm90(SCRIPT, request, timeout=1800, what="the Gluon dK/dV kernel"))
     for res in results:
         if res["bwd_kernel"] == "dkdv" and res["dtype"] == "bfloat16" and not res.get("trace") \
-                and res["compact_stats"] == default and not res.get("turns") and not res.get("dq_first"):
+                and res["compact_stats"] == default and not res.get("turns") and not res["config"]["DQ_FIRST"]:
             waits[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["mbarrier_waits"]
     for res in results:
         cfg = C(**{k: v for k, v in res["config"].items()})
@@ -151,7 +149,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
         estimate = cfg.dq_shared_memory(d, dtype) if dq else cfg.shared_memory(d, dtype)
         where = (f"{res['bwd_kernel']} {cfg.short()} D={d} {res['dtype']} causal={res['causal']}"
                  f"{' traced' if res.get('trace') else ''}{' compact' if res.get('compact_stats') else ''}"
-                 f"{' turns %d' % res['turns'] if res.get('turns') else ''}{' dq-first' if res.get('dq_first') else ''}")
+                 f"{' turns %d' % res['turns'] if res.get('turns') else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > min(estimate, SM90_SHARED_MEMORY):
@@ -186,6 +184,26 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
 from flashtune.kernels import backward, reference_attention  # noqa: E402
 from flashtune.kernels import config as config_mod  # noqa: E402
 from flashtune.kernels.config import BwdConfig  # noqa: E402
+
+
+def test_the_dq_share_first_is_a_fused_dq_configs_field():
+    late = BwdConfig(64, 64, 64, 64, 4, 2, family=4, dq_first=True)
+    assert late.dq_first == 1 and late.gluon() == C(BLOCK_M=64, DQ_FUSED=2, DQ_FIRST=1)
+    assert late.label() == "gluon 2x64 m64 b2 fused-dQ late first"
+    assert late.gluon().short().endswith("/fused-dq-late-first")
+    assert BwdConfig.from_dict(late.to_dict()) == late
+    assert BwdConfig(64, 64, 64, 64, 4, 2, family=3, dq_first=1).gluon().DQ_FIRST == 1
+    # the families without the fused dQ hold 0: one config a launch
+    for family in (0, 1, 2):
+        assert BwdConfig(64, 64, 64, 64, 4, 2, family=family, dq_first=1).dq_first == 0
+    # stored before the field existed: the share in the step's usual order
+    old = {f: v for f, v in late.to_dict().items() if f != "dq_first"}
+    assert BwdConfig.from_dict(old) == dataclasses.replace(late, dq_first=0)
+    with pytest.raises(ConfigError, match=r"^dq_first:"):
+        BwdConfig.from_dict({**late.to_dict(), "dq_first": 2})
+    with pytest.raises(ConfigError, match=r"^DQ_FIRST: .*DQ_FUSED"):
+        C(DQ_FIRST=1).validate(128, torch.bfloat16)
+    assert C(DQ_FUSED=1, DQ_FIRST=1).validate(128, torch.bfloat16).DQ_FIRST == 1
 
 
 def test_a_gluon_bwd_config_fixes_what_it_does_not_use():

@@ -12,6 +12,8 @@ Run: ``python -m pytest -m gpu tests/kernels/test_gluon_bwd_gpu.py -q``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from kernel_checks import (assert_close_to_reference, make_tensor, reference_outputs, sdpa_outputs,
@@ -56,8 +58,11 @@ CONFIGS = {"m32": (GluonBwdConfig(BLOCK_M=32), False, 0), "m64": (GluonBwdConfig
            "m64-gdqseq": (GluonBwdConfig(BLOCK_M=64, DQ_OVERLAP=0), True, 0),
            "m64-fused": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1), False, 0),
            "m64-fused-late": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2), False, 0),
-           "m64b3-fused-unsplit": (GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DQ_FUSED=1), False, 1)}
-SOME_LENGTHS_ONLY = ("m64b3dv", "m32-gdq128b2seq", "m64-gdqseq", "m64b3-fused-unsplit")
+           "m64b3-fused-unsplit": (GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DQ_FUSED=1), False, 1),
+           # the fused dQ share's wgmmas ahead of dV's and dK's (DQ_FIRST)
+           "m64-fused-first": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1, DQ_FIRST=1), False, 0),
+           "m64-fused-late-first": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2, DQ_FIRST=1), False, 0)}
+SOME_LENGTHS_ONLY = ("m64b3dv", "m32-gdq128b2seq", "m64-gdqseq", "m64b3-fused-unsplit", "m64-fused-first")
 
 
 def check_gluon_backward(n_q, n_k, d, *, dtype_name="bf16", causal=True, heads=(8, 2), batch=2, config="m64",
@@ -113,7 +118,7 @@ SPLITS = [(8, 1, 1000, 2), (8, 1, 1000, 4), (8, 1, 777, 8), (16, 2, 2048, 3), (2
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("hq,hkv,n,split", SPLITS, ids=[f"{a}-{b}-n{c}-s{d}" for a, b, c, d in SPLITS])
-@pytest.mark.parametrize("config", ["m64", "m64-fused", "m64-fused-late"])
+@pytest.mark.parametrize("config", ["m64", "m64-fused", "m64-fused-late", "m64-fused-late-first"])
 def test_gluon_backward_split_key_blocks(hq, hkv, n, split, causal, config):
     """dkdv_split: a key block's dK/dV spread over CTAs (the group's query heads, then its
     query blocks), the fp32 partials summed afterwards; the fused dQ adds from every CTA."""
@@ -188,18 +193,21 @@ def test_the_compact_row_statistics_change_no_bit(causal, config, monkeypatch):
     check_gluon_backward(1000, 1000, 128, causal=causal, config=config)
 
 
-# gluon_backward's switches that only order work (no data passes through them), off by default
-ORDER_SWITCHES = [{"CONSUMER_TURNS": 1}, {"CONSUMER_TURNS": 2}, {"DQ_FIRST": True},
-                  {"DQ_FIRST": True, "CONSUMER_TURNS": 2}]
+# what only orders work (no data passes through it): gluon_backward.CONSUMER_TURNS (a module
+# switch, off by default) and GluonBwdConfig.DQ_FIRST (the fused dQ's configs only)
+ORDER_SWITCHES = [({"CONSUMER_TURNS": 1}, ("m64", "m64-fused", "m64-fused-late")),
+                  ({"CONSUMER_TURNS": 2}, ("m64", "m64-fused", "m64-fused-late")),
+                  ({"DQ_FIRST": 1}, ("m64-fused", "m64-fused-late")),
+                  ({"DQ_FIRST": 1, "CONSUMER_TURNS": 2}, ("m64-fused", "m64-fused-late"))]
 
 
-@pytest.mark.parametrize("config", ["m64", "m64-fused", "m64-fused-late"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("flags", ORDER_SWITCHES, ids=lambda f: "-".join(f"{k}={int(v)}" for k, v in f.items()))
+@pytest.mark.parametrize("flags,config", [(f, c) for f, configs in ORDER_SWITCHES for c in configs],
+                         ids=lambda x: x if isinstance(x, str) else "-".join(f"{k}={int(v)}" for k, v in x.items()))
 def test_the_order_switches_change_no_bit(flags, causal, config, monkeypatch):
-    """gluon_backward.CONSUMER_TURNS (the consumers' issues in turns) and DQ_FIRST (the fused dQ
-    share's wgmmas ahead of dV's and dK's) only order the same work: dK and dV agree exactly with
-    the module's defaults, dQ too but for the fused dQ's reduce-adds (any order), on grouped heads,
+    """gluon_backward.CONSUMER_TURNS (the consumers' issues in turns) and the config's DQ_FIRST (the
+    fused dQ share's wgmmas ahead of dV's and dK's) only order the same work: dK and dV agree
+    exactly with them off, dQ too but for the fused dQ's reduce-adds (any order), on grouped heads,
     a split and lengths that end inside a block (and Nq != Nk, with a CTA of no query block under
     causal masking), and against the reference."""
     cfg, _gdq, split = CONFIGS[config]
@@ -211,9 +219,11 @@ def test_the_order_switches_change_no_bit(flags, causal, config, monkeypatch):
                                                         causal=causal)
         runs = []
         for on in (False, True):
+            run_cfg = dataclasses.replace(cfg, DQ_FIRST=int(on and "DQ_FIRST" in flags))
             for name, value in flags.items():
-                monkeypatch.setattr(gluon_backward, name, value if on else type(value)(0))
-            runs.append(gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=causal,
+                if name != "DQ_FIRST":
+                    monkeypatch.setattr(gluon_backward, name, value if on else type(value)(0))
+            runs.append(gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, run_cfg, causal=causal,
                                                                 dkdv_split=dkdv_split))
         torch.cuda.synchronize()
         (dq0, dk0, dv0), (dq1, dk1, dv1) = runs
@@ -222,6 +232,7 @@ def test_the_order_switches_change_no_bit(flags, causal, config, monkeypatch):
             torch.testing.assert_close(dq0, dq1, rtol=0, atol=1e-2)
         else:
             assert torch.equal(dq0, dq1)
+    config += "-first" if "DQ_FIRST" in flags else ""
     check_gluon_backward(1000, 1000, 128, causal=causal, config=config)
     check_gluon_backward(777, 777, 64, causal=causal, config=config, heads=(4, 1))
 

@@ -55,13 +55,14 @@ OTHER_ORDER_ITEMS = ((C(NUM_BUFFERS=3, PERSISTENT=1), (128, )), (C(OVERLAP=0, PE
 # the output's other store than the module's (TMA_STORE_O: through its Q tile and a TMA bulk store, or
 # from registers), 16-bit: both loops, persistent
 OTHER_STORE_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )))
-# the persistent kernel's other O tile setting than the module's (PERSISTENT_O_TILE: O tiles of its own
-# where they fit, the Q tile released before the last P V): D=128 with 2 buffers (fits) and 3 (fits
-# with V's ring a slot shorter than K's: persistent_v_buffers), D=64 without the overlap; (config,
-# head dims, tma_store)
-OTHER_O_TILE_ITEMS = ((C(NUM_BUFFERS=2, PERSISTENT=1), (128, ), None), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, ), None),
-                      (C(OVERLAP=0, PERSISTENT=1), (64, ), None), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, ), False),
-                      (C(NUM_BUFFERS=3, OVERLAP=0, PERSISTENT=1), (128, ), None))
+# the persistent kernel's O tiles (O_TILE 1: O tiles of its own where they fit, the Q tile released
+# before the last P V): D=128 with 2 buffers (fits) and 3 (fits with V's ring a slot shorter than
+# K's: persistent_v_buffers), D=64 without the overlap; (config, head dims, tma_store)
+O_TILE_ITEMS = ((C(NUM_BUFFERS=2, PERSISTENT=1, O_TILE=1), (128, ), None),
+                (C(NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1), (128, ), None),
+                (C(OVERLAP=0, PERSISTENT=1, O_TILE=1), (64, ), None),
+                (C(NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1), (128, ), False),
+                (C(NUM_BUFFERS=3, OVERLAP=0, PERSISTENT=1, O_TILE=1), (128, ), None))
 
 
 def _request():
@@ -85,8 +86,8 @@ def _request():
           "snake": not gluon_forward.PERSISTENT_SNAKE}
          for cfg, dims in OTHER_ORDER_ITEMS for d in dims for causal in (False, True)] + \
         [{"config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": causal,
-          "o_tile": not gluon_forward.PERSISTENT_O_TILE, **({} if tma is None else {"tma_store": tma})}
-         for cfg, dims, tma in OTHER_O_TILE_ITEMS for d in dims for causal in (False, True)] + \
+          **({} if tma is None else {"tma_store": tma})}
+         for cfg, dims, tma in O_TILE_ITEMS for d in dims for causal in (False, True)] + \
         [{"config": C(NUM_BUFFERS=3).to_dict(), "head_dim": 128, "dtype": "bfloat16", "causal": True, "window": True,
           "tma_store": not gluon_forward.TMA_STORE_O}]
 
@@ -104,8 +105,8 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
         cfg = GluonFwdConfig(**res["config"])
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
         tma_store = res.get("tma_store", gluon_forward.TMA_STORE_O) and "float8" not in res["dtype"]
-        o_tile, early_q = gluon_forward.persistent_o_tile(cfg, d, dtype, tma_store, res.get("o_tile"))
-        v_buffers = gluon_forward.persistent_v_buffers(cfg, d, dtype, tma_store, res.get("o_tile"))
+        o_tile, early_q = gluon_forward.persistent_o_tile(cfg, d, dtype, tma_store)
+        v_buffers = gluon_forward.persistent_v_buffers(cfg, d, dtype, tma_store)
         estimate = cfg.shared_memory(d, dtype, o_tile=o_tile, v_buffers=v_buffers)
         where = (f"{cfg.short()} D={d} {res['dtype']} causal={res['causal']}{' window' if res.get('window') else ''}"
                  f"{' traced' if res.get('trace') else ''}{' fma-softmax' if res.get('fma_softmax') else ''}"

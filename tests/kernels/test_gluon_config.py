@@ -99,6 +99,30 @@ def test_a_gluon_fwd_config_round_trips_and_labels_itself():
     assert FwdConfig.from_dict(old).family == 0
 
 
+def test_the_o_tiles_are_a_persistent_gluon_configs_field():
+    cfg = FwdConfig(64, 128, 4, 3, family=1, persistent=1, o_tile=True)
+    assert cfg.o_tile == 1 and cfg.gluon().O_TILE == 1 and cfg.gluon().short().endswith("Po")
+    assert cfg.label() == "gluon 2x64x128 b3 pp persistent o-tile"
+    assert FwdConfig.from_dict(cfg.to_dict()) == cfg
+    # the grid kernel and the Triton kernel have none: their configs hold 0, one config a launch
+    assert FwdConfig(64, 128, 4, 3, family=1, o_tile=1) == FwdConfig(64, 128, 4, 3, family=1)
+    assert FwdConfig(64, 64, 4, 2, o_tile=1) == FwdConfig(64, 64, 4, 2)
+    # a config stored before the field existed launches without them
+    old = {f: v for f, v in cfg.to_dict().items() if f != "o_tile"}
+    assert FwdConfig.from_dict(old) == dataclasses.replace(cfg, o_tile=0)
+    with pytest.raises(ConfigError, match=r"^o_tile:"):
+        FwdConfig.from_dict({**cfg.to_dict(), "o_tile": 2})
+    # the kernel's own config names the rule
+    with pytest.raises(ConfigError, match=r"^O_TILE: .*PERSISTENT 1"):
+        GluonFwdConfig(O_TILE=1).validate(128, torch.bfloat16)
+    with pytest.raises(ConfigError, match=r"^O_TILE:"):
+        GluonFwdConfig(PERSISTENT=1, O_TILE=2).validate(128, torch.bfloat16)
+    assert GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1).validate(128, torch.bfloat16).O_TILE == 1
+    # the search space offers it with the persistent grid only
+    family1 = [c for c in candidates("fwd") if c.family]
+    assert {(c.persistent, c.o_tile) for c in family1} == {(0, 0), (1, 0), (1, 1)}
+
+
 @pytest.mark.parametrize("field, value", [("family", 2), ("pingpong", -1), ("family", 0.5)])
 def test_bad_family_fields_are_named(field, value):
     with pytest.raises(ConfigError, match=rf"^{field}:"):
@@ -122,18 +146,23 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(gluon_forward, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)  # the H200's
-    cfg, persistent = family_defaults("fwd", 128, torch.bfloat16, "cuda")
+    cfg, persistent, o_tiles = family_defaults("fwd", 128, torch.bfloat16, "cuda")
     assert cfg.family == 1 and cfg.gluon() == gluon_forward.default_gluon_config(128)
-    # then the same with the persistent grid (the search chooses it per key)
+    # then the same with the persistent grid, then that with its O tiles (the search chooses per key)
     assert persistent == dataclasses.replace(cfg, persistent=1) and persistent.gluon().PERSISTENT == 1
+    assert o_tiles == dataclasses.replace(persistent, o_tile=1) and o_tiles.gluon().O_TILE == 1
     assert family_defaults("fwd", 96, torch.bfloat16, "cuda") == []  # the Gluon kernel: D 64 and 128
     assert family_defaults("fwd", 128, torch.float32, "cuda") == []
     gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward")
     # Gluon dK/dV with the Triton dQ half; both Gluon; dQ fused into the Gluon dK/dV kernel
-    bwd, both, fused, late = family_defaults("bwd", 128, torch.bfloat16, "cuda")
+    bwd, both, fused, fused_first, late, late_first = family_defaults("bwd", 128, torch.bfloat16, "cuda")
     assert both.family == 2 and both.gluon().DQ_BUFFERS == 3 and both.gluon().NUM_BUFFERS == 3
     assert fused.family == 3 and fused.gluon().DQ_FUSED == 1 and fused.BLOCK_M1 == 64
     assert late.family == 4 and late.gluon().DQ_FUSED == 2
+    # each fused dQ with its share ahead of dV and dK too (the search chooses per key)
+    for cfg, first in ((fused, fused_first), (late, late_first)):
+        assert first == dataclasses.replace(cfg, dq_first=1) and first.gluon() == dataclasses.replace(
+            cfg.gluon(), DQ_FIRST=1) and cfg.gluon().DQ_FIRST == 0
     triton_bwd = config_mod.default_config("bwd", 128, torch.bfloat16, "cuda", triton_only=True)
     assert bwd.family == 1 and bwd.gluon() == gluon_backward.default_gluon_bwd_config(128)
     assert (bwd.BLOCK_M2, bwd.BLOCK_N2, bwd.dq_num_warps, bwd.dq_num_stages) == \
@@ -377,14 +406,14 @@ def test_persistent_config_counts_its_q_barriers():
     (GluonFwdConfig(NUM_BUFFERS=2), 128, torch.bfloat16, True, (False, False)),  # the grid kernel: never
 ])
 def test_persistent_o_tiles_where_shared_memory_holds_them(cfg, head_dim, dtype, tma_store, expected):
-    assert gluon_forward.persistent_o_tile(cfg, head_dim, dtype, tma_store, switch=True) == expected
-    assert gluon_forward.persistent_o_tile(cfg, head_dim, dtype, tma_store, switch=False) == (False, False)
+    assert gluon_forward.persistent_o_tile(cfg, head_dim, dtype, tma_store, o_tile=True) == expected
+    assert gluon_forward.persistent_o_tile(cfg, head_dim, dtype, tma_store, o_tile=False) == (False, False)
     o_tile, _early = expected
     e = torch.empty((), dtype=dtype).element_size()
     assert cfg.shared_memory(head_dim, dtype, o_tile=True) == \
         cfg.shared_memory(head_dim, dtype) + 2 * cfg.BLOCK_M * head_dim * e
-    v_buffers = gluon_forward.persistent_v_buffers(cfg, head_dim, dtype, tma_store, switch=True)
-    assert gluon_forward.persistent_v_buffers(cfg, head_dim, dtype, tma_store, switch=False) == cfg.NUM_BUFFERS
+    v_buffers = gluon_forward.persistent_v_buffers(cfg, head_dim, dtype, tma_store, o_tile=True)
+    assert gluon_forward.persistent_v_buffers(cfg, head_dim, dtype, tma_store, o_tile=False) == cfg.NUM_BUFFERS
     # V's ring is shortened only for the O tiles, by one slot, and only where the full ring has no room
     assert v_buffers == cfg.NUM_BUFFERS or (o_tile and v_buffers == cfg.NUM_BUFFERS - 1 and cfg.shared_memory(
         head_dim, dtype, o_tile=True) > gluon_forward.SM90_SHARED_MEMORY)

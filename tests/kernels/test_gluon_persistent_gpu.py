@@ -34,21 +34,20 @@ import torch
 from flashtune.kernels import gluon_forward as g
 q, k, v = (torch.randn(4, 8, 1000, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 tma_store = g.TMA_STORE_O
-# the module's O tile setting, then the O tiles with either store (PERSISTENT_O_TILE)
-for o_tile, g.TMA_STORE_O in ((g.PERSISTENT_O_TILE, tma_store), (True, True), (True, False)):
-    g.PERSISTENT_O_TILE = o_tile
+# without the O tiles, then with them with either store (O_TILE)
+for o_tile, g.TMA_STORE_O in ((0, tma_store), (1, True), (1, False)):
     for overlap in (0, 1):
         for pingpong in (0, 1):
             for causal in (False, True):
-                cfg = g.GluonFwdConfig(NUM_BUFFERS=2, OVERLAP=overlap, PINGPONG=pingpong, PERSISTENT=1)
+                cfg = g.GluonFwdConfig(NUM_BUFFERS=2, OVERLAP=overlap, PINGPONG=pingpong, PERSISTENT=1, O_TILE=o_tile)
                 g.gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=None)
                 torch.cuda.synchronize()
 # D=128 with 3 slots: the O tiles with V's ring a slot shorter than K's (persistent_v_buffers)
 q, k, v = (torch.randn(4, 8, 1000, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-g.PERSISTENT_O_TILE, g.TMA_STORE_O = True, True
+g.TMA_STORE_O = True
 for overlap in (0, 1):
     for causal in (False, True):
-        cfg = g.GluonFwdConfig(NUM_BUFFERS=3, OVERLAP=overlap, PERSISTENT=1)
+        cfg = g.GluonFwdConfig(NUM_BUFFERS=3, OVERLAP=overlap, PERSISTENT=1, O_TILE=1)
         g.gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=None)
         torch.cuda.synchronize()
 """
@@ -58,7 +57,7 @@ for overlap in (0, 1):
 def _the_persistent_kernel_comes_back():
     smoke_in_subprocess(SMOKE, what="the persistent Gluon forward",
                         hang_hint="a hang on 4x8x1000x64 with two tiles per CTA: the Q-empty barriers or the "
-                                  "ring's and turns' phases carried across tiles (PERSISTENT_O_TILE: the early "
+                                  "ring's and turns' phases carried across tiles (O_TILE: the early "
                                   "Q release, the O tiles' store waits; at D=128 V's shorter ring: _load_kv's "
                                   "wait for the V slot)")
 
@@ -90,7 +89,7 @@ def _case_id(c):
 
 
 def _both(q, k, v, cfg, **kw):
-    grid = gluon_forward.gluon_attention_forward(q, k, v, dataclasses.replace(cfg, PERSISTENT=0), **kw)
+    grid = gluon_forward.gluon_attention_forward(q, k, v, dataclasses.replace(cfg, PERSISTENT=0, O_TILE=0), **kw)
     persistent = gluon_forward.gluon_attention_forward(q, k, v, cfg, **kw)
     torch.cuda.synchronize()
     return grid, persistent
@@ -140,12 +139,12 @@ def test_persistent_heaviest_first_order_gives_the_same_bits(units, monkeypatch)
 @pytest.mark.parametrize("o_tile", [False, True], ids=["", "o-tile"])
 def test_persistent_fp8_gives_the_grid_kernels_bits(o_tile, monkeypatch):
     """The FP8 variant (V^T tiles; P through each consumer's shared-memory tile with the overlap);
-    with PERSISTENT_O_TILE, the register store's early Q release beside those P tiles."""
-    monkeypatch.setattr(gluon_forward, "PERSISTENT_O_TILE", o_tile)
+    with O_TILE, the register store's early Q release beside those P tiles."""
     gen = torch.Generator(device="cuda").manual_seed(14)
     q, k, v = (torch.randn(4, 8, 1500, 128, device="cuda", generator=gen).to(torch.float8_e4m3fn) for _ in range(3))
     v = v.transpose(2, 3).contiguous().transpose(2, 3)  # keys contiguous (fp8.keys_contiguous's layout)
-    for cfg in (C(NUM_BUFFERS=3, PERSISTENT=1), C(OVERLAP=0, PERSISTENT=1)):
+    o_tile = int(o_tile)
+    for cfg in (C(NUM_BUFFERS=3, PERSISTENT=1, O_TILE=o_tile), C(OVERLAP=0, PERSISTENT=1, O_TILE=o_tile)):
         for causal in (False, True):
             (o_grid, lse_grid), (o, lse) = _both(q, k, v, cfg, causal=causal, sm_scale=0.05)
             assert torch.equal(o, o_grid) and torch.equal(lse, lse_grid), (cfg.short(), causal)
@@ -163,16 +162,16 @@ def test_the_other_tile_order_gives_the_grid_kernels_bits(config, case, monkeypa
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-@pytest.mark.parametrize("config,tma_store", [(C(PERSISTENT=1), True), (C(OVERLAP=0, PERSISTENT=1), True),
-                                              (C(NUM_BUFFERS=3, PERSISTENT=1), False),
-                                              (C(NUM_BUFFERS=3, PERSISTENT=1), True)],
+@pytest.mark.parametrize("config,tma_store", [(C(PERSISTENT=1, O_TILE=1), True),
+                                              (C(OVERLAP=0, PERSISTENT=1, O_TILE=1), True),
+                                              (C(NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1), False),
+                                              (C(NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1), True)],
                          ids=lambda c: c.short() if isinstance(c, GluonFwdConfig) else "tma" if c else "registers")
 def test_the_o_tiles_give_the_grid_kernels_bits(config, tma_store, case, monkeypatch):
-    """PERSISTENT_O_TILE: each consumer's O through a tile of its own (D=64; D=128 with 2 buffers,
+    """O_TILE: each consumer's O through a tile of its own (D=64; D=128 with 2 buffers,
     and with 3 beside V's ring a slot shorter than K's) and its Q tile released before the last
     P V, reloaded under it while the bulk store of the previous tile may still read its O tile;
     every tile's rows still as the grid kernel computes them."""
-    monkeypatch.setattr(gluon_forward, "PERSISTENT_O_TILE", True)
     monkeypatch.setattr(gluon_forward, "TMA_STORE_O", tma_store)
     _assert_the_grid_kernels_bits(config, case, seed=16)
 
@@ -188,10 +187,9 @@ SHORT_V_CASES = [
 
 
 @pytest.mark.parametrize("case", SHORT_V_CASES, ids=_case_id)
-@pytest.mark.parametrize("config", [C(NUM_BUFFERS=3, PERSISTENT=1), C(NUM_BUFFERS=3, OVERLAP=0, PERSISTENT=1)],
-                         ids=lambda c: c.short())
+@pytest.mark.parametrize("config", [C(NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1),
+                                    C(NUM_BUFFERS=3, OVERLAP=0, PERSISTENT=1, O_TILE=1)], ids=lambda c: c.short())
 def test_the_shorter_v_ring_gives_the_grid_kernels_bits(config, case, monkeypatch):
-    monkeypatch.setattr(gluon_forward, "PERSISTENT_O_TILE", True)
     monkeypatch.setattr(gluon_forward, "TMA_STORE_O", True)
     assert gluon_forward.persistent_v_buffers(config, 128, torch.bfloat16, True) == 2
     _assert_the_grid_kernels_bits(config, case, seed=17)

@@ -127,11 +127,10 @@ def test_a_traced_backward_gives_the_untraced_bits_and_a_consistent_trace(config
 
 
 @pytest.mark.parametrize("case", BWD_CASES, ids=_bwd_case_id)
-@pytest.mark.parametrize("config", [B_(DQ_FUSED=1), B_(DQ_FUSED=2)], ids=lambda c: c.short())
-def test_the_dq_share_first_keeps_the_traces_order(config, case, monkeypatch):
-    """gluon_backward.DQ_FIRST stamps the dQ share's events around its own issue and wait (the
-    issue of dV and dK inside "dQ: wgmma"): still in program order, still the untraced bits."""
-    monkeypatch.setattr(gluon_backward, "DQ_FIRST", True)
+@pytest.mark.parametrize("config", [B_(DQ_FUSED=1, DQ_FIRST=1), B_(DQ_FUSED=2, DQ_FIRST=1)], ids=lambda c: c.short())
+def test_the_dq_share_first_keeps_the_traces_order(config, case):
+    """DQ_FIRST stamps the dQ share's events around its own issue and wait (the issue of dV and
+    dK inside "dQ: wgmma"): still in program order, still the untraced bits."""
     _check_traced_backward(config, case)
 
 
