@@ -893,6 +893,18 @@ _SM90_FWD[(_bf, 128, "decode", "full")] = _F(64, 128, 4, 2, tma=1)
 # GPU time, H200, triton 3.6, 2026-12-05 (docs/gluon.md, docs/data/h200-2026-12-05c-gluon/). The
 # search times both (family_defaults) and keeps the faster per key.
 _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1, persistent=1)
+# Causal long D=128 calls: the same with its O tiles (o_tile, GluonFwdConfig.O_TILE: each consumer's
+# O through a tile of its own beside a V ring one slot shorter, its Q tile released before the last
+# P V), faster than without on every causal row measured but grid-d128-16384 (where the grid kernel
+# serves better still): ratio to cuDNN without -> with, grid 2048 1.022 -> 1.075, 4096 1.047 -> 1.074,
+# 8192 1.044 -> 1.059, llama3-8b-train-8k 1.053 -> 1.069, llama3-70b-tp8-train-4k 1.280 -> 1.309,
+# mistral-7b-train-2k 1.022 -> 1.071, qwen-28h-train-4k 1.137 -> 1.171, llama3-8b-prefill-2k 1.209 ->
+# 1.260; 16384 1.044 -> 1.041. Without masking it gains up to 4k keys and loses from 8k (8192 1.006 ->
+# 0.998, 16384 1.047 -> 1.008, chunked-prefill-1k-of-16k 0.996 -> 0.987), so the entry above keeps
+# serving full calls. benchmarks/gluon_fwd.py --grid --realistic --configs persistent --tma-store on
+# --o-tile both --rounds 2, GPU time, H100 (no H200 was lent), triton 3.6, 2026-12-05 (docs/gluon.md,
+# docs/data/h100-2026-12-05c-gluon/). The search times both (family_defaults) and keeps the faster.
+_SM90_FWD[(_bf, 128, "long", True)] = _F(64, 128, 4, 3, family=1, persistent=1, o_tile=1)
 # The backward from LONG_MIN_Q_BWD queries at D=128: the Gluon families. Causal: the Gluon dK/dV
 # kernel with the Triton default's dQ kernel (family 1, dkdv_split chosen at launch),
 # 1.03-1.16x the Triton default on every causal row measured (grid 4k/8k/16k 1.03-1.10x not
@@ -921,7 +933,16 @@ _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1, persistent=1)
 # 3's 0.910x over 8 rows, within the runs' spread). The comment above is the measurement with the
 # wide statistics that chose the entries before.
 _SM90_BWD[(_bf, 128, "long", True)] = _B(64, 64, 64, 64, 4, 2, family=3)
-_SM90_BWD[(_bf, 128, "long", False)] = _B(64, 64, 64, 64, 4, 2, family=4)
+# Since the fused dQ share's order became a config field (dq_first, GluonBwdConfig.DQ_FIRST,
+# 2026-12-05), non-causal: dQ fused in its step with the share's wgmmas ahead of dV and dK (family 3,
+# dq_first 1), faster than family 4 in 5 of 6 measurements of 5 full D=128 rows, ratio to cuDNN family 4
+# -> family 3 first: grid 1024 0.858 -> 0.884, 2048 0.868 -> 0.895, 4096 0.885 / 0.850 -> 0.904 /
+# 0.911 (two runs), 8192 0.963 -> 0.959, 16384 0.954 -> 0.977; about 3 % in geometric mean. Causal
+# it loses (2048 0.884 -> 0.864, 8192 0.948 -> 0.902), so the causal entry keeps the usual order.
+# benchmarks/gluon_bwd.py --grid --realistic --gluon fused --dq-first both (and --switch DQ_FIRST=0,1
+# before the field) --rounds 2 --rep 30, GPU time, H100, triton 3.6, 2026-12-05 (docs/gluon.md,
+# docs/data/h100-2026-12-05c-gluon/). The search times all four fused variants (family_defaults).
+_SM90_BWD[(_bf, 128, "long", False)] = _B(64, 64, 64, 64, 4, 2, family=3, dq_first=1)
 _SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
 # fp8 forward, the Triton kernel: untuned; chosen by analogy with the bf16 entries and
 # Triton's fused-attention tutorial's fp8 configs (128x128, 8 warps, 3 stages at D=128:

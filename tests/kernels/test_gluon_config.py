@@ -174,8 +174,8 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
 
 
 def test_on_sm90_long_d128_backward_calls_default_to_the_gluon_families(monkeypatch):
-    """From LONG_MIN_Q_BWD queries at D=128: dQ fused (3) causal, the late fused dQ (4) without
-    masking; shorter calls, other head dims and fp32 keep the Triton entries."""
+    """From LONG_MIN_Q_BWD queries at D=128: dQ fused (3), without masking with its share ahead of
+    dV and dK (dq_first); shorter calls, other head dims and fp32 keep the Triton entries."""
     monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(gluon_forward, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)
@@ -183,8 +183,10 @@ def test_on_sm90_long_d128_backward_calls_default_to_the_gluon_families(monkeypa
     default = config_mod.default_config
     long_q = config_mod.LONG_MIN_Q_BWD
     assert config_mod.is_long("bwd", long_q) and not config_mod.is_long("bwd", long_q - 1)
-    assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q).family == 3
-    assert default("bwd", 128, torch.float16, "cuda", causal=False, seq_q=4 * long_q).family == 4
+    causal = default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q)
+    assert (causal.family, causal.dq_first) == (3, 0)
+    full = default("bwd", 128, torch.float16, "cuda", causal=False, seq_q=4 * long_q)
+    assert (full.family, full.dq_first) == (3, 1) and full.gluon().DQ_FIRST == 1
     assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q - 1).family == 0
     assert default("bwd", 64, torch.bfloat16, "cuda", causal=True, seq_q=long_q).family == 0
     assert default("bwd", 128, torch.float32, "cuda", causal=True, seq_q=long_q).family == 0
@@ -273,8 +275,11 @@ def test_long_d128_forward_calls_default_to_the_gluon_kernel_on_sm90_only(monkey
     for seq_q, seq_k in ((LONG_MIN_K, None), (LONG_MIN_Q, 16 * LONG_MIN_Q), (16384, 16384)):
         long = default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=seq_q, seq_k=seq_k)
         assert long.family == (capability == (9, 0)), (seq_q, seq_k)
-        if long.family:  # the default's shape with the persistent grid (its snake order)
-            assert long.gluon() == dataclasses.replace(gluon_forward.default_gluon_config(128), PERSISTENT=1)
+        if long.family:  # the default's shape with the persistent grid (its snake order) and, causal, O tiles
+            assert long.gluon() == dataclasses.replace(gluon_forward.default_gluon_config(128), PERSISTENT=1,
+                                                       O_TILE=1)
+            full = default_config("fwd", 128, bf16, "cuda", causal=False, seq_q=seq_q, seq_k=seq_k)
+            assert full == dataclasses.replace(long, o_tile=0)
     # below the thresholds, another head dim or dtype, unknown length: Triton's
     for cfg in (default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=LONG_MIN_K - 1),
                 default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=LONG_MIN_Q, seq_k=LONG_MIN_K - 1),
