@@ -54,8 +54,8 @@ LARGE = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal or None for both)
     ("2x16x8k-d128", 2, 16, 16, 8192, 8192, 128, None),
     ("8x16x1k-d128", 8, 16, 16, 1024, 1024, 128, None),
 ]
-VARIANTS = {"default": {}, "persistent": {"PERSISTENT": 1}, "seq": {"OVERLAP": 0}, "b2": {"NUM_BUFFERS": 2},
-            "nopp": {"PINGPONG": 0}}
+VARIANTS = {"default": {}, "persistent": {"PERSISTENT": 1}, "otile": {"PERSISTENT": 1, "O_TILE": 1},
+            "seq": {"OVERLAP": 0}, "b2": {"NUM_BUFFERS": 2}, "nopp": {"PINGPONG": 0}}
 BWD_VARIANTS = {"f1": {}, "fused": {"DQ_FUSED": 1}, "late": {"DQ_FUSED": 2},
                 "fused-first": {"DQ_FUSED": 1, "DQ_FIRST": 1}, "late-first": {"DQ_FUSED": 2, "DQ_FIRST": 1}}
 MAX_SAVED_BYTES = 64 << 20
