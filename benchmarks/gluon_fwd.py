@@ -97,6 +97,9 @@ def main() -> int:
     ap.add_argument("--persistent-buffers", metavar="N[,N]",
                     help="the persistent configs' NUM_BUFFERS, one persistent config each (default: the default "
                          "config's); D=128 holds O tiles with 2")
+    ap.add_argument("--persistent-block-n", metavar="N[,N]",
+                    help="the persistent configs' BLOCK_N, one persistent config each with each of "
+                         "--persistent-buffers (default: the default config's)")
     ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
     ap.add_argument("--realistic", action="store_true", help="SHAPES.md's rows with D 64/128 and Nq >= 1024")
     ap.add_argument("--rows", metavar="NAMES", help="only the shapes of these names (comma-separated)")
@@ -131,7 +134,10 @@ def main() -> int:
             if args.configs in ("all", "persistent"):
                 buffers = ([int(n) for n in args.persistent_buffers.split(",")] if args.persistent_buffers
                            else [configs[0].NUM_BUFFERS])
-                configs += [dataclasses.replace(configs[0], PERSISTENT=1, NUM_BUFFERS=n) for n in buffers]
+                block_ns = ([int(n) for n in args.persistent_block_n.split(",")] if args.persistent_block_n
+                            else [configs[0].BLOCK_N])
+                configs += [dataclasses.replace(configs[0], PERSISTENT=1, NUM_BUFFERS=n, BLOCK_N=bn)
+                            for bn in block_ns for n in buffers]
             if args.configs == "all":
                 configs += [c for c in NEIGHBOURS if c not in configs]
             errors = {}
