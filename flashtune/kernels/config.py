@@ -1043,7 +1043,8 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
     the device: on sm_90 the Gluon forward's default (gluon_forward.default_gluon_config), then
     the same with its persistent grid (with its snake order faster on 15 of 16 long D=128 rows and
     within 4 % on the last: H200, 2026-12-05, docs/gluon.md), then that with its O tiles (o_tile:
-    1-9 % faster up to 4k keys, 4 % slower at 16k, H100, 2026-12-05); for the backward the Gluon dK/dV kernel's
+    1-9 % faster up to 4k keys, 4 % slower at 16k, H100, 2026-12-05), and that with 64-key blocks
+    (the short causal rows'); for the backward the Gluon dK/dV kernel's
     (gluon_backward.default_gluon_bwd_config) with
     the Triton default's dQ half (family 1), then with the Gluon dQ kernel (family 2), then
     with dQ fused into it (families 3 and 4), each with its share in the step's usual order and
@@ -1059,6 +1060,10 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
         g = default_gluon_config(head_dim)
         configs = [FwdConfig(g.BLOCK_M, g.BLOCK_N, 4, g.NUM_BUFFERS, family=1, pingpong=g.PINGPONG,
                              overlap=g.OVERLAP, persistent=p, o_tile=o) for p, o in ((0, 0), (1, 0), (1, 1))]
+        # and the same with 64-key blocks and 3 slots: on short causal calls fewer keys of each
+        # diagonal block are masked work (grid-d128-512 causal 0.906x cuDNN against 0.791x with
+        # 128-key blocks; 1024 causal 0.947x against 1.013x; H100, 2026-12-05, docs/gluon.md)
+        configs.append(dataclasses.replace(configs[-1], BLOCK_N=64, num_stages=3))
     else:
         from flashtune.kernels.gluon_backward import default_gluon_bwd_config
 

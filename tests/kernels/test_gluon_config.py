@@ -146,11 +146,13 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(gluon_forward, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)  # the H200's
-    cfg, persistent, o_tiles = family_defaults("fwd", 128, torch.bfloat16, "cuda")
+    cfg, persistent, o_tiles, short_causal = family_defaults("fwd", 128, torch.bfloat16, "cuda")
     assert cfg.family == 1 and cfg.gluon() == gluon_forward.default_gluon_config(128)
     # then the same with the persistent grid, then that with its O tiles (the search chooses per key)
     assert persistent == dataclasses.replace(cfg, persistent=1) and persistent.gluon().PERSISTENT == 1
     assert o_tiles == dataclasses.replace(persistent, o_tile=1) and o_tiles.gluon().O_TILE == 1
+    # and with 64-key blocks (short causal calls)
+    assert short_causal == dataclasses.replace(o_tiles, BLOCK_N=64, num_stages=3)
     assert family_defaults("fwd", 96, torch.bfloat16, "cuda") == []  # the Gluon kernel: D 64 and 128
     assert family_defaults("fwd", 128, torch.float32, "cuda") == []
     gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward")
