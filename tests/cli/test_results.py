@@ -56,8 +56,8 @@ def test_list_json(invoke, db):
         "gpu": H200.key, "dtype": "bfloat16", "head_dim": 64, "seq_q": 2048, "seq_k": 2048, "group": 1,
         "batch_heads": 256, "causal": True, "pass": "fwd",
         "config": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0, "num_splits": 0,
-                   "pack_gqa": -1, "family": 0, "pingpong": 1, "overlap": 1, "persistent": 0}, "time_ms": 0.75,
-        "tflops": 512.5, "default_time_ms": 1.5, "error": 0.125, "n_trials": 16, "speedup": 2.0,
+                   "pack_gqa": -1, "family": 0, "pingpong": 1, "overlap": 1, "persistent": 0, "o_tile": 0},
+        "time_ms": 0.75, "tflops": 512.5, "default_time_ms": 1.5, "error": 0.125, "n_trials": 16, "speedup": 2.0,
         "runner": "triton", "runner_times": None,
         "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": "3.6.0",
                        "torch_version": "2.11.0+cu130", "cuda_version": "13.0",
@@ -75,7 +75,7 @@ def test_list_csv(invoke, db):
         (H200.key, "fwd", "false", "0.375", "", "")
     assert json.loads(row["config"]) == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0,
                                          "num_splits": 0, "pack_gqa": -1, "family": 0, "pingpong": 1, "overlap": 1,
-                                         "persistent": 0}
+                                         "persistent": 0, "o_tile": 0}
     assert out.output.splitlines()[0].startswith("gpu,dtype,head_dim,seq_q,seq_k,group,batch_heads,causal,pass,config,time_ms,")
 
 
@@ -126,7 +126,7 @@ def test_list_of_a_bad_url(invoke):
 
 SHOW_TEXT = """\
 bwd bfloat16 d64 n1024 causal on NVIDIA H200@sm90
-  config        BLOCK_M1=32 BLOCK_N1=64 BLOCK_M2=64 BLOCK_N2=32 num_warps=8 num_stages=2 dq_num_warps=8 dq_num_stages=2 atomic_dq=0 tma=0 dkdv_split=0 family=0
+  config        BLOCK_M1=32 BLOCK_N1=64 BLOCK_M2=64 BLOCK_N2=32 num_warps=8 num_stages=2 dq_num_warps=8 dq_num_stages=2 atomic_dq=0 tma=0 dkdv_split=0 family=0 dq_first=0
   time          0.5 ms
   TFLOPS        512.5
   default time  1 ms

@@ -387,7 +387,7 @@ def test_bwd_config_stored_before_the_dq_fields_launches_both_kernels_alike():
     assert (cfg.dq_num_warps, cfg.dq_num_stages, cfg.atomic_dq) == (8, 2, 0)
     assert cfg == B(32, 64, 64, 32, 8, 2) == B(32, 64, 64, 32, 8, 2, 8, 2, 0)
     assert cfg.to_dict() == {**old, "dq_num_warps": 8, "dq_num_stages": 2, "atomic_dq": 0, "tma": 0, "dkdv_split": 0,
-                             "family": 0}
+                             "family": 0, "dq_first": 0}
 
 
 def test_bwd_canonical_drops_the_unused_dq_fields_of_atomic_configs():
