@@ -106,6 +106,7 @@ def main() -> int:
     gluon_bench.add_timer_args(ap)
     ap.add_argument("--out", metavar="FILE.json")
     args = ap.parse_args()
+    switches = gluon_bench.switch_values(ap, gluon_backward, args.switch)
     dtype, env = gluon_bench.sm90_run(args.dtype)
     print(f"timer: {args.timer}")
     print(f"{'shape':>28} {'mask':>6} {'gluon cfg':>34} {'gluon ms':>9} {'TFLOP/s':>8} {'triton':>8} {'cudnn':>8} "
@@ -113,7 +114,6 @@ def main() -> int:
     rows = []
     splits = [int(x) for x in args.splits.split(",")]
     lpts = [None if x == "auto" else 1 << 20 if x == "all" else int(x) for x in args.lpt.split(",")]
-    switches = gluon_bench.switch_values(ap, gluon_backward, args.switch)
     if args.grid_order and 0 not in lpts:
         lpts.append(0)
     wanted = set(args.rows.split(",")) if args.rows else None

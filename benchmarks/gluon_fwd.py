@@ -10,6 +10,7 @@ on an H100/H200, in one process; print the ratios and, with --out, write them as
     python benchmarks/gluon_fwd.py --fma-softmax both    # each config with FMA_SOFTMAX off and on
     python benchmarks/gluon_fwd.py --tma-store both      # each config with O stored from registers and by TMA
     python benchmarks/gluon_fwd.py --configs persistent --persistent-order both   # strided and snake tile orders
+    python benchmarks/gluon_fwd.py --switch ROW_LIMIT_MASK=0,1      # a module switch, each value
     python benchmarks/gluon_fwd.py --configs persistent --persistent-buffers 2,3 --o-tile both
                                                       # the persistent kernel with and without its O tiles
 
@@ -94,6 +95,10 @@ def main() -> int:
                     help="GluonFwdConfig.O_TILE of the persistent configs: as the config has it, off, on, "
                          "or both (labels ending ' otile' for on; ' early-q' where Q is released early without an "
                          "O tile of its own, ' no-otile' where none fits)")
+    ap.add_argument("--switch", action="append", default=[], metavar="NAME=V[,V...]",
+                    help="one of gluon_forward's switches (ROW_LIMIT_MASK, ...) at these integer values (repeatable): "
+                         "each Gluon runner once per combination (labels ending ' NAME=V' for the switches given "
+                         "more than one value); unnamed switches as the module has them")
     ap.add_argument("--persistent-buffers", metavar="N[,N]",
                     help="the persistent configs' NUM_BUFFERS, one persistent config each (default: the default "
                          "config's); D=128 holds O tiles with 2")
@@ -108,6 +113,7 @@ def main() -> int:
     gluon_bench.add_timer_args(ap)
     ap.add_argument("--out", metavar="FILE.json")
     args = ap.parse_args()
+    module_switches = gluon_bench.switch_values(ap, gluon_forward, args.switch)
     dtype, env = gluon_bench.sm90_run(args.dtype)
     print(f"timer: {args.timer}")
     print(f"{'shape':>28} {'mask':>6} {'gluon cfg':>20} {'gluon ms':>9} {'TFLOP/s':>8} {'triton':>8} {'cudnn':>8} "
@@ -152,17 +158,19 @@ def main() -> int:
                 snakes = (orders[args.persistent_order] if cfg.PERSISTENT else None) or (
                     gluon_forward.PERSISTENT_SNAKE, )
                 o_tiles = (switches[args.o_tile] if cfg.PERSISTENT else None) or (bool(cfg.O_TILE), )
-                for fma, tma, snake, o_tile in itertools.product(
+                for fma, tma, snake, o_tile, flags in itertools.product(
                         switches[args.fma_softmax] or (gluon_forward.FMA_SOFTMAX, ),
-                        switches[args.tma_store] or (gluon_forward.TMA_STORE_O, ), snakes, o_tiles):
+                        switches[args.tma_store] or (gluon_forward.TMA_STORE_O, ), snakes, o_tiles, module_switches):
                     label = (f"gluon {cfg.short()}{' fma' if fma and args.fma_softmax == 'both' else ''}"
                              f"{' tma' if tma and args.tma_store == 'both' else ''}"
                              f"{' snake' if snake and len(snakes) > 1 else ''}"
-                             f"{o_tile_label(cfg, D, dtype, tma, o_tile) if len(o_tiles) > 1 else ''}")
+                             f"{o_tile_label(cfg, D, dtype, tma, o_tile) if len(o_tiles) > 1 else ''}"
+                             + gluon_bench.switch_tag(flags, args.switch))
                     fns[label] = (
-                        lambda cfg=dataclasses.replace(cfg, O_TILE=int(o_tile)), fma=fma, tma=tma, snake=snake:
-                        gluon_bench.with_flags(
-                            gluon_forward, {"FMA_SOFTMAX": fma, "TMA_STORE_O": tma, "PERSISTENT_SNAKE": snake},
+                        lambda cfg=dataclasses.replace(cfg, O_TILE=int(o_tile)), fma=fma, tma=tma, snake=snake,
+                        flags=flags: gluon_bench.with_flags(
+                            gluon_forward, {"FMA_SOFTMAX": fma, "TMA_STORE_O": tma, "PERSISTENT_SNAKE": snake,
+                                            **flags},
                             lambda: gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=scale)[0]))
             for label in list(fns):
                 err = (fns[label]().float() - ref.float()).abs().max().item()

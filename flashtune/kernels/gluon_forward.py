@@ -90,6 +90,16 @@ _SHARED_SLACK = 512
 # 12 D=64 rows; docs/gluon.md). Read at each launch; a launch plan (kernels/launch.py) replays the
 # kernel it recorded, so set it before the calls.
 FMA_SOFTMAX = True
+# the causal mask of a diagonal block (causal calls without a window): True compares each score's
+# column once, against its row's limit min(row + offset + 1, N_K) - the block's first key (a value
+# a row); False tests the sequence end and the diagonal for each score and ands them. The same
+# scores at -inf, so the same bits. In the sm_90 machine code (benchmarks/gluon_sass.py, 2026-12-05)
+# the persistent D=128 causal kernel with O tiles' hot loop is 602 instructions against 740 and
+# spills nothing against 28/52 bytes a thread (the grid kernel's: 596 against 722); the H100 profile
+# of grid-d128-512 causal put a masked block's softmax at 1674-1744 cycles against 1248-1266
+# unmasked. Off until a GPU has run it (test_the_row_limit_mask_gives_the_same_bits, then
+# benchmarks/gluon_fwd.py --switch ROW_LIMIT_MASK=0,1 on the causal rows). Read at each launch.
+ROW_LIMIT_MASK = False
 # the output's store: True writes each consumer's normalized O tile into its Q tile's shared memory
 # (free once its last S = QK^T is waited for) and issues one TMA bulk store for it (the rows past
 # N_Q clipped by the descriptor), False stores it from registers (32 st.global of 4 bytes a thread
@@ -480,7 +490,7 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
                     MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
                     PINGPONG: gl.constexpr, FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                    TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr):
+                    TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, ROW_LIMIT: gl.constexpr):
     """The CTA's blocks [first, last) (counted from its first key block, ``lo``) of one
     consumer: online softmax into (acc, m_i, l_i). Ring slots and turns count from ``it0``,
     the blocks the ring carried before this tile."""
@@ -509,7 +519,8 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
         qk, _q, _k = warpgroup_mma_wait(0, deps=(qk, q, k_smem))
         _stamp(ev, 3, TRACE)
         p, alpha, m_new, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, lo, 0, 0, qk_scale, N_K, causal_off,
-                                              win_left, win_right, MASK, CAUSAL, WINDOW, BLOCK_N, SCALE_POSITIVE)
+                                              win_left, win_right, MASK, CAUSAL, WINDOW, BLOCK_N, SCALE_POSITIVE,
+                                              ROW_LIMIT)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         _stamp(ev, 4, TRACE)
@@ -528,9 +539,14 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
 
 @gluon.jit
 def _masked(qk, rows, cols, kb, N_K, causal_off, win_left, win_right, CAUSAL: gl.constexpr,
-            WINDOW: gl.constexpr, BLOCK_N: gl.constexpr):
+            WINDOW: gl.constexpr, BLOCK_N: gl.constexpr, ROW_LIMIT: gl.constexpr):
     """Key block kb's scores with the keys past the sequence end (causal: past each row's
-    diagonal; a window: outside [diag - left, diag + right]) at -inf."""
+    diagonal; a window: outside [diag - left, diag + right]) at -inf. ROW_LIMIT (causal without
+    a window): one compare a score, against each row's limit (ROW_LIMIT_MASK)."""
+    if ROW_LIMIT and CAUSAL and not WINDOW:
+        # keys < N_K and keys <= row + off  <=>  cols < min(row + off + 1, N_K) - kb * BLOCK_N
+        limit = gl.minimum(rows + (causal_off + 1), N_K) - kb * BLOCK_N
+        return gl.where(cols[None, :] < limit[:, None], qk, float("-inf"))
     keys = kb * BLOCK_N + cols
     valid = keys[None, :] < N_K
     if CAUSAL:
@@ -544,7 +560,7 @@ def _masked(qk, rows, cols, kb, N_K, causal_off, win_left, win_right, CAUSAL: gl
 @gluon.jit
 def _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, N_K, causal_off, win_left,
                    win_right, MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                   BLOCK_N: gl.constexpr, SCALE_POSITIVE: gl.constexpr):
+                   BLOCK_N: gl.constexpr, SCALE_POSITIVE: gl.constexpr, ROW_LIMIT: gl.constexpr):
     """The CTA's block j (key block lo + j) into probabilities (online softmax, base 2):
     (p, alpha, m, l). The causal, window and/or sequence-end mask: MASK 0 none, 1 always,
     2 outside the blocks [full_lo, full_hi) (counted as j is). SCALE_POSITIVE (qk_scale > 0,
@@ -554,10 +570,12 @@ def _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, 
     if not SCALE_POSITIVE:
         qk = qk * qk_scale
     if MASK == 1:
-        qk = _masked(qk, rows, cols, lo + j, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_N)
+        qk = _masked(qk, rows, cols, lo + j, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_N,
+                     ROW_LIMIT)
     elif MASK == 2:
         if (j < full_lo) | (j >= full_hi):
-            qk = _masked(qk, rows, cols, lo + j, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_N)
+            qk = _masked(qk, rows, cols, lo + j, N_K, causal_off, win_left, win_right, CAUSAL, WINDOW, BLOCK_N,
+                     ROW_LIMIT)
     if SCALE_POSITIVE:
         m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
     else:
@@ -582,7 +600,8 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
                         trace, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
                         PINGPONG: gl.constexpr, FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                        TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, EARLY_Q: gl.constexpr):
+                        TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, ROW_LIMIT: gl.constexpr,
+                        EARLY_Q: gl.constexpr):
     """All key blocks of one consumer, software-pipelined within the warp group (FA3's
     intra-warpgroup overlap): block j's S = QK^T and block j-1's O += PV are issued
     together, and block j's softmax runs while that PV wgmma is in flight. A slot is
@@ -612,7 +631,8 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
         qk, _q, _k = warpgroup_mma_wait(0, deps=(qk, q, k_smem))
         _stamp(ev, 4, TRACE)
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, 0, lo, full_lo, full_hi, qk_scale, N_K,
-                                            causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N, SCALE_POSITIVE)
+                                            causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N,
+                                            SCALE_POSITIVE, ROW_LIMIT)
         p16 = _stage_p(p, p_smem, dtype, p_layout, FP8)
         _stamp(ev, 5, TRACE)
         _stamp(ev, 6, TRACE)
@@ -641,7 +661,7 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
             _stamp(ev, 4, TRACE)
             p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, N_K,
                                                 causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N,
-                                                SCALE_POSITIVE)
+                                                SCALE_POSITIVE, ROW_LIMIT)
             _stamp(ev, 5, TRACE)
             acc, _p, _v = warpgroup_mma_wait(0, deps=(acc, p16, v_prev))
             _stamp(ev, 6, TRACE)
@@ -675,6 +695,7 @@ def _consumer(which, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
               FP8: gl.constexpr, PERSISTENT: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
+              ROW_LIMIT: gl.constexpr,
               TMA_STORE: gl.constexpr, O_TILE: gl.constexpr, EARLY_Q: gl.constexpr):
     """One consumer's rows of one tile (``it0``: the blocks the ring carried before it;
     ``tile_i``: the tiles this CTA ran before it, for the Q barriers' phases; ``trace``: this
@@ -725,21 +746,23 @@ def _consumer(which, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k
                                             which, rows, lo, full_lo, full_hi, n_blocks, it0, qk_scale, N_K, causal_off,
                                             win_left, win_right, trace, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N,
                                             NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE,
+                                            ROW_LIMIT,
                                             EARLY_Q)
     else:
         if WINDOW:  # the window's left edge
             acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn,
                                             which, rows, 0, full_lo, lo, it0, qk_scale, N_K, causal_off, win_left,
                                             win_right, trace, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                            NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE)
+                                            NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE,
+                                            ROW_LIMIT)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
                                         rows, full_lo, full_hi, lo, it0, qk_scale, N_K, causal_off, win_left, win_right,
                                         trace, 0, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG,
-                                        FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE)
+                                        FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE, ROW_LIMIT)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
                                         rows, full_hi, n_blocks, lo, it0, qk_scale, N_K, causal_off, win_left,
                                         win_right, trace, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
-                                        PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE)
+                                        PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE, ROW_LIMIT)
     _stamp(trace, _T_CLK_BLOCKS, TRACE)
     if PERSISTENT and not Q_FOR_O:
         # every wgmma that read this Q tile has been waited for: all four warps past them,
@@ -909,7 +932,8 @@ def _consumer_tiles(which, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_em
                     causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR, TRACE_SLOTS,
                     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
-                    FP8: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, TMA_STORE: gl.constexpr,
+                    FP8: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, ROW_LIMIT: gl.constexpr,
+                    TMA_STORE: gl.constexpr,
                     SNAKE: gl.constexpr, O_TILE: gl.constexpr, EARLY_Q: gl.constexpr):
     """PERSISTENT: one consumer's rows of every tile of this CTA, in the producer's order."""
     n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
@@ -923,7 +947,8 @@ def _consumer_tiles(which, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_em
                   O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
                   causal_off, win_left, win_right, start_m, lo, n_blocks, it, tile_i,
                   _trace_slots(TRACE_PTR, TRACE_SLOTS, t, which, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                  BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, True, TRACE, SCALE_POSITIVE, TMA_STORE, O_TILE,
+                  BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, True, TRACE, SCALE_POSITIVE, ROW_LIMIT, TMA_STORE,
+                  O_TILE,
                   EARLY_Q)
         it += n_blocks
         tile_i += 1
@@ -940,7 +965,8 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                            BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr,
                            OVERLAP: gl.constexpr, FP8: gl.constexpr, P_LAYOUT: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PERSISTENT: gl.constexpr,
-                           TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, TMA_STORE: gl.constexpr,
+                           TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, ROW_LIMIT: gl.constexpr,
+                           TMA_STORE: gl.constexpr,
                            SNAKE: gl.constexpr, O_TILE: gl.constexpr, EARLY_Q: gl.constexpr,
                            V_BUFFERS: gl.constexpr):
     # V_BUFFERS: V's ring slots (NUM_BUFFERS, or fewer where the O tiles need the room:
@@ -991,12 +1017,12 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                                turn, O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
                                N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR, TRACE_SLOTS,
                                CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, TRACE,
-                               SCALE_POSITIVE, TMA_STORE, SNAKE, O_TILE, EARLY_Q)),
+                               SCALE_POSITIVE, ROW_LIMIT, TMA_STORE, SNAKE, O_TILE, EARLY_Q)),
             (_consumer_tiles, (1, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                                turn, O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
                                N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR, TRACE_SLOTS,
                                CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, TRACE,
-                               SCALE_POSITIVE, TMA_STORE, SNAKE, O_TILE, EARLY_Q)),
+                               SCALE_POSITIVE, ROW_LIMIT, TMA_STORE, SNAKE, O_TILE, EARLY_Q)),
             (_producer_tiles, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, pid, n_prog, N_UNITS, H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
                                LPT_UNITS, TRACE_PTR, TRACE_SLOTS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8,
@@ -1029,13 +1055,15 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                          O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q,
                          N_K, causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0,
                          _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE, TMA_STORE, False,
+                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE, ROW_LIMIT,
+                         TMA_STORE, False,
                          False)),
             (_consumer, (1, q_smem, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
                          O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q,
                          N_K, causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0,
                          _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE, TMA_STORE, False,
+                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE, ROW_LIMIT,
+                         TMA_STORE, False,
                          False)),
             (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                          off_b, off_h, off_hk, start_m, lo, n_blocks, 0, 0,
@@ -1205,6 +1233,7 @@ def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype,
                 PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS,
                 PERSISTENT=bool(config.PERSISTENT), TRACE=bool(trace),
                 SCALE_POSITIVE=bool(FMA_SOFTMAX if scale_positive is None else scale_positive),
+                ROW_LIMIT=bool(ROW_LIMIT_MASK),
                 TMA_STORE=bool(tma_store),
                 SNAKE=bool(config.PERSISTENT) and bool(PERSISTENT_SNAKE if snake is None else snake),
                 O_TILE=with_o_tile, EARLY_Q=early_q, V_BUFFERS=v_buffers)

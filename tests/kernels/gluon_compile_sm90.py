@@ -6,6 +6,7 @@ Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "he
 "dtype", "causal"} (optionally "window": the sliding-window variant; "trace": the forward's
 instrumentation; "fma_softmax": its SCALE_POSITIVE softmax; "tma_store": its output through
 TMA; "snake", "o_tile": the persistent kernel's PERSISTENT_SNAKE and O tiles (None: the config's O_TILE);
+"row_limit": the forward's ROW_LIMIT_MASK;
 "compact_stats", "turns": the dK/dV kernel's COMPACT_STATS and CONSUMER_TURNS) on stdin and prints one JSON line per item
 with the compiled kernel's shared memory in bytes ("shared"), its PTX register cap ("maxnreg"),
 the setmaxnreg values of its partitions ("setmaxnreg"), its wgmma and TMA copy, reduce-add and
@@ -36,8 +37,11 @@ def compile_item(item: dict) -> dict:
         compiled = compile_bwd(GluonBwdConfig(**item["config"]), item["head_dim"], dtype, item["causal"],
                                item.get("bwd_kernel", "dkdv"), trace=item.get("trace", False))
     else:
+        from flashtune.kernels import gluon_forward
         from flashtune.kernels.gluon_forward import GluonFwdConfig, compile_for_sm90
 
+        if "row_limit" in item:  # the module's switch, read at the compile
+            gluon_forward.ROW_LIMIT_MASK = item["row_limit"]
         cfg = GluonFwdConfig(**item["config"])
         compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"], item.get("window", False),
                                     trace=item.get("trace", False), fma_softmax=item.get("fma_softmax"),

@@ -65,6 +65,16 @@ O_TILE_ITEMS = ((C(NUM_BUFFERS=2, PERSISTENT=1, O_TILE=1), (128, ), None),
                 (C(NUM_BUFFERS=3, OVERLAP=0, PERSISTENT=1, O_TILE=1), (128, ), None))
 
 
+# the causal mask as one compare a score against each row's limit (ROW_LIMIT_MASK, off by default),
+# bf16 causal: both loops, persistent with O tiles, 64-key blocks, fp8, a window (which keeps the
+# two-test mask)
+ROW_LIMIT_ITEMS = ((C(NUM_BUFFERS=3), (128, ), "bfloat16", False), (C(OVERLAP=0), (64, ), "bfloat16", False),
+                   (C(NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1), (128, ), "bfloat16", False),
+                   (C(BLOCK_N=64, NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1), (128, ), "bfloat16", False),
+                   (C(PINGPONG=0, OVERLAP=0), (128, ), "float8_e4m3fn", False),
+                   (C(NUM_BUFFERS=3), (128, ), "bfloat16", True))
+
+
 def _request():
     return [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal}
             for cfg, dims in ITEMS for d in dims for dt in ("bfloat16", "float16") for causal in (False, True)] + \
@@ -89,7 +99,9 @@ def _request():
           **({} if tma is None else {"tma_store": tma})}
          for cfg, dims, tma in O_TILE_ITEMS for d in dims for causal in (False, True)] + \
         [{"config": C(NUM_BUFFERS=3).to_dict(), "head_dim": 128, "dtype": "bfloat16", "causal": True, "window": True,
-          "tma_store": not gluon_forward.TMA_STORE_O}]
+          "tma_store": not gluon_forward.TMA_STORE_O}] + \
+        [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": True, "window": window,
+          "row_limit": not gluon_forward.ROW_LIMIT_MASK} for cfg, dims, dt, window in ROW_LIMIT_ITEMS for d in dims]
 
 
 def _compile_for_sm90(request: list[dict]) -> list[dict]:
@@ -114,6 +126,7 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
                  f"{' register-store' if res.get('tma_store') is False else ''}"
                  f"{'' if 'snake' not in res else ' snake' if res['snake'] else ' strided'}"
                  f"{' o-tile' if o_tile else ''}{' early-q' if early_q else ''}"
+                 f"{'' if 'row_limit' not in res else ' row-limit' if res['row_limit'] else ' two-test mask'}"
                  f"{' v%d' % v_buffers if v_buffers != cfg.NUM_BUFFERS else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")

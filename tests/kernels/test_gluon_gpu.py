@@ -219,6 +219,34 @@ def test_the_tma_store_of_o_gives_the_register_stores_bits(case, config, causal,
     assert torch.equal(lse_tma, lse_reg)
 
 
+# causal calls whose tiles straddle the diagonal at odd offsets: Nq != Nk both ways, both alignments
+# (bottom-right with Nq > Nk: rows that see no key), lengths that end inside a block
+ROW_LIMIT_CASES = [(1000, 1000, 128, "top_left"), (777, 1100, 128, "bottom_right"), (1100, 777, 64, "bottom_right"),
+                   (300, 2000, 64, "top_left"), (130, 130, 128, "top_left")]
+
+
+@pytest.mark.parametrize("config", [GluonFwdConfig(NUM_BUFFERS=3), GluonFwdConfig(OVERLAP=0),
+                                    GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1),
+                                    GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1)],
+                         ids=lambda c: c.short())
+@pytest.mark.parametrize("case", ROW_LIMIT_CASES, ids=lambda c: f"q{c[0]}k{c[1]}d{c[2]}-{c[3]}")
+def test_the_row_limit_mask_gives_the_same_bits(case, config, monkeypatch):
+    """ROW_LIMIT_MASK: a diagonal block's causal mask as one compare a score against its row's
+    limit masks the same scores as the two tests it replaces: o and the LSE bit for bit; and
+    against the reference."""
+    n_q, n_k, d, align = case
+    q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, seed=12)
+    runs = []
+    for on in (False, True):
+        monkeypatch.setattr(gluon_forward, "ROW_LIMIT_MASK", on)
+        runs.append(gluon_forward.gluon_attention_forward(q, k, v, config, causal=True, causal_align=align))
+    torch.cuda.synchronize()
+    (o0, lse0), (o1, lse1) = runs
+    assert torch.equal(o0, o1) and torch.equal(lse0, lse1)
+    if align == "top_left":  # check_gluon_forward's reference is top-left
+        check_gluon_forward(q, k, v, dtype_name="bf16", causal=True, config=config)
+
+
 def test_the_tma_store_of_o_matches_the_reference(monkeypatch):
     monkeypatch.setattr(gluon_forward, "TMA_STORE_O", True)
     for d, causal in ((128, True), (64, False)):
