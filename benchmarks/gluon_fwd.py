@@ -65,13 +65,13 @@ def sdpa(backend, q, k, v, causal, scale):
 
 
 def o_tile_label(cfg: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma: bool, switch: bool) -> str:
-    """What O_TILE ``switch`` (the config's O_TILE in its place) gives this persistent config, as a
-    label suffix."""
+    """What O_TILE 1 gives this persistent config (``switch``: the runner's O_TILE), as a label suffix."""
     if not switch:
         return ""
     tma_store = gluon_forward._tma_store(dtype, tma)
-    o_tile, early_q = gluon_forward.persistent_o_tile(cfg, head_dim, dtype, tma_store, True)
-    v_buffers = gluon_forward.persistent_v_buffers(cfg, head_dim, dtype, tma_store, True)
+    cfg = dataclasses.replace(cfg, O_TILE=1)
+    o_tile, early_q = gluon_forward.persistent_o_tile(cfg, head_dim, dtype, tma_store)
+    v_buffers = gluon_forward.persistent_v_buffers(cfg, head_dim, dtype, tma_store)
     short_v = f" v{v_buffers}" if v_buffers != cfg.NUM_BUFFERS else ""  # V's ring a slot shorter
     return f" otile{short_v}" if o_tile else " early-q" if early_q else " no-otile"
 

@@ -265,7 +265,7 @@ class _ConfigBase:
 # what FwdConfig fixes on construction per family (_ConfigBase.UNUSED_BY_FAMILY), so its
 # canonical form (_ConfigBase.canonical) is the config itself
 _FWD_UNUSED_BY_FAMILY = {
-    0: {"pingpong": (1, (0, 1)), "overlap": (1, (0, 1)), "persistent": (0, (0, 1)), "o_tile": (0, (0, 1))},
+    0: {"pingpong": (1, (0, 1)), "overlap": (1, (0, 1)), "persistent": (0, (0, 1))},
     1: {"num_warps": (4, (1, 2, 4, 8, 16)), "tma": (0, (0, 1)), "num_splits": (1, range(MAX_SPLITS + 1)),
         "pack_gqa": (0, (-1, 0, 1))},
 }
@@ -342,7 +342,9 @@ class FwdConfig(_ConfigBase):
         self._flags_as_ints("tma", "pack_gqa", "family", "pingpong", "overlap", "persistent", "o_tile")
         self._fix_unused_fields()
         if self.persistent == 0 and type(self.persistent) is int and self.o_tile in (0, 1):
-            object.__setattr__(self, "o_tile", 0)  # the O tiles are the persistent kernel's
+            # the O tiles are the persistent kernel's: the grid kernels (the Triton family's too,
+            # whose persistent is fixed at 0 above) hold 0
+            object.__setattr__(self, "o_tile", 0)
 
     def label(self) -> str:
         """Compact: ``BLOCK_MxBLOCK_N wW sS``, `` tma`` when tiles load through TMA; a Gluon
@@ -441,16 +443,17 @@ class FwdConfig(_ConfigBase):
 
 # what BwdConfig fixes on construction per family (_ConfigBase.UNUSED_BY_FAMILY): the Gluon
 # dK/dV kernel's unused fields; with the Gluon dQ kernel (2) also the Triton dQ kernel's
-_GLUON_DKDV_UNUSED = {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1)), "dq_first": (0, (0, 1))}
+_GLUON_DKDV_UNUSED = {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1))}
 _BLOCKS = (16, 32, 64, 128, 256)
-# (the fused dQ's families read dq_first: its share's order in a step)
-_FUSED_DQ_UNUSED = {"num_warps": (4, (1, 2, 4, 8, 16)), "atomic_dq": (0, (0, 1)),
-                    "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, _BLOCKS), "BLOCK_N2": (64, _BLOCKS),
-                    "dq_num_stages": (2, range(1, 9)), "tma": (0, (0, 1))}
+_FUSED_DQ_UNUSED = {**_GLUON_DKDV_UNUSED, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, _BLOCKS),
+                    "BLOCK_N2": (64, _BLOCKS), "dq_num_stages": (2, range(1, 9)), "tma": (0, (0, 1))}
+# dq_first orders the fused dQ's share (families 3 and 4): the others have none
+_NO_DQ_SHARE = {"dq_first": (0, (0, 1))}
 _BWD_UNUSED_BY_FAMILY = {
-    0: {"dq_first": (0, (0, 1))},
-    1: _GLUON_DKDV_UNUSED,
-    2: {**_GLUON_DKDV_UNUSED, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, _BLOCKS), "tma": (0, (0, 1))},
+    0: _NO_DQ_SHARE,
+    1: {**_GLUON_DKDV_UNUSED, **_NO_DQ_SHARE},
+    2: {**_GLUON_DKDV_UNUSED, **_NO_DQ_SHARE, "dq_num_warps": (4, (1, 2, 4, 8, 16)), "BLOCK_M2": (64, _BLOCKS),
+        "tma": (0, (0, 1))},
     # the fused dQ (each step's share in its step, or a step late): no dQ kernel, no dQ half
     3: _FUSED_DQ_UNUSED,
     4: _FUSED_DQ_UNUSED,

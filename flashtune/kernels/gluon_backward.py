@@ -95,10 +95,11 @@ COMPACT_STATS = True
 # (consumer 1), so one's exponentials run under the other's matmuls, as the forward's ping-pong.
 # The turns order issues only (no data passes through them): same values, same bits. Off: on an
 # H100 (2026-12-05: the turns' bits test passed, now test_the_order_switches_change_no_bit;
-# gluon_bwd.py --switch CONSUMER_TURNS=0,1,2 (then --turns) over 5 D=128 rows, ratio to cuDNN in geometric mean, fused dQ 0.898 / 0.899 / 0.893, a step late
-# 0.902 / 0.884 / 0.891) they gained nothing: the trace showed the late-dQ consumers already half a
-# step apart without them, at the same cycles a step (docs/gluon.md). Read at each launch, as
-# COMPACT_STATS; a launch plan replays the kernel it recorded.
+# gluon_bwd.py --switch CONSUMER_TURNS=0,1,2 (then --turns) over 5 D=128 rows, ratio to cuDNN in
+# geometric mean, fused dQ 0.898 / 0.899 / 0.893, a step late 0.902 / 0.884 / 0.891) they gained
+# nothing: the trace showed the late-dQ consumers already half a step apart without them, at the
+# same cycles a step (docs/gluon.md). Read at each launch, as COMPACT_STATS; a launch plan replays
+# the kernel it recorded.
 CONSUMER_TURNS = 0
 
 

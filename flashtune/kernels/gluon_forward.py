@@ -1144,14 +1144,13 @@ def persistent_cta_blocks(n_q: int, n_k: int, units: int, config: GluonFwdConfig
     return loads
 
 
-def persistent_o_tile(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma_store: bool,
-                      o_tile: bool | None = None) -> tuple[bool, bool]:
-    """(O_TILE, EARLY_Q) of a launch (``o_tile`` None: the config's O_TILE, else that value in
-    its place; ``tma_store``: the launch's): with it a persistent config's consumers get O tiles
-    of their own where shared memory holds them beside the Q tiles and the ring (with the TMA
-    store), and release their Q tiles before the last P V (with the overlap) wherever O does not
-    go through them."""
-    if not (config.PERSISTENT and (config.O_TILE if o_tile is None else o_tile)):
+def persistent_o_tile(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype,
+                      tma_store: bool) -> tuple[bool, bool]:
+    """(O_TILE, EARLY_Q) of a launch (``tma_store``: the launch's): with the config's O_TILE a
+    persistent config's consumers get O tiles of their own where shared memory holds them beside
+    the Q tiles and the ring (with the TMA store), and release their Q tiles before the last P V
+    (with the overlap) wherever O does not go through them."""
+    if not (config.PERSISTENT and config.O_TILE):
         return False, False
     with_o_tile = bool(tma_store) and _o_tile_v_buffers(config, head_dim, dtype) is not None
     return with_o_tile, bool(config.OVERLAP) and (with_o_tile or not tma_store)
@@ -1167,12 +1166,11 @@ def _o_tile_v_buffers(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype)
     return None
 
 
-def persistent_v_buffers(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma_store: bool,
-                         o_tile: bool | None = None) -> int:
+def persistent_v_buffers(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma_store: bool) -> int:
     """V's ring slots of a launch (arguments as persistent_o_tile's): NUM_BUFFERS, or one fewer
     where the O tiles need the room (the V loads then wait for their own slots, each freed with
     the release of the block VB before: at 3 K and 2 V slots V keeps two blocks of lead, K three)."""
-    with_o_tile, _early_q = persistent_o_tile(config, head_dim, dtype, tma_store, o_tile)
+    with_o_tile, _early_q = persistent_o_tile(config, head_dim, dtype, tma_store)
     return _o_tile_v_buffers(config, head_dim, dtype) if with_o_tile else config.NUM_BUFFERS
 
 
@@ -1219,13 +1217,12 @@ def persistent_balance(n_q: int, n_k: int, units: int, config: GluonFwdConfig, n
 
 def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
                       window: bool = False, trace: bool = False, scale_positive: bool | None = None,
-                      tma_store: bool = False, snake: bool | None = None, o_tile: bool | None = None) -> dict:
+                      tma_store: bool = False, snake: bool | None = None) -> dict:
     """The kernel's constexprs; ``scale_positive`` None: FMA_SOFTMAX (a launch passes
     FMA_SOFTMAX and sm_scale > 0); ``tma_store``: O is a TMA descriptor (TMA_STORE_O);
-    ``snake`` None: PERSISTENT_SNAKE, ``o_tile`` None: the config's O_TILE (persistent configs
-    only; persistent_o_tile)."""
-    with_o_tile, early_q = persistent_o_tile(config, head_dim, dtype, tma_store, o_tile)
-    v_buffers = persistent_v_buffers(config, head_dim, dtype, tma_store, o_tile)
+    ``snake`` None: PERSISTENT_SNAKE; the O tiles: the config's O_TILE (persistent_o_tile)."""
+    with_o_tile, early_q = persistent_o_tile(config, head_dim, dtype, tma_store)
+    v_buffers = persistent_v_buffers(config, head_dim, dtype, tma_store)
     return dict(CAUSAL=bool(causal), WINDOW=bool(window), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M,
                 BLOCK_N=config.BLOCK_N, NUM_BUFFERS=config.NUM_BUFFERS, PINGPONG=bool(config.PINGPONG),
                 OVERLAP=bool(config.OVERLAP), FP8=dtype in FP8_DTYPES,
@@ -1375,13 +1372,11 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 # ----------------------------------------------------------------------------------
 def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, causal: bool, window: bool = False,
                      out_dtype: torch.dtype = torch.bfloat16, trace: bool = False,
-                     fma_softmax: bool | None = None, tma_store: bool | None = None, snake: bool | None = None,
-                     o_tile: bool | None = None):
+                     fma_softmax: bool | None = None, tma_store: bool | None = None, snake: bool | None = None):
     """Compile the kernel for sm_90 (ptxas; no GPU needed) as a launch on contiguous inputs
     would (``trace``: with its instrumentation; ``fma_softmax``: SCALE_POSITIVE, None
     FMA_SOFTMAX; ``tma_store``: the output through TMA, None TMA_STORE_O, never for fp8;
-    ``snake``: a persistent config's snake order, None PERSISTENT_SNAKE; ``o_tile``: its O tiles
-    and early Q release, None the config's O_TILE);
+    ``snake``: a persistent config's snake order, None PERSISTENT_SNAKE);
     returns triton's CompiledKernel
     (``.metadata.shared``, ``.asm``)."""
     from triton.backends.compiler import GPUTarget
@@ -1397,8 +1392,7 @@ def compile_for_sm90(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, 
         return f"tensordesc<{el}[1,1,{rows},{cols}],{tile_layout(rows, cols, dtype)!r}>"
 
     tma_store = _tma_store(dtype, TMA_STORE_O if tma_store is None else tma_store)
-    constexprs = kernel_constexprs(config, head_dim, dtype, causal, window, trace, fma_softmax, tma_store, snake,
-                                   o_tile)
+    constexprs = kernel_constexprs(config, head_dim, dtype, causal, window, trace, fma_softmax, tma_store, snake)
     types = {"desc_q": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N),
              "desc_v": desc(head_dim, config.BLOCK_N) if fp8 else desc(config.BLOCK_N),
              "O": desc(config.BLOCK_M) if tma_store else f"*{names[out_dtype] if fp8 else el}", "LSE": "*fp32",

@@ -5,7 +5,7 @@ sm_90 without a GPU.
 Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
 "dtype", "causal"} (optionally "window": the sliding-window variant; "trace": the forward's
 instrumentation; "fma_softmax": its SCALE_POSITIVE softmax; "tma_store": its output through
-TMA; "snake", "o_tile": the persistent kernel's PERSISTENT_SNAKE and O tiles (None: the config's O_TILE);
+TMA; "snake": the persistent kernel's PERSISTENT_SNAKE;
 "row_limit": the forward's ROW_LIMIT_MASK;
 "compact_stats", "turns": the dK/dV kernel's COMPACT_STATS and CONSUMER_TURNS) on stdin and prints one JSON line per item
 with the compiled kernel's shared memory in bytes ("shared"), its PTX register cap ("maxnreg"),
@@ -45,8 +45,7 @@ def compile_item(item: dict) -> dict:
         cfg = GluonFwdConfig(**item["config"])
         compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"], item.get("window", False),
                                     trace=item.get("trace", False), fma_softmax=item.get("fma_softmax"),
-                                    tma_store=item.get("tma_store"), snake=item.get("snake"),
-                                    o_tile=item.get("o_tile"))
+                                    tma_store=item.get("tma_store"), snake=item.get("snake"))
     ptx = compiled.asm["ptx"]
     maxnreg = re.search(r"\.maxnreg\s+(\d+)", ptx)
     return {"shared": int(compiled.metadata.shared), "maxnreg": int(maxnreg.group(1)) if maxnreg else None,

@@ -413,14 +413,16 @@ def test_persistent_config_counts_its_q_barriers():
     (GluonFwdConfig(NUM_BUFFERS=2), 128, torch.bfloat16, True, (False, False)),  # the grid kernel: never
 ])
 def test_persistent_o_tiles_where_shared_memory_holds_them(cfg, head_dim, dtype, tma_store, expected):
-    assert gluon_forward.persistent_o_tile(cfg, head_dim, dtype, tma_store, o_tile=True) == expected
-    assert gluon_forward.persistent_o_tile(cfg, head_dim, dtype, tma_store, o_tile=False) == (False, False)
+    without = cfg
+    cfg = dataclasses.replace(cfg, O_TILE=1)
+    assert gluon_forward.persistent_o_tile(cfg, head_dim, dtype, tma_store) == expected
+    assert gluon_forward.persistent_o_tile(without, head_dim, dtype, tma_store) == (False, False)
     o_tile, _early = expected
     e = torch.empty((), dtype=dtype).element_size()
     assert cfg.shared_memory(head_dim, dtype, o_tile=True) == \
         cfg.shared_memory(head_dim, dtype) + 2 * cfg.BLOCK_M * head_dim * e
-    v_buffers = gluon_forward.persistent_v_buffers(cfg, head_dim, dtype, tma_store, o_tile=True)
-    assert gluon_forward.persistent_v_buffers(cfg, head_dim, dtype, tma_store, o_tile=False) == cfg.NUM_BUFFERS
+    v_buffers = gluon_forward.persistent_v_buffers(cfg, head_dim, dtype, tma_store)
+    assert gluon_forward.persistent_v_buffers(without, head_dim, dtype, tma_store) == cfg.NUM_BUFFERS
     # V's ring is shortened only for the O tiles, by one slot, and only where the full ring has no room
     assert v_buffers == cfg.NUM_BUFFERS or (o_tile and v_buffers == cfg.NUM_BUFFERS - 1 and cfg.shared_memory(
         head_dim, dtype, o_tile=True) > gluon_forward.SM90_SHARED_MEMORY)
