@@ -15,8 +15,8 @@ a branch inside it counted): for comparing two versions of a kernel, not for tim
     python benchmarks/gluon_sass.py --kernel fwd --switch FMA_SOFTMAX=1 --trace
 
 ``--config FIELD=VALUE`` (repeatable) changes the default config's fields; ``--switch
-NAME=0|1`` sets one of the kernel module's switches (gluon_forward.FMA_SOFTMAX,
-gluon_backward.COMPACT_STATS) for the compile; ``--trace`` compiles the instrumented kernel.
+NAME=V`` sets one of the kernel module's switches (gluon_forward.FMA_SOFTMAX,
+gluon_backward.CONSUMER_TURNS; a bool switch 0 or 1) for the compile; ``--trace`` compiles the instrumented kernel.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ import re
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import gluon_bench  # noqa: E402  (benchmarks/gluon_bench.py: the --switch parsing)
 
 # ptxas's summary lines; nvdisasm's instruction lines ("/*0770*/  @!P1 HGMMA.64x128x16... ;")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -96,19 +99,17 @@ def wgmma_loops(instrs: list[tuple[str, str]], labels: dict[str, int]) -> list[L
     return loops
 
 
-def compile_kernel(args) -> tuple[str, str]:
-    """(ptxas's -v output, nvdisasm's SASS) of the kernel the arguments name."""
+def compile_kernel(args, switches: dict) -> tuple[str, str]:
+    """(ptxas's -v output, nvdisasm's SASS) of the kernel the arguments name, with the kernel
+    module's ``switches`` set."""
     import torch
     import triton
 
     from flashtune.kernels import gluon_backward, gluon_forward
 
     module = gluon_forward if args.kernel == "fwd" else gluon_backward
-    for item in args.switch:
-        name, value = item.split("=")
-        if not hasattr(module, name) or name.upper() != name:
-            raise SystemExit(f"--switch: {module.__name__} has no switch {name!r}")
-        setattr(module, name, bool(int(value)))
+    for name, value in switches.items():
+        setattr(module, name, value)
     fields = dict(item.split("=") for item in args.config)
     if args.kernel == "fwd":
         cfg = dataclasses.replace(gluon_forward.default_gluon_config(args.head_dim, not args.full),
@@ -138,13 +139,18 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, choices=(64, 128), default=128)
     ap.add_argument("--full", action="store_true", help="no causal mask")
     ap.add_argument("--config", action="append", default=[], metavar="FIELD=VALUE")
-    ap.add_argument("--switch", action="append", default=[], metavar="NAME=0|1")
+    ap.add_argument("--switch", action="append", default=[], metavar="NAME=V")
     ap.add_argument("--trace", action="store_true", help="the instrumented kernel (TRACE)")
     args = ap.parse_args(argv)
     for item in args.config + args.switch:
         if not re.fullmatch(r"[A-Z_]+=-?\d+", item):
             ap.error(f"--config/--switch: expected NAME=INTEGER, got {item!r}")
-    info, sass = compile_kernel(args)
+    from flashtune.kernels import gluon_backward, gluon_forward
+
+    combos = gluon_bench.switch_values(ap, gluon_forward if args.kernel == "fwd" else gluon_backward, args.switch)
+    if len(combos) != 1:
+        ap.error("--switch: one value per switch here")
+    info, sass = compile_kernel(args, combos[0])
     spill, regs = _SPILL.search(info), _REGS.search(info)
     instrs, labels = parse(sass)
     print(f"{len(instrs)} instructions, {regs.group(1) if regs else '?'} registers, spill stores/loads "

@@ -237,6 +237,27 @@ def test_gluon_sass_names_a_bad_setting(load_benchmark, capsys):
     assert exit_.value.code == 2 and "expected NAME=INTEGER" in capsys.readouterr().err
 
 
+def test_gluon_sass_sets_a_switch_at_its_type(load_benchmark, monkeypatch, capsys):
+    # an int switch keeps its value (CONSUMER_TURNS 2 was set as True, which the launch refuses);
+    # a bool one takes 0 or 1 only
+    script = load_benchmark("gluon_sass")
+    seen = []
+
+    def compile_kernel(args, switches):
+        seen.append(switches)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(script, "compile_kernel", compile_kernel)
+    for argv in (["--kernel", "bwd", "--switch", "CONSUMER_TURNS=2"], ["--switch", "ROW_LIMIT_MASK=1"]):
+        with pytest.raises(SystemExit):
+            script.main(argv)
+    assert seen == [{"CONSUMER_TURNS": 2}, {"ROW_LIMIT_MASK": True}]
+    assert type(seen[0]["CONSUMER_TURNS"]) is int
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--switch", "ROW_LIMIT_MASK=2"])
+    assert exit_.value.code == 2 and "expected values of 0 and 1" in capsys.readouterr().err
+
+
 def test_the_benchmarks_switch_option_gives_every_combination_and_names_a_bad_one(load_benchmark, capsys):
     import argparse
 
