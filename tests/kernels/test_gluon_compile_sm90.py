@@ -65,7 +65,7 @@ O_TILE_ITEMS = ((C(NUM_BUFFERS=2, PERSISTENT=1, O_TILE=1), (128, ), None),
                 (C(NUM_BUFFERS=3, OVERLAP=0, PERSISTENT=1, O_TILE=1), (128, ), None))
 
 
-# the causal mask as one compare a score against each row's limit (ROW_LIMIT_MASK, off by default),
+# the causal mask as one compare a score against each row's limit (ROW_LIMIT_MASK, on by default),
 # bf16 causal: both loops, persistent with O tiles, 64-key blocks, fp8, a window (which keeps the
 # two-test mask)
 ROW_LIMIT_ITEMS = ((C(NUM_BUFFERS=3), (128, ), "bfloat16", False), (C(OVERLAP=0), (64, ), "bfloat16", False),
