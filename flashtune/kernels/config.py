@@ -42,13 +42,24 @@ MAX_SPLITS = 128
 # calls with at most this many queries per head take the decode entries of the heuristic tables
 DECODE_MAX_Q = 16
 # Long calls read a table's "long" entry first (the Gluon kernels on sm_90 at D=128): the
-# forward from LONG_MIN_Q queries per head against at least LONG_MIN_K keys (its CTAs walk
-# the keys: a long key loop pays for the warp-specialised pipeline, a grid of few query
-# blocks is filled either way), the backward from LONG_MIN_Q_BWD queries. See the tables'
-# long entries for the measurements.
-LONG_MIN_Q = 1024
-LONG_MIN_K = 2048
-LONG_MIN_Q_BWD = 2048
+# forward from LONG_MIN_Q queries per head against at least LONG_MIN_K keys, the backward from
+# LONG_MIN_Q_BWD queries; fp8 forward calls from LONG_MIN_Q_FP8 queries against LONG_MIN_K_FP8
+# keys. See the tables' long entries for the measurements.
+# 16-bit: 512 since 2026-12-05 (1024 queries against 2048 keys and 2048 queries for the backward
+# before, when the Gluon kernels lost on square 1k calls). With the persistent forward's O tiles and
+# its one-compare causal mask, and the backward's fused dQ, the Gluon defaults beat the Triton ones on
+# the grid's short D=128 rows by 16-35 %: ratio to cuDNN, Triton default -> Gluon (the long entries'
+# configs), forward 512 full 0.794 -> 0.979, causal 0.752 -> 0.874, 1024 full 0.815 -> 0.995, causal
+# 0.796 -> 1.072; backward 512 full 0.754 -> 0.888, causal 0.787 -> 0.847, 1024 full 0.709 -> 0.890,
+# causal 0.758 -> 0.867 (benchmarks/gluon_fwd.py and gluon_bwd.py --grid, H200, triton 3.6, GPU time,
+# 2026-12-05; docs/gluon.md, docs/data/h200-2026-12-05d-gluon/).
+# fp8 keeps 1024 against 2048: its Gluon variant lost at N=1024 causal (0.83x flashtune's bf16
+# forward against the Triton fp8 kernel's 1.18x; the fp8 entry's comment).
+LONG_MIN_Q = 512
+LONG_MIN_K = 512
+LONG_MIN_Q_BWD = 512
+LONG_MIN_Q_FP8 = 1024
+LONG_MIN_K_FP8 = 2048
 
 
 def decode_fills(batch_heads_kv: int | None, device) -> bool:
@@ -66,14 +77,23 @@ def decode_fills(batch_heads_kv: int | None, device) -> bool:
     return batch_heads_kv >= sm_count(torch.device(device))
 
 
-def is_long(pass_: str, seq_q: int | None, seq_k: int | None = None) -> bool:
+def long_bounds(pass_: str, dtype: torch.dtype | None = None) -> tuple[int, int | None]:
+    """The fewest queries per head and keys (None: no bound) of a long call of ``pass_`` in
+    ``dtype`` (None: a 16-bit one)."""
+    if pass_ != "fwd":
+        return LONG_MIN_Q_BWD, None
+    if dtype in FP8_DTYPES:
+        return LONG_MIN_Q_FP8, LONG_MIN_K_FP8
+    return LONG_MIN_Q, LONG_MIN_K
+
+
+def is_long(pass_: str, seq_q: int | None, seq_k: int | None = None, dtype: torch.dtype | None = None) -> bool:
     """Whether a call of ``seq_q`` queries per head against ``seq_k`` keys (None: seq_q)
-    reads the tables' long entries."""
+    in ``dtype`` (None: a 16-bit one) reads the tables' long entries."""
     if seq_q is None:
         return False
-    if pass_ != "fwd":
-        return seq_q >= LONG_MIN_Q_BWD
-    return seq_q >= LONG_MIN_Q and (seq_q if seq_k is None else seq_k) >= LONG_MIN_K
+    min_q, min_k = long_bounds(pass_, dtype)
+    return seq_q >= min_q and (min_k is None or (seq_q if seq_k is None else seq_k) >= min_k)
 # fp8 inputs (kernels/fp8.py): the forward only. Triton's fp8 dots need a reduction of at
 # least 32 (the tensor cores' fp8 K step): the head dim pads to 32, BLOCK_N (P @ V's K) >= 32.
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -895,6 +915,8 @@ _SM90_FWD[(_bf, 128, "decode", "full")] = _F(64, 128, 4, 2, tma=1)
 # benchmarks/gluon_fwd.py --grid --realistic --configs persistent --persistent-order both --rounds 2,
 # GPU time, H200, triton 3.6, 2026-12-05 (docs/gluon.md, docs/data/h200-2026-12-05c-gluon/). The
 # search times both (family_defaults) and keeps the faster per key.
+# From 512 queries against 512 keys since 2026-12-05 (LONG_MIN_Q, LONG_MIN_K: the grid's 512 and 1024
+# rows, 1.16-1.35x the Triton default there; the bounds' comment).
 _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1, persistent=1)
 # Causal long D=128 calls: the same with its O tiles (o_tile, GluonFwdConfig.O_TILE: each consumer's
 # O through a tile of its own beside a V ring one slot shorter, its Q tile released before the last
@@ -935,6 +957,8 @@ _SM90_FWD[(_bf, 128, "long", True)] = _F(64, 128, 4, 3, family=1, persistent=1, 
 # on that key measures it. Non-causal: family 4 stays (dQ fused a step late: 0.907x against family
 # 3's 0.910x over 8 rows, within the runs' spread). The comment above is the measurement with the
 # wide statistics that chose the entries before.
+# From 512 queries since 2026-12-05 (LONG_MIN_Q_BWD; grid 512 and 1024 rows 1.08-1.26x the Triton
+# default: the bounds' comment).
 _SM90_BWD[(_bf, 128, "long", True)] = _B(64, 64, 64, 64, 4, 2, family=3)
 # Since the fused dQ share's order became a config field (dq_first, GluonBwdConfig.DQ_FIRST,
 # 2026-12-05), non-causal: dQ fused in its step with the share's wgmmas ahead of dV and dK (family 3,
@@ -1108,7 +1132,7 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     DECODE_MAX_Q; before it (dtype, head_dim, "decode", "full") where ``batch_heads_kv``,
     the call's batch x K/V heads, fills the SMs: ``decode_fills``) or for long calls
     ((dtype, head_dim, "long", causal), then (dtype, head_dim, "long");
-    ``is_long(pass_, seq_q, seq_k)``, seq_k None for seq_q) comes first,
+    ``is_long(pass_, seq_q, seq_k, dtype)``, seq_k None for seq_q) comes first,
     then one for this masking ((dtype, head_dim, causal)), then the one for both.
     ``triton_only``: entries of another kernel family (the Gluon forward, ``family=1``) are
     passed over (``FwdConfig.as_triton``'s fallback).
@@ -1121,7 +1145,7 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
         keys.insert(0, (*key, "decode"))
         if decode_fills(batch_heads_kv, device):
             keys.insert(0, (*key, "decode", "full"))
-    if is_long(pass_, seq_q, seq_k):
+    if is_long(pass_, seq_q, seq_k, dtype):
         keys.insert(0, (*key, "long"))
         if causal is not None:  # an entry for long queries with this masking first
             keys.insert(0, (*key, "long", bool(causal)))

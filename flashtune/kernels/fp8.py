@@ -146,7 +146,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_descal
         # the long bucket for long calls (on sm_90 at D=128 the Gluon kernel's FP8
         # variant, config.py); no decode bucket: fp8 runs the plain kernel at every length
         config = _default("fwd", D, q.dtype, q.device, bool(causal),
-                          "long" if is_long("fwd", q.shape[2], k.shape[2]) else None)
+                          "long" if is_long("fwd", q.shape[2], k.shape[2], q.dtype) else None)
     elif not isinstance(config, FwdConfig):
         raise TypeError(f"config: expected a FwdConfig or None, got {type(config).__name__}")
     else:

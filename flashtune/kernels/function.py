@@ -11,8 +11,9 @@ from torch.autograd import forward_ad as _forward_ad
 
 from flashtune.kernels.backward import attention_backward
 from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, Dropout, Varlen, torch_fp32_precision
-from flashtune.kernels.config import (DECODE_MAX_Q, FP8_DTYPES, LONG_MIN_K, LONG_MIN_Q, LONG_MIN_Q_BWD, MAX_HEAD_DIM,
-                                      BwdConfig, ConfigError, FwdConfig, decode_fills, default_config, is_long)
+from flashtune.kernels.config import (DECODE_MAX_Q, FP8_DTYPES, MAX_HEAD_DIM,
+                                      BwdConfig, ConfigError, FwdConfig, decode_fills, default_config, is_long,
+                                      long_bounds)
 from flashtune.kernels import decode
 from flashtune.kernels.forward import attention_forward, forward_key
 from flashtune.kernels.jvp import attention_jvp_forward, attention_jvp_op, default_jvp_config, validate_jvp_config
@@ -173,7 +174,7 @@ def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device
              bucket: str | None = None):
     """The heuristic config of a bucket: "decode", "decode-full" (a decode call that fills
     the SMs, config.decode_fills), "long" or None (neither)."""
-    long = (LONG_MIN_Q, LONG_MIN_K) if pass_ == "fwd" else (LONG_MIN_Q_BWD, None)
+    long = long_bounds(pass_, dtype)
     seq_q, seq_k = {"decode": (1, None), "decode-full": (1, None), "long": long, None: (None, None)}[bucket]
     fills = decode.sm_count(device) if bucket == "decode-full" else None  # batch x K/V heads that fill the SMs
     return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=seq_q, seq_k=seq_k,
@@ -198,9 +199,9 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
             # asked only where the default is read (a given config, as the tuned drop-in's, skips it)
             fills = fwd_config is None and heads_kv is not None and decode_fills(q.shape[0] * heads_kv, device)
             buckets["fwd"] = "decode-full" if fills else "decode"
-        elif is_long("fwd", n_q, seq_k):
+        elif is_long("fwd", n_q, seq_k, dtype):
             buckets["fwd"] = "long"
-        buckets["bwd"] = "long" if is_long("bwd", n_q) else None
+        buckets["bwd"] = "long" if is_long("bwd", n_q, dtype=dtype) else None
     resolved = []
     for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
                                   ("bwd_config", bwd_config, BwdConfig, "bwd")):

@@ -312,20 +312,22 @@ def test_long_d128_fp8_calls_default_to_the_gluon_kernel_on_sm90_only(sm, capabi
     """fp8 at D=128 on long calls: the Gluon kernel's FP8 variant on sm_90 (measured,
     docs/fp8.md); its fallback (V with the head dim contiguous, a softcap) and every other
     fp8 call: the Triton fp8 default of the sm_90 table (not the generic table's)."""
-    from flashtune.kernels.config import LONG_MIN_K, default_config
+    from flashtune.kernels.config import LONG_MIN_K, LONG_MIN_K_FP8, default_config
 
     sm(capability)
     triton = FwdConfig(128, 128, 8, 3)
     for causal in (False, True):
-        long = default_config("fwd", 128, dtype, "cuda", causal=causal, seq_q=LONG_MIN_K)
+        long = default_config("fwd", 128, dtype, "cuda", causal=causal, seq_q=LONG_MIN_K_FP8)
         if capability == (9, 0):
             assert long == FwdConfig(64, 128, 4, 2, family=1, pingpong=0, overlap=0)
         else:
             assert long == triton
         assert FwdConfig(64, 128, 4, 2, family=1).as_triton(128, dtype, "cuda", causal) == triton
-        for cfg in (default_config("fwd", 128, dtype, "cuda", causal=causal, seq_q=LONG_MIN_K // 2),
+        # fp8 has longer bounds than 16-bit calls: a call long for bf16 is not for fp8
+        for cfg in (default_config("fwd", 128, dtype, "cuda", causal=causal, seq_q=LONG_MIN_K_FP8 // 2),
+                    default_config("fwd", 128, dtype, "cuda", causal=causal, seq_q=LONG_MIN_K),
                     default_config("fwd", 128, dtype, "cuda", causal=causal),
-                    default_config("fwd", 64, dtype, "cuda", causal=causal, seq_q=LONG_MIN_K)):
+                    default_config("fwd", 64, dtype, "cuda", causal=causal, seq_q=LONG_MIN_K_FP8)):
             assert cfg == triton
 
 
@@ -338,6 +340,17 @@ def test_the_triton_fallback_passes_over_a_gluon_entry_at_any_key(sm, monkeypatc
     monkeypatch.setitem(config_mod._SM90_FWD, (e4m3, 128, True), gluon)
     assert config_mod.default_config("fwd", 128, e4m3, "cuda", causal=True) == gluon
     assert gluon.as_triton(128, e4m3, "cuda", True) == FwdConfig(128, 128, 8, 3)
+
+
+def test_fp8_forward_calls_have_longer_bounds_than_16_bit_ones():
+    from flashtune.kernels.config import LONG_MIN_K_FP8, LONG_MIN_Q, LONG_MIN_Q_FP8, is_long, long_bounds
+
+    assert long_bounds("fwd", torch.float8_e5m2) == (LONG_MIN_Q_FP8, LONG_MIN_K_FP8) != long_bounds("fwd")
+    for dtype in (None, torch.bfloat16, torch.float16):
+        assert is_long("fwd", LONG_MIN_Q, dtype=dtype) and not is_long("fwd", LONG_MIN_Q - 1, dtype=dtype)
+    assert not is_long("fwd", LONG_MIN_Q_FP8, LONG_MIN_K_FP8 - 1, torch.float8_e4m3fn)
+    assert is_long("fwd", LONG_MIN_Q_FP8, LONG_MIN_K_FP8, torch.float8_e4m3fn)
+    assert not is_long("fwd", LONG_MIN_Q_FP8 - 1, 16384, torch.float8_e4m3fn)
 
 
 @pytest.mark.parametrize("n, n_k, bucket", [(2048, 2048, "long"), (5000, 5000, "long"), (1024, 16384, "long"),
@@ -369,12 +382,14 @@ def test_attention_defaults_read_the_long_entry_for_long_calls_only(monkeypatch)
     function._default.cache_clear()
     fwd_long, bwd_long, decode = ("fwd", LONG_MIN_Q, LONG_MIN_K), ("bwd", LONG_MIN_Q_BWD, None), ("fwd", 1, None)
     neither = {p: (p, None, None) for p in ("fwd", "bwd")}
+    # the cases below take the bounds as they are: one for the queries of both passes, the keys' no longer
+    assert LONG_MIN_Q == LONG_MIN_Q_BWD and LONG_MIN_K <= LONG_MIN_Q
     try:
         for n, kwargs, fwd, bwd in ((4096, {}, fwd_long, bwd_long),
-                                    (LONG_MIN_K, {}, fwd_long, bwd_long),
-                                    (LONG_MIN_Q, {"seq_k": 16384}, fwd_long, neither["bwd"]),
-                                    (LONG_MIN_Q, {}, neither["fwd"], neither["bwd"]),
-                                    (LONG_MIN_Q_BWD - 1, {}, neither["fwd"], neither["bwd"]),
+                                    (LONG_MIN_Q, {}, fwd_long, bwd_long),
+                                    (LONG_MIN_Q, {"seq_k": 16384}, fwd_long, bwd_long),
+                                    (LONG_MIN_Q, {"seq_k": LONG_MIN_K - 1}, neither["fwd"], bwd_long),
+                                    (LONG_MIN_Q - 1, {"seq_k": 16384}, neither["fwd"], neither["bwd"]),
                                     (4096 + 3, {"dropout": True}, neither["fwd"], neither["bwd"]),
                                     (4096, {"varlen": True}, neither["fwd"], neither["bwd"]),
                                     (DECODE_MAX_Q, {"seq_k": 65536}, decode, neither["bwd"]),
