@@ -281,7 +281,8 @@ def bench_shape(args, entries, head_dim, seq_len, causal, dtype_name) -> list[Ro
     import torch
     from torch.nn.attention import SDPBackend
 
-    from flashtune.kernels import BwdConfig, FwdConfig, default_config
+    from flashtune.kernels import BwdConfig, FwdConfig
+    from flashtune.kernels.function import resolve_configs
 
     dtype = getattr(torch, DTYPES[dtype_name])
     batch, heads = grid_shape(head_dim, seq_len)
@@ -289,12 +290,14 @@ def bench_shape(args, entries, head_dim, seq_len, causal, dtype_name) -> list[Ro
     q, k, v, do = (torch.randn(batch, heads, seq_len, head_dim, device="cuda", dtype=dtype, generator=gen)
                    for _ in range(4))
 
-    cfgs, sources = {}, {}
+    given, sources = {}, {}
     for pass_, cls in (("fwd", FwdConfig), ("bwd", BwdConfig)):
-        given = pick_config(entries, pass_, head_dim=head_dim, seq_len=seq_len, causal=causal, dtype=dtype_name)
-        cfgs[pass_] = cls.from_dict(given).validate(head_dim, dtype, q.device) if given else \
-            default_config(pass_, head_dim, dtype, q.device, causal=causal)
-        sources[pass_] = "file" if given else "default"
+        entry = pick_config(entries, pass_, head_dim=head_dim, seq_len=seq_len, causal=causal, dtype=dtype_name)
+        given[pass_] = cls.from_dict(entry) if entry else None
+        sources[pass_] = "file" if entry else "default"
+    # the configs flashtune.attention() launches for this call: the given ones validated, else the
+    # heuristic defaults of the call's buckets (the long entries by its lengths: config.is_long)
+    cfgs = dict(zip(("fwd", "bwd"), resolve_configs(q, given["fwd"], given["bwd"], causal=causal)))
     runners = {"flashtune": _flashtune(cfgs["fwd"], cfgs["bwd"]),
                "cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION), "flash": _sdpa(SDPBackend.FLASH_ATTENTION)}
 
