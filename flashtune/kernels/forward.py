@@ -290,12 +290,15 @@ def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compi
         # fp8: V with its keys contiguous (attention_fp8's default re-layout), the operand the
         # Gluon kernel's fp8 P V wgmma reads (gluon_forward.fp8_v_runs)
         fp8_v = q.dtype not in FP8_DTYPES or v.stride(2) == 1 or v.shape[2] == 1
-        if not softcap and varlen is None and dropout is None and fp8_v:
+        # o takes q's layout; the Gluon kernel writes it with its head dim contiguous, so a q whose head
+        # dim is strided (a (B, H, D, N) tensor viewed as (B, H, N, D)) runs the Triton kernel
+        o_layout = q.stride(-1) == 1 or q.shape[-1] == 1
+        if not softcap and varlen is None and dropout is None and fp8_v and o_layout:
             return _gluon_forward(q, k, v, config, causal=causal, sm_scale=sm_scale, compile_only=compile_only,
                                   causal_align=causal_align, window_size=window_size, v_descale=v_descale,
                                   out_dtype=out_dtype)
         # what the Gluon kernel lacks (softcap, varlen, dropout, an fp8 V with the head dim
-        # contiguous): the Triton kernel's default
+        # contiguous, an o with its head dim strided): the Triton kernel's default
         config = config.as_triton(q.shape[-1], q.dtype, q.device, bool(causal))
     B, H, _, N_Q, N_K, D, window, off = call_geometry(q, k, varlen, causal, causal_align, window_size)
     key_blocks = None

@@ -1295,7 +1295,8 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 
     Inputs the copy engine cannot address (head dim not unit-stride, a base or a stride not
     16-byte aligned) are made contiguous first; (B, N, H, D) storage viewed as (B, H, N, D)
-    goes through the descriptors as it is. o has q's strides when q is dense.
+    goes through the descriptors as it is. o has q's strides when q is dense and its head dim
+    contiguous (dense otherwise).
 
     ``trace``: ``trace_buffer(q, k, config)``'s zeroed int64 tensor, filled by the kernel's own
     instrumentation (kernels/kernel_trace.py reads it); the outputs are the untraced call's.
@@ -1322,6 +1323,7 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
                          f"got strides {tuple(v.stride())}")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
+    q_in = q
     q, k = _addressable(q), _addressable(k)
     if fp8:
         vt = _v_transposed(v)  # a view of an input, or a copy: no plan either way
@@ -1336,9 +1338,10 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     # the diagonal's offset: the causal mask's and the window's frame
     off = causal_offset(causal_align, N_Q, N_K) if causal or window else 0
     o_dtype = (out_dtype or torch.bfloat16) if fp8 else q.dtype
-    # o in q's layout, unless q's head dim is strided: then dense
-    if q.stride(-1) == 1:
-        o = launch.empty_like(q, dtype=o_dtype)
+    # o in the caller's q's layout (also where q was copied to be addressable), unless its head dim
+    # is strided: then dense (attention_forward sends such a q to the Triton kernel)
+    if q_in.stride(-1) == 1:
+        o = launch.empty_like(q_in, dtype=o_dtype)
     else:
         o = launch.empty(q.shape, dtype=o_dtype, device=q.device)
     lse2 = launch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)

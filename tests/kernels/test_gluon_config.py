@@ -218,6 +218,22 @@ def test_a_call_the_gluon_kernel_cannot_run_runs_the_triton_default(monkeypatch,
     assert triton.family == 0 and launched == [(triton.BLOCK_M, triton.BLOCK_N)]
 
 
+def test_a_q_with_its_head_dim_strided_runs_the_triton_default_with_o_in_its_layout(monkeypatch):
+    """o takes q's layout; the Gluon kernel writes o with its head dim contiguous, so such a q (a
+    (B, H, D, N) tensor viewed as (B, H, N, D)) runs the Triton kernel (found on an H100: the test
+    of that layout failed on o's strides once the defaults sent 1000-row calls to the Gluon kernel)."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU interpreter's check: on a GPU the Triton kernel would compile")
+    monkeypatch.setattr(forward, "_gluon_forward", lambda *a, **k: pytest.fail("o's layout: the Triton kernel's"))
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 64, 37, generator=gen).transpose(-1, -2)
+    k, v = (torch.randn(1, 2, 37, 64, generator=gen) for _ in range(2))
+    o, _ = forward.attention_forward(q, k, v, FwdConfig(16, 32, 4, 2, family=1), causal=True, sm_scale=0.125)
+    assert o.stride() == q.stride()
+    ref, _ = reference_attention(q, k, v, causal=True, sm_scale=0.125, dtype=torch.float64)
+    torch.testing.assert_close(o.double(), ref, atol=1e-4, rtol=0)
+
+
 def test_a_gluon_config_goes_to_the_gluon_kernel(monkeypatch):
     seen = []
     monkeypatch.setattr(forward, "_gluon_forward", lambda q, k, v, config, **kw: seen.append((config, kw)) or "o")
