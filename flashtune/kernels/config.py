@@ -930,6 +930,13 @@ _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1, persistent=1)
 # --o-tile both --rounds 2, GPU time, H100 (no H200 was lent), triton 3.6, 2026-12-05 (docs/gluon.md,
 # docs/data/h100-2026-12-05c-gluon/). The search times both (family_defaults) and keeps the faster.
 _SM90_FWD[(_bf, 128, "long", True)] = _F(64, 128, 4, 3, family=1, persistent=1, o_tile=1)
+# Non-causal long D=128 calls with O tiles too since the H200 ran them (2026-12-05, sixth session): faster
+# than without on all 6 full D=128 grid rows, ratio to cuDNN without -> with, 512 0.906 -> 0.979, 1024
+# 0.960 -> 0.990, 2048 0.982 -> 1.005, 4096 0.991 -> 1.016, 8192 0.981 -> 1.009, 16384 0.948 -> 1.014
+# (benchmarks/gluon_fwd.py --grid --configs persistent --tma-store on --o-tile both --rounds 2, GPU time,
+# H200, docs/data/h200-2026-12-05d-gluon/fwd_rowlimit.log); on the H100 run above 5 of 6 (8192 1.017 ->
+# 1.004) and chunked-prefill-1k-of-16k 0.996 -> 0.987. The search times both per key.
+_SM90_FWD[(_bf, 128, "long", False)] = _F(64, 128, 4, 3, family=1, persistent=1, o_tile=1)
 # The backward from LONG_MIN_Q_BWD queries at D=128: the Gluon families. Causal: the Gluon dK/dV
 # kernel with the Triton default's dQ kernel (family 1, dkdv_split chosen at launch),
 # 1.03-1.16x the Triton default on every causal row measured (grid 4k/8k/16k 1.03-1.10x not

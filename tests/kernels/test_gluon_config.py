@@ -293,11 +293,14 @@ def test_long_d128_forward_calls_default_to_the_gluon_kernel_on_sm90_only(monkey
     for seq_q, seq_k in ((LONG_MIN_K, None), (LONG_MIN_Q, 16 * LONG_MIN_Q), (16384, 16384)):
         long = default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=seq_q, seq_k=seq_k)
         assert long.family == (capability == (9, 0)), (seq_q, seq_k)
-        if long.family:  # the default's shape with the persistent grid (its snake order) and, causal, O tiles
+        if long.family:  # the default's shape with the persistent grid (its snake order) and O tiles, both maskings
             assert long.gluon() == dataclasses.replace(gluon_forward.default_gluon_config(128), PERSISTENT=1,
                                                        O_TILE=1)
             full = default_config("fwd", 128, bf16, "cuda", causal=False, seq_q=seq_q, seq_k=seq_k)
-            assert full == dataclasses.replace(long, o_tile=0)
+            assert full == long
+            # a masking the table has no entry for (None: either) takes the plain long entry
+            assert default_config("fwd", 128, bf16, "cuda", seq_q=seq_q, seq_k=seq_k) == \
+                dataclasses.replace(long, o_tile=0)
     # below the thresholds, another head dim or dtype, unknown length: Triton's
     for cfg in (default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=LONG_MIN_K - 1),
                 default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=LONG_MIN_Q, seq_k=LONG_MIN_K - 1),
