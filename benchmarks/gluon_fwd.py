@@ -1,5 +1,7 @@
 """Time the Gluon forward (kernels/gluon_forward.py) against flashtune's Triton forward
-(its heuristic default config), SDPA's cuDNN backend and SDPA's FlashAttention-2 backend
+(the Triton kernel's heuristic default config, never a Gluon entry, whatever the call's
+length: the "triton" column; before 2026-12-05's sixth session it was flashtune's default,
+the Gluon entry for long calls), SDPA's cuDNN backend and SDPA's FlashAttention-2 backend
 on an H100/H200, in one process; print the ratios and, with --out, write them as JSON.
 
     python benchmarks/gluon_fwd.py                    # three large shapes
@@ -130,7 +132,7 @@ def main() -> int:
             ref = sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, scale)
             base_err = (sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal, scale).float() - ref.float()).abs().max()
             bound = min(0.05, max(4 * base_err.item(), 1e-2))
-            fwd_cfg = default_config("fwd", D, dtype, q.device, causal=causal, seq_q=Nq)
+            fwd_cfg = default_config("fwd", D, dtype, q.device, causal=causal, seq_q=Nq, seq_k=Nk, triton_only=True)
             fns = {
                 "triton": lambda: attention_forward(q, k, v, fwd_cfg, causal=causal, sm_scale=scale)[0],
                 "cudnn": lambda: sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, scale),
