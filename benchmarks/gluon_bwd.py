@@ -11,6 +11,7 @@ write them as JSON.
     python benchmarks/gluon_bwd.py --switch CONSUMER_TURNS=0,1 --switch COMPACT_STATS=0,1
                                                        # the kernel module's switches, every combination
     python benchmarks/gluon_bwd.py --dq-first both     # the fused dQ runners with DQ_FIRST 0 and 1
+    python benchmarks/gluon_bwd.py --gluon fused --buffers 2,3   # the fused runners with 2 and 3 Q/dO slots
 
 Backward only: every runner's backward from the same forward output (flashtune's from its
 own forward's o and log-sum-exp; SDPA's through autograd.grad with the graph kept). For
@@ -99,6 +100,9 @@ def main() -> int:
     ap.add_argument("--dq-first", choices=("default", "off", "on", "both"), default="default",
                     help="GluonBwdConfig.DQ_FIRST of the fused-dQ runners: as their configs have it (0), off, on, "
                          "or both (labels ending '-first' for on)")
+    ap.add_argument("--buffers", metavar="N[,N]",
+                    help="NUM_BUFFERS (the Q/dO ring's slots) of the fused-dQ runners, each value (labels 'b<N>'; "
+                         "default: as their configs have it, 2 at D=128)")
     ap.add_argument("--gluon", choices=("all", "family1", "fused"), default="all",
                     help="which Gluon runners: all four, family 1 only (Triton dQ), or the two fused-dQ ones")
     ap.add_argument("--rounds", type=int, default=3)
@@ -107,6 +111,14 @@ def main() -> int:
     ap.add_argument("--out", metavar="FILE.json")
     args = ap.parse_args()
     switches = gluon_bench.switch_values(ap, gluon_backward, args.switch)
+    buffers = None
+    if args.buffers:
+        try:
+            buffers = [int(x) for x in args.buffers.split(",")]
+        except ValueError:
+            ap.error(f"--buffers: expected integers separated by commas, got {args.buffers!r}")
+        if any(b < 2 for b in buffers):
+            ap.error(f"--buffers: expected slots of at least 2, got {args.buffers!r}")
     dtype, env = gluon_bench.sm90_run(args.dtype)
     print(f"timer: {args.timer}")
     print(f"{'shape':>28} {'mask':>6} {'gluon cfg':>34} {'gluon ms':>9} {'TFLOP/s':>8} {'triton':>8} {'cudnn':>8} "
@@ -144,6 +156,9 @@ def main() -> int:
             if firsts:
                 configs = [(dataclasses.replace(c, DQ_FIRST=first) if c.DQ_FUSED else c, gdq) for c, gdq in configs
                            for first in (firsts if c.DQ_FUSED else (None, ))]
+            if buffers:
+                configs = [(dataclasses.replace(c, NUM_BUFFERS=b) if c.DQ_FUSED else c, gdq) for c, gdq in configs
+                           for b in (buffers if c.DQ_FUSED else (None, ))]
             errors = {}
             for cfg, gdq in configs:
                 label = cfg.short() if gdq or cfg.DQ_FUSED else cfg.short().split("/dq")[0] + "/triton-dq"

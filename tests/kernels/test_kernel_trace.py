@@ -276,3 +276,14 @@ def test_the_benchmarks_switch_option_gives_every_combination_and_names_a_bad_on
         with pytest.raises(SystemExit):
             bench.switch_values(ap, gluon_backward, [bad])
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, message", [("x", "expected integers"), ("1,3", "at least 2")])
+def test_gluon_bwd_names_a_bad_buffers_value_before_any_gpu_work(value, message):
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "gluon_bwd.py"
+    run = subprocess.run([sys.executable, str(script), "--buffers", value], capture_output=True, text=True)
+    assert run.returncode == 2 and "--buffers" in run.stderr and message in run.stderr
