@@ -917,26 +917,24 @@ _SM90_FWD[(_bf, 128, "decode", "full")] = _F(64, 128, 4, 2, tma=1)
 # search times both (family_defaults) and keeps the faster per key.
 # From 512 queries against 512 keys since 2026-12-05 (LONG_MIN_Q, LONG_MIN_K: the grid's 512 and 1024
 # rows, 1.16-1.35x the Triton default there; the bounds' comment).
-_SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1, persistent=1)
-# Causal long D=128 calls: the same with its O tiles (o_tile, GluonFwdConfig.O_TILE: each consumer's
-# O through a tile of its own beside a V ring one slot shorter, its Q tile released before the last
-# P V), faster than without on every causal row measured but grid-d128-16384 (where the grid kernel
-# serves better still): ratio to cuDNN without -> with, grid 2048 1.022 -> 1.075, 4096 1.047 -> 1.074,
+# With O tiles (o_tile, GluonFwdConfig.O_TILE: each consumer's O through a tile of its own beside a
+# V ring one slot shorter, its Q tile released before the last P V): causal calls since 2026-12-05's
+# fifth session, all of them since its sixth. Causal, faster than without on every causal row
+# measured but grid-d128-16384 (where the grid kernel serves better still): ratio to cuDNN without -> with, grid 2048 1.022 -> 1.075, 4096 1.047 -> 1.074,
 # 8192 1.044 -> 1.059, llama3-8b-train-8k 1.053 -> 1.069, llama3-70b-tp8-train-4k 1.280 -> 1.309,
 # mistral-7b-train-2k 1.022 -> 1.071, qwen-28h-train-4k 1.137 -> 1.171, llama3-8b-prefill-2k 1.209 ->
 # 1.260; 16384 1.044 -> 1.041. Without masking it gains up to 4k keys and loses from 8k (8192 1.006 ->
-# 0.998, 16384 1.047 -> 1.008, chunked-prefill-1k-of-16k 0.996 -> 0.987), so the entry above keeps
-# serving full calls. benchmarks/gluon_fwd.py --grid --realistic --configs persistent --tma-store on
-# --o-tile both --rounds 2, GPU time, H100 (no H200 was lent), triton 3.6, 2026-12-05 (docs/gluon.md,
-# docs/data/h100-2026-12-05c-gluon/). The search times both (family_defaults) and keeps the faster.
-_SM90_FWD[(_bf, 128, "long", True)] = _F(64, 128, 4, 3, family=1, persistent=1, o_tile=1)
-# Non-causal long D=128 calls with O tiles too since the H200 ran them (2026-12-05, sixth session): faster
-# than without on all 6 full D=128 grid rows, ratio to cuDNN without -> with, 512 0.906 -> 0.979, 1024
+# 0.998, 16384 1.047 -> 1.008, chunked-prefill-1k-of-16k 0.996 -> 0.987), so full calls kept the
+# plain kernel until the run below. benchmarks/gluon_fwd.py --grid --realistic --configs persistent
+# --tma-store on --o-tile both --rounds 2, GPU time, H100 (no H200 was lent), triton 3.6, 2026-12-05
+# (docs/gluon.md, docs/data/h100-2026-12-05c-gluon/). The search times both (family_defaults) and keeps the faster.
+# Non-causal, with O tiles too since the H200 ran them (2026-12-05, sixth session): faster than without
+# on all 6 full D=128 grid rows, ratio to cuDNN without -> with, 512 0.906 -> 0.979, 1024
 # 0.960 -> 0.990, 2048 0.982 -> 1.005, 4096 0.991 -> 1.016, 8192 0.981 -> 1.009, 16384 0.948 -> 1.014
 # (benchmarks/gluon_fwd.py --grid --configs persistent --tma-store on --o-tile both --rounds 2, GPU time,
 # H200, docs/data/h200-2026-12-05d-gluon/fwd_rowlimit.log); on the H100 run above 5 of 6 (8192 1.017 ->
 # 1.004) and chunked-prefill-1k-of-16k 0.996 -> 0.987. The search times both per key.
-_SM90_FWD[(_bf, 128, "long", False)] = _F(64, 128, 4, 3, family=1, persistent=1, o_tile=1)
+_SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1, persistent=1, o_tile=1)
 # The backward from LONG_MIN_Q_BWD queries at D=128: the Gluon families. Causal: the Gluon dK/dV
 # kernel with the Triton default's dQ kernel (family 1, dkdv_split chosen at launch),
 # 1.03-1.16x the Triton default on every causal row measured (grid 4k/8k/16k 1.03-1.10x not

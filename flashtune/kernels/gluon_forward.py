@@ -97,7 +97,7 @@ FMA_SOFTMAX = True
 # the persistent D=128 causal kernel with O tiles' hot loop is 602 instructions against 740 and
 # spills nothing against 28/52 bytes a thread (the grid kernel's: 596 against 722); the H100 profile
 # of grid-d128-512 causal put a masked block's softmax at 1674-1744 cycles against 1248-1266
-# unmasked. On since the H200 ran it (2026-12-05, fourth session: test_gluon_gpu.py -k row_limit 20
+# unmasked. On since the H200 ran it (2026-12-05, sixth session: test_gluon_gpu.py -k row_limit 20
 # passed, the same bits; benchmarks/gluon_fwd.py --grid over the 12 D=128 rows --configs persistent
 # --o-tile both --switch ROW_LIMIT_MASK=0,1: the fastest per row 1.007x -> 1.022x cuDNN, causal
 # 1.011x -> 1.042x, 512 causal 0.802x -> 0.874x with O tiles; the full rows within noise;
