@@ -101,6 +101,15 @@ COMPACT_STATS = True
 # same cycles a step (docs/gluon.md). Read at each launch, as COMPACT_STATS; a launch plan replays
 # the kernel it recorded.
 CONSUMER_TURNS = 0
+# the dK/dV kernel's P^T carrying sm_scale: True subtracts log2(sm_scale) from each loaded lse, so
+# P^T comes out of its exp2 already scaled (the same one FFMA a score) and with it dS^T: dK and
+# the fused dQ share then need no scaling (a consumer thread's 32 FMULs a step on the dQ share,
+# the step's issue-bound elementwise path, docs/gluon.md), and dV, which accumulates the scaled
+# P^T, is divided by sm_scale once at the end. Launches with 0 < sm_scale <= 1 only (P^T and
+# dS^T never grow). Other roundings than False's (the 16-bit P^T and dS^T are of scaled values),
+# checked against the reference (test_gluon_bwd_gpu.py). Off until timed on the GPU. Read at
+# each launch, as COMPACT_STATS; a launch plan replays the kernel it recorded.
+SCALE_IN_P = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,8 +345,8 @@ def _dq_share_issue(which, p, k_smem, ds_smem, ds_ready, ev, HEAD_DIM: gl.conste
 
 @gluon.jit
 def _dq_share_send(which, dq, h, qb, dq_smem, desc_dqa, off_b, sm_scale, ev, HEAD_DIM: gl.constexpr,
-                   BLOCK_M: gl.constexpr, TRACE: gl.constexpr):
-    """A finished dQ share ``dq``, scaled, sent as one TMA bulk reduce-add into the fp32 dQ
+                   BLOCK_M: gl.constexpr, TRACE: gl.constexpr, SCALED_P: gl.constexpr):
+    """A finished dQ share ``dq``, scaled (SCALED_P: it is already), sent as one TMA bulk reduce-add into the fp32 dQ
     buffer at (batch, query head h, query block qb) through consumer ``which``'s staging tile,
     once the previous share's reduce has read it. TRACE: stamps events 10 and 11."""
     HALF: gl.constexpr = HEAD_DIM // 2
@@ -345,7 +354,10 @@ def _dq_share_send(which, dq, h, qb, dq_smem, desc_dqa, off_b, sm_scale, ev, HEA
     tma.store_wait(0)  # the previous share's reduce has read the buffer
     _stamp(ev, 10, TRACE)
     gl.thread_barrier()
-    dq_buf.reshape([BLOCK_M, HALF]).store(dq * sm_scale)
+    if SCALED_P:
+        dq_buf.reshape([BLOCK_M, HALF]).store(dq)
+    else:
+        dq_buf.reshape([BLOCK_M, HALF]).store(dq * sm_scale)
     fence_async_shared()
     gl.thread_barrier()
     _tma_reduce_add(desc_dqa, [off_b, h, qb * BLOCK_M, which * HALF], dq_buf)
@@ -355,7 +367,7 @@ def _dq_share_send(which, dq, h, qb, dq_smem, desc_dqa, off_b, sm_scale, ev, HEA
 @gluon.jit
 def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DS_SLOTS: gl.constexpr,
-                    TRACE: gl.constexpr):
+                    TRACE: gl.constexpr, SCALED_P: gl.constexpr):
     """Step p's dQ share of consumer ``which`` (``_dq_share_issue``), waited for with every
     wgmma of the group, then sent (``_dq_share_send``). TRACE: stamps events 8 to 11 of the
     step's trace slots ``ev`` (kernel_trace.BACKWARD)."""
@@ -363,7 +375,7 @@ def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dq
                                            DS_SLOTS, TRACE)
     dq, _d0, _d1, _k0, _k1 = warpgroup_mma_wait(0, deps=(dq, ds0, ds1, k0, k1))
     _stamp(ev, 9, TRACE)
-    _dq_share_send(which, dq, h, qb, dq_smem, desc_dqa, off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, TRACE)
+    _dq_share_send(which, dq, h, qb, dq_smem, desc_dqa, off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, TRACE, SCALED_P)
 
 
 @gluon.jit
@@ -390,12 +402,13 @@ def _turn_pass(turn, which, it, TURNS: gl.constexpr):
 
 @gluon.jit
 def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
-              qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
+              qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
               stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
               n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn, trace, pid, CAUSAL: gl.constexpr,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
               DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr,
-              TURNS: gl.constexpr, DQ_FIRST: gl.constexpr):
+              TURNS: gl.constexpr, DQ_FIRST: gl.constexpr, SCALED_P: gl.constexpr):
+    # SCALED_P (SCALE_IN_P): lse less p_shift = log2(sm_scale), so P^T and dS^T come scaled
     # TRACE: per step, the events of kernel_trace.BACKWARD (a step without a dQ share stamps
     # its four dQ events at once)
     _trace_start(trace, pid, n_steps, 0, first_qb, TRACE)
@@ -436,9 +449,13 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
         if COMPACT:  # one value per thread now, the columns where used (COMPACT_STATS)
             rows_c = qb * BLOCK_M + gl.arange(0, BLOCK_M, layout=stats_layout)
             lse_c = gl.load(LSE + row_base + rows_c, mask=rows_c < N_Q, other=float("inf"))
+            if SCALED_P:
+                lse_c = lse_c - p_shift
             delta_c = gl.load(DELTA + row_base + rows_c, mask=rows_c < N_Q, other=0.0)
         else:
             lse = gl.load(LSE + row_base + rows, mask=rows < N_Q, other=float("inf"))
+            if SCALED_P:
+                lse = lse - p_shift
             delta = gl.load(DELTA + row_base + rows, mask=rows < N_Q, other=0.0)
         q = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         do = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
@@ -499,7 +516,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
             _stamp(ev, 9, TRACE)
             if it >= FUSED_DQ - 1:
                 _dq_share_send(which, dq, share_h, share_qb, dq_smem, desc_dqa, off_b, sm_scale, ev, HEAD_DIM,
-                               BLOCK_M, TRACE)
+                               BLOCK_M, TRACE, SCALED_P)
             else:
                 _stamp(ev, 10, TRACE)
                 _stamp(ev, 11, TRACE)
@@ -510,11 +527,11 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
             _stamp(ev, 7, TRACE)
             if FUSED_DQ == 1:  # this step's dQ share
                 _fused_dq_share(which, it, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
-                                HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE)
+                                HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
             elif FUSED_DQ == 2:  # the previous step's, so the groups may drift a step apart
                 if it > 0:
                     _fused_dq_share(which, it - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
-                                    off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE)
+                                    off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
                 else:
                     for e in gl.static_range(8, 12):
                         _stamp(ev, e, TRACE)
@@ -532,12 +549,15 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
     if FUSED_DQ == 2:
         if n_steps > 0:
             _fused_dq_share(which, n_steps - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
-                            off_b, sm_scale, trace, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, False)
+                            off_b, sm_scale, trace, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, False, SCALED_P)
     if FUSED_DQ:
         tma.store_wait(0)
     _stamp(trace, _T_CLK_BLOCKS, TRACE)
 
-    dk = dk * sm_scale
+    if SCALED_P:  # dK came scaled with dS^T; dV accumulated the scaled P^T
+        dv = dv * (1.0 / sm_scale)
+    else:
+        dk = dk * sm_scale
     o_rows = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
     o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
     in_rows = o_rows[:, None] < N_K
@@ -551,7 +571,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
 
 
 @gluon.jit
-def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DELTA, qk_scale, sm_scale,
+def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DELTA, qk_scale, sm_scale, p_shift,
                                 stride_dks, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                                 stride_dvs, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
                                 H, H_KV, GROUP, N_Q, N_K, causal_off, SPLIT_H, SPLIT_Q, LPT_UNITS, desc_dqa,
@@ -560,7 +580,8 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                                 BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr,
                                 FUSED_DQ: gl.constexpr, DS_LAYOUT: gl.constexpr,
                                 PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TRACE: gl.constexpr,
-                                COMPACT_STATS: gl.constexpr, TURNS: gl.constexpr, DQ_FIRST: gl.constexpr):
+                                COMPACT_STATS: gl.constexpr, TURNS: gl.constexpr, DQ_FIRST: gl.constexpr,
+                                SCALED_P: gl.constexpr):
     # TRACE: the trace (kernel_trace.BACKWARD) into TRACE_PTR's [CTAs, 3, TRACE_SLOTS] int64 slots
     # a 1-D grid of key blocks (2 x BLOCK_N keys) x units, a unit being one (batch, K/V head,
     # split) in that order; the CTA's key block and unit from its index (gluon_forward.lpt_tile)
@@ -626,17 +647,17 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
 
     gl.warp_specialize([
         (_consumer, (0, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
-                     qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
+                     qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
                      n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST)),
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P)),
         (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
-                     qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
+                     qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
                      n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST)),
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
                      q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, BLOCK_M, BLOCK_N, NUM_BUFFERS,
@@ -839,13 +860,15 @@ def _gluon_attn_bwd_dq_kernel(desc_q, desc_do, desc_k, desc_v, DQ, LSE, DELTA, q
 # Host side
 # ----------------------------------------------------------------------------------
 def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
-                      trace: bool = False) -> dict:
-    """The dK/dV kernel's constexprs (COMPACT_STATS, CONSUMER_TURNS: the module's values at the call)."""
+                      trace: bool = False, sm_scale: float | None = None) -> dict:
+    """The dK/dV kernel's constexprs (COMPACT_STATS, CONSUMER_TURNS, SCALE_IN_P: the module's values
+    at the call; SCALE_IN_P only where 0 < ``sm_scale`` <= 1, None standing for such a scale)."""
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                 NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=config.DQ_FUSED,
                 DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
                 CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace), COMPACT_STATS=bool(COMPACT_STATS),
-                TURNS=_consumer_turns(), DQ_FIRST=bool(config.DQ_FIRST))
+                TURNS=_consumer_turns(), DQ_FIRST=bool(config.DQ_FIRST),
+                SCALED_P=bool(SCALE_IN_P) and (sm_scale is None or 0.0 < sm_scale <= 1.0))
 
 
 def _consumer_turns() -> int:
@@ -937,12 +960,13 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     else:
         desc_dqa = desc_q  # not read
     grid = (cdiv(N_K, 2 * config.BLOCK_N) * B * H_KV * n_split, )
+    constexprs = kernel_constexprs(config, D, q.dtype, causal, trace is not None, sm_scale)
+    p_shift = math.log2(sm_scale) if constexprs["SCALED_P"] else 0.0
     with on_device(q):
         launch.launch(_gluon_attn_bwd_dkdv_kernel, desc_q, desc_do, desc_k, desc_v, *outs, lse2, delta,
-                      sm_scale * LOG2E, sm_scale, *strides[0], *strides[1], H, H_KV, group, N_Q, N_K, causal_off,
+                      sm_scale * LOG2E, sm_scale, p_shift, *strides[0], *strides[1], H, H_KV, group, N_Q, N_K, causal_off,
                       split_h, split_q, lpt, desc_dqa, lse2 if trace is None else trace,
-                      0 if trace is None else trace.shape[2], grid=grid,
-                      **kernel_constexprs(config, D, q.dtype, causal, trace is not None),
+                      0 if trace is None else trace.shape[2], grid=grid, **constexprs,
                       num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
         if n_split > 1:
             backward._sum_partials(parts, dk, dv, int64=backward.needs_int64(parts, dk, dv))
@@ -1072,7 +1096,7 @@ def compile_for_sm90(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, 
                               else desc(config.BLOCK_M))}
         constexprs["stride_dkd"] = 1
         constexprs["stride_dvd"] = 1
-    types.update({"LSE": "*fp32", "DELTA": "*fp32", "qk_scale": "fp32", "sm_scale": "fp32"})
+    types.update({"LSE": "*fp32", "DELTA": "*fp32", "qk_scale": "fp32", "sm_scale": "fp32", "p_shift": "fp32"})
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:

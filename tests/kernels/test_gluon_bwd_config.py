@@ -74,6 +74,16 @@ def test_an_unknown_consumer_turns_value_is_refused_not_run_as_off(turns, monkey
     assert gluon_backward.kernel_constexprs(C(), 128, torch.bfloat16, causal=True)["TURNS"] == 2
 
 
+@pytest.mark.parametrize("sm_scale,on", [(None, True), (0.088, True), (1.0, True), (1.5, False), (0.0, False),
+                                         (-0.1, False)])
+def test_the_scale_in_p_runs_only_where_p_cannot_grow(sm_scale, on, monkeypatch):
+    monkeypatch.setattr(gluon_backward, "SCALE_IN_P", True)
+    assert gluon_backward.kernel_constexprs(C(), 128, torch.bfloat16, causal=True, sm_scale=sm_scale)["SCALED_P"] is on
+    monkeypatch.setattr(gluon_backward, "SCALE_IN_P", False)
+    assert gluon_backward.kernel_constexprs(C(), 128, torch.bfloat16, causal=True, sm_scale=sm_scale)["SCALED_P"] \
+        is False
+
+
 def test_shared_memory_counts_the_tiles_and_the_ring(monkeypatch):
     # K and V of both consumers (4 tiles of 64 x D) and NUM_BUFFERS (Q, dO) pairs of BLOCK_M x D;
     # with the compact row statistics, both consumers' exchange of a BLOCK_M fp32 vector

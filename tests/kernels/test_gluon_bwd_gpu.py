@@ -237,6 +237,32 @@ def test_the_order_switches_change_no_bit(flags, causal, config, monkeypatch):
     check_gluon_backward(777, 777, 64, causal=causal, config=config, heads=(4, 1))
 
 
+@pytest.mark.parametrize("config", ["m64", "m64-fused", "m64-fused-late", "m64-fused-first", "m64-fused-late-first"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_scale_carried_in_p_matches_the_reference(causal, config, monkeypatch):
+    """gluon_backward.SCALE_IN_P: P^T (and with it dS^T) comes out of its exp2 already scaled by
+    sm_scale, dV is divided by it at the end, dK and the fused dQ share take no scale. Other
+    roundings, so checked against the reference: odd lengths, Nq != Nk, grouped heads, a split,
+    fp16, bottom-right alignment; and a scale above 1 falls back to the unscaled kernel (the
+    same bits as the switch off)."""
+    monkeypatch.setattr(gluon_backward, "SCALE_IN_P", True)
+    check_gluon_backward(1000, 1000, 128, causal=causal, config=config)
+    check_gluon_backward(333, 1000, 128, causal=causal, config=config, heads=(8, 1), split=4)
+    check_gluon_backward(777, 777, 64, causal=causal, config=config, heads=(4, 1))
+    check_gluon_backward(1000, 300, 64, dtype_name="fp16", causal=causal, config=config,
+                         causal_align="bottom_right" if causal else "top_left")
+    cfg, _gdq, split = CONFIGS[config]
+    q, k, v, do, o, lse2 = causal_inputs(1, 4, 2, 500, seed=13)
+    runs = []
+    for on in (True, False):
+        monkeypatch.setattr(gluon_backward, "SCALE_IN_P", on)
+        runs.append(gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=True, sm_scale=1.5,
+                                                            dkdv_split=split))
+    torch.cuda.synchronize()
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = runs
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+
+
 @pytest.mark.parametrize("config", ["m64", "m64-gdq", "m64-fused"])
 @pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
 @pytest.mark.parametrize("n_q,n_k", [(1000, 300), (300, 1000), (511, 511)])
