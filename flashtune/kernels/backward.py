@@ -45,11 +45,13 @@ from flashtune.kernels.config import DKDV_PROGRAMS_PER_SM, BwdConfig, dkdv_split
 
 
 @triton.jit
-def _bwd_preprocess_kernel(O, DO, DELTA,
+def _bwd_preprocess_kernel(O, DO, DELTA, ZERO,
                            stride_ob, stride_oh, stride_on, stride_od,
                            stride_dob, stride_doh, stride_don, stride_dod,
                            H, N_Q, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
-                           INT64: tl.constexpr, STRIDE_ALIGN: tl.constexpr):
+                           INT64: tl.constexpr, STRIDE_ALIGN: tl.constexpr, ZERO_ROWS: tl.constexpr):
+    # ZERO_ROWS: also zero the same rows of ZERO, a contiguous (B, H, N_Q, HEAD_DIM) float32
+    # tensor (the fused dQ's accumulator), so it needs no fill kernel of its own
     stride_ob, stride_oh, stride_on = aligned(stride_ob, stride_oh, stride_on, STRIDE_ALIGN)
     stride_dob, stride_doh, stride_don = aligned(stride_dob, stride_doh, stride_don, STRIDE_ALIGN)
     off_h = tl.program_id(1).to(tl.int64)
@@ -63,6 +65,13 @@ def _bwd_preprocess_kernel(O, DO, DELTA,
                    + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, True, HEAD_DIM, BLOCK_D)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(DELTA + pid_bh * N_Q + offs_m, delta, mask=offs_m < N_Q)
+    if ZERO_ROWS:
+        zero_ptrs = ZERO + (pid_bh * N_Q + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
+        if HEAD_DIM == BLOCK_D:
+            tl.store(zero_ptrs, tl.zeros([BLOCK, BLOCK_D], tl.float32), mask=offs_m[:, None] < N_Q)
+        else:
+            tl.store(zero_ptrs, tl.zeros([BLOCK, BLOCK_D], tl.float32),
+                     mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
@@ -589,16 +598,21 @@ def _gluon_backward(do, q, k, v, o, lse2, config: BwdConfig, *, causal: bool, sm
                                     dkdv_split=config.dkdv_split)
 
 
-def _preprocess(o, do, delta, *, int64: bool, compile_only: bool = False) -> None:
+def _preprocess(o, do, delta, *, int64: bool, compile_only: bool = False, zero: torch.Tensor | None = None) -> None:
     """Delta = rowsum(dO * O) into ``delta`` (B, H, N_Q) for (B, H, N_Q, D) o and do, on
-    the current device."""
+    the current device; ``zero``: a contiguous float32 tensor of o's shape, zeroed by the same
+    kernel (the fused dQ's accumulator)."""
     B, H, N_Q, D = o.shape
+    if zero is not None and (zero.dtype != torch.float32 or zero.shape != o.shape or not zero.is_contiguous()):
+        raise ValueError(f"zero: expected a contiguous float32 tensor of shape {tuple(o.shape)}, got "
+                         f"{zero.dtype} {tuple(zero.shape)}{'' if zero.is_contiguous() else ' (strided)'}")
     BLOCK_D = padded_head_dim(D)
     block = max(16, min(128, 8192 // BLOCK_D))
     launch.launch(
-        _bwd_preprocess_kernel, o, do, delta, *o.stride(), *do.stride(), H, N_Q,
-        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64, STRIDE_ALIGN=stride_align(o, do),
-        grid=(cdiv(N_Q, block), H, B), warmup=compile_only)
+        _bwd_preprocess_kernel, o, do, delta, delta if zero is None else zero, *o.stride(), *do.stride(), H, N_Q,
+        HEAD_DIM=D, BLOCK_D=BLOCK_D, BLOCK=block, INT64=int64,  # (ZERO's offsets are int64: pid_bh is)
+        STRIDE_ALIGN=stride_align(o, do), ZERO_ROWS=zero is not None, grid=(cdiv(N_Q, block), H, B),
+        warmup=compile_only)
 
 
 def _sum_partials(parts, dk, dv, *, int64: bool, compile_only: bool = False) -> None:

@@ -1037,13 +1037,14 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         config = dataclasses.replace(config, DQ_FUSED=0)  # dQ by its own kernel: a fixed order of adds
     delta = launch.empty((B, H, N_Q), device=q.device, dtype=torch.float32)
     int64 = backward.needs_int64(q, k, v, o, do)
+    # the fused dQ's fp32 accumulator, zeroed by the kernel that computes Delta
+    dq_acc = launch.empty(q.shape, device=q.device, dtype=torch.float32) if config.DQ_FUSED else None
     with on_device(q):
-        backward._preprocess(o, do, delta, int64=int64)
+        backward._preprocess(o, do, delta, int64=int64, zero=dq_acc)
         # config.dkdv_split's rule for this kernel: 2 x BLOCK_N keys a CTA, one CTA per SM
         split = split_work(dkdv_split, block_m=config.BLOCK_M, keys_per_program=2 * config.BLOCK_N,
                            programs_per_sm=GLUON_DKDV_PROGRAMS_PER_SM, batch=B, heads_q=H, heads_kv=k.shape[1],
                            n_q=N_Q, n_k=k.shape[2], sm_count=sm_count(q.device))
-        dq_acc = launch.zeros(q.shape, device=q.device, dtype=torch.float32) if config.DQ_FUSED else None
         buf = None
         if trace is not None:
             buf = torch.zeros(dkdv_trace_shape(q.shape, k.shape, config, split), dtype=torch.int64, device=q.device)

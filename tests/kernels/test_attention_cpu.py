@@ -371,3 +371,26 @@ def test_fp16_rule_rejects_just_outside_and_accepts_just_inside(scale, passes):
     else:
         with pytest.raises(AssertionError, match="max abs error"):
             assert_close_to_reference("o", planted, truth.o, low.o, tol=tol)
+
+
+@pytest.mark.parametrize("d", [64, 80])
+def test_the_preprocess_zeroes_the_fused_dq_accumulator_beside_delta(d, kernel_device):
+    """backward._preprocess(zero=...): the kernel that computes Delta also zeroes a float32
+    tensor of o's shape (the fused dQ's accumulator, which then needs no fill kernel): every
+    row, a length that ends inside a block, a head dim the kernel pads (80 -> 128), Delta as
+    without it; a tensor of another shape, dtype or layout is refused before any launch."""
+    from flashtune.kernels import backward
+
+    gen = torch.Generator().manual_seed(d)
+    o, do = (torch.randn(2, 3, 77, d, generator=gen).to(kernel_device) for _ in range(2))
+    delta, delta_alone = (torch.full((2, 3, 77), float("nan"), device=kernel_device) for _ in range(2))
+    acc = torch.full((2, 3, 77, d), float("nan"), device=kernel_device)
+    backward._preprocess(o, do, delta, int64=False, zero=acc)
+    backward._preprocess(o, do, delta_alone, int64=False)
+    assert torch.equal(acc, torch.zeros_like(acc))
+    assert torch.equal(delta, delta_alone)
+    torch.testing.assert_close(delta, (o.double() * do.double()).sum(-1).float(), rtol=1e-5, atol=1e-5)
+    for bad in (torch.zeros(2, 3, 76, d, device=kernel_device), acc.to(torch.float16),
+                torch.zeros(2, 3, d, 77, device=kernel_device).transpose(2, 3)):
+        with pytest.raises(ValueError, match="zero: expected a contiguous float32 tensor of shape"):
+            backward._preprocess(o, do, delta, int64=False, zero=bad)
