@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", action="store_true", help="the instrumented kernel (TRACE)")
     args = ap.parse_args(argv)
     for item in args.config + args.switch:
-        if not re.fullmatch(r"[A-Z_]+=-?\d+", item):
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*=-?\d+", item):
             ap.error(f"--config/--switch: expected NAME=INTEGER, got {item!r}")
     from flashtune.kernels import gluon_backward, gluon_forward
 

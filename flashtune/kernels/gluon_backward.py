@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 
 import torch
 import triton
@@ -110,6 +111,16 @@ CONSUMER_TURNS = 0
 # checked against the reference (test_gluon_bwd_gpu.py). Off until timed on the GPU. Read at
 # each launch, as COMPACT_STATS; a launch plan replays the kernel it recorded.
 SCALE_IN_P = False
+# the dK/dV kernel's P^T exponentials split between the SFU and the FMA pipe: of every 4 scores
+# a thread holds, POLY_EXP2 (0, 1 or 2) take 2^x as a degree-3 polynomial on the FMA and integer
+# pipes (_exp2_split), the rest the SFU's ex2 (MUFU.EX2: 16 a cycle per SM, so both consumers'
+# 2 x 64 x 64 scores of a step keep it busy 512 cycles, about half of the P^T phase that runs
+# while neither consumer has a matmul in flight; a polynomial lane costs about 9 issue slots of
+# the FMA pipe instead). 1 balances the two pipes by count (docs/gluon.md). The polynomial's
+# relative error is under 7.5e-5 (fp32 evaluation, 2^f on [-0.5, 0.5]), below bf16's and fp16's
+# rounding of P^T; other bits than 0's, checked against the reference. Off until timed on the
+# GPU. Read at each launch, as COMPACT_STATS.
+POLY_EXP2 = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,6 +295,56 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 _T_STEP = gl.constexpr(kernel_trace.BACKWARD.events)  # trace slots per step (kernel_trace.BACKWARD)
 
+# 2^f ~ c0 + f (c1 + f (c2 + f c3)) on [-0.5, 0.5], relative error under 7.5e-5 evaluated in
+# fp32 (coefficients fitted here for minimax relative error by Lawson's iteration, then rounded
+# to fp32; tests/kernels/test_gluon_bwd_config.py checks the bound on the host)
+EXP2_POLY = (0.9999280571937561, 0.6932609677314758, 0.2426111400127411, 0.0551716685295105)
+
+
+def _f32_hex(x: float) -> str:
+    """A PTX fp32 immediate (0fXXXXXXXX) of ``x``."""
+    return "0f" + struct.pack(">f", x).hex().upper()
+
+
+def exp2_split_asm(poly: int) -> str:
+    """The PTX of ``_exp2_split``: 4 inputs ($4-$7) to 4 outputs ($0-$3), the last ``poly`` by the
+    polynomial (x clamped to -126 so the exponent add cannot wrap, rounded to the nearest integer
+    j by the 1.5 x 2^23 trick, 2^(x - j) by EXP2_POLY, times 2^j by adding j to the exponent
+    field), the others by ex2.approx.ftz."""
+    if poly not in (0, 1, 2):
+        raise ValueError(f"POLY_EXP2: expected 0, 1 or 2, got {poly!r}")
+    c0, c1, c2, c3 = (_f32_hex(c) for c in EXP2_POLY)
+    magic = _f32_hex(12582912.0)
+    lines = [".reg .f32 %xc, %t, %j, %f, %p;", ".reg .b32 %ti, %pi;"]
+    for i in range(4):
+        out, inp = f"${i}", f"${i + 4}"
+        if i < 4 - poly:
+            lines.append(f"ex2.approx.ftz.f32 {out}, {inp};")
+            continue
+        lines += [f"max.f32 %xc, {inp}, {_f32_hex(-126.0)};",
+                  f"add.rn.f32 %t, %xc, {magic};",
+                  f"sub.rn.f32 %j, %t, {magic};",
+                  "sub.rn.f32 %f, %xc, %j;",
+                  f"fma.rn.f32 %p, %f, {c3}, {c2};",
+                  f"fma.rn.f32 %p, %p, %f, {c1};",
+                  f"fma.rn.f32 %p, %p, %f, {c0};",
+                  "mov.b32 %ti, %t;",
+                  "shl.b32 %ti, %ti, 23;",
+                  "mov.b32 %pi, %p;",
+                  "add.s32 %pi, %pi, %ti;",
+                  f"mov.b32 {out}, %pi;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+@gluon.jit
+def _exp2_split(x, POLY: gl.constexpr, ASM: gl.constexpr):
+    """2^x, elementwise: gl.exp2 with POLY 0, else ``exp2_split_asm(POLY)`` (ASM) on each 4 of a
+    thread's values (POLY_EXP2)."""
+    if POLY == 0:
+        return gl.exp2(x)
+    else:
+        return gl.inline_asm_elementwise(ASM, "=f,=f,=f,=f,f,f,f,f", [x], dtype=gl.float32, is_pure=True, pack=4)
+
 
 @gluon.jit
 def _step(it, n_qb, first_qb, head0):
@@ -407,7 +468,8 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
               n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn, trace, pid, CAUSAL: gl.constexpr,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
               DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr,
-              TURNS: gl.constexpr, DQ_FIRST: gl.constexpr, SCALED_P: gl.constexpr):
+              TURNS: gl.constexpr, DQ_FIRST: gl.constexpr, SCALED_P: gl.constexpr, POLY: gl.constexpr,
+              POLY_ASM: gl.constexpr):
     # SCALED_P (SCALE_IN_P): lse less p_shift = log2(sm_scale), so P^T and dS^T come scaled
     # TRACE: per step, the events of kernel_trace.BACKWARD (a step without a dQ share stamps
     # its four dQ events at once)
@@ -470,7 +532,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
         _stamp(ev, 3, TRACE)
         if COMPACT:
             lse = gl.convert_layout(lse_c, gl.SliceLayout(0, s_layout))
-        pt = gl.exp2(st * qk_scale - lse[None, :])
+        pt = _exp2_split(st * qk_scale - lse[None, :], POLY, POLY_ASM)
         # causal: the blocks on the diagonal (some query before some key of these rows)
         if CAUSAL:
             if qb * BLOCK_M + causal_off < key0 + BLOCK_N - 1:
@@ -581,7 +643,7 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                                 FUSED_DQ: gl.constexpr, DS_LAYOUT: gl.constexpr,
                                 PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TRACE: gl.constexpr,
                                 COMPACT_STATS: gl.constexpr, TURNS: gl.constexpr, DQ_FIRST: gl.constexpr,
-                                SCALED_P: gl.constexpr):
+                                SCALED_P: gl.constexpr, POLY: gl.constexpr, POLY_ASM: gl.constexpr):
     # TRACE: the trace (kernel_trace.BACKWARD) into TRACE_PTR's [CTAs, 3, TRACE_SLOTS] int64 slots
     # a 1-D grid of key blocks (2 x BLOCK_N keys) x units, a unit being one (batch, K/V head,
     # split) in that order; the CTA's key block and unit from its index (gluon_forward.lpt_tile)
@@ -651,13 +713,15 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
                      n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P)),
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P, POLY,
+                     POLY_ASM)),
         (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
                      n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P)),
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P, POLY,
+                     POLY_ASM)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
                      q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, BLOCK_M, BLOCK_N, NUM_BUFFERS,
@@ -868,7 +932,15 @@ def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype,
                 DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
                 CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace), COMPACT_STATS=bool(COMPACT_STATS),
                 TURNS=_consumer_turns(), DQ_FIRST=bool(config.DQ_FIRST),
-                SCALED_P=bool(SCALE_IN_P) and (sm_scale is None or 0.0 < sm_scale <= 1.0))
+                SCALED_P=bool(SCALE_IN_P) and (sm_scale is None or 0.0 < sm_scale <= 1.0),
+                POLY=_poly_exp2(), POLY_ASM=exp2_split_asm(_poly_exp2()))
+
+
+def _poly_exp2() -> int:
+    """POLY_EXP2, checked: 0, 1 or 2 of every 4 exponentials by the polynomial."""
+    if POLY_EXP2 not in (0, 1, 2) or isinstance(POLY_EXP2, bool):
+        raise ValueError(f"gluon_backward.POLY_EXP2: expected 0, 1 or 2, got {POLY_EXP2!r}")
+    return int(POLY_EXP2)
 
 
 def _consumer_turns() -> int:

@@ -237,20 +237,30 @@ def test_the_order_switches_change_no_bit(flags, causal, config, monkeypatch):
     check_gluon_backward(777, 777, 64, causal=causal, config=config, heads=(4, 1))
 
 
+# switches that change the arithmetic (other bits than off, so checked against the reference):
+# gluon_backward.SCALE_IN_P (sm_scale carried in P^T) and POLY_EXP2 (some of P^T's exponentials
+# by a polynomial)
+NUMERIC_SWITCHES = [{"SCALE_IN_P": True}, {"POLY_EXP2": 1}, {"POLY_EXP2": 2, "SCALE_IN_P": True}]
+
+
 @pytest.mark.parametrize("config", ["m64", "m64-fused", "m64-fused-late", "m64-fused-first", "m64-fused-late-first"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_the_scale_carried_in_p_matches_the_reference(causal, config, monkeypatch):
-    """gluon_backward.SCALE_IN_P: P^T (and with it dS^T) comes out of its exp2 already scaled by
-    sm_scale, dV is divided by it at the end, dK and the fused dQ share take no scale. Other
-    roundings, so checked against the reference: odd lengths, Nq != Nk, grouped heads, a split,
-    fp16, bottom-right alignment; and a scale above 1 falls back to the unscaled kernel (the
-    same bits as the switch off)."""
-    monkeypatch.setattr(gluon_backward, "SCALE_IN_P", True)
+@pytest.mark.parametrize("flags", NUMERIC_SWITCHES, ids=lambda f: "-".join(f"{k}={int(v)}" for k, v in f.items()))
+def test_the_numeric_switches_match_the_reference(flags, causal, config, monkeypatch):
+    """SCALE_IN_P: P^T (and with it dS^T) comes out of its exp2 already scaled by sm_scale, dV is
+    divided by it at the end, dK and the fused dQ share take no scale; POLY_EXP2: 1 or 2 of every
+    4 of P^T's exponentials by a degree-3 polynomial. Checked against the reference: odd lengths,
+    Nq != Nk, grouped heads, a split, fp16, bottom-right alignment; and with SCALE_IN_P a scale
+    above 1 falls back to the unscaled kernel (the same bits as the switch off)."""
+    for name, value in flags.items():
+        monkeypatch.setattr(gluon_backward, name, value)
     check_gluon_backward(1000, 1000, 128, causal=causal, config=config)
     check_gluon_backward(333, 1000, 128, causal=causal, config=config, heads=(8, 1), split=4)
     check_gluon_backward(777, 777, 64, causal=causal, config=config, heads=(4, 1))
     check_gluon_backward(1000, 300, 64, dtype_name="fp16", causal=causal, config=config,
                          causal_align="bottom_right" if causal else "top_left")
+    if "SCALE_IN_P" not in flags:
+        return
     cfg, _gdq, split = CONFIGS[config]
     q, k, v, do, o, lse2 = causal_inputs(1, 4, 2, 500, seed=13)
     runs = []
