@@ -7,10 +7,12 @@ Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "he
 instrumentation; "fma_softmax": its SCALE_POSITIVE softmax; "tma_store": its output through
 TMA; "snake": the persistent kernel's PERSISTENT_SNAKE;
 "row_limit": the forward's ROW_LIMIT_MASK;
-"compact_stats", "turns": the dK/dV kernel's COMPACT_STATS and CONSUMER_TURNS) on stdin and prints one JSON line per item
+"compact_stats", "turns", "scale_in_p", "poly_exp2": the dK/dV kernel's COMPACT_STATS, CONSUMER_TURNS,
+SCALE_IN_P and POLY_EXP2) on stdin and prints one JSON line per item
 with the compiled kernel's shared memory in bytes ("shared"), its PTX register cap ("maxnreg"),
 the setmaxnreg values of its partitions ("setmaxnreg"), its wgmma and TMA copy, reduce-add and
 bulk-store counts and bulk-store waits, its cycle-counter reads ("clock_reads": the trace's stamps),
+its ex2.approx instructions and polynomial exponentials ("ex2", "poly_exp2s": POLY_EXP2's magic constant),
 or one {"skip": ...} line when this triton cannot compile Gluon for sm_90 here.
 """
 
@@ -33,6 +35,9 @@ def compile_item(item: dict) -> dict:
             gluon_backward.COMPACT_STATS = item["compact_stats"]
         if "turns" in item:
             gluon_backward.CONSUMER_TURNS = item["turns"]
+        # off unless the item says (an earlier item's values would otherwise stay)
+        gluon_backward.SCALE_IN_P = item.get("scale_in_p", False)
+        gluon_backward.POLY_EXP2 = item.get("poly_exp2", 0)
 
         compiled = compile_bwd(GluonBwdConfig(**item["config"]), item["head_dim"], dtype, item["causal"],
                                item.get("bwd_kernel", "dkdv"), trace=item.get("trace", False))
@@ -56,7 +61,9 @@ def compile_item(item: dict) -> dict:
             "tma_stores": len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
             "store_waits": len(re.findall(r"cp\.async\.bulk\.wait_group", ptx)),
             "mbarrier_waits": len(re.findall(r"mbarrier\.try_wait", ptx)),
-            "clock_reads": len(re.findall(r"%clock64", ptx))}
+            "clock_reads": len(re.findall(r"%clock64", ptx)),
+            "ex2": len(re.findall(r"ex2\.approx", ptx)),
+            "poly_exp2s": len(re.findall(r"add\.rn\.f32 %t, %xc, 0f4B400000", ptx))}
 
 
 def main() -> int:

@@ -152,6 +152,11 @@ TURNS_ITEMS = ((C(), (128, )), (C(DQ_FUSED=1), (64, )), (C(DQ_FUSED=2), (128, ))
 # the fused dQ's share issued ahead of dV and dK (DQ_FIRST 1), bf16; (config, head dims, traced too)
 DQ_FIRST_ITEMS = ((C(DQ_FUSED=1, DQ_FIRST=1), (64, 128), True), (C(DQ_FUSED=2, DQ_FIRST=1), (64, 128), True),
                   (C(DQ_FUSED=1, NUM_BUFFERS=3, DQ_FIRST=1), (128, ), False))
+# the switches that change the arithmetic (SCALE_IN_P, POLY_EXP2; off by default): (config, head
+# dim, dtype, causal maskings), each with every (SCALE_IN_P, POLY_EXP2) of NUMERIC_SWITCHES
+NUMERIC_SWITCHES = ((True, 0), (False, 1), (True, 2))
+NUMERIC_ITEMS = ((C(DQ_FUSED=1), 128, "bfloat16", (False, True)), (C(DQ_FUSED=1), 128, "float16", (True, )),
+                 (C(DQ_FUSED=2, DQ_FIRST=1), 128, "bfloat16", (True, )), (C(), 64, "bfloat16", (False, )))
 
 
 def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
@@ -174,17 +179,25 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
           "causal": causal, "compact_stats": default, "trace": trace}
          for cfg, dims, traced in DQ_FIRST_ITEMS for d in dims for causal in (False, True)
-         for trace in ((False, True) if traced and d == 128 and causal else (False, ))]
+         for trace in ((False, True) if traced and d == 128 and causal else (False, ))] + \
+        [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
+          "causal": causal, "compact_stats": default, "scale_in_p": scaled, "poly_exp2": poly}
+         for cfg, d, dt, maskings in NUMERIC_ITEMS for causal in maskings for scaled, poly in NUMERIC_SWITCHES]
     assert gluon_backward.CONSUMER_TURNS == 0, "TURNS_ITEMS compile the turns the module does not take"
+    assert not gluon_backward.SCALE_IN_P and not gluon_backward.POLY_EXP2, \
+        "NUMERIC_ITEMS compile the switches the module does not take"
     for item in request:
         C(**item["config"]).validate(item["head_dim"], getattr(torch, item["dtype"]))
     problems = []
     waits = {}  # the in-step kernels' mbarrier waits, per (config, head dim, causal)
+    ex2s = {}  # and their ex2.approx instructions
     results = list(compile_for_sm90(SCRIPT, request, timeout=1800, what="the Gluon dK/dV kernel"))
     for res in results:
         if res["bwd_kernel"] == "dkdv" and res["dtype"] == "bfloat16" and not res.get("trace") \
-                and res["compact_stats"] == default and not res.get("turns") and not res["config"]["DQ_FIRST"]:
+                and res["compact_stats"] == default and not res.get("turns") and not res["config"]["DQ_FIRST"] \
+                and "poly_exp2" not in res:
             waits[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["mbarrier_waits"]
+            ex2s[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["ex2"]
     for res in results:
         cfg = C(**{k: v for k, v in res["config"].items()})
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
@@ -195,7 +208,9 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
         estimate = cfg.dq_shared_memory(d, dtype) if dq else cfg.shared_memory(d, dtype)
         where = (f"{res['bwd_kernel']} {cfg.short()} D={d} {res['dtype']} causal={res['causal']}"
                  f"{' traced' if res.get('trace') else ''}{' compact' if res.get('compact_stats') else ''}"
-                 f"{' turns %d' % res['turns'] if res.get('turns') else ''}")
+                 f"{' turns %d' % res['turns'] if res.get('turns') else ''}"
+                 f"{' scale-in-p' if res.get('scale_in_p') else ''}"
+                 f"{' poly %d' % res['poly_exp2'] if res.get('poly_exp2') else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > min(estimate, SM90_SHARED_MEMORY):
@@ -217,6 +232,15 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
         if (res["tma_reduces"] > 0) != fused or (fused and res["wgmma"] < 6):
             problems.append(f"{where}: {res['tma_reduces']} TMA reduce-adds and {res['wgmma']} wgmma "
                             f"({'fused' if fused else 'not fused'})")
+        # POLY_EXP2: of each 4 of a thread's P^T exponentials, that many by the polynomial (none off)
+        poly = res.get("poly_exp2", 0)
+        if (res["poly_exp2s"] > 0) != bool(poly):
+            problems.append(f"{where}: {res['poly_exp2s']} polynomial exponentials with POLY_EXP2 {poly}")
+        if poly:
+            base = ex2s.get((json.dumps(res["config"], sort_keys=True), d, res["causal"]))
+            if base is not None and res["ex2"] + res["poly_exp2s"] != base:
+                problems.append(f"{where}: {res['ex2']} ex2 and {res['poly_exp2s']} polynomial exponentials, "
+                                f"{base} ex2 without POLY_EXP2")
         if res.get("turns"):  # a wait for the other consumer's turn in each consumer
             base = waits[(json.dumps(res["config"], sort_keys=True), d, res["causal"])]
             if res["mbarrier_waits"] != base + 2:
