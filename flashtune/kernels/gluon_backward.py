@@ -121,6 +121,14 @@ SCALE_IN_P = False
 # rounding of P^T; other bits than 0's, checked against the reference. Off until timed on the
 # GPU. Read at each launch, as COMPACT_STATS.
 POLY_EXP2 = 0
+# the dK/dV consumers' walk over (query head, query block): True counts it step by step (the
+# block one on, the head one on where the blocks wrap), False divides the step's index by the
+# blocks per head each step (an integer division, about 25 instructions with an SFU reciprocal).
+# The same (head, block) each step, so the same bits. sm_90 code (gluon_sass.py, 2026-12-05): a
+# consumer's loop 609 -> 564 instructions (fused dQ, causal), 504 -> 487 (dQ first, full). Off
+# until the GPU has checked the bits (test_the_order_switches_change_no_bit). Read at each
+# launch, as COMPACT_STATS.
+STEP_COUNTERS = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -469,7 +477,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
               DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr,
               TURNS: gl.constexpr, DQ_FIRST: gl.constexpr, SCALED_P: gl.constexpr, POLY: gl.constexpr,
-              POLY_ASM: gl.constexpr):
+              POLY_ASM: gl.constexpr, STEPS: gl.constexpr):
     # SCALED_P (SCALE_IN_P): lse less p_shift = log2(sm_scale), so P^T and dS^T come scaled
     # TRACE: per step, the events of kernel_trace.BACKWARD (a step without a dQ share stamps
     # its four dQ events at once)
@@ -499,8 +507,14 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
     _stamp(trace, _T_CLK_Q, TRACE)
     k = k_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
     v = v_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
+    h_next = head0  # STEPS: the walk's position, counted step by step
+    qb_next = first_qb
     for it in range(n_steps):
-        h, qb = _step(it, n_qb, first_qb, head0)
+        if STEPS:
+            h = h_next
+            qb = qb_next
+        else:
+            h, qb = _step(it, n_qb, first_qb, head0)
         s = it % NUM_BUFFERS
         phase = (it // NUM_BUFFERS) & 1
         ev = trace + _T_HEAD + _T_STEP * it
@@ -608,6 +622,10 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
         _stamp(ev, 13, TRACE)
         h_prev = h
         qb_prev = qb
+        if STEPS:  # the next step's (query head, query block), as _step gives them
+            wrap = (qb + 1 == first_qb + n_qb).to(gl.int32)
+            h_next = h + wrap
+            qb_next = qb + 1 - wrap * n_qb
     if FUSED_DQ == 2:
         if n_steps > 0:
             _fused_dq_share(which, n_steps - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
@@ -643,7 +661,8 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                                 FUSED_DQ: gl.constexpr, DS_LAYOUT: gl.constexpr,
                                 PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TRACE: gl.constexpr,
                                 COMPACT_STATS: gl.constexpr, TURNS: gl.constexpr, DQ_FIRST: gl.constexpr,
-                                SCALED_P: gl.constexpr, POLY: gl.constexpr, POLY_ASM: gl.constexpr):
+                                SCALED_P: gl.constexpr, POLY: gl.constexpr, POLY_ASM: gl.constexpr,
+                                STEPS: gl.constexpr):
     # TRACE: the trace (kernel_trace.BACKWARD) into TRACE_PTR's [CTAs, 3, TRACE_SLOTS] int64 slots
     # a 1-D grid of key blocks (2 x BLOCK_N keys) x units, a unit being one (batch, K/V head,
     # split) in that order; the CTA's key block and unit from its index (gluon_forward.lpt_tile)
@@ -714,14 +733,14 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                      n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
                      NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P, POLY,
-                     POLY_ASM)),
+                     POLY_ASM, STEPS)),
         (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
                      n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
                      NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P, POLY,
-                     POLY_ASM)),
+                     POLY_ASM, STEPS)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
                      q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, BLOCK_M, BLOCK_N, NUM_BUFFERS,
@@ -925,15 +944,16 @@ def _gluon_attn_bwd_dq_kernel(desc_q, desc_do, desc_k, desc_v, DQ, LSE, DELTA, q
 # ----------------------------------------------------------------------------------
 def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
                       trace: bool = False, sm_scale: float | None = None) -> dict:
-    """The dK/dV kernel's constexprs (COMPACT_STATS, CONSUMER_TURNS, SCALE_IN_P: the module's values
-    at the call; SCALE_IN_P only where 0 < ``sm_scale`` <= 1, None standing for such a scale)."""
+    """The dK/dV kernel's constexprs (COMPACT_STATS, CONSUMER_TURNS, SCALE_IN_P, POLY_EXP2,
+    STEP_COUNTERS: the module's values at the call; SCALE_IN_P only where 0 < ``sm_scale`` <= 1,
+    None standing for such a scale)."""
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                 NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=config.DQ_FUSED,
                 DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
                 CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace), COMPACT_STATS=bool(COMPACT_STATS),
                 TURNS=_consumer_turns(), DQ_FIRST=bool(config.DQ_FIRST),
                 SCALED_P=bool(SCALE_IN_P) and (sm_scale is None or 0.0 < sm_scale <= 1.0),
-                POLY=_poly_exp2(), POLY_ASM=exp2_split_asm(_poly_exp2()))
+                POLY=_poly_exp2(), POLY_ASM=exp2_split_asm(_poly_exp2()), STEPS=bool(STEP_COUNTERS))
 
 
 def _poly_exp2() -> int:

@@ -7,8 +7,8 @@ Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "he
 instrumentation; "fma_softmax": its SCALE_POSITIVE softmax; "tma_store": its output through
 TMA; "snake": the persistent kernel's PERSISTENT_SNAKE;
 "row_limit": the forward's ROW_LIMIT_MASK;
-"compact_stats", "turns", "scale_in_p", "poly_exp2": the dK/dV kernel's COMPACT_STATS, CONSUMER_TURNS,
-SCALE_IN_P and POLY_EXP2) on stdin and prints one JSON line per item
+"compact_stats", "turns", "scale_in_p", "poly_exp2", "step_counters": the dK/dV kernel's COMPACT_STATS,
+CONSUMER_TURNS, SCALE_IN_P, POLY_EXP2 and STEP_COUNTERS) on stdin and prints one JSON line per item
 with the compiled kernel's shared memory in bytes ("shared"), its PTX register cap ("maxnreg"),
 the setmaxnreg values of its partitions ("setmaxnreg"), its wgmma and TMA copy, reduce-add and
 bulk-store counts and bulk-store waits, its cycle-counter reads ("clock_reads": the trace's stamps),
@@ -38,6 +38,7 @@ def compile_item(item: dict) -> dict:
         # off unless the item says (an earlier item's values would otherwise stay)
         gluon_backward.SCALE_IN_P = item.get("scale_in_p", False)
         gluon_backward.POLY_EXP2 = item.get("poly_exp2", 0)
+        gluon_backward.STEP_COUNTERS = item.get("step_counters", False)
 
         compiled = compile_bwd(GluonBwdConfig(**item["config"]), item["head_dim"], dtype, item["causal"],
                                item.get("bwd_kernel", "dkdv"), trace=item.get("trace", False))

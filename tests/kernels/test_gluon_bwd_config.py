@@ -157,6 +157,9 @@ DQ_FIRST_ITEMS = ((C(DQ_FUSED=1, DQ_FIRST=1), (64, 128), True), (C(DQ_FUSED=2, D
 NUMERIC_SWITCHES = ((True, 0), (False, 1), (True, 2))
 NUMERIC_ITEMS = ((C(DQ_FUSED=1), 128, "bfloat16", (False, True)), (C(DQ_FUSED=1), 128, "float16", (True, )),
                  (C(DQ_FUSED=2, DQ_FIRST=1), 128, "bfloat16", (True, )), (C(), 64, "bfloat16", (False, )))
+# the consumers' walk counted step by step (STEP_COUNTERS; off by default), bf16: (config, head
+# dim, causal): the same wgmma and waits as the kernel that divides
+STEP_ITEMS = ((C(DQ_FUSED=1), 128, True), (C(DQ_FUSED=2, DQ_FIRST=1), 128, False), (C(), 64, True))
 
 
 def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
@@ -182,22 +185,25 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
          for trace in ((False, True) if traced and d == 128 and causal else (False, ))] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
           "causal": causal, "compact_stats": default, "scale_in_p": scaled, "poly_exp2": poly}
-         for cfg, d, dt, maskings in NUMERIC_ITEMS for causal in maskings for scaled, poly in NUMERIC_SWITCHES]
+         for cfg, d, dt, maskings in NUMERIC_ITEMS for causal in maskings for scaled, poly in NUMERIC_SWITCHES] + \
+        [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
+          "causal": causal, "compact_stats": default, "step_counters": True} for cfg, d, causal in STEP_ITEMS]
     assert gluon_backward.CONSUMER_TURNS == 0, "TURNS_ITEMS compile the turns the module does not take"
-    assert not gluon_backward.SCALE_IN_P and not gluon_backward.POLY_EXP2, \
-        "NUMERIC_ITEMS compile the switches the module does not take"
+    assert not gluon_backward.SCALE_IN_P and not gluon_backward.POLY_EXP2 and not gluon_backward.STEP_COUNTERS, \
+        "NUMERIC_ITEMS and STEP_ITEMS compile the switches the module does not take"
     for item in request:
         C(**item["config"]).validate(item["head_dim"], getattr(torch, item["dtype"]))
     problems = []
     waits = {}  # the in-step kernels' mbarrier waits, per (config, head dim, causal)
-    ex2s = {}  # and their ex2.approx instructions
+    ex2s, wgmmas = {}, {}  # and their ex2.approx and wgmma instructions
     results = list(compile_for_sm90(SCRIPT, request, timeout=1800, what="the Gluon dK/dV kernel"))
     for res in results:
         if res["bwd_kernel"] == "dkdv" and res["dtype"] == "bfloat16" and not res.get("trace") \
                 and res["compact_stats"] == default and not res.get("turns") and not res["config"]["DQ_FIRST"] \
-                and "poly_exp2" not in res:
+                and "poly_exp2" not in res and "step_counters" not in res:
             waits[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["mbarrier_waits"]
             ex2s[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["ex2"]
+            wgmmas[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["wgmma"]
     for res in results:
         cfg = C(**{k: v for k, v in res["config"].items()})
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
@@ -210,7 +216,8 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
                  f"{' traced' if res.get('trace') else ''}{' compact' if res.get('compact_stats') else ''}"
                  f"{' turns %d' % res['turns'] if res.get('turns') else ''}"
                  f"{' scale-in-p' if res.get('scale_in_p') else ''}"
-                 f"{' poly %d' % res['poly_exp2'] if res.get('poly_exp2') else ''}")
+                 f"{' poly %d' % res['poly_exp2'] if res.get('poly_exp2') else ''}"
+                 f"{' step-counters' if res.get('step_counters') else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > min(estimate, SM90_SHARED_MEMORY):
@@ -241,6 +248,10 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
             if base is not None and res["ex2"] + res["poly_exp2s"] != base:
                 problems.append(f"{where}: {res['ex2']} ex2 and {res['poly_exp2s']} polynomial exponentials, "
                                 f"{base} ex2 without POLY_EXP2")
+        if res.get("step_counters"):  # the walk counted: the same wgmma as the kernel that divides
+            key = (json.dumps(res["config"], sort_keys=True), d, res["causal"])
+            if key in wgmmas and res["wgmma"] != wgmmas[key]:
+                problems.append(f"{where}: {res['wgmma']} wgmma, {wgmmas[key]} dividing")
         if res.get("turns"):  # a wait for the other consumer's turn in each consumer
             base = waits[(json.dumps(res["config"], sort_keys=True), d, res["causal"])]
             if res["mbarrier_waits"] != base + 2:

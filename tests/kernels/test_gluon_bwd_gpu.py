@@ -193,12 +193,15 @@ def test_the_compact_row_statistics_change_no_bit(causal, config, monkeypatch):
     check_gluon_backward(1000, 1000, 128, causal=causal, config=config)
 
 
-# what only orders work (no data passes through it): gluon_backward.CONSUMER_TURNS (a module
-# switch, off by default) and GluonBwdConfig.DQ_FIRST (the fused dQ's configs only)
+# what only orders work (no data passes through it): gluon_backward.CONSUMER_TURNS and
+# STEP_COUNTERS (module switches, off by default) and GluonBwdConfig.DQ_FIRST (the fused dQ's
+# configs only)
 ORDER_SWITCHES = [({"CONSUMER_TURNS": 1}, ("m64", "m64-fused", "m64-fused-late")),
                   ({"CONSUMER_TURNS": 2}, ("m64", "m64-fused", "m64-fused-late")),
                   ({"DQ_FIRST": 1}, ("m64-fused", "m64-fused-late")),
-                  ({"DQ_FIRST": 1, "CONSUMER_TURNS": 2}, ("m64-fused", "m64-fused-late"))]
+                  ({"DQ_FIRST": 1, "CONSUMER_TURNS": 2}, ("m64-fused", "m64-fused-late")),
+                  ({"STEP_COUNTERS": True}, ("m64", "m64-fused", "m64-fused-late")),
+                  ({"DQ_FIRST": 1, "STEP_COUNTERS": True}, ("m64-fused", "m64-fused-late"))]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
