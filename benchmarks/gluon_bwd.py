@@ -12,6 +12,7 @@ write them as JSON.
                                                        # the kernel module's switches, every combination
     python benchmarks/gluon_bwd.py --dq-first both     # the fused dQ runners with DQ_FIRST 0 and 1
     python benchmarks/gluon_bwd.py --gluon fused --buffers 2,3   # the fused runners with 2 and 3 Q/dO slots
+    python benchmarks/gluon_bwd.py --gluon fused --persistent both  # ... one CTA per tile and persistent
 
 Backward only: every runner's backward from the same forward output (flashtune's from its
 own forward's o and log-sum-exp; SDPA's through autograd.grad with the graph kept). For
@@ -100,6 +101,9 @@ def main() -> int:
     ap.add_argument("--dq-first", choices=("default", "off", "on", "both"), default="default",
                     help="GluonBwdConfig.DQ_FIRST of the fused-dQ runners: as their configs have it (0), off, on, "
                          "or both (labels ending '-first' for on)")
+    ap.add_argument("--persistent", choices=("default", "off", "on", "both"), default="default",
+                    help="GluonBwdConfig.PERSISTENT of the fused-dQ runners: as their configs have it (0), off, on, "
+                         "or both (labels with 'P' after the register split for on)")
     ap.add_argument("--buffers", metavar="N[,N]",
                     help="NUM_BUFFERS (the Q/dO ring's slots) of the fused-dQ runners, each value (labels 'b<N>'; "
                          "default: as their configs have it, 2 at D=128)")
@@ -159,6 +163,10 @@ def main() -> int:
             if buffers:
                 configs = [(dataclasses.replace(c, NUM_BUFFERS=b) if c.DQ_FUSED else c, gdq) for c, gdq in configs
                            for b in (buffers if c.DQ_FUSED else (None, ))]
+            persistents = {"default": None, "off": (0, ), "on": (1, ), "both": (0, 1)}[args.persistent]
+            if persistents:
+                configs = [(dataclasses.replace(c, PERSISTENT=on) if c.DQ_FUSED else c, gdq) for c, gdq in configs
+                           for on in (persistents if c.DQ_FUSED else (None, ))]
             errors = {}
             for cfg, gdq in configs:
                 label = cfg.short() if gdq or cfg.DQ_FUSED else cfg.short().split("/dq")[0] + "/triton-dq"

@@ -161,6 +161,13 @@ class GluonBwdConfig:
     and dK in "dQ: wgmma". Measured (H100, 2026-12-05, docs/gluon.md): a step late it gained
     1-4 % on 5 of 7 D=128 rows and lost 3 % on grid-d128-16384 full; in its own step it lost
     2-4 % causal and gained 1-7 % without the mask; the search chooses it per key.
+    PERSISTENT: 1 launches at most one CTA per SM, each walking the tiles (2 x BLOCK_N keys of one
+    unit) t x CTAs + its index, in reverse on odd rounds (a snake over the heaviest-first order):
+    the producer loads the next tile's K and V once both consumers have handed the current
+    ones back (after their last matmul, before their dK/dV epilogue), so a tile's epilogue and
+    the next tile's first loads overlap, and the Q/dO ring and dS^T slots run on across tiles.
+    For short calls, whose CTAs walk few steps (8 at 512 queries). Written 2026-12-05 without a
+    GPU: not in the search space (BwdConfig) until its GPU tests have run; no trace (TRACE).
     """
 
     BLOCK_M: int = 64
@@ -174,6 +181,7 @@ class GluonBwdConfig:
     DQ_OVERLAP: int = 1
     DQ_FUSED: int = 0
     DQ_FIRST: int = 0
+    PERSISTENT: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -181,6 +189,7 @@ class GluonBwdConfig:
     def short(self) -> str:
         head = f"m{self.BLOCK_M}n2x{self.BLOCK_N}b{self.NUM_BUFFERS}r{self.PRODUCER_REGS}/{self.CONSUMER_REGS}"
         head += "dv" if self.DV_EARLY else ""
+        head += "P" if self.PERSISTENT else ""
         if self.DQ_FUSED:
             return head + ("/fused-dq" if self.DQ_FUSED == 1 else "/fused-dq-late") + (
                 "-first" if self.DQ_FIRST else "")
@@ -204,12 +213,12 @@ class GluonBwdConfig:
         DQ_FUSED also the dS^T slots (two per consumer, four a step late) and the two
         consumers' fp32 dQ shares; with COMPACT_STATS the consumers' exchange of a step's row
         statistics (triton's layout-conversion scratch, counted as a BLOCK_M fp32 vector each);
-        with CONSUMER_TURNS the turns' two mbarriers."""
+        with CONSUMER_TURNS the turns' two mbarriers; PERSISTENT the K/V hand-back mbarrier."""
         e = torch.empty((), dtype=dtype).element_size()
         tiles = 2 * 2 * self.BLOCK_N * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_M * head_dim * e
         if COMPACT_STATS:
             tiles += 2 * self.BLOCK_M * 4
-        barriers = (2 + 3 * self.NUM_BUFFERS + (2 if CONSUMER_TURNS else 0)) * _BARRIER_BYTES
+        barriers = (2 + 3 * self.NUM_BUFFERS + (2 if CONSUMER_TURNS else 0) + self.PERSISTENT) * _BARRIER_BYTES
         if self.DQ_FUSED:
             slots = 4 if self.DQ_FUSED == 2 else 2
             tiles += 2 * slots * self.BLOCK_N * self.BLOCK_M * e + 2 * self.BLOCK_M * (head_dim // 2) * 4
@@ -247,6 +256,8 @@ class GluonBwdConfig:
         if self.DQ_FIRST not in (0, 1) or (self.DQ_FIRST and not self.DQ_FUSED):
             raise ConfigError(f"DQ_FIRST: expected 0 or 1, and 1 only with DQ_FUSED 1 or 2 (the fused dQ share's "
                               f"order), got {self.DQ_FIRST} with DQ_FUSED {self.DQ_FUSED}")
+        if self.PERSISTENT not in (0, 1):
+            raise ConfigError(f"PERSISTENT: expected 0 or 1, got {self.PERSISTENT}")
         if self.DQ_FUSED and self.BLOCK_M != 64:
             raise ConfigError(f"BLOCK_M: the fused dQ (DQ_FUSED) takes 64 query rows per step (a wgmma's M), "
                               f"got {self.BLOCK_M}")
@@ -361,9 +372,78 @@ def _step(it, n_qb, first_qb, head0):
 
 
 @gluon.jit
+def _tile_params(tile, n_kb, N_UNITS, LPT_UNITS, H_KV, GROUP, SPLIT_H, SPLIT_Q, N_Q, causal_off,
+                 CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Tile ``tile`` of the dK/dV kernel's n_kb x N_UNITS (a unit being one (batch, K/V head,
+    split) in that order; the key block and unit from the index, gluon_forward.lpt_tile):
+    (split, batch, K/V head, first key, first query block, query blocks per head, first query
+    head, steps). The query blocks it walks, per query head of its share of the group: causal
+    starts at the block of the first query that sees its first key (key <= query + causal_off);
+    a split takes GROUP // SPLIT_H heads and one of SPLIT_Q chunks of the blocks."""
+    kb, unit = lpt_tile(tile, n_kb, N_UNITS, LPT_UNITS)
+    split = unit % (SPLIT_H * SPLIT_Q)
+    off_hk = (unit // (SPLIT_H * SPLIT_Q)) % H_KV
+    off_b = unit // (SPLIT_H * SPLIT_Q * H_KV)
+    start_n = kb * (2 * BLOCK_N)
+    end_qb = gl.cdiv(N_Q, BLOCK_M)
+    first_qb = 0
+    if CAUSAL:
+        first_qb = gl.minimum(gl.maximum(start_n - causal_off, 0) // BLOCK_M, end_qb)
+    chunk = gl.cdiv(end_qb - first_qb, SPLIT_Q)
+    first_qb = gl.minimum(first_qb + (split % SPLIT_Q) * chunk, end_qb)
+    n_qb = gl.minimum(chunk, end_qb - first_qb)
+    heads = GROUP // SPLIT_H
+    head0 = off_hk * GROUP + (split // SPLIT_Q) * heads
+    return split, off_b, off_hk, start_n, first_qb, n_qb, head0, heads * n_qb
+
+
+@gluon.jit
+def _walk_tile(t):
+    """PERSISTENT: the tile of this CTA's round ``t``: round t's CTAs in grid order, in reverse
+    on odd rounds (a snake over the heaviest-first order, as the persistent forward's)."""
+    pid = gl.program_id(0)
+    n_prog = gl.num_programs(0)
+    if t % 2 == 1:
+        pid = n_prog - 1 - pid
+    return t * n_prog + pid
+
+
+@gluon.jit
 def _producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
-              q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0, trace, pid,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, TRACE: gl.constexpr):
+              q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0, trace, pid, kv_empty, N_K, N_Q,
+              causal_off, H_KV, GROUP, SPLIT_H, SPLIT_Q, LPT_UNITS, N_UNITS, CAUSAL: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, TRACE: gl.constexpr,
+              PERSISTENT: gl.constexpr):
+    """The TMA warp: the CTA's tile (its values given), or PERSISTENT every tile of its walk
+    (_walk_tile), the Q/dO ring's slots counted across them."""
+    if PERSISTENT:
+        n_kb = gl.cdiv(N_K, 2 * BLOCK_N)
+        n_tiles = n_kb * N_UNITS
+        g0 = 0
+        for t in range(gl.cdiv(n_tiles, gl.num_programs(0))):
+            tile = _walk_tile(t)
+            if tile < n_tiles:
+                _split, t_b, t_hk, t_n, t_qb, t_nqb, t_h0, t_steps = _tile_params(
+                    tile, n_kb, N_UNITS, LPT_UNITS, H_KV, GROUP, SPLIT_H, SPLIT_Q, N_Q, causal_off, CAUSAL,
+                    BLOCK_M, BLOCK_N)
+                if t > 0:  # both consumers done with the previous tile's K and V
+                    mbarrier.wait(kv_empty, (t - 1) & 1)
+                _producer_tile(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready,
+                               q_ready, do_ready, q_empty, t_b, t_hk, t_n, t_qb, t_nqb, t_steps, t_h0, g0, trace,
+                               pid, BLOCK_M, BLOCK_N, NUM_BUFFERS, False)
+                g0 += t_steps
+    else:
+        _producer_tile(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
+                       do_ready, q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0, 0, trace, pid,
+                       BLOCK_M, BLOCK_N, NUM_BUFFERS, TRACE)
+
+
+@gluon.jit
+def _producer_tile(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
+                   q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0, g0, trace, pid,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, TRACE: gl.constexpr):
+    """One tile's loads: its K and V, then its steps' Q and dO, the ring's slot of step ``it``
+    being (g0 + it) % NUM_BUFFERS (g0: the CTA's steps before this tile)."""
     _trace_start(trace, pid, n_steps, 0, first_qb, TRACE)
     # the two consumers' K and V tiles, once (rows past Nk read as zeros)
     for w in gl.static_range(2):
@@ -375,11 +455,12 @@ def _producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, 
     _stamp(trace, _T_CLK_Q, TRACE)
     for it in range(n_steps):
         h, qb = _step(it, n_qb, first_qb, head0)
-        s = it % NUM_BUFFERS
+        g = g0 + it
+        s = g % NUM_BUFFERS
         ev = trace + _T_HEAD + _T_STEP * it
         _stamp(ev, 0, TRACE)
         # a fresh mbarrier counts as having completed the phase before its first
-        mbarrier.wait(q_empty.index(s), ((it // NUM_BUFFERS) & 1) ^ 1)
+        mbarrier.wait(q_empty.index(s), ((g // NUM_BUFFERS) & 1) ^ 1)
         _stamp(ev, 1, TRACE)
         mbarrier.expect(q_ready.index(s), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_q, [off_b, h, qb * BLOCK_M, 0], q_ready.index(s), q_bufs.index(s))
@@ -473,11 +554,58 @@ def _turn_pass(turn, which, it, TURNS: gl.constexpr):
 def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
               qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
               stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-              n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn, trace, pid, CAUSAL: gl.constexpr,
+              n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn, trace, pid, kv_empty, stride_dks,
+              stride_dvs, H_KV, GROUP, SPLIT_H, SPLIT_Q, LPT_UNITS, N_UNITS, CAUSAL: gl.constexpr,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
               DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr,
               TURNS: gl.constexpr, DQ_FIRST: gl.constexpr, SCALED_P: gl.constexpr, POLY: gl.constexpr,
-              POLY_ASM: gl.constexpr, STEPS: gl.constexpr):
+              POLY_ASM: gl.constexpr, STEPS: gl.constexpr, PERSISTENT: gl.constexpr):
+    """Consumer ``which``: the CTA's tile (its values given; DK and DV at its split's slot), or
+    PERSISTENT every tile of its walk in the producer's order (_walk_tile, _tile_params), the
+    steps counted across tiles for the rings and the dS^T slots, K and V handed back through
+    ``kv_empty`` after each tile's last matmul."""
+    if PERSISTENT:
+        n_kb = gl.cdiv(N_K, 2 * BLOCK_N)
+        n_tiles = n_kb * N_UNITS
+        g0 = 0
+        for t in range(gl.cdiv(n_tiles, gl.num_programs(0))):
+            tile = _walk_tile(t)
+            if tile < n_tiles:
+                t_split, t_b, t_hk, t_n, t_qb, t_nqb, t_h0, t_steps = _tile_params(
+                    tile, n_kb, N_UNITS, LPT_UNITS, H_KV, GROUP, SPLIT_H, SPLIT_Q, N_Q, causal_off, CAUSAL,
+                    BLOCK_M, BLOCK_N)
+                _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty,
+                               DK + t_split.to(gl.int64) * stride_dks, DV + t_split.to(gl.int64) * stride_dvs,
+                               LSE, DELTA, qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn,
+                               stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd, t_b, t_hk, H, N_Q, N_K,
+                               causal_off, t_n, t_qb, t_nqb, t_steps, t_h0, desc_dqa, ds_smem, dq_smem, ds_ready,
+                               turn, trace, pid, g0, t & 1, kv_empty, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
+                               NUM_BUFFERS, DV_EARLY, FUSED_DQ, False, COMPACT, TURNS, DQ_FIRST, SCALED_P, POLY,
+                               POLY_ASM, STEPS, True)
+                g0 += t_steps
+    else:
+        _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE,
+                       DELTA, qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                       stride_dvb, stride_dvh, stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off,
+                       start_n, first_qb, n_qb, n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn, trace,
+                       pid, 0, 0, kv_empty, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, DV_EARLY, FUSED_DQ,
+                       TRACE, COMPACT, TURNS, DQ_FIRST, SCALED_P, POLY, POLY_ASM, STEPS, False)
+
+
+@gluon.jit
+def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE,
+                   DELTA, qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb,
+                   stride_dvh, stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb,
+                   n_qb, n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn, trace, pid, g0, kv_phase,
+                   kv_empty, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr,
+                   FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr, TURNS: gl.constexpr,
+                   DQ_FIRST: gl.constexpr, SCALED_P: gl.constexpr, POLY: gl.constexpr, POLY_ASM: gl.constexpr,
+                   STEPS: gl.constexpr, RELEASE_KV: gl.constexpr):
+    """One tile of consumer ``which``: its steps, the step ``it``'s ring slot, dS^T slot and
+    turn counted from g0 + it (g0: the CTA's steps before this tile), its K and V from the
+    ``kv_phase`` of their mbarrier; RELEASE_KV: an arrival on ``kv_empty`` once no matmul of
+    this consumer reads them, before the dK/dV epilogue."""
     # SCALED_P (SCALE_IN_P): lse less p_shift = log2(sm_scale), so P^T and dS^T come scaled
     # TRACE: per step, the events of kernel_trace.BACKWARD (a step without a dQ share stamps
     # its four dQ events at once)
@@ -503,7 +631,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
     h_prev = head0
     qb_prev = first_qb
 
-    mbarrier.wait(kv_ready.index(which), 0)
+    mbarrier.wait(kv_ready.index(which), kv_phase)
     _stamp(trace, _T_CLK_Q, TRACE)
     k = k_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
     v = v_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
@@ -515,8 +643,9 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
             qb = qb_next
         else:
             h, qb = _step(it, n_qb, first_qb, head0)
-        s = it % NUM_BUFFERS
-        phase = (it // NUM_BUFFERS) & 1
+        g = g0 + it  # the step's index in the CTA's walk (the rings', the dS^T slots', the turns')
+        s = g % NUM_BUFFERS
+        phase = (g // NUM_BUFFERS) & 1
         ev = trace + _T_HEAD + _T_STEP * it
         _stamp(ev, 0, TRACE)
         rows = qb * BLOCK_M + cols  # the queries, along the columns of S^T
@@ -535,7 +664,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
             delta = gl.load(DELTA + row_base + rows, mask=rows < N_Q, other=0.0)
         q = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         do = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
-        _turn_wait(turn, which, it, TURNS)  # (the trace counts it in the wait for Q)
+        _turn_wait(turn, which, g, TURNS)  # (the trace counts it in the wait for Q)
         mbarrier.wait(q_ready.index(s), phase)
         _stamp(ev, 1, TRACE)
         st = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -552,7 +681,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
             if qb * BLOCK_M + causal_off < key0 + BLOCK_N - 1:
                 pt = gl.where(keys[:, None] <= rows[None, :] + causal_off, pt, 0.0)
         pt16 = gl.convert_layout(pt.to(q.dtype), a_layout)
-        _turn_pass(turn, which, it, TURNS)
+        _turn_pass(turn, which, g, TURNS)
         if DV_EARLY:  # dV's wgmma runs under dS^T's arithmetic (P^T's 16-bit copy stays live)
             dv = warpgroup_mma(pt16, do, dv, is_async=True)
             _stamp(ev, 4, TRACE)
@@ -566,20 +695,20 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
         dst = pt * (dpt - delta[None, :])
         dst16 = gl.convert_layout(dst.to(q.dtype), a_layout)
         if FUSED_DQ:  # dS^T to shared memory, where both groups' halves make the CTA's dS
-            ds_smem.index((it % DS_SLOTS) * 2 + which).store(dst.to(q.dtype))
+            ds_smem.index((g % DS_SLOTS) * 2 + which).store(dst.to(q.dtype))
             fence_async_shared()
             gl.thread_barrier()
-            mbarrier.arrive(ds_ready.index(it % DS_SLOTS))
+            mbarrier.arrive(ds_ready.index(g % DS_SLOTS))
         _stamp(ev, 6, TRACE)
         if DQ_FIRST and FUSED_DQ != 0:
             # the dQ share's wgmmas ahead of dV's and dK's, its store and reduce-add under them
             _stamp(ev, 7, TRACE)
             if FUSED_DQ == 1:  # this step's
-                p_share = it
+                p_share = g
                 share_h = h
                 share_qb = qb
             else:  # the previous step's; at the first step its own, computed and not sent
-                p_share = gl.maximum(it - 1, 0)
+                p_share = gl.maximum(g - 1, g0)
                 share_h = h_prev
                 share_qb = qb_prev
             dq, _d0, _d1, _k0, _k1 = _dq_share_issue(which, p_share, k_smem, ds_smem, ds_ready, ev, HEAD_DIM,
@@ -602,11 +731,11 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
             dk = warpgroup_mma(dst16, q, dk, is_async=True)
             _stamp(ev, 7, TRACE)
             if FUSED_DQ == 1:  # this step's dQ share
-                _fused_dq_share(which, it, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
+                _fused_dq_share(which, g, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
                                 HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
             elif FUSED_DQ == 2:  # the previous step's, so the groups may drift a step apart
                 if it > 0:
-                    _fused_dq_share(which, it - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
+                    _fused_dq_share(which, g - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
                                     off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
                 else:
                     for e in gl.static_range(8, 12):
@@ -628,8 +757,11 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
             qb_next = qb + 1 - wrap * n_qb
     if FUSED_DQ == 2:
         if n_steps > 0:
-            _fused_dq_share(which, n_steps - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
+            _fused_dq_share(which, g0 + n_steps - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
                             off_b, sm_scale, trace, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, False, SCALED_P)
+    if RELEASE_KV:  # every warp of the group past its last matmul on K and V
+        gl.thread_barrier()
+        mbarrier.arrive(kv_empty)
     if FUSED_DQ:
         tma.store_wait(0)
     _stamp(trace, _T_CLK_BLOCKS, TRACE)
@@ -654,40 +786,27 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
 def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DELTA, qk_scale, sm_scale, p_shift,
                                 stride_dks, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                                 stride_dvs, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                                H, H_KV, GROUP, N_Q, N_K, causal_off, SPLIT_H, SPLIT_Q, LPT_UNITS, desc_dqa,
-                                TRACE_PTR, TRACE_SLOTS,
+                                H, H_KV, GROUP, N_Q, N_K, causal_off, SPLIT_H, SPLIT_Q, LPT_UNITS, N_UNITS,
+                                desc_dqa, TRACE_PTR, TRACE_SLOTS,
                                 CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                 BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr,
                                 FUSED_DQ: gl.constexpr, DS_LAYOUT: gl.constexpr,
                                 PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TRACE: gl.constexpr,
                                 COMPACT_STATS: gl.constexpr, TURNS: gl.constexpr, DQ_FIRST: gl.constexpr,
                                 SCALED_P: gl.constexpr, POLY: gl.constexpr, POLY_ASM: gl.constexpr,
-                                STEPS: gl.constexpr):
+                                STEPS: gl.constexpr, PERSISTENT: gl.constexpr):
     # TRACE: the trace (kernel_trace.BACKWARD) into TRACE_PTR's [CTAs, 3, TRACE_SLOTS] int64 slots
-    # a 1-D grid of key blocks (2 x BLOCK_N keys) x units, a unit being one (batch, K/V head,
-    # split) in that order; the CTA's key block and unit from its index (gluon_forward.lpt_tile)
+    # tiles of key blocks (2 x BLOCK_N keys) x N_UNITS units (_tile_params): a 1-D grid of one
+    # CTA a tile, or PERSISTENT at most one CTA per SM walking the tiles (_walk_tile), each
+    # partition computing its tiles' values itself (those below are then not read)
     n_kb = gl.cdiv(N_K, 2 * BLOCK_N)
-    kb, unit = lpt_tile(gl.program_id(0), n_kb, gl.num_programs(0) // n_kb, LPT_UNITS)
-    split = unit % (SPLIT_H * SPLIT_Q)
-    off_hk = (unit // (SPLIT_H * SPLIT_Q)) % H_KV
-    off_b = unit // (SPLIT_H * SPLIT_Q * H_KV)
-    start_n = kb * (2 * BLOCK_N)
-    # the query blocks this CTA walks, per query head of its share of the group: causal
-    # starts at the block of the first query that sees its first key (key <= query +
-    # causal_off); a split takes GROUP // SPLIT_H heads and one of SPLIT_Q chunks of the blocks
-    end_qb = gl.cdiv(N_Q, BLOCK_M)
-    first_qb = 0
-    if CAUSAL:
-        first_qb = gl.minimum(gl.maximum(start_n - causal_off, 0) // BLOCK_M, end_qb)
-    chunk = gl.cdiv(end_qb - first_qb, SPLIT_Q)
-    first_qb = gl.minimum(first_qb + (split % SPLIT_Q) * chunk, end_qb)
-    n_qb = gl.minimum(chunk, end_qb - first_qb)
-    heads = GROUP // SPLIT_H
-    head0 = off_hk * GROUP + (split // SPLIT_Q) * heads
-    n_steps = heads * n_qb
-    # a split CTA's dK/dV go to its own fp32 slot (summed afterwards); unsplit, stride 0
-    DK += split.to(gl.int64) * stride_dks
-    DV += split.to(gl.int64) * stride_dvs
+    split, off_b, off_hk, start_n, first_qb, n_qb, head0, n_steps = _tile_params(
+        gl.program_id(0), n_kb, N_UNITS, LPT_UNITS, H_KV, GROUP, SPLIT_H, SPLIT_Q, N_Q, causal_off, CAUSAL,
+        BLOCK_M, BLOCK_N)
+    if not PERSISTENT:
+        # a split CTA's dK/dV go to its own fp32 slot (summed afterwards); unsplit, stride 0
+        DK += split.to(gl.int64) * stride_dks
+        DV += split.to(gl.int64) * stride_dvs
     if TRACE:
         pid = gl.program_id(0)
     else:
@@ -718,6 +837,11 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
         ds_smem = q_bufs
         dq_smem = q_bufs
         ds_ready = q_empty
+    if PERSISTENT:  # both consumers hand K and V back after each tile
+        kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_empty, count=2)
+    else:  # not read
+        kv_empty = q_empty.index(0)
     if TURNS:  # the consumers' turns (CONSUMER_TURNS): one mbarrier each, the other arrives
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
@@ -731,20 +855,23 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                      qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
                      n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn,
-                     _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
+                     _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, kv_empty, stride_dks, stride_dvs,
+                     H_KV, GROUP, SPLIT_H, SPLIT_Q, LPT_UNITS, N_UNITS, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
                      NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P, POLY,
-                     POLY_ASM, STEPS)),
+                     POLY_ASM, STEPS, PERSISTENT)),
         (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
                      n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn,
-                     _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
+                     _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, kv_empty, stride_dks, stride_dvs,
+                     H_KV, GROUP, SPLIT_H, SPLIT_Q, LPT_UNITS, N_UNITS, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
                      NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P, POLY,
-                     POLY_ASM, STEPS)),
+                     POLY_ASM, STEPS, PERSISTENT)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
                      q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0,
-                     _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, BLOCK_M, BLOCK_N, NUM_BUFFERS,
-                     TRACE)),
+                     _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, kv_empty, N_K, N_Q, causal_off, H_KV,
+                     GROUP, SPLIT_H, SPLIT_Q, LPT_UNITS, N_UNITS, CAUSAL, BLOCK_M, BLOCK_N, NUM_BUFFERS, TRACE,
+                     PERSISTENT)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # CONSUMER_WARPS, PRODUCER_WARPS
 
 
@@ -951,7 +1078,7 @@ def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype,
                 NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=config.DQ_FUSED,
                 DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
                 CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace), COMPACT_STATS=bool(COMPACT_STATS),
-                TURNS=_consumer_turns(), DQ_FIRST=bool(config.DQ_FIRST),
+                TURNS=_consumer_turns(), DQ_FIRST=bool(config.DQ_FIRST), PERSISTENT=bool(config.PERSISTENT),
                 SCALED_P=bool(SCALE_IN_P) and (sm_scale is None or 0.0 < sm_scale <= 1.0),
                 POLY=_poly_exp2(), POLY_ASM=exp2_split_asm(_poly_exp2()), STEPS=bool(STEP_COUNTERS))
 
@@ -1028,6 +1155,8 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
                 or trace.device != q.device:
             raise ValueError(f"trace: expected a contiguous int64 tensor of shape {want} on {q.device} "
                              f"(dkdv_trace_shape), got {trace.dtype} {tuple(trace.shape)} on {trace.device}")
+        if config.PERSISTENT:
+            raise ValueError("trace: the persistent dK/dV kernel (PERSISTENT) has no trace")
         launch.unplannable()  # a caller's buffer: nothing a plan can place
     dk, dv = launch.empty_like(k), launch.empty_like(v)
     n_split = split_h * split_q
@@ -1051,13 +1180,16 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
                                     _dq_share_layout(config.BLOCK_M, D))
     else:
         desc_dqa = desc_q  # not read
-    grid = (cdiv(N_K, 2 * config.BLOCK_N) * B * H_KV * n_split, )
+    n_units = B * H_KV * n_split
+    n_tiles = cdiv(N_K, 2 * config.BLOCK_N) * n_units
+    # PERSISTENT: at most one CTA per SM (its shared memory allows no second), each walking tiles
+    grid = (min(n_tiles, sm_count(q.device)) if config.PERSISTENT else n_tiles, )
     constexprs = kernel_constexprs(config, D, q.dtype, causal, trace is not None, sm_scale)
     p_shift = math.log2(sm_scale) if constexprs["SCALED_P"] else 0.0
     with on_device(q):
         launch.launch(_gluon_attn_bwd_dkdv_kernel, desc_q, desc_do, desc_k, desc_v, *outs, lse2, delta,
                       sm_scale * LOG2E, sm_scale, p_shift, *strides[0], *strides[1], H, H_KV, group, N_Q, N_K, causal_off,
-                      split_h, split_q, lpt, desc_dqa, lse2 if trace is None else trace,
+                      split_h, split_q, lpt, n_units, desc_dqa, lse2 if trace is None else trace,
                       0 if trace is None else trace.shape[2], grid=grid, **constexprs,
                       num_warps=CONSUMER_WARPS, maxnreg=config.maxnreg())
         if n_split > 1:

@@ -47,6 +47,8 @@ SM90_SHARED_MEMORY = 232448
     (C(DQ_BUFFERS=1), 128, torch.bfloat16, "DQ_BUFFERS"),
     (C(DQ_BLOCK_N=128, DQ_BUFFERS=4, DQ_OVERLAP=0), 128, torch.bfloat16, "DQ_BUFFERS"),  # 64 KiB Q/dO + 256 KiB K/V ring
     (C(BLOCK_M=32, DQ_BLOCK_N=128, CONSUMER_REGS=232), 128, torch.bfloat16, "DQ_BLOCK_N"),
+    (C(PERSISTENT=2), 128, torch.bfloat16, "PERSISTENT"),
+    (C(PERSISTENT=True), 128, torch.bfloat16, "PERSISTENT"),
 ])
 def test_invalid_configs_name_their_field(cfg, d, dtype, field):
     with pytest.raises(ConfigError, match=f"^{field}:"):
@@ -132,6 +134,18 @@ def test_shared_memory_counts_the_tiles_and_the_ring(monkeypatch):
             assert tiles < cfg.shared_memory(d, torch.bfloat16) <= tiles + 1024
 
 
+def test_the_persistent_walk_is_named_counted_and_has_no_trace():
+    cfg = C(DQ_FUSED=1, PERSISTENT=1)
+    assert cfg.validate(128, torch.bfloat16) is cfg
+    assert cfg.short() == "m64n2x64b2r24/240P/fused-dq" and "P" not in C(DQ_FUSED=1).short()
+    assert cfg.shared_memory(128, torch.bfloat16) == C(DQ_FUSED=1).shared_memory(128, torch.bfloat16) + 8
+    q, k, v, do = (torch.zeros(1, 2, 100, 128, dtype=torch.bfloat16) for _ in range(4))
+    stats = torch.zeros(1, 2, 100)
+    trace = torch.zeros(gluon_backward.dkdv_trace_shape(q.shape, k.shape, cfg, (1, 1)), dtype=torch.int64)
+    with pytest.raises(ValueError, match="trace: the persistent dK/dV kernel"):
+        gluon_backward.gluon_dkdv(q, k, v, do, stats, stats, cfg, causal=True, sm_scale=0.1, trace=trace)
+
+
 # every config here is one validate() accepts; both causal modes, bf16 and fp16
 ITEMS = ((C(BLOCK_M=32), (64, 128)), (C(BLOCK_M=64), (64, 128)), (C(BLOCK_M=64, NUM_BUFFERS=3, DV_EARLY=1), (128, )),
          (C(BLOCK_M=32, NUM_BUFFERS=4), (128, )), (C(DQ_FUSED=1), (64, 128)), (C(DQ_FUSED=1, NUM_BUFFERS=3), (64, 128)),
@@ -160,6 +174,10 @@ NUMERIC_ITEMS = ((C(DQ_FUSED=1), 128, "bfloat16", (False, True)), (C(DQ_FUSED=1)
 # the consumers' walk counted step by step (STEP_COUNTERS; off by default), bf16: (config, head
 # dim, causal): the same wgmma and waits as the kernel that divides
 STEP_ITEMS = ((C(DQ_FUSED=1), 128, True), (C(DQ_FUSED=2, DQ_FIRST=1), 128, False), (C(), 64, True))
+# the persistent walk (PERSISTENT), bf16 and fp16, both maskings: its shared memory within the
+# estimate (the K/V hand-back mbarrier) and the SM's
+PERSISTENT_ITEMS = ((C(DQ_FUSED=1, PERSISTENT=1), (64, 128)), (C(DQ_FUSED=2, DQ_FIRST=1, PERSISTENT=1), (128, )),
+                    (C(BLOCK_M=32, PERSISTENT=1), (128, )))
 
 
 def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
@@ -187,7 +205,10 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
           "causal": causal, "compact_stats": default, "scale_in_p": scaled, "poly_exp2": poly}
          for cfg, d, dt, maskings in NUMERIC_ITEMS for causal in maskings for scaled, poly in NUMERIC_SWITCHES] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
-          "causal": causal, "compact_stats": default, "step_counters": True} for cfg, d, causal in STEP_ITEMS]
+          "causal": causal, "compact_stats": default, "step_counters": True} for cfg, d, causal in STEP_ITEMS] + \
+        [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
+          "causal": causal, "compact_stats": default}
+         for cfg, dims in PERSISTENT_ITEMS for d in dims for dt in ("bfloat16", "float16") for causal in (False, True)]
     assert gluon_backward.CONSUMER_TURNS == 0, "TURNS_ITEMS compile the turns the module does not take"
     assert not gluon_backward.SCALE_IN_P and not gluon_backward.POLY_EXP2 and not gluon_backward.STEP_COUNTERS, \
         "NUMERIC_ITEMS and STEP_ITEMS compile the switches the module does not take"

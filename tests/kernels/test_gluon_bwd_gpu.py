@@ -61,8 +61,13 @@ CONFIGS = {"m32": (GluonBwdConfig(BLOCK_M=32), False, 0), "m64": (GluonBwdConfig
            "m64b3-fused-unsplit": (GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DQ_FUSED=1), False, 1),
            # the fused dQ share's wgmmas ahead of dV's and dK's (DQ_FIRST)
            "m64-fused-first": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1, DQ_FIRST=1), False, 0),
-           "m64-fused-late-first": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2, DQ_FIRST=1), False, 0)}
-SOME_LENGTHS_ONLY = ("m64b3dv", "m32-gdq128b2seq", "m64-gdqseq", "m64b3-fused-unsplit", "m64-fused-first")
+           "m64-fused-late-first": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2, DQ_FIRST=1), False, 0),
+           # the persistent walk (PERSISTENT): at most one CTA per SM, walking the tiles
+           "m64-fused-P": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1, PERSISTENT=1), False, 0),
+           "m64-fused-late-first-P": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2, DQ_FIRST=1, PERSISTENT=1), False, 0),
+           "m32-P": (GluonBwdConfig(BLOCK_M=32, PERSISTENT=1), False, 0)}
+SOME_LENGTHS_ONLY = ("m64b3dv", "m32-gdq128b2seq", "m64-gdqseq", "m64b3-fused-unsplit", "m64-fused-first",
+                     "m64-fused-late-first-P", "m32-P")
 
 
 def check_gluon_backward(n_q, n_k, d, *, dtype_name="bf16", causal=True, heads=(8, 2), batch=2, config="m64",
@@ -134,6 +139,41 @@ def causal_inputs(batch, hq, hkv, n, *, seed):
             for _ in range(2))
     o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128), causal=True)
     return q, k, v, do, o, lse2
+
+
+# (batch, Hq, Hkv, N, dkdv_split): tiles over several rounds of the SMs (4 x 8 x 8 key blocks is
+# 256 tiles, about two rounds on 132 SMs; 2 x 16 x 16 = 512 on the split), a grouped split, and
+# fewer tiles than SMs
+PERSISTENT_SHAPES = [(4, 16, 8, 1000, 1), (8, 16, 8, 1024, 1), (2, 16, 2, 2000, 0), (1, 2, 1, 17, 1)]
+
+
+@pytest.mark.parametrize("config", ["m64-fused", "m64-fused-late", "m64-fused-late-first", "m64"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("batch,hq,hkv,n,split", PERSISTENT_SHAPES, ids=lambda x: str(x))
+def test_the_persistent_walk_computes_what_the_grid_does(batch, hq, hkv, n, split, causal, config):
+    """PERSISTENT: every tile walked by at most one CTA per SM (rounds in a snake, K and V handed
+    back after each tile, the rings and dS^T slots running on across tiles) computes what the
+    one-CTA-a-tile grid computes: dK and dV bit for bit (the same steps in the same order), dQ
+    within the fused reduce-adds' reordering, and against the reference."""
+    cfg, _gdq, _split = CONFIGS[config]
+    q, k, v, do, o, lse2 = causal_inputs(batch, hq, hkv, n, seed=17)
+    if not causal:
+        o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128),
+                                                        causal=False)
+    runs = [gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, dataclasses.replace(cfg, PERSISTENT=on),
+                                                    causal=causal, dkdv_split=split) for on in (0, 1)]
+    torch.cuda.synchronize()
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = runs
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+    if cfg.DQ_FUSED:
+        torch.testing.assert_close(dq0, dq1, rtol=0, atol=1e-2)
+    else:
+        assert torch.equal(dq0, dq1)
+    truth = reference_outputs(q, k, v, do, causal=causal, sm_scale=None)
+    base = sdpa_outputs(q, k, v, do, causal=causal, sm_scale=None, dtype=q.dtype)
+    tol = tolerance("bf16", q.device)
+    for name, got in (("dq", dq1), ("dk", dk1), ("dv", dv1)):
+        assert_close_to_reference(name, got, getattr(truth, name), getattr(base, name), tol=tol)
 
 
 def test_the_fused_dq_gives_way_to_a_dq_kernel_under_deterministic_algorithms():
