@@ -107,8 +107,10 @@ def main() -> int:
     ap.add_argument("--buffers", metavar="N[,N]",
                     help="NUM_BUFFERS (the Q/dO ring's slots) of the fused-dQ runners, each value (labels 'b<N>'; "
                          "default: as their configs have it, 2 at D=128)")
-    ap.add_argument("--gluon", choices=("all", "family1", "fused"), default="all",
-                    help="which Gluon runners: all four, family 1 only (Triton dQ), or the two fused-dQ ones")
+    ap.add_argument("--gluon", choices=("all", "family1", "fused", "default"), default="all",
+                    help="which Gluon runners: all four, family 1 only (Triton dQ), the two fused-dQ ones, or the "
+                         "one the drop-in's heuristic default runs for the row (none where that is the Triton "
+                         "kernel); --dq-first, --persistent and --buffers then vary it")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=100, help="ms of calls per runner and round")
     gluon_bench.add_timer_args(ap)
@@ -153,7 +155,10 @@ def main() -> int:
                        (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1), False), (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2), False)]
             if args.configs == "all":
                 configs += [c for c in NEIGHBOURS if c not in configs]
-            if args.gluon != "all":
+            if args.gluon == "default":  # what flashtune.attention's backward launches for this row
+                row_default = default_config("bwd", D, dtype, q.device, causal=causal, seq_q=Nq)
+                configs = [(row_default.gluon(), row_default.family == 2)] if row_default.family else []
+            elif args.gluon != "all":
                 configs = [(c, gdq) for c, gdq in configs
                            if (args.gluon == "fused") == bool(c.DQ_FUSED) and not gdq]
             firsts = {"default": None, "off": (0, ), "on": (1, ), "both": (0, 1)}[args.dq_first]
