@@ -60,6 +60,10 @@ LONG_MIN_K = 512
 LONG_MIN_Q_BWD = 512
 LONG_MIN_Q_FP8 = 1024
 LONG_MIN_K_FP8 = 2048
+# the backward's long bound of a (padded) head dim where it is not LONG_MIN_Q_BWD. D=64: 1024 queries,
+# where its long entry (the fused Gluon backward, without masking) starts to beat the Triton default
+# (at 512 it ties, 0.991x, and SHAPES.md's BERT row there is bound by the host); the entry's comment.
+LONG_MIN_Q_BWD_BY_HEAD_DIM = {64: 1024}
 
 
 def decode_fills(batch_heads_kv: int | None, device) -> bool:
@@ -77,22 +81,27 @@ def decode_fills(batch_heads_kv: int | None, device) -> bool:
     return batch_heads_kv >= sm_count(torch.device(device))
 
 
-def long_bounds(pass_: str, dtype: torch.dtype | None = None) -> tuple[int, int | None]:
+def long_bounds(pass_: str, dtype: torch.dtype | None = None,
+                head_dim: int | None = None) -> tuple[int, int | None]:
     """The fewest queries per head and keys (None: no bound) of a long call of ``pass_`` in
-    ``dtype`` (None: a 16-bit one)."""
+    ``dtype`` (None: a 16-bit one) at ``head_dim`` (None: one with no bound of its own; the
+    backward's LONG_MIN_Q_BWD_BY_HEAD_DIM, by the head dim the tables pad it to)."""
     if pass_ != "fwd":
-        return LONG_MIN_Q_BWD, None
+        padded = None if head_dim is None else padded_head_dim(head_dim, dtype)
+        return LONG_MIN_Q_BWD_BY_HEAD_DIM.get(padded, LONG_MIN_Q_BWD), None
     if dtype in FP8_DTYPES:
         return LONG_MIN_Q_FP8, LONG_MIN_K_FP8
     return LONG_MIN_Q, LONG_MIN_K
 
 
-def is_long(pass_: str, seq_q: int | None, seq_k: int | None = None, dtype: torch.dtype | None = None) -> bool:
+def is_long(pass_: str, seq_q: int | None, seq_k: int | None = None, dtype: torch.dtype | None = None,
+            head_dim: int | None = None) -> bool:
     """Whether a call of ``seq_q`` queries per head against ``seq_k`` keys (None: seq_q)
-    in ``dtype`` (None: a 16-bit one) reads the tables' long entries."""
+    in ``dtype`` (None: a 16-bit one) at ``head_dim`` (``long_bounds``) reads the tables' long
+    entries."""
     if seq_q is None:
         return False
-    min_q, min_k = long_bounds(pass_, dtype)
+    min_q, min_k = long_bounds(pass_, dtype, head_dim)
     return seq_q >= min_q and (min_k is None or (seq_q if seq_k is None else seq_k) >= min_k)
 # fp8 inputs (kernels/fp8.py): the forward only. Triton's fp8 dots need a reduction of at
 # least 32 (the tensor cores' fp8 K step): the head dim pads to 32, BLOCK_N (P @ V's K) >= 32.
@@ -975,6 +984,16 @@ _SM90_BWD[(_bf, 128, "long", True)] = _B(64, 64, 64, 64, 4, 2, family=3)
 # before the field) --rounds 2 --rep 30, GPU time, H100, triton 3.6, 2026-12-05 (docs/gluon.md,
 # docs/data/h100-2026-12-05c-gluon/). The search times all four fused variants (family_defaults).
 _SM90_BWD[(_bf, 128, "long", False)] = _B(64, 64, 64, 64, 4, 2, family=3, dq_first=1)
+# D=64 without masking, from 1024 queries (LONG_MIN_Q_BWD_BY_HEAD_DIM): dQ fused in its step (family
+# 3), faster than the Triton default on every full D=64 row of the standard grid from 1024 queries,
+# ratio to cuDNN Triton default -> family 3: 1024 0.785 -> 0.848, 2048 0.766 -> 0.846, 4096 0.754 ->
+# 0.849, 8192 0.758 -> 0.870, 16384 0.754 -> 0.874 (1.08-1.16x; a step late, family 4, within 1 %
+# of it); 512 0.881 -> 0.873, hence the bound. Causal D=64 keeps the Triton default (the Gluon
+# variants 0.90-0.96x of it below 4096 queries, 1.02-1.05x from there). benchmarks/gluon_bwd.py
+# --grid --realistic --gluon all --stats both --rounds 2 --rep 30, GPU time, H200, triton 3.6,
+# 2026-12-05 (docs/data/h200-2026-12-05-gluon/bwd.log; docs/gluon.md). The search times the Gluon
+# families per key (family_defaults).
+_SM90_BWD[(_bf, 64, "long", False)] = _B(64, 64, 64, 64, 4, 2, family=3)
 _SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
 # fp8 forward, the Triton kernel: untuned; chosen by analogy with the bf16 entries and
 # Triton's fused-attention tutorial's fp8 configs (128x128, 8 warps, 3 stages at D=128:
@@ -1137,7 +1156,7 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     DECODE_MAX_Q; before it (dtype, head_dim, "decode", "full") where ``batch_heads_kv``,
     the call's batch x K/V heads, fills the SMs: ``decode_fills``) or for long calls
     ((dtype, head_dim, "long", causal), then (dtype, head_dim, "long");
-    ``is_long(pass_, seq_q, seq_k, dtype)``, seq_k None for seq_q) comes first,
+    ``is_long(pass_, seq_q, seq_k, dtype, head_dim)``, seq_k None for seq_q) comes first,
     then one for this masking ((dtype, head_dim, causal)), then the one for both.
     ``triton_only``: entries of another kernel family (the Gluon forward, ``family=1``) are
     passed over (``FwdConfig.as_triton``'s fallback).
@@ -1150,7 +1169,7 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
         keys.insert(0, (*key, "decode"))
         if decode_fills(batch_heads_kv, device):
             keys.insert(0, (*key, "decode", "full"))
-    if is_long(pass_, seq_q, seq_k, dtype):
+    if is_long(pass_, seq_q, seq_k, dtype, head_dim):
         keys.insert(0, (*key, "long"))
         if causal is not None:  # an entry for long queries with this masking first
             keys.insert(0, (*key, "long", bool(causal)))
