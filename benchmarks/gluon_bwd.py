@@ -76,6 +76,19 @@ def sdpa_backward(backend, q, k, v, do, causal, scale):
     return lambda: torch.autograd.grad(o, (qs, ks, vs), do, retain_graph=True)
 
 
+# a 0/1 field's choice on the command line -> its values (None: as the configs have it)
+ON_OFF = {"default": None, "off": (0, ), "on": (1, ), "both": (0, 1)}
+
+
+def fused_variants(configs: list, field: str, values) -> list:
+    """(GluonBwdConfig, Gluon dQ) runners with each fused-dQ config once per value of ``field``
+    (``values`` None or empty: unchanged); the others as they are."""
+    if not values:
+        return configs
+    return [(dataclasses.replace(c, **{field: value}), gdq) if c.DQ_FUSED else (c, gdq)
+            for c, gdq in configs for value in (values if c.DQ_FUSED else (None, ))]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
@@ -161,17 +174,9 @@ def main() -> int:
             elif args.gluon != "all":
                 configs = [(c, gdq) for c, gdq in configs
                            if (args.gluon == "fused") == bool(c.DQ_FUSED) and not gdq]
-            firsts = {"default": None, "off": (0, ), "on": (1, ), "both": (0, 1)}[args.dq_first]
-            if firsts:
-                configs = [(dataclasses.replace(c, DQ_FIRST=first) if c.DQ_FUSED else c, gdq) for c, gdq in configs
-                           for first in (firsts if c.DQ_FUSED else (None, ))]
-            if buffers:
-                configs = [(dataclasses.replace(c, NUM_BUFFERS=b) if c.DQ_FUSED else c, gdq) for c, gdq in configs
-                           for b in (buffers if c.DQ_FUSED else (None, ))]
-            persistents = {"default": None, "off": (0, ), "on": (1, ), "both": (0, 1)}[args.persistent]
-            if persistents:
-                configs = [(dataclasses.replace(c, PERSISTENT=on) if c.DQ_FUSED else c, gdq) for c, gdq in configs
-                           for on in (persistents if c.DQ_FUSED else (None, ))]
+            configs = fused_variants(configs, "DQ_FIRST", ON_OFF[args.dq_first])
+            configs = fused_variants(configs, "NUM_BUFFERS", buffers)
+            configs = fused_variants(configs, "PERSISTENT", ON_OFF[args.persistent])
             errors = {}
             for cfg, gdq in configs:
                 label = cfg.short() if gdq or cfg.DQ_FUSED else cfg.short().split("/dq")[0] + "/triton-dq"

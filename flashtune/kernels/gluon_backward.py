@@ -45,6 +45,7 @@ tests (tests/kernels/test_gluon_bwd_gpu.py) check them on an H200.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import struct
 
@@ -325,6 +326,7 @@ def _f32_hex(x: float) -> str:
     return "0f" + struct.pack(">f", x).hex().upper()
 
 
+@functools.lru_cache(maxsize=None)
 def exp2_split_asm(poly: int) -> str:
     """The PTX of ``_exp2_split``: 4 inputs ($4-$7) to 4 outputs ($0-$3), the last ``poly`` by the
     polynomial (x clamped to -126 so the exponent add cannot wrap, rounded to the nearest integer
@@ -398,14 +400,26 @@ def _tile_params(tile, n_kb, N_UNITS, LPT_UNITS, H_KV, GROUP, SPLIT_H, SPLIT_Q, 
 
 
 @gluon.jit
-def _walk_tile(t):
-    """PERSISTENT: the tile of this CTA's round ``t``: round t's CTAs in grid order, in reverse
-    on odd rounds (a snake over the heaviest-first order, as the persistent forward's)."""
+def _walk_rounds(N_K, N_UNITS, BLOCK_N: gl.constexpr):
+    """PERSISTENT: the rounds of the walk, one tile a CTA each (the last one maybe partial)."""
+    return gl.cdiv(gl.cdiv(N_K, 2 * BLOCK_N) * N_UNITS, gl.num_programs(0))
+
+
+@gluon.jit
+def _walk_tile(t, N_K, N_UNITS, LPT_UNITS, H_KV, GROUP, SPLIT_H, SPLIT_Q, N_Q, causal_off, CAUSAL: gl.constexpr,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """PERSISTENT: this CTA's tile of round ``t`` (round t's CTAs in grid order, in reverse on odd
+    rounds: a snake over the heaviest-first order, as the persistent forward's), as (whether the
+    round has one for this CTA, *_tile_params): the one walk the producer and consumers share."""
     pid = gl.program_id(0)
     n_prog = gl.num_programs(0)
     if t % 2 == 1:
         pid = n_prog - 1 - pid
-    return t * n_prog + pid
+    tile = t * n_prog + pid
+    n_kb = gl.cdiv(N_K, 2 * BLOCK_N)
+    split, off_b, off_hk, start_n, first_qb, n_qb, head0, n_steps = _tile_params(
+        tile, n_kb, N_UNITS, LPT_UNITS, H_KV, GROUP, SPLIT_H, SPLIT_Q, N_Q, causal_off, CAUSAL, BLOCK_M, BLOCK_N)
+    return tile < n_kb * N_UNITS, split, off_b, off_hk, start_n, first_qb, n_qb, head0, n_steps
 
 
 @gluon.jit
@@ -417,15 +431,11 @@ def _producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, 
     """The TMA warp: the CTA's tile (its values given), or PERSISTENT every tile of its walk
     (_walk_tile), the Q/dO ring's slots counted across them."""
     if PERSISTENT:
-        n_kb = gl.cdiv(N_K, 2 * BLOCK_N)
-        n_tiles = n_kb * N_UNITS
         g0 = 0
-        for t in range(gl.cdiv(n_tiles, gl.num_programs(0))):
-            tile = _walk_tile(t)
-            if tile < n_tiles:
-                _split, t_b, t_hk, t_n, t_qb, t_nqb, t_h0, t_steps = _tile_params(
-                    tile, n_kb, N_UNITS, LPT_UNITS, H_KV, GROUP, SPLIT_H, SPLIT_Q, N_Q, causal_off, CAUSAL,
-                    BLOCK_M, BLOCK_N)
+        for t in range(_walk_rounds(N_K, N_UNITS, BLOCK_N)):
+            here, _split, t_b, t_hk, t_n, t_qb, t_nqb, t_h0, t_steps = _walk_tile(
+                t, N_K, N_UNITS, LPT_UNITS, H_KV, GROUP, SPLIT_H, SPLIT_Q, N_Q, causal_off, CAUSAL, BLOCK_M, BLOCK_N)
+            if here:
                 if t > 0:  # both consumers done with the previous tile's K and V
                     mbarrier.wait(kv_empty, (t - 1) & 1)
                 _producer_tile(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready,
@@ -565,15 +575,11 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
     steps counted across tiles for the rings and the dS^T slots, K and V handed back through
     ``kv_empty`` after each tile's last matmul."""
     if PERSISTENT:
-        n_kb = gl.cdiv(N_K, 2 * BLOCK_N)
-        n_tiles = n_kb * N_UNITS
         g0 = 0
-        for t in range(gl.cdiv(n_tiles, gl.num_programs(0))):
-            tile = _walk_tile(t)
-            if tile < n_tiles:
-                t_split, t_b, t_hk, t_n, t_qb, t_nqb, t_h0, t_steps = _tile_params(
-                    tile, n_kb, N_UNITS, LPT_UNITS, H_KV, GROUP, SPLIT_H, SPLIT_Q, N_Q, causal_off, CAUSAL,
-                    BLOCK_M, BLOCK_N)
+        for t in range(_walk_rounds(N_K, N_UNITS, BLOCK_N)):
+            here, t_split, t_b, t_hk, t_n, t_qb, t_nqb, t_h0, t_steps = _walk_tile(
+                t, N_K, N_UNITS, LPT_UNITS, H_KV, GROUP, SPLIT_H, SPLIT_Q, N_Q, causal_off, CAUSAL, BLOCK_M, BLOCK_N)
+            if here:
                 _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty,
                                DK + t_split.to(gl.int64) * stride_dks, DV + t_split.to(gl.int64) * stride_dvs,
                                LSE, DELTA, qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn,
@@ -1074,13 +1080,14 @@ def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype,
     """The dK/dV kernel's constexprs (COMPACT_STATS, CONSUMER_TURNS, SCALE_IN_P, POLY_EXP2,
     STEP_COUNTERS: the module's values at the call; SCALE_IN_P only where 0 < ``sm_scale`` <= 1,
     None standing for such a scale)."""
+    poly = _poly_exp2()
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                 NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=config.DQ_FUSED,
                 DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
                 CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace), COMPACT_STATS=bool(COMPACT_STATS),
                 TURNS=_consumer_turns(), DQ_FIRST=bool(config.DQ_FIRST), PERSISTENT=bool(config.PERSISTENT),
                 SCALED_P=bool(SCALE_IN_P) and (sm_scale is None or 0.0 < sm_scale <= 1.0),
-                POLY=_poly_exp2(), POLY_ASM=exp2_split_asm(_poly_exp2()), STEPS=bool(STEP_COUNTERS))
+                POLY=poly, POLY_ASM=exp2_split_asm(poly), STEPS=bool(STEP_COUNTERS))
 
 
 def _poly_exp2() -> int:
