@@ -82,9 +82,9 @@ def row_inputs(B, Hq, Hkv, Nq, Nk, D, dtype, with_do: bool = False) -> tuple:
     return q, k, v, torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=gen)
 
 
-def shapes(args, large: list[tuple], *, min_seq_k: int = 1) -> list[tuple]:
+def shapes(args, large: list[tuple], *, min_seq_k: int = 1, head_dims: tuple = (64, 128)) -> list[tuple]:
     """(name, B, Hq, Hkv, Nq, Nk, D, causal or None for both): the standard grid at D 64/128
-    (``--grid``), SHAPES.md's rows at D 64/128 with Nq >= 1024 and Nk >= ``min_seq_k``
+    (``--grid``), SHAPES.md's rows of ``head_dims`` with Nq >= 1024 and Nk >= ``min_seq_k``
     (``--realistic``), else ``large``."""
     out = []
     if args.grid:
@@ -96,7 +96,7 @@ def shapes(args, large: list[tuple], *, min_seq_k: int = 1) -> list[tuple]:
         from flashtune.shapes import REALISTIC_GRID
 
         out += [(s.name, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, s.head_dim, s.causal)
-                for s in REALISTIC_GRID if s.head_dim in (64, 128) and s.seq_q >= 1024 and s.seq_k >= min_seq_k]
+                for s in REALISTIC_GRID if s.head_dim in head_dims and s.seq_q >= 1024 and s.seq_k >= min_seq_k]
     return out or large
 
 
@@ -207,7 +207,7 @@ def print_row(row: dict, flops: float, extra: tuple[str, ...] = (), label_width:
 def summarize(rows: list[dict]) -> dict:
     """Geometric means of the ratios per (head dim, masking) and over the D=128 rows, printed."""
     summary = {}
-    for d in (64, 128):
+    for d in (64, 128, 256):
         for causal in (False, True):
             sel = [r for r in rows if r["D"] == d and r["causal"] == causal and r["gluon/cudnn"]]
             if sel:

@@ -57,7 +57,7 @@ NEIGHBOURS = [GluonFwdConfig(OVERLAP=0), GluonFwdConfig(NUM_BUFFERS=3), GluonFwd
 
 
 def shapes(args) -> list[tuple]:
-    return gluon_bench.shapes(args, LARGE)
+    return gluon_bench.shapes(args, LARGE, head_dims=gluon_forward.HEAD_DIMS)  # SHAPES.md's D=256 rows too
 
 
 def sdpa(backend, q, k, v, causal, scale):
@@ -81,6 +81,8 @@ def o_tile_label(cfg: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma: bo
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    ap.add_argument("--overlap", choices=("default", "off", "on", "both"), default="default",
+                    help="each config with the softmax/matmul overlap (OVERLAP) as it has it, off, on or both")
     ap.add_argument("--configs", choices=("default", "all", "persistent"), default="default",
                     help="all: the default and its neighbours (persistent included); persistent: the default and "
                          "the default with PERSISTENT=1")
@@ -146,6 +148,9 @@ def main() -> int:
                             else [configs[0].BLOCK_N])
                 configs += [dataclasses.replace(configs[0], PERSISTENT=1, NUM_BUFFERS=n, BLOCK_N=bn)
                             for bn in block_ns for n in buffers]
+            if args.overlap != "default":
+                configs = [dataclasses.replace(c, OVERLAP=o) for c in configs
+                           for o in {"off": (0, ), "on": (1, ), "both": (1, 0)}[args.overlap]]
             if args.configs == "all":
                 configs += [c for c in NEIGHBOURS if c not in configs]
             errors = {}

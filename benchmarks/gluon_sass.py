@@ -136,7 +136,7 @@ def compile_kernel(args, switches: dict) -> tuple[str, str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", choices=("fwd", "bwd"), default="fwd", help="the forward or the dK/dV kernel")
-    ap.add_argument("--head-dim", type=int, choices=(64, 128), default=128)
+    ap.add_argument("--head-dim", type=int, choices=(64, 128, 256), default=128)
     ap.add_argument("--full", action="store_true", help="no causal mask")
     ap.add_argument("--config", action="append", default=[], metavar="FIELD=VALUE")
     ap.add_argument("--switch", action="append", default=[], metavar="NAME=V")

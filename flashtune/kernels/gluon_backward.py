@@ -62,7 +62,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from flashtune.kernels import kernel_trace, launch
 from flashtune.kernels.common import LOG2E, causal_offset, cdiv, key_block_lpt_units, on_device, sm_count
 from flashtune.kernels.config import ConfigError, _triton_default, split_work
-from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, SM90_SHARED_MEMORY, _BARRIER_BYTES,
+from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, SM90_SHARED_MEMORY, _BARRIER_BYTES,
                                              _SHARED_SLACK, _T_CLK_BLOCKS, _T_CLK_Q, _T_HEAD, _addressable,
                                              _descriptor, _stamp, _trace_end, _trace_slots, _trace_start,
                                              check_int_fields, check_register_split, check_sm90_device,
@@ -72,6 +72,7 @@ from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, HEAD_DIMS, 
 # the lse and Delta columns): with 16, BLOCK_M 64 at D=128 is allowed, whose compile (ptxas,
 # sm_90a, triton 3.6) spills 112-248 bytes per thread; BLOCK_M 128 at D=64 (920) is not
 _BWD_SPARE_REGS = 16
+HEAD_DIMS = (64, 128)  # the backward's (the forward runs 256 too: gluon_forward.HEAD_DIMS)
 DQ_BLOCK_M = 64  # query rows per consumer warp group of the dQ kernel (a CTA covers 2 x 64)
 # the dK/dV kernel (one CTA per SM, its shared memory allows no more): programs per SM its
 # auto split (config.split_work) aims at

@@ -66,7 +66,10 @@ from flashtune.kernels.config import ConfigError, device_capability
 
 SM90_SHARED_MEMORY = 232448  # bytes per block, opt-in maximum of the H100/H200 (227 KiB)
 SM90_REGISTERS = 65536  # 32-bit registers per SM (and per block)
-HEAD_DIMS = (64, 128)
+# 256 for 16-bit inputs only, with 64-key blocks and 2 slots (the two Q tiles and the K/V ring fill 192 KiB of
+# shared memory; O's 64 x 256 fp32 tile takes 128 of a consumer's registers): FlashAttention-3's tiles for D=256
+# are 128 x 80, which the power-of-two arange of this kernel cannot take
+HEAD_DIMS = (64, 128, 256)
 DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # fp8 inputs (attention_fp8: inference, per-tensor descales, fp16/bf16 output): V in the
 # key-contiguous layout (fp8.keys_contiguous), the K-major operand fp8 wgmma reads P V's V in
@@ -280,6 +283,8 @@ class GluonFwdConfig:
             raise ConfigError(f"head_dim: the Gluon forward supports {HEAD_DIMS}, got {head_dim}")
         if dtype not in ALL_DTYPES:
             raise ConfigError(f"dtype: the Gluon forward supports float16/bfloat16 and fp8 (e4m3, e5m2), got {dtype}")
+        if head_dim == 256 and dtype not in DTYPES:
+            raise ConfigError(f"dtype: the Gluon forward runs head_dim 256 in float16/bfloat16 only, got {dtype}")
         needed = self.consumer_registers_needed(head_dim)
         if needed > self.CONSUMER_REGS:
             raise ConfigError(f"BLOCK_M: {self.BLOCK_M} rows x (head_dim {head_dim} + BLOCK_N {self.BLOCK_N}) need "
@@ -303,6 +308,8 @@ def default_gluon_config(head_dim: int, causal: bool = False) -> GluonFwdConfig:
     the overlap (best on 11 of 12 grid rows; 0.01-0.05 of cuDNN's speed over the others)."""
     if head_dim <= 64:
         return GluonFwdConfig(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=2, OVERLAP=0)
+    if head_dim > 128:  # D=256: the one ring that fits (HEAD_DIMS); not yet timed against OVERLAP=0
+        return GluonFwdConfig(BLOCK_M=64, BLOCK_N=64, NUM_BUFFERS=2)
     return GluonFwdConfig(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=3)
 
 

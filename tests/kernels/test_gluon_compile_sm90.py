@@ -35,6 +35,9 @@ ITEMS = (
     # persistent: one CTA per SM walking tiles, the ring and its barriers carried across them
     (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )),
     (C(OVERLAP=0, PERSISTENT=1), (64, )),
+    # D=256: 64-key blocks in 2 slots, the grid and the persistent kernel (family_defaults' first two)
+    (C(BLOCK_N=64), (256, )),
+    (C(BLOCK_N=64, PERSISTENT=1), (256, )),
 )
 
 

@@ -13,7 +13,7 @@ from flashtune.kernels.config import ConfigError  # noqa: E402
 GluonFwdConfig = gluon_forward.GluonFwdConfig
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_defaults_validate(head_dim, dtype):
     cfg = gluon_forward.default_gluon_config(head_dim)
@@ -37,7 +37,10 @@ def test_defaults_validate(head_dim, dtype):
     (dict(CONSUMER_REGS=264), 64, torch.bfloat16, "CONSUMER_REGS"),
     (dict(PRODUCER_REGS=40, CONSUMER_REGS=240), 64, torch.bfloat16, "CONSUMER_REGS"),  # 520 > 512
     ({}, 96, torch.bfloat16, "head_dim"),
-    ({}, 256, torch.bfloat16, "head_dim"),
+    ({}, 512, torch.bfloat16, "head_dim"),
+    # D=256: 64 rows x (256 + 128) fp32 and two 16-bit P tiles, 288 registers a thread; 3 x 64-key slots 257 KB
+    ({}, 256, torch.bfloat16, "BLOCK_M"),
+    (dict(BLOCK_N=64, NUM_BUFFERS=3), 256, torch.bfloat16, "NUM_BUFFERS"),
     ({}, 64, torch.float32, "dtype"),
     # 128 rows x (128 + 128) fp32 per warp group: 320 registers a thread, over 240
     (dict(BLOCK_M=128), 128, torch.bfloat16, "BLOCK_M"),
@@ -153,7 +156,17 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     assert o_tiles == dataclasses.replace(persistent, o_tile=1) and o_tiles.gluon().O_TILE == 1
     # and with 64-key blocks (short causal calls)
     assert short_causal == dataclasses.replace(o_tiles, BLOCK_N=64, num_stages=3)
-    assert family_defaults("fwd", 96, torch.bfloat16, "cuda") == []  # the Gluon kernel: D 64 and 128
+    assert family_defaults("fwd", 96, torch.bfloat16, "cuda") == []  # the Gluon kernel: D 64, 128 and 256
+    # D=256: 64-key blocks in 2 slots (what shared memory holds), grid and persistent, with and without the overlap
+    d256 = family_defaults("fwd", 256, torch.bfloat16, "cuda")
+    assert [(c.BLOCK_N, c.num_stages, c.persistent, c.overlap, c.o_tile) for c in d256] == \
+        [(64, 2, 0, 1, 0), (64, 2, 1, 1, 0), (64, 2, 0, 0, 0), (64, 2, 1, 0, 0)]
+    assert d256[0].gluon() == gluon_forward.default_gluon_config(256)
+    assert family_defaults("bwd", 256, torch.bfloat16, "cuda") == []  # the Gluon backward: D 64 and 128
+    with pytest.raises(ConfigError, match=r"^NUM_BUFFERS:.*shared memory"):  # 3 slots of 64 keys at D=256
+        FwdConfig(64, 64, 4, 3, family=1).validate(256, torch.bfloat16, "cuda")
+    with pytest.raises(ConfigError, match=r"^dtype:.*256"):
+        gluon_forward.GluonFwdConfig(BLOCK_N=64).validate(256, torch.float8_e4m3fn)
     assert family_defaults("fwd", 128, torch.float32, "cuda") == []
     gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward")
     # Gluon dK/dV with the Triton dQ half; both Gluon; dQ fused into the Gluon dK/dV kernel

@@ -126,6 +126,42 @@ def test_configs(config, head_dim, causal):
     check_gluon_forward(q, k, v, dtype_name="fp16", causal=causal, config=config)
 
 
+D256_CONFIGS = [GluonFwdConfig(BLOCK_N=64, PERSISTENT=p, OVERLAP=o, PINGPONG=pp)
+                for p, o, pp in ((0, 1, 1), (1, 1, 1), (0, 0, 1), (1, 0, 1), (0, 1, 0))]
+
+
+@pytest.mark.parametrize("config", D256_CONFIGS, ids=lambda c: c.short())
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n_q, n_k", [(1, 1), (129, 77), (1000, 1000), (777, 2048), (2048, 1000)],
+                         ids=lambda n: str(n))
+def test_d256(n_q, n_k, causal, dtype_name, config):
+    """Head dim 256 (64-key blocks in 2 slots: gluon_forward.HEAD_DIMS): GQA, odd lengths, Nq != Nk
+    both ways, the grid and the persistent kernel, with and without the overlap and the ping-pong."""
+    q, k, v = _inputs(n_q, n_k, 256, DTYPES[dtype_name], heads=(4, 2), seed=n_q + n_k)
+    check_gluon_forward(q, k, v, dtype_name=dtype_name, causal=causal, config=config.validate(256, q.dtype))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_d256_trains_through_attention(causal, monkeypatch):
+    """The drop-in at D=256 with each Gluon forward family_defaults offers (the Triton backward on
+    its output and LSE): the output, LSE and every gradient against the reference."""
+    from kernel_checks import check_attention
+
+    from flashtune.kernels.config import family_defaults
+
+    q, k, v = (t.requires_grad_() for t in _inputs(777, 1000, 256, torch.bfloat16, heads=(4, 2), seed=9))
+    do = torch.randn_like(q)
+    configs = family_defaults("fwd", 256, q.dtype, q.device)
+    assert len(configs) == 4 and all(c.family == 1 for c in configs)
+    seen = []
+    real = gluon_forward.gluon_attention_forward
+    monkeypatch.setattr(gluon_forward, "gluon_attention_forward", lambda *a, **kw: seen.append(1) or real(*a, **kw))
+    for cfg in configs:
+        check_attention(q, k, v, do, dtype_name="bf16", causal=causal, fwd_config=cfg)
+    assert seen == [1] * len(configs)
+
+
 def test_d64_128_row_tiles():
     cfg = GluonFwdConfig(BLOCK_M=128, BLOCK_N=64, NUM_BUFFERS=3)
     for causal in (False, True):
