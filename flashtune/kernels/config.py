@@ -344,7 +344,8 @@ class FwdConfig(_ConfigBase):
     each consumer an O tile of its own in shared memory and releases its Q tile early,
     GluonFwdConfig.O_TILE: faster up to 4k keys, slower at 16k on an H100, chosen per key too;
     a non-persistent config holds 0). A Gluon config validates only for head dims 64 and 128,
-    float16/bfloat16 or fp8 (attention_fp8) and a device of compute capability 9.0, so the
+    float16/bfloat16 or fp8 (attention_fp8), or 256 in float16/bfloat16 with 64-key blocks in 2
+    slots, and a device of compute capability 9.0, so the
     search never tries it and the dispatcher never serves it anywhere else; num_warps, tma
     and the schedule do not apply to it (its canonical form fixes them). A call the Gluon
     kernel cannot run (a softcap, packed sequences, dropout, an fp8 V with its head dim

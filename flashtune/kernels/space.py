@@ -24,7 +24,7 @@ FWD_SPACE: dict[str, list[int]] = {
     # the tuning key cannot tell decode shapes apart yet, so few explicit values
     "num_splits": [0, 1, 4, 16],
     "pack_gqa": [-1, 0, 1],
-    # the kernel family: 0 Triton, 1 the Gluon warp-specialised kernel (sm_90, D 64/128,
+    # the kernel family: 0 Triton, 1 the Gluon warp-specialised kernel (sm_90, D 64/128/256,
     # 16-bit; FwdConfig's docstring); pingpong, overlap and persistent are the Gluon kernel's
     "family": [0, 1],
     "pingpong": [0, 1],
