@@ -1117,9 +1117,10 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
         # diagonal block are masked work (grid-d128-512 causal 0.906x cuDNN against 0.791x with
         # 128-key blocks; 1024 causal 0.947x against 1.013x; H100, 2026-12-05, docs/gluon.md)
         configs.append(dataclasses.replace(configs[-1], BLOCK_N=64, num_stages=3))
-        if head_dim == 256:  # one ring fits (64-key blocks, 2 slots), no O tiles: the grid and the persistent
-            # kernel, each with and without the softmax/matmul overlap
-            configs = [dataclasses.replace(c, overlap=o) for o in (1, 0) for c in configs[:2]]
+        if head_dim == 256:  # 64-key blocks in 2 slots, or 3 K and 2 V slots, no O tiles (shared memory): the grid
+            # and the persistent kernel, each with and without the softmax/matmul overlap
+            configs = [dataclasses.replace(c, overlap=o, num_stages=n) for n in (2, 3) for o in (1, 0)
+                       for c in configs[:2]]
     else:
         from flashtune.kernels.gluon_backward import default_gluon_bwd_config
 

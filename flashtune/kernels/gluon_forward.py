@@ -66,9 +66,10 @@ from flashtune.kernels.config import ConfigError, device_capability
 
 SM90_SHARED_MEMORY = 232448  # bytes per block, opt-in maximum of the H100/H200 (227 KiB)
 SM90_REGISTERS = 65536  # 32-bit registers per SM (and per block)
-# 256 for 16-bit inputs only, with 64-key blocks and 2 slots (the two Q tiles and the K/V ring fill 192 KiB of
-# shared memory; O's 64 x 256 fp32 tile takes 128 of a consumer's registers): FlashAttention-3's tiles for D=256
-# are 128 x 80, which the power-of-two arange of this kernel cannot take
+# 256 for 16-bit inputs only, with 64-key blocks in 2 slots (the two Q tiles and the K/V ring fill 192 KiB of
+# shared memory), or 3 K slots and 2 V slots (229 KiB, ring_v_buffers); O's 64 x 256 fp32 tile takes 128 of a
+# consumer's registers. FlashAttention-3's tiles for D=256 are 128 x 80, which the power-of-two arange of this
+# kernel cannot take
 HEAD_DIMS = (64, 128, 256)
 DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # fp8 inputs (attention_fp8: inference, per-tensor descales, fp16/bf16 output): V in the
@@ -185,7 +186,8 @@ class GluonFwdConfig:
     """Launch config of the Gluon forward; ``validate`` before compiling.
 
     BLOCK_M: query rows per consumer warp group (a CTA covers 2 x BLOCK_M rows).
-    BLOCK_N: keys per K/V block. NUM_BUFFERS: K/V ring slots in shared memory.
+    BLOCK_N: keys per K/V block. NUM_BUFFERS: K/V ring slots in shared memory (V's one fewer
+    where only that fits, ring_v_buffers).
     PRODUCER_REGS / CONSUMER_REGS: registers per thread of the TMA warp's and of each
     consumer warp group's (setmaxnreg; warp groups of 128 threads share 65536).
     PINGPONG: 1 makes the consumers take turns issuing their S matmul.
@@ -240,6 +242,15 @@ class GluonFwdConfig:
             tiles += 2 * self.BLOCK_M * self.BLOCK_N * e
         return tiles + barriers + _SHARED_SLACK
 
+    def ring_v_buffers(self, head_dim: int, dtype: torch.dtype) -> int:
+        """V's ring slots without O tiles: NUM_BUFFERS, or one fewer (at least 2) where only that
+        fits in shared memory (D=256 with 3 x 64-key slots: 3 K and 2 V slots, 229 KB; the V loads
+        then wait for their own slots, _load_kv)."""
+        for v_buffers in (self.NUM_BUFFERS, self.NUM_BUFFERS - 1):
+            if v_buffers >= 2 and self.shared_memory(head_dim, dtype, False, v_buffers) <= SM90_SHARED_MEMORY:
+                return v_buffers
+        return self.NUM_BUFFERS
+
     def maxnreg(self) -> int:
         """The kernel's maxnreg (``kernel_maxnreg``)."""
         return kernel_maxnreg(self.PRODUCER_REGS, self.CONSUMER_REGS)
@@ -290,7 +301,7 @@ class GluonFwdConfig:
             raise ConfigError(f"BLOCK_M: {self.BLOCK_M} rows x (head_dim {head_dim} + BLOCK_N {self.BLOCK_N}) need "
                               f"about {needed} registers per consumer thread, CONSUMER_REGS is "
                               f"{self.CONSUMER_REGS}; use smaller blocks")
-        smem = self.shared_memory(head_dim, dtype)
+        smem = self.shared_memory(head_dim, dtype, v_buffers=self.ring_v_buffers(head_dim, dtype))
         if smem > SM90_SHARED_MEMORY:
             raise ConfigError(f"NUM_BUFFERS: needs {smem} bytes of shared memory, sm_90 allows "
                               f"{SM90_SHARED_MEMORY}; use fewer buffers or smaller blocks")
@@ -308,7 +319,7 @@ def default_gluon_config(head_dim: int, causal: bool = False) -> GluonFwdConfig:
     the overlap (best on 11 of 12 grid rows; 0.01-0.05 of cuDNN's speed over the others)."""
     if head_dim <= 64:
         return GluonFwdConfig(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=2, OVERLAP=0)
-    if head_dim > 128:  # D=256: the one ring that fits (HEAD_DIMS); not yet timed against OVERLAP=0
+    if head_dim > 128:  # D=256: 64-key blocks (HEAD_DIMS); not yet timed against 3 K slots or OVERLAP=0
         return GluonFwdConfig(BLOCK_M=64, BLOCK_N=64, NUM_BUFFERS=2)
     return GluonFwdConfig(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=3)
 
@@ -1177,11 +1188,12 @@ def _o_tile_v_buffers(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype)
 
 
 def persistent_v_buffers(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma_store: bool) -> int:
-    """V's ring slots of a launch (arguments as persistent_o_tile's): NUM_BUFFERS, or one fewer
-    where the O tiles need the room (the V loads then wait for their own slots, each freed with
-    the release of the block VB before: at 3 K and 2 V slots V keeps two blocks of lead, K three)."""
+    """V's ring slots of a launch, persistent or not (arguments as persistent_o_tile's): NUM_BUFFERS,
+    or one fewer where the O tiles need the room or the ring does not fit otherwise (ring_v_buffers)
+    (the V loads then wait for their own slots, each freed with the release of the block VB before:
+    at 3 K and 2 V slots V keeps two blocks of lead, K three)."""
     with_o_tile, _early_q = persistent_o_tile(config, head_dim, dtype, tma_store)
-    return _o_tile_v_buffers(config, head_dim, dtype) if with_o_tile else config.NUM_BUFFERS
+    return _o_tile_v_buffers(config, head_dim, dtype) if with_o_tile else config.ring_v_buffers(head_dim, dtype)
 
 
 # the snake's block-major order (a causal call's tiles heaviest first across all units) is taken

@@ -38,6 +38,7 @@ ITEMS = (
     # D=256: 64-key blocks in 2 slots, the grid and the persistent kernel (family_defaults' first two)
     (C(BLOCK_N=64), (256, )),
     (C(BLOCK_N=64, PERSISTENT=1), (256, )),
+    (C(BLOCK_N=64, NUM_BUFFERS=3, PERSISTENT=1), (256, )),  # 3 K slots, 2 V slots (ring_v_buffers)
 )
 
 

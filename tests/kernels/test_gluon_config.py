@@ -38,9 +38,9 @@ def test_defaults_validate(head_dim, dtype):
     (dict(PRODUCER_REGS=40, CONSUMER_REGS=240), 64, torch.bfloat16, "CONSUMER_REGS"),  # 520 > 512
     ({}, 96, torch.bfloat16, "head_dim"),
     ({}, 512, torch.bfloat16, "head_dim"),
-    # D=256: 64 rows x (256 + 128) fp32 and two 16-bit P tiles, 288 registers a thread; 3 x 64-key slots 257 KB
+    # D=256: 64 rows x (256 + 128) fp32 and two 16-bit P tiles, 288 registers a thread; 4 K and 3 V slots 290 KB
     ({}, 256, torch.bfloat16, "BLOCK_M"),
-    (dict(BLOCK_N=64, NUM_BUFFERS=3), 256, torch.bfloat16, "NUM_BUFFERS"),
+    (dict(BLOCK_N=64, NUM_BUFFERS=4), 256, torch.bfloat16, "NUM_BUFFERS"),
     ({}, 64, torch.float32, "dtype"),
     # 128 rows x (128 + 128) fp32 per warp group: 320 registers a thread, over 240
     (dict(BLOCK_M=128), 128, torch.bfloat16, "BLOCK_M"),
@@ -157,14 +157,15 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     # and with 64-key blocks (short causal calls)
     assert short_causal == dataclasses.replace(o_tiles, BLOCK_N=64, num_stages=3)
     assert family_defaults("fwd", 96, torch.bfloat16, "cuda") == []  # the Gluon kernel: D 64, 128 and 256
-    # D=256: 64-key blocks in 2 slots (what shared memory holds), grid and persistent, with and without the overlap
+    # D=256: 64-key blocks in 2 slots or 3 (V's ring then 2: what shared memory holds), grid and persistent, with
+    # and without the overlap
     d256 = family_defaults("fwd", 256, torch.bfloat16, "cuda")
     assert [(c.BLOCK_N, c.num_stages, c.persistent, c.overlap, c.o_tile) for c in d256] == \
-        [(64, 2, 0, 1, 0), (64, 2, 1, 1, 0), (64, 2, 0, 0, 0), (64, 2, 1, 0, 0)]
+        [(64, n, p, o, 0) for n in (2, 3) for o in (1, 0) for p in (0, 1)]
     assert d256[0].gluon() == gluon_forward.default_gluon_config(256)
     assert family_defaults("bwd", 256, torch.bfloat16, "cuda") == []  # the Gluon backward: D 64 and 128
-    with pytest.raises(ConfigError, match=r"^NUM_BUFFERS:.*shared memory"):  # 3 slots of 64 keys at D=256
-        FwdConfig(64, 64, 4, 3, family=1).validate(256, torch.bfloat16, "cuda")
+    with pytest.raises(ConfigError, match=r"^NUM_BUFFERS:.*shared memory"):  # 4 K and 3 V slots of 64 keys
+        FwdConfig(64, 64, 4, 4, family=1).validate(256, torch.bfloat16, "cuda")
     with pytest.raises(ConfigError, match=r"^dtype:.*256"):
         gluon_forward.GluonFwdConfig(BLOCK_N=64).validate(256, torch.float8_e4m3fn)
     assert family_defaults("fwd", 128, torch.float32, "cuda") == []
@@ -579,3 +580,18 @@ def test_a_trace_of_the_wrong_shape_or_dtype_is_refused_by_name():
             gluon_forward.gluon_attention_forward(q, k, v, cfg, causal=False, trace=bad)
     with pytest.raises(ConfigError, match=r"^device:"):  # a good trace: the config's device check is next
         gluon_forward.gluon_attention_forward(q, k, v, cfg, causal=False, trace=good)
+
+
+def test_the_v_ring_is_one_slot_shorter_only_where_the_full_ring_does_not_fit():
+    # D=256, 3 x 64-key slots: 3 K and 2 V slots fit (229 KB), 3 and 3 do not (261 KB)
+    cfg = GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=3)
+    assert cfg.shared_memory(256, torch.bfloat16) > gluon_forward.SM90_SHARED_MEMORY
+    assert cfg.ring_v_buffers(256, torch.bfloat16) == 2
+    assert cfg.validate(256, torch.bfloat16) is cfg
+    assert gluon_forward.persistent_v_buffers(cfg, 256, torch.bfloat16, True) == 2
+    assert gluon_forward.kernel_constexprs(cfg, 256, torch.bfloat16, False)["V_BUFFERS"] == 2
+    # where the whole ring fits, V has as many slots as K
+    for d, c in ((128, GluonFwdConfig(NUM_BUFFERS=3)), (64, GluonFwdConfig(NUM_BUFFERS=4)),
+                 (256, GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=2))):
+        assert c.ring_v_buffers(d, torch.bfloat16) == c.NUM_BUFFERS
+        assert gluon_forward.kernel_constexprs(c, d, torch.bfloat16, False)["V_BUFFERS"] == c.NUM_BUFFERS

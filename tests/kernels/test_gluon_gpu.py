@@ -126,8 +126,9 @@ def test_configs(config, head_dim, causal):
     check_gluon_forward(q, k, v, dtype_name="fp16", causal=causal, config=config)
 
 
-D256_CONFIGS = [GluonFwdConfig(BLOCK_N=64, PERSISTENT=p, OVERLAP=o, PINGPONG=pp)
-                for p, o, pp in ((0, 1, 1), (1, 1, 1), (0, 0, 1), (1, 0, 1), (0, 1, 0))]
+D256_CONFIGS = [GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=n, PERSISTENT=p, OVERLAP=o, PINGPONG=pp)  # 3: V's ring 2
+                for n, p, o, pp in ((2, 0, 1, 1), (2, 1, 1, 1), (2, 0, 0, 1), (2, 1, 0, 1), (2, 0, 1, 0), (3, 0, 1, 1),
+                                    (3, 1, 1, 1), (3, 1, 0, 1))]
 
 
 @pytest.mark.parametrize("config", D256_CONFIGS, ids=lambda c: c.short())
@@ -153,7 +154,7 @@ def test_d256_trains_through_attention(causal, monkeypatch):
     q, k, v = (t.requires_grad_() for t in _inputs(777, 1000, 256, torch.bfloat16, heads=(4, 2), seed=9))
     do = torch.randn_like(q)
     configs = family_defaults("fwd", 256, q.dtype, q.device)
-    assert len(configs) == 4 and all(c.family == 1 for c in configs)
+    assert len(configs) == 8 and all(c.family == 1 for c in configs)
     seen = []
     real = gluon_forward.gluon_attention_forward
     monkeypatch.setattr(gluon_forward, "gluon_attention_forward", lambda *a, **kw: seen.append(1) or real(*a, **kw))
