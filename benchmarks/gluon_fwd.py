@@ -56,8 +56,15 @@ NEIGHBOURS = [GluonFwdConfig(OVERLAP=0), GluonFwdConfig(NUM_BUFFERS=3), GluonFwd
               GluonFwdConfig(BLOCK_N=64)]
 
 
+# --d256: head dim 256 at gemma2's heads (16 query, 8 key/value), 16k tokens a call, both maskings
+D256 = [(f"d256-{n}", 16384 // n, 16, 8, n, n, 256, None) for n in (512, 1024, 2048, 4096, 8192)]
+
+
 def shapes(args) -> list[tuple]:
-    return gluon_bench.shapes(args, LARGE, head_dims=gluon_forward.HEAD_DIMS)  # SHAPES.md's D=256 rows too
+    extra = D256 if args.d256 else []
+    if extra and not (args.grid or args.realistic):
+        return extra
+    return gluon_bench.shapes(args, LARGE, head_dims=gluon_forward.HEAD_DIMS) + extra  # SHAPES.md's D=256 rows too
 
 
 def sdpa(backend, q, k, v, causal, scale):
@@ -81,6 +88,7 @@ def o_tile_label(cfg: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma: bo
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    ap.add_argument("--d256", action="store_true", help="head dim 256 from 512 to 8192 queries (gemma2's heads)")
     ap.add_argument("--overlap", choices=("default", "off", "on", "both"), default="default",
                     help="each config with the softmax/matmul overlap (OVERLAP) as it has it, off, on or both")
     ap.add_argument("--configs", choices=("default", "all", "persistent"), default="default",

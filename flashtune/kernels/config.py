@@ -945,6 +945,13 @@ _SM90_FWD[(_bf, 128, "decode", "full")] = _F(64, 128, 4, 2, tma=1)
 # H200, docs/data/h200-2026-12-05d-gluon/fwd_rowlimit.log); on the H100 run above 5 of 6 (8192 1.017 ->
 # 1.004) and chunked-prefill-1k-of-16k 0.996 -> 0.987. The search times both per key.
 _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1, persistent=1, o_tile=1)
+# D=256 from the same bounds: the Gluon forward's persistent kernel with 3 K and 2 V slots of 64 keys
+# (ring_v_buffers) and the overlap, on gemma2-d256-train-4k 1.238x cuDNN against the Triton default's
+# 0.918x (1.349x it), the fastest of 6 Gluon configs (2 slots 0.952-0.958, without the overlap
+# 1.155-1.170): benchmarks/gluon_fwd.py --realistic --rows gemma2-d256-train-4k --configs persistent
+# --persistent-buffers 2,3 --overlap both, GPU time, H100, triton 3.6, 2026-12-05 (docs/gluon.md,
+# docs/data/h100-2026-12-05f-gluon/).
+_SM90_FWD[(_bf, 256, "long")] = _F(64, 64, 4, 3, family=1, persistent=1)
 # The backward from LONG_MIN_Q_BWD queries at D=128: the Gluon families. Causal: the Gluon dK/dV
 # kernel with the Triton default's dQ kernel (family 1, dkdv_split chosen at launch),
 # 1.03-1.16x the Triton default on every causal row measured (grid 4k/8k/16k 1.03-1.10x not

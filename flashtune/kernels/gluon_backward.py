@@ -642,14 +642,22 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
     _stamp(trace, _T_CLK_Q, TRACE)
     k = k_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
     v = v_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
-    h_next = head0  # STEPS: the walk's position, counted step by step
+    # STEPS: the walk's position counted step by step, the previous step's one step back from it (with
+    # h_prev and qb_prev carried beside h_next and qb_next, the H100 of 2026-12-05 sent the late dQ shares
+    # (FUSED_DQ 2) to wrong rows, dK and dV right: test_the_order_switches_change_no_bit; cause not isolated)
+    h_next = head0
     qb_next = first_qb
     for it in range(n_steps):
         if STEPS:
             h = h_next
             qb = qb_next
+            back = (qb == first_qb).to(gl.int32)
+            h_before = h - back
+            qb_before = qb - 1 + back * n_qb
         else:
             h, qb = _step(it, n_qb, first_qb, head0)
+            h_before = h_prev
+            qb_before = qb_prev
         g = g0 + it  # the step's index in the CTA's walk (the rings', the dS^T slots', the turns')
         s = g % NUM_BUFFERS
         phase = (g // NUM_BUFFERS) & 1
@@ -716,8 +724,8 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
                 share_qb = qb
             else:  # the previous step's; at the first step its own, computed and not sent
                 p_share = gl.maximum(g - 1, g0)
-                share_h = h_prev
-                share_qb = qb_prev
+                share_h = h_before
+                share_qb = qb_before
             dq, _d0, _d1, _k0, _k1 = _dq_share_issue(which, p_share, k_smem, ds_smem, ds_ready, ev, HEAD_DIM,
                                                      BLOCK_M, BLOCK_N, DS_SLOTS, TRACE)
             if not DV_EARLY:
@@ -742,7 +750,7 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
                                 HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
             elif FUSED_DQ == 2:  # the previous step's, so the groups may drift a step apart
                 if it > 0:
-                    _fused_dq_share(which, g - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
+                    _fused_dq_share(which, g - 1, h_before, qb_before, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
                                     off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
                 else:
                     for e in gl.static_range(8, 12):
@@ -756,13 +764,18 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
         gl.thread_barrier()
         mbarrier.arrive(q_empty.index(s))
         _stamp(ev, 13, TRACE)
-        h_prev = h
-        qb_prev = qb
         if STEPS:  # the next step's (query head, query block), as _step gives them
             wrap = (qb + 1 == first_qb + n_qb).to(gl.int32)
             h_next = h + wrap
             qb_next = qb + 1 - wrap * n_qb
+        else:
+            h_prev = h
+            qb_prev = qb
     if FUSED_DQ == 2:
+        if STEPS:  # the last step's: one back from where the walk stopped
+            back = (qb_next == first_qb).to(gl.int32)
+            h_prev = h_next - back
+            qb_prev = qb_next - 1 + back * n_qb
         if n_steps > 0:
             _fused_dq_share(which, g0 + n_steps - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
                             off_b, sm_scale, trace, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, False, SCALED_P)
