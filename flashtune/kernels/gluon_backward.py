@@ -110,8 +110,12 @@ CONSUMER_TURNS = 0
 # the step's issue-bound elementwise path, docs/gluon.md), and dV, which accumulates the scaled
 # P^T, is divided by sm_scale once at the end. Launches with 0 < sm_scale <= 1 only (P^T and
 # dS^T never grow). Other roundings than False's (the 16-bit P^T and dS^T are of scaled values),
-# checked against the reference (test_gluon_bwd_gpu.py). Off until timed on the GPU. Read at
-# each launch, as COMPACT_STATS; a launch plan replays the kernel it recorded.
+# checked against the reference (test_gluon_bwd_gpu.py: passed on the H100, 2026-12-05). Off: it
+# was slower where timed (H100, 2026-12-05, gluon_bwd.py --grid --gluon default --switch
+# STEP_COUNTERS=0,1 --switch SCALE_IN_P=0,1 over the 12 D=128 grid rows, ratio to cuDNN in geometric
+# mean: 0.899 -> 0.863 with the division, 0.913 -> 0.879 with STEP_COUNTERS; slower on 11 of 12 rows;
+# fewer instructions in the loop, not found why). Read at each launch, as COMPACT_STATS; a launch
+# plan replays the kernel it recorded.
 SCALE_IN_P = False
 # the dK/dV kernel's P^T exponentials split between the SFU and the FMA pipe: of every 4 scores
 # a thread holds, POLY_EXP2 (0, 1 or 2) take 2^x as a degree-3 polynomial on the FMA and integer
@@ -127,9 +131,12 @@ POLY_EXP2 = 0
 # block one on, the head one on where the blocks wrap), False divides the step's index by the
 # blocks per head each step (an integer division, about 25 instructions with an SFU reciprocal).
 # The same (head, block) each step, so the same bits. sm_90 code (gluon_sass.py, 2026-12-05): a
-# consumer's loop 609 -> 564 instructions (fused dQ, causal), 504 -> 487 (dQ first, full). Off
-# until the GPU has checked the bits (test_the_order_switches_change_no_bit). Read at each
-# launch, as COMPACT_STATS.
+# consumer's loop 609 -> 564 instructions (fused dQ, causal), 504 -> 487 (dQ first, full). Timed
+# on the H100 (2026-12-05, the run under SCALE_IN_P): 0.899 -> 0.913x cuDNN in geometric mean over
+# the 12 D=128 grid rows (full 0.909 -> 0.919, causal 0.889 -> 0.907; within noise or better on 10
+# of 12). Its bits test failed there for the late dQ share (FUSED_DQ 2: dQ's rows wrong, dK and dV
+# right), fixed since (the share's position one step back from the counted one); off until the GPU
+# has passed test_the_order_switches_change_no_bit again. Read at each launch, as COMPACT_STATS.
 STEP_COUNTERS = False
 
 
