@@ -171,8 +171,8 @@ DQ_FIRST_ITEMS = ((C(DQ_FUSED=1, DQ_FIRST=1), (64, 128), True), (C(DQ_FUSED=2, D
 NUMERIC_SWITCHES = ((True, 0), (False, 1), (True, 2))
 NUMERIC_ITEMS = ((C(DQ_FUSED=1), 128, "bfloat16", (False, True)), (C(DQ_FUSED=1), 128, "float16", (True, )),
                  (C(DQ_FUSED=2, DQ_FIRST=1), 128, "bfloat16", (True, )), (C(), 64, "bfloat16", (False, )))
-# the consumers' walk counted step by step (STEP_COUNTERS; off by default), bf16: (config, head
-# dim, causal): the same wgmma and waits as the kernel that divides
+# the consumers' walk the other way than the module's STEP_COUNTERS (counted step by step, or the
+# division), bf16: (config, head dim, causal): the same wgmma as the module's
 STEP_ITEMS = ((C(DQ_FUSED=1), 128, True), (C(DQ_FUSED=2, DQ_FIRST=1), 128, False), (C(), 64, True))
 # the persistent walk (PERSISTENT), bf16 and fp16, both maskings: its shared memory within the
 # estimate (the K/V hand-back mbarrier) and the SM's
@@ -183,6 +183,7 @@ PERSISTENT_ITEMS = ((C(DQ_FUSED=1, PERSISTENT=1), (64, 128)), (C(DQ_FUSED=2, DQ_
 def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
     # every item with the module's row statistics (COMPACT_STATS), OTHER_STATS_ITEMS with the other
     default = gluon_backward.COMPACT_STATS
+    steps = gluon_backward.STEP_COUNTERS
     request = [{"kernel": "bwd", "bwd_kernel": which, "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
                 "causal": causal, "compact_stats": default}
                for which, items in (("dkdv", ITEMS), ("dq", DQ_ITEMS)) for cfg, dims in items for d in dims
@@ -205,13 +206,15 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
           "causal": causal, "compact_stats": default, "scale_in_p": scaled, "poly_exp2": poly}
          for cfg, d, dt, maskings in NUMERIC_ITEMS for causal in maskings for scaled, poly in NUMERIC_SWITCHES] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
-          "causal": causal, "compact_stats": default, "step_counters": True} for cfg, d, causal in STEP_ITEMS] + \
+          "causal": causal, "compact_stats": default, "step_counters": not steps} for cfg, d, causal in STEP_ITEMS] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
           "causal": causal, "compact_stats": default}
          for cfg, dims in PERSISTENT_ITEMS for d in dims for dt in ("bfloat16", "float16") for causal in (False, True)]
     assert gluon_backward.CONSUMER_TURNS == 0, "TURNS_ITEMS compile the turns the module does not take"
-    assert not gluon_backward.SCALE_IN_P and not gluon_backward.POLY_EXP2 and not gluon_backward.STEP_COUNTERS, \
-        "NUMERIC_ITEMS and STEP_ITEMS compile the switches the module does not take"
+    assert not gluon_backward.SCALE_IN_P and not gluon_backward.POLY_EXP2, \
+        "NUMERIC_ITEMS compile the switches the module does not take"
+    for item in request:  # the module's walk unless the item says
+        item.setdefault("step_counters", steps)
     for item in request:
         C(**item["config"]).validate(item["head_dim"], getattr(torch, item["dtype"]))
     problems = []
@@ -221,7 +224,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
     for res in results:
         if res["bwd_kernel"] == "dkdv" and res["dtype"] == "bfloat16" and not res.get("trace") \
                 and res["compact_stats"] == default and not res.get("turns") and not res["config"]["DQ_FIRST"] \
-                and "poly_exp2" not in res and "step_counters" not in res:
+                and "poly_exp2" not in res and res["step_counters"] == steps:
             waits[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["mbarrier_waits"]
             ex2s[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["ex2"]
             wgmmas[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["wgmma"]
@@ -269,10 +272,10 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
             if base is not None and res["ex2"] + res["poly_exp2s"] != base:
                 problems.append(f"{where}: {res['ex2']} ex2 and {res['poly_exp2s']} polynomial exponentials, "
                                 f"{base} ex2 without POLY_EXP2")
-        if res.get("step_counters"):  # the walk counted: the same wgmma as the kernel that divides
+        if res["step_counters"] != steps:  # the other walk: the same wgmma as the module's
             key = (json.dumps(res["config"], sort_keys=True), d, res["causal"])
             if key in wgmmas and res["wgmma"] != wgmmas[key]:
-                problems.append(f"{where}: {res['wgmma']} wgmma, {wgmmas[key]} dividing")
+                problems.append(f"{where}: {res['wgmma']} wgmma, {wgmmas[key]} with the module's walk")
         if res.get("turns"):  # a wait for the other consumer's turn in each consumer
             base = waits[(json.dumps(res["config"], sort_keys=True), d, res["causal"])]
             if res["mbarrier_waits"] != base + 2:
