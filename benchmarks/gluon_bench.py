@@ -53,13 +53,14 @@ def switch_values(ap, module, items: list[str]) -> list[dict]:
     axes = []
     for item in items:
         name, _, values = item.partition("=")
-        if name.upper() != name or not isinstance(getattr(module, name, None), (bool, int)):
+        current = getattr(module, name, None)  # a dict: values by launch kind, an int sets every launch's
+        if name.upper() != name or not isinstance(current, (bool, int, dict)):
             ap.error(f"--switch: {module.__name__} has no switch {name!r}")
         try:
             parsed = [int(v) for v in values.split(",")]
         except ValueError:
             ap.error(f"--switch: expected {name}=V[,V...] with integer values, got {item!r}")
-        kind = type(getattr(module, name))
+        kind = int if isinstance(current, dict) else type(current)
         if kind is bool and set(parsed) - {0, 1}:
             ap.error(f"--switch: {name} is on or off, expected values of 0 and 1, got {values!r}")
         axes.append([(name, kind(v)) for v in parsed])

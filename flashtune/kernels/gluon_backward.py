@@ -124,9 +124,14 @@ SCALE_IN_P = False
 # while neither consumer has a matmul in flight; a polynomial lane costs about 9 issue slots of
 # the FMA pipe instead). 1 balances the two pipes by count (docs/gluon.md). The polynomial's
 # relative error is under 7.5e-5 (fp32 evaluation, 2^f on [-0.5, 0.5]), below bf16's and fp16's
-# rounding of P^T; other bits than 0's, checked against the reference. Off until timed on the
-# GPU. Read at each launch, as COMPACT_STATS.
-POLY_EXP2 = 0
+# rounding of P^T; other bits than 0's, checked against the reference (test_gluon_bwd_gpu.py,
+# passed on the H100, 2026-12-05). A value for every launch, or a dict of values by (head dim,
+# causal), 0 for the launches it does not name. Timed on the H100 (2026-12-05, with STEP_COUNTERS;
+# gluon_bwd.py --grid --rows <the 6 D=128 lengths> --gluon default --switch POLY_EXP2=0,1,2,
+# geometric mean of the ratio to cuDNN): D=128 without masking (the dQ-first fused config) 0.921 ->
+# 0.946 (1) / 0.933 (2), faster on 5 of 6 rows; causal (the fused config) 0.909 -> 0.907 / 0.901.
+# So 1 at D=128 without masking; D=64 not timed. Read at each launch, as COMPACT_STATS.
+POLY_EXP2: int | dict = {(128, False): 1}
 # the dK/dV consumers' walk over (query head, query block): True counts it step by step (the
 # block one on, the head one on where the blocks wrap), False divides the step's index by the
 # blocks per head each step (an integer division, about 25 instructions with an SFU reciprocal).
@@ -135,9 +140,10 @@ POLY_EXP2 = 0
 # on the H100 (2026-12-05, the run under SCALE_IN_P): 0.899 -> 0.913x cuDNN in geometric mean over
 # the 12 D=128 grid rows (full 0.909 -> 0.919, causal 0.889 -> 0.907; within noise or better on 10
 # of 12). Its bits test failed there for the late dQ share (FUSED_DQ 2: dQ's rows wrong, dK and dV
-# right), fixed since (the share's position one step back from the counted one); off until the GPU
-# has passed test_the_order_switches_change_no_bit again. Read at each launch, as COMPACT_STATS.
-STEP_COUNTERS = False
+# right), fixed since (the share's position one step back from the counted one) and passed on the
+# H100 the same day (test_the_order_switches_change_no_bit -k STEP_COUNTERS, 10 passed). On since.
+# Read at each launch, as COMPACT_STATS.
+STEP_COUNTERS = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1101,7 +1107,7 @@ def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype,
     """The dK/dV kernel's constexprs (COMPACT_STATS, CONSUMER_TURNS, SCALE_IN_P, POLY_EXP2,
     STEP_COUNTERS: the module's values at the call; SCALE_IN_P only where 0 < ``sm_scale`` <= 1,
     None standing for such a scale)."""
-    poly = _poly_exp2()
+    poly = _poly_exp2(head_dim, causal)
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                 NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=config.DQ_FUSED,
                 DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
@@ -1111,11 +1117,14 @@ def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype,
                 POLY=poly, POLY_ASM=exp2_split_asm(poly), STEPS=bool(STEP_COUNTERS))
 
 
-def _poly_exp2() -> int:
-    """POLY_EXP2, checked: 0, 1 or 2 of every 4 exponentials by the polynomial."""
-    if POLY_EXP2 not in (0, 1, 2) or isinstance(POLY_EXP2, bool):
-        raise ValueError(f"gluon_backward.POLY_EXP2: expected 0, 1 or 2, got {POLY_EXP2!r}")
-    return int(POLY_EXP2)
+def _poly_exp2(head_dim: int, causal: bool) -> int:
+    """POLY_EXP2 for a launch at ``head_dim`` with or without causal masking, checked: 0, 1 or 2
+    of every 4 exponentials by the polynomial."""
+    value = POLY_EXP2.get((head_dim, bool(causal)), 0) if isinstance(POLY_EXP2, dict) else POLY_EXP2
+    if value not in (0, 1, 2) or isinstance(value, bool):
+        raise ValueError(f"gluon_backward.POLY_EXP2: expected 0, 1 or 2 (or a dict of them by (head dim, causal)), "
+                         f"got {POLY_EXP2!r}")
+    return int(value)
 
 
 def _consumer_turns() -> int:

@@ -114,6 +114,23 @@ def test_an_unknown_poly_exp2_value_is_refused(poly, monkeypatch):
         gluon_backward.kernel_constexprs(C(), 128, torch.bfloat16, causal=True)
 
 
+def test_poly_exp2_by_head_dim_and_masking(monkeypatch):
+    def poly(d, causal):
+        return gluon_backward.kernel_constexprs(C(), d, torch.bfloat16, causal=causal)["POLY"]
+
+    # the module's: 1 at D=128 without masking (timed there), 0 elsewhere
+    assert isinstance(gluon_backward.POLY_EXP2, dict)
+    assert [poly(128, False), poly(128, True), poly(64, False), poly(64, True)] == \
+        [gluon_backward.POLY_EXP2.get(k, 0) for k in ((128, False), (128, True), (64, False), (64, True))]
+    monkeypatch.setattr(gluon_backward, "POLY_EXP2", {(64, True): 2})
+    assert [poly(128, False), poly(64, True)] == [0, 2]
+    monkeypatch.setattr(gluon_backward, "POLY_EXP2", 1)  # an int: every launch
+    assert [poly(128, False), poly(128, True), poly(64, True)] == [1, 1, 1]
+    monkeypatch.setattr(gluon_backward, "POLY_EXP2", {(128, False): 3})
+    with pytest.raises(ValueError, match="POLY_EXP2: expected 0, 1 or 2"):
+        poly(128, False)
+
+
 def test_the_exp2_split_asm_takes_the_last_lanes_to_the_polynomial():
     for poly in (0, 1, 2):
         asm = gluon_backward.exp2_split_asm(poly)
@@ -166,7 +183,7 @@ TURNS_ITEMS = ((C(), (128, )), (C(DQ_FUSED=1), (64, )), (C(DQ_FUSED=2), (128, ))
 # the fused dQ's share issued ahead of dV and dK (DQ_FIRST 1), bf16; (config, head dims, traced too)
 DQ_FIRST_ITEMS = ((C(DQ_FUSED=1, DQ_FIRST=1), (64, 128), True), (C(DQ_FUSED=2, DQ_FIRST=1), (64, 128), True),
                   (C(DQ_FUSED=1, NUM_BUFFERS=3, DQ_FIRST=1), (128, ), False))
-# the switches that change the arithmetic (SCALE_IN_P, POLY_EXP2; off by default): (config, head
+# the switches that change the arithmetic (SCALE_IN_P off, POLY_EXP2 on at D=128 without masking): (config, head
 # dim, dtype, causal maskings), each with every (SCALE_IN_P, POLY_EXP2) of NUMERIC_SWITCHES
 NUMERIC_SWITCHES = ((True, 0), (False, 1), (True, 2))
 NUMERIC_ITEMS = ((C(DQ_FUSED=1), 128, "bfloat16", (False, True)), (C(DQ_FUSED=1), 128, "float16", (True, )),
@@ -211,8 +228,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
           "causal": causal, "compact_stats": default}
          for cfg, dims in PERSISTENT_ITEMS for d in dims for dt in ("bfloat16", "float16") for causal in (False, True)]
     assert gluon_backward.CONSUMER_TURNS == 0, "TURNS_ITEMS compile the turns the module does not take"
-    assert not gluon_backward.SCALE_IN_P and not gluon_backward.POLY_EXP2, \
-        "NUMERIC_ITEMS compile the switches the module does not take"
+    assert not gluon_backward.SCALE_IN_P, "NUMERIC_ITEMS compile the switch the module does not take"
     for item in request:  # the module's walk unless the item says
         item.setdefault("step_counters", steps)
     for item in request:

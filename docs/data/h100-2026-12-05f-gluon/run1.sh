@@ -14,5 +14,5 @@ SECONDS=0
 timeout 270 python3 benchmarks/gluon_bwd.py --grid --rows $G --gluon default --switch STEP_COUNTERS=0,1 --switch SCALE_IN_P=0,1 --rounds 2 --rep 20 --out $OUT/bwd_switches.json > $OUT/bwd_switches.log 2>&1; echo "rc $? in ${SECONDS}s" >> $OUT/bwd_switches.log
 tail -34 $OUT/bwd_switches.log
 SECONDS=0
-timeout 90 python3 benchmarks/gluon_fwd.py --realistic --rows gemma2-d256-train-4k --configs persistent --persistent-buffers 2,3 --overlap both --rounds 2 --rep 50 --out $OUT/fwd_d256.json > $OUT/fwd_d256.log 2>&1; echo "rc $? in ${SECONDS}s" >> $OUT/fwd_d256.log
-tail -8 $OUT/fwd_d256.log
+timeout 90 python3 benchmarks/gluon_fwd.py --realistic --rows gemma2-d256-train-4k --configs persistent --persistent-buffers 2,3 --overlap both --rounds 2 --rep 50 --out $OUT/fwd_d256_gemma2.json > $OUT/fwd_d256_gemma2.log 2>&1; echo "rc $? in ${SECONDS}s" >> $OUT/fwd_d256_gemma2.log
+tail -8 $OUT/fwd_d256_gemma2.log
