@@ -1,8 +1,8 @@
 #!/bin/bash
 # session 45, GPU call 2: STEP_COUNTERS with the late dQ share after the fix (the order-switch tests); if they
 # pass, STEP_COUNTERS is set on in this copy (sed below) for everything after; POLY_EXP2 and the persistent dK/dV
-# kernel timed over the 12 D=128 grid rows; the D=256 forward from 512 to 8192 queries; then the standard grid and
-# SHAPES.md through the drop-in (its defaults, D=256's Gluon forward among them)
+# kernel timed over the 12 D=128 grid rows; the D=256 forward from 512 to 8192 queries; then the standard grid
+# through the drop-in (SHAPES.md end to end was cut from this call for device time)
 # (outputs renamed here: fwd_d256.* -> fwd_d256_sweep.*; t2.log and grid.txt did not come back from the device, their
 # tails are quoted in docs/gluon.md: the STEP_COUNTERS order-switch tests 10 passed, rc 0)
 cd "$(dirname "$0")/.."
