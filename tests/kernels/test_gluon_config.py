@@ -243,6 +243,20 @@ def test_a_call_the_gluon_kernel_cannot_run_runs_the_triton_default(monkeypatch,
     assert triton.family == 0 and launched == [(triton.BLOCK_M, triton.BLOCK_N)]
 
 
+def test_a_window_at_d256_runs_the_triton_kernel(monkeypatch):
+    # the Gluon forward's WINDOW variant has not been checked on a GPU at D=256 (GLUON_WINDOW_HEAD_DIMS)
+    if torch.cuda.is_available():
+        pytest.skip("the CPU interpreter's check: on a GPU the Triton kernel would compile")
+    assert 256 not in forward.GLUON_WINDOW_HEAD_DIMS
+    monkeypatch.setattr(forward, "_gluon_forward", lambda *a, **k: pytest.fail("a D=256 window went to Gluon"))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 33, 256, generator=gen) for _ in range(3))
+    o, _ = forward.attention_forward(q, k, v, FwdConfig(64, 64, 4, 3, family=1, persistent=1), causal=True,
+                                     sm_scale=0.0625, window_size=(7, 0))
+    ref, _ = reference_attention(q, k, v, causal=True, sm_scale=0.0625, dtype=torch.float64, window_size=(7, 0))
+    torch.testing.assert_close(o.double(), ref, atol=1e-4, rtol=0)
+
+
 def test_a_q_with_its_head_dim_strided_runs_the_triton_default_with_o_in_its_layout(monkeypatch):
     """o takes q's layout; the Gluon kernel writes o with its head dim contiguous, so such a q (a
     (B, H, D, N) tensor viewed as (B, H, N, D)) runs the Triton kernel (found on an H100: the test

@@ -396,6 +396,24 @@ def test_window_never_loads_keys_outside_it(overlap):
         torch.testing.assert_close(lse2.double() * LN2, lse_true, atol=2e-3, rtol=0)
 
 
+@pytest.mark.parametrize("config", [GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=3, PERSISTENT=1),
+                                    GluonFwdConfig(BLOCK_N=64, OVERLAP=0)], ids=lambda c: c.short())
+def test_d256_window(config):
+    """The WINDOW variant at head dim 256 (the drop-in sends D=256 windows to the Triton kernel,
+    forward.GLUON_WINDOW_HEAD_DIMS, until this passes on a GPU): o and the LSE against float64."""
+    q, k, v = _inputs(1000, 2048, 256, torch.bfloat16, heads=(4, 2), seed=12)
+    for causal, align, window in ((True, "top_left", (300, 0)), (True, "bottom_right", (500, -1)),
+                                  (False, "top_left", (-1, 100)), (False, "top_left", (64, 64))):
+        o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, config, causal=causal, causal_align=align,
+                                                        window_size=window)
+        torch.cuda.synchronize()
+        o_true, lse_true = reference_attention(q, k, v, causal=causal, causal_align=align, window_size=window,
+                                               dtype=torch.float64)
+        rows = torch.isfinite(lse_true)  # rows that see no key: o 0 and lse -inf both ways
+        torch.testing.assert_close(o.double(), o_true, atol=2e-2, rtol=0)
+        torch.testing.assert_close((lse2.double() * LN2)[rows], lse_true[rows], atol=2e-3, rtol=0)
+
+
 # ----------------------------------------------------------------------------------
 # fp8 (FP8): attention_fp8 with a Gluon config, against the dequantized float64 reference
 # ----------------------------------------------------------------------------------
