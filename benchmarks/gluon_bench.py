@@ -46,6 +46,10 @@ def with_flags(module, values: dict, fn):
             setattr(module, name, value)
 
 
+# a 0/1 field's or switch's choice on the command line -> its values (None: as the configs or module have it)
+ON_OFF = {"default": None, "off": (0, ), "on": (1, ), "both": (0, 1)}
+
+
 def switch_values(ap, module, items: list[str]) -> list[dict]:
     """``--switch NAME=V[,V...]`` arguments (integer values of ``module``'s upper-case switches)
     as every combination of them, one dict per combination ([{}] for none); ``ap.error`` names

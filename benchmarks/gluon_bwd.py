@@ -76,10 +76,6 @@ def sdpa_backward(backend, q, k, v, do, causal, scale):
     return lambda: torch.autograd.grad(o, (qs, ks, vs), do, retain_graph=True)
 
 
-# a 0/1 field's choice on the command line -> its values (None: as the configs have it)
-ON_OFF = {"default": None, "off": (0, ), "on": (1, ), "both": (0, 1)}
-
-
 def fused_variants(configs: list, field: str, values) -> list:
     """(GluonBwdConfig, Gluon dQ) runners with each fused-dQ config once per value of ``field``
     (``values`` None or empty: unchanged); the others as they are."""
@@ -174,9 +170,9 @@ def main() -> int:
             elif args.gluon != "all":
                 configs = [(c, gdq) for c, gdq in configs
                            if (args.gluon == "fused") == bool(c.DQ_FUSED) and not gdq]
-            configs = fused_variants(configs, "DQ_FIRST", ON_OFF[args.dq_first])
+            configs = fused_variants(configs, "DQ_FIRST", gluon_bench.ON_OFF[args.dq_first])
             configs = fused_variants(configs, "NUM_BUFFERS", buffers)
-            configs = fused_variants(configs, "PERSISTENT", ON_OFF[args.persistent])
+            configs = fused_variants(configs, "PERSISTENT", gluon_bench.ON_OFF[args.persistent])
             errors = {}
             for cfg, gdq in configs:
                 label = cfg.short() if gdq or cfg.DQ_FUSED else cfg.short().split("/dq")[0] + "/triton-dq"

@@ -156,9 +156,8 @@ def main() -> int:
                             else [configs[0].BLOCK_N])
                 configs += [dataclasses.replace(configs[0], PERSISTENT=1, NUM_BUFFERS=n, BLOCK_N=bn)
                             for bn in block_ns for n in buffers]
-            if args.overlap != "default":
-                configs = [dataclasses.replace(c, OVERLAP=o) for c in configs
-                           for o in {"off": (0, ), "on": (1, ), "both": (1, 0)}[args.overlap]]
+            if gluon_bench.ON_OFF[args.overlap]:
+                configs = [dataclasses.replace(c, OVERLAP=o) for c in configs for o in gluon_bench.ON_OFF[args.overlap]]
             if args.configs == "all":
                 configs += [c for c in NEIGHBOURS if c not in configs]
             errors = {}

@@ -1111,25 +1111,30 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
     search times these first (key_search.warm_start), so the family
     is chosen per key by measurement."""
     config_class(pass_)
-    if device_capability(device) != (9, 0) or dtype not in (_bf, _fp) or head_dim not in (
-            (64, 128, 256) if pass_ == "fwd" else (64, 128)):
+    if device_capability(device) != (9, 0) or dtype not in (_bf, _fp):
         return []
     if pass_ == "fwd":
-        from flashtune.kernels.gluon_forward import default_gluon_config
+        from flashtune.kernels.gluon_forward import HEAD_DIMS, default_gluon_config
 
+        if head_dim not in HEAD_DIMS:
+            return []
         g = default_gluon_config(head_dim)
-        configs = [FwdConfig(g.BLOCK_M, g.BLOCK_N, 4, g.NUM_BUFFERS, family=1, pingpong=g.PINGPONG,
-                             overlap=g.OVERLAP, persistent=p, o_tile=o) for p, o in ((0, 0), (1, 0), (1, 1))]
-        # and the same with 64-key blocks and 3 slots: on short causal calls fewer keys of each
-        # diagonal block are masked work (grid-d128-512 causal 0.906x cuDNN against 0.791x with
-        # 128-key blocks; 1024 causal 0.947x against 1.013x; H100, 2026-12-05, docs/gluon.md)
-        configs.append(dataclasses.replace(configs[-1], BLOCK_N=64, num_stages=3))
+        base = FwdConfig(g.BLOCK_M, g.BLOCK_N, 4, g.NUM_BUFFERS, family=1, pingpong=g.PINGPONG, overlap=g.OVERLAP)
         if head_dim == 256:  # 64-key blocks in 2 slots, or 3 K and 2 V slots, no O tiles (shared memory): the grid
             # and the persistent kernel, each with and without the softmax/matmul overlap
-            configs = [dataclasses.replace(c, overlap=o, num_stages=n) for n in (2, 3) for o in (1, 0)
-                       for c in configs[:2]]
+            configs = [dataclasses.replace(base, overlap=o, num_stages=n, persistent=p) for n in (2, 3)
+                       for o in (1, 0) for p in (0, 1)]
+        else:
+            configs = [dataclasses.replace(base, persistent=p, o_tile=o) for p, o in ((0, 0), (1, 0), (1, 1))]
+            # and the same with 64-key blocks and 3 slots: on short causal calls fewer keys of each
+            # diagonal block are masked work (grid-d128-512 causal 0.906x cuDNN against 0.791x with
+            # 128-key blocks; 1024 causal 0.947x against 1.013x; H100, 2026-12-05, docs/gluon.md)
+            configs.append(dataclasses.replace(configs[-1], BLOCK_N=64, num_stages=3))
     else:
-        from flashtune.kernels.gluon_backward import default_gluon_bwd_config
+        from flashtune.kernels.gluon_backward import HEAD_DIMS, default_gluon_bwd_config
+
+        if head_dim not in HEAD_DIMS:
+            return []
 
         # family 1 (the Gluon dK/dV kernel with the Triton default's dQ half) and family 2
         # (both Gluon, 3-slot rings: the best at 4x16x4k D=128 on the H200, 0.85x cuDNN

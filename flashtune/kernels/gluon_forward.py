@@ -242,14 +242,19 @@ class GluonFwdConfig:
             tiles += 2 * self.BLOCK_M * self.BLOCK_N * e
         return tiles + barriers + _SHARED_SLACK
 
-    def ring_v_buffers(self, head_dim: int, dtype: torch.dtype) -> int:
-        """V's ring slots without O tiles: NUM_BUFFERS, or one fewer (at least 2) where only that
-        fits in shared memory (D=256 with 3 x 64-key slots: 3 K and 2 V slots, 229 KB; the V loads
-        then wait for their own slots, _load_kv)."""
+    def fitting_v_buffers(self, head_dim: int, dtype: torch.dtype, o_tile: bool = False) -> int | None:
+        """V's ring slots that fit in shared memory beside the Q tiles, the K ring (and ``o_tile``:
+        the O tiles): NUM_BUFFERS, else one fewer (at least 2), else None. With fewer V slots than K
+        slots the V loads wait for their own slots (_load_kv)."""
         for v_buffers in (self.NUM_BUFFERS, self.NUM_BUFFERS - 1):
-            if v_buffers >= 2 and self.shared_memory(head_dim, dtype, False, v_buffers) <= SM90_SHARED_MEMORY:
+            if v_buffers >= 2 and self.shared_memory(head_dim, dtype, o_tile, v_buffers) <= SM90_SHARED_MEMORY:
                 return v_buffers
-        return self.NUM_BUFFERS
+        return None
+
+    def ring_v_buffers(self, head_dim: int, dtype: torch.dtype) -> int:
+        """V's ring slots without O tiles: fitting_v_buffers (D=256 with 3 x 64-key slots: 3 K and 2 V
+        slots, 229 KB), NUM_BUFFERS where not even that fits (validate then refuses the config)."""
+        return self.fitting_v_buffers(head_dim, dtype) or self.NUM_BUFFERS
 
     def maxnreg(self) -> int:
         """The kernel's maxnreg (``kernel_maxnreg``)."""
@@ -319,7 +324,8 @@ def default_gluon_config(head_dim: int, causal: bool = False) -> GluonFwdConfig:
     the overlap (best on 11 of 12 grid rows; 0.01-0.05 of cuDNN's speed over the others)."""
     if head_dim <= 64:
         return GluonFwdConfig(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=2, OVERLAP=0)
-    if head_dim > 128:  # D=256: 64-key blocks (HEAD_DIMS); not yet timed against 3 K slots or OVERLAP=0
+    if head_dim > 128:  # D=256: 64-key blocks (HEAD_DIMS), 2 slots; the long default is the persistent kernel with
+        # 3 K / 2 V slots (config.py's table: 1.238x cuDNN against this one's 0.958x on gemma2-d256, H100)
         return GluonFwdConfig(BLOCK_M=64, BLOCK_N=64, NUM_BUFFERS=2)
     return GluonFwdConfig(BLOCK_M=64, BLOCK_N=128, NUM_BUFFERS=3)
 
@@ -1173,18 +1179,10 @@ def persistent_o_tile(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype,
     (with the overlap) wherever O does not go through them."""
     if not (config.PERSISTENT and config.O_TILE):
         return False, False
-    with_o_tile = bool(tma_store) and _o_tile_v_buffers(config, head_dim, dtype) is not None
+    # V's slots beside the O tiles (D=128 with 3 x 128-key slots: 3 K and 2 V slots and the O tiles,
+    # 229 KB); none fit: no O tiles
+    with_o_tile = bool(tma_store) and config.fitting_v_buffers(head_dim, dtype, o_tile=True) is not None
     return with_o_tile, bool(config.OVERLAP) and (with_o_tile or not tma_store)
-
-
-def _o_tile_v_buffers(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype) -> int | None:
-    """V's ring slots beside the O tiles: NUM_BUFFERS where shared memory holds them all, one
-    fewer (at least 2) where only that does (D=128 with 3 x 128-key slots: 3 K and 2 V slots
-    and the O tiles, 229 KB), else None (no O tiles)."""
-    for v_buffers in (config.NUM_BUFFERS, config.NUM_BUFFERS - 1):
-        if v_buffers >= 2 and config.shared_memory(head_dim, dtype, True, v_buffers) <= SM90_SHARED_MEMORY:
-            return v_buffers
-    return None
 
 
 def persistent_v_buffers(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma_store: bool) -> int:
@@ -1193,7 +1191,9 @@ def persistent_v_buffers(config: GluonFwdConfig, head_dim: int, dtype: torch.dty
     (the V loads then wait for their own slots, each freed with the release of the block VB before:
     at 3 K and 2 V slots V keeps two blocks of lead, K three)."""
     with_o_tile, _early_q = persistent_o_tile(config, head_dim, dtype, tma_store)
-    return _o_tile_v_buffers(config, head_dim, dtype) if with_o_tile else config.ring_v_buffers(head_dim, dtype)
+    if with_o_tile:
+        return config.fitting_v_buffers(head_dim, dtype, o_tile=True)
+    return config.ring_v_buffers(head_dim, dtype)
 
 
 # the snake's block-major order (a causal call's tiles heaviest first across all units) is taken
