@@ -90,18 +90,22 @@ def row_inputs(B, Hq, Hkv, Nq, Nk, D, dtype, with_do: bool = False) -> tuple:
 def shapes(args, large: list[tuple], *, min_seq_k: int = 1, head_dims: tuple = (64, 128)) -> list[tuple]:
     """(name, B, Hq, Hkv, Nq, Nk, D, causal or None for both): the standard grid at D 64/128
     (``--grid``), SHAPES.md's rows of ``head_dims`` with Nq >= 1024 and Nk >= ``min_seq_k``
-    (``--realistic``), else ``large``."""
+    (``--realistic``) and any other SHAPES.md row of ``head_dims`` that ``--rows`` names (decode
+    rows excepted), else ``large``."""
     out = []
     if args.grid:
         for d in (64, 128):
             for n in GRID_SEQ_LENS:
                 b, h = grid_shape(d, n)
                 out.append((f"grid-d{d}-{n}", b, h, h, n, n, d, None))
-    if args.realistic:
-        from flashtune.shapes import REALISTIC_GRID
+    from flashtune.shapes import REALISTIC_GRID
 
-        out += [(s.name, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, s.head_dim, s.causal)
-                for s in REALISTIC_GRID if s.head_dim in head_dims and s.seq_q >= 1024 and s.seq_k >= min_seq_k]
+    named = set(args.rows.split(",")) if getattr(args, "rows", None) else set()
+    for s in REALISTIC_GRID:
+        bulk = args.realistic and s.head_dim in head_dims and s.seq_q >= 1024 and s.seq_k >= min_seq_k
+        # --rows names any SHAPES.md row of these head dims, the short ones (gpt2, bert, vit) too
+        if bulk or (s.name in named and s.head_dim in head_dims and s.seq_q > 1):
+            out.append((s.name, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, s.head_dim, s.causal))
     return out or large
 
 

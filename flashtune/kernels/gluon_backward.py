@@ -45,9 +45,7 @@ tests (tests/kernels/test_gluon_bwd_gpu.py) check them on an H200.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import struct
 
 import torch
 import triton
@@ -66,7 +64,9 @@ from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, SM90_SHARED
                                              _SHARED_SLACK, _T_CLK_BLOCKS, _T_CLK_Q, _T_HEAD, _addressable,
                                              _descriptor, _stamp, _trace_end, _trace_slots, _trace_start,
                                              check_int_fields, check_register_split, check_sm90_device,
-                                             kernel_maxnreg, lpt_tile, p_tile_layout, tile_layout)
+                                             exp2_split_asm, kernel_maxnreg, lpt_tile, p_tile_layout,
+                                             poly_exp2_value, tile_layout)
+from flashtune.kernels.gluon_forward import EXP2_POLY  # noqa: F401  (where tests and docs look for it)
 
 # registers per consumer thread beside the tiles the estimate counts (addresses, loop state;
 # the lse and Delta columns): with 16, BLOCK_M 64 at D=128 is allowed, whose compile (ptxas,
@@ -328,48 +328,6 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 _T_STEP = gl.constexpr(kernel_trace.BACKWARD.events)  # trace slots per step (kernel_trace.BACKWARD)
-
-# 2^f ~ c0 + f (c1 + f (c2 + f c3)) on [-0.5, 0.5], relative error under 7.5e-5 evaluated in
-# fp32 (coefficients fitted here for minimax relative error by Lawson's iteration, then rounded
-# to fp32; tests/kernels/test_gluon_bwd_config.py checks the bound on the host)
-EXP2_POLY = (0.9999280571937561, 0.6932609677314758, 0.2426111400127411, 0.0551716685295105)
-
-
-def _f32_hex(x: float) -> str:
-    """A PTX fp32 immediate (0fXXXXXXXX) of ``x``."""
-    return "0f" + struct.pack(">f", x).hex().upper()
-
-
-@functools.lru_cache(maxsize=None)
-def exp2_split_asm(poly: int) -> str:
-    """The PTX of ``_exp2_split``: 4 inputs ($4-$7) to 4 outputs ($0-$3), the last ``poly`` by the
-    polynomial (x clamped to -126 so the exponent add cannot wrap, rounded to the nearest integer
-    j by the 1.5 x 2^23 trick, 2^(x - j) by EXP2_POLY, times 2^j by adding j to the exponent
-    field), the others by ex2.approx.ftz."""
-    if poly not in (0, 1, 2):
-        raise ValueError(f"POLY_EXP2: expected 0, 1 or 2, got {poly!r}")
-    c0, c1, c2, c3 = (_f32_hex(c) for c in EXP2_POLY)
-    magic = _f32_hex(12582912.0)
-    lines = [".reg .f32 %xc, %t, %j, %f, %p;", ".reg .b32 %ti, %pi;"]
-    for i in range(4):
-        out, inp = f"${i}", f"${i + 4}"
-        if i < 4 - poly:
-            lines.append(f"ex2.approx.ftz.f32 {out}, {inp};")
-            continue
-        lines += [f"max.f32 %xc, {inp}, {_f32_hex(-126.0)};",
-                  f"add.rn.f32 %t, %xc, {magic};",
-                  f"sub.rn.f32 %j, %t, {magic};",
-                  "sub.rn.f32 %f, %xc, %j;",
-                  f"fma.rn.f32 %p, %f, {c3}, {c2};",
-                  f"fma.rn.f32 %p, %p, %f, {c1};",
-                  f"fma.rn.f32 %p, %p, %f, {c0};",
-                  "mov.b32 %ti, %t;",
-                  "shl.b32 %ti, %ti, 23;",
-                  "mov.b32 %pi, %p;",
-                  "add.s32 %pi, %pi, %ti;",
-                  f"mov.b32 {out}, %pi;"]
-    return "{\n" + "\n".join(lines) + "\n}"
-
 
 @gluon.jit
 def _exp2_split(x, POLY: gl.constexpr, ASM: gl.constexpr):
@@ -1120,11 +1078,7 @@ def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype,
 def _poly_exp2(head_dim: int, causal: bool) -> int:
     """POLY_EXP2 for a launch at ``head_dim`` with or without causal masking, checked: 0, 1 or 2
     of every 4 exponentials by the polynomial."""
-    value = POLY_EXP2.get((head_dim, bool(causal)), 0) if isinstance(POLY_EXP2, dict) else POLY_EXP2
-    if value not in (0, 1, 2) or isinstance(value, bool):
-        raise ValueError(f"gluon_backward.POLY_EXP2: expected 0, 1 or 2 (or a dict of them by (head dim, causal)), "
-                         f"got {POLY_EXP2!r}")
-    return int(value)
+    return poly_exp2_value(POLY_EXP2, head_dim, causal, "gluon_backward.POLY_EXP2")
 
 
 def _consumer_turns() -> int:

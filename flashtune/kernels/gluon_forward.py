@@ -50,6 +50,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import struct
 
 import torch
 import triton
@@ -107,6 +108,22 @@ FMA_SOFTMAX = True
 # 1.011x -> 1.042x, 512 causal 0.802x -> 0.874x with O tiles; the full rows within noise;
 # docs/gluon.md). Read at each launch.
 ROW_LIMIT_MASK = True
+# the softmax's exponentials split between the SFU and the FMA pipe (16-bit calls; the blocks
+# without a mask only, as a masked score needs exactly 0 and the polynomial clamps at 2^-126): of
+# every 8 scores a thread holds, POLY_EXP2 (0 to 4) take 2^x as the degree-3 polynomial of
+# exp2_split_asm (about 9 issue slots on the FMA and integer pipes), the rest the SFU's ex2. At
+# D=64 a consumer's 64 x 128 block costs the SFU as much as the tensor cores (2 x 8192 ex2 a block
+# pair at 16 a cycle per SM: 1024 cycles; QK^T and PV, 4 x 64 x 128 x 64 MACs at about 2048 a
+# cycle: 1024), so the SFU, not the matmuls, bounds the loop; at D=128 the matmuls take twice as
+# long. sm_90 code (benchmarks/gluon_sass.py, the D=64 default without masking): a consumer's loop
+# MUFU 66 / all 407 at 0, 58 / 464 at 1, 50 / 520 at 2; by count (a warp's MUFU at 8 cycles on its
+# sub-partition, both consumers' warps issuing there) 1 balances the SFU against issue. The
+# backward's switch of the same name takes 0-2 of every 4; this one's form is the same otherwise:
+# one value for every launch, or a dict by (head dim, causal), 0 for what it does not name.
+# Relative error under 7.5e-5, below bf16's and fp16's rounding of P; other bits than 0's. Off
+# until a GPU has checked and timed it (benchmarks/gluon_fwd.py --switch POLY_EXP2=0,1,2). Read
+# at each launch.
+POLY_EXP2: int | dict = 0
 # the output's store: True writes each consumer's normalized O tile into its Q tile's shared memory
 # (free once its last S = QK^T is waited for) and issues one TMA bulk store for it (the rows past
 # N_Q clipped by the descriptor), False stores it from registers (32 st.global of 4 bytes a thread
@@ -136,6 +153,75 @@ TMA_STORE_O = True
 # grid-d128-1024/2048 causal, 132 units a round reading their K/V from memory once a tile.
 # Read at each launch.
 PERSISTENT_SNAKE = True
+
+
+# 2^f ~ c0 + f (c1 + f (c2 + f c3)) on [-0.5, 0.5], relative error under 7.5e-5 evaluated in
+# fp32 (coefficients fitted here for minimax relative error by Lawson's iteration, then rounded
+# to fp32; tests/kernels/test_gluon_bwd_config.py checks the bound on the host)
+EXP2_POLY = (0.9999280571937561, 0.6932609677314758, 0.2426111400127411, 0.0551716685295105)
+
+
+def _f32_hex(x: float) -> str:
+    """A PTX fp32 immediate (0fXXXXXXXX) of ``x``."""
+    return "0f" + struct.pack(">f", x).hex().upper()
+
+
+def _choices(most: int) -> str:
+    """'0, 1 or 2' for 2."""
+    return ", ".join(str(i) for i in range(most)) + f" or {most}"
+
+
+@functools.lru_cache(maxsize=None)
+def exp2_split_asm(poly: int, lanes: int = 4) -> str:
+    """The PTX of the split exponential (``_exp2_poly`` here, ``gluon_backward._exp2_split``):
+    ``lanes`` inputs ($lanes ...) to as many outputs ($0 ...), the last ``poly`` by the polynomial
+    (x clamped to -126 so the exponent add cannot wrap, rounded to the nearest integer j by the
+    1.5 x 2^23 trick, 2^(x - j) by EXP2_POLY, times 2^j by adding j to the exponent field), the
+    others by ex2.approx.ftz."""
+    if lanes not in (4, 8):
+        raise ValueError(f"exp2_split_asm: lanes must be 4 or 8, got {lanes!r}")
+    if isinstance(poly, bool) or poly not in range(lanes // 2 + 1):
+        raise ValueError(f"POLY_EXP2: expected {_choices(lanes // 2)}, got {poly!r}")
+    c0, c1, c2, c3 = (_f32_hex(c) for c in EXP2_POLY)
+    magic = _f32_hex(12582912.0)
+    lines = [".reg .f32 %xc, %t, %j, %f, %p;", ".reg .b32 %ti, %pi;"]
+    for i in range(lanes):
+        out, inp = f"${i}", f"${i + lanes}"
+        if i < lanes - poly:
+            lines.append(f"ex2.approx.ftz.f32 {out}, {inp};")
+            continue
+        lines += [f"max.f32 %xc, {inp}, {_f32_hex(-126.0)};",
+                  f"add.rn.f32 %t, %xc, {magic};",
+                  f"sub.rn.f32 %j, %t, {magic};",
+                  "sub.rn.f32 %f, %xc, %j;",
+                  f"fma.rn.f32 %p, %f, {c3}, {c2};",
+                  f"fma.rn.f32 %p, %p, %f, {c1};",
+                  f"fma.rn.f32 %p, %p, %f, {c0};",
+                  "mov.b32 %ti, %t;",
+                  "shl.b32 %ti, %ti, 23;",
+                  "mov.b32 %pi, %p;",
+                  "add.s32 %pi, %pi, %ti;",
+                  f"mov.b32 {out}, %pi;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+def poly_exp2_value(setting, head_dim: int, causal: bool, name: str, most: int = 2) -> int:
+    """A POLY_EXP2 switch (``name``: the module's, for the error) resolved for a launch at
+    ``head_dim`` with or without causal masking: how many exponentials of each group by the
+    polynomial, 0 to ``most``. ``setting``: one value for every launch, or a dict of values by
+    (head dim, causal), 0 for the launches it does not name."""
+    value = setting.get((head_dim, bool(causal)), 0) if isinstance(setting, dict) else setting
+    if isinstance(value, bool) or value not in range(most + 1):
+        raise ValueError(f"{name}: expected {_choices(most)} (or a dict of them by (head dim, causal)), got {setting!r}")
+    return int(value)
+
+
+# the forward's split exponentials, 8 values a call (POLY_EXP2 of every 8 by the polynomial)
+_EXP2_ASM_1 = gl.constexpr(exp2_split_asm(1, 8))
+_EXP2_ASM_2 = gl.constexpr(exp2_split_asm(2, 8))
+_EXP2_ASM_3 = gl.constexpr(exp2_split_asm(3, 8))
+_EXP2_ASM_4 = gl.constexpr(exp2_split_asm(4, 8))
+_EXP2_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 8 + ["f"] * 8))
 
 
 def check_int_fields(config) -> None:
@@ -517,7 +603,7 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
                     MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
                     PINGPONG: gl.constexpr, FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                    TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, ROW_LIMIT: gl.constexpr):
+                    TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, ROW_LIMIT: gl.constexpr, POLY: gl.constexpr):
     """The CTA's blocks [first, last) (counted from its first key block, ``lo``) of one
     consumer: online softmax into (acc, m_i, l_i). Ring slots and turns count from ``it0``,
     the blocks the ring carried before this tile."""
@@ -547,7 +633,7 @@ def _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty
         _stamp(ev, 3, TRACE)
         p, alpha, m_new, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, lo, 0, 0, qk_scale, N_K, causal_off,
                                               win_left, win_right, MASK, CAUSAL, WINDOW, BLOCK_N, SCALE_POSITIVE,
-                                              ROW_LIMIT)
+                                              ROW_LIMIT, POLY)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         _stamp(ev, 4, TRACE)
@@ -585,9 +671,25 @@ def _masked(qk, rows, cols, kb, N_K, causal_off, win_left, win_right, CAUSAL: gl
 
 
 @gluon.jit
+def _exp2_poly(x, POLY: gl.constexpr):
+    """2^x, elementwise, ``POLY`` (1 to 4) of each 8 of a thread's values by the polynomial
+    (exp2_split_asm), the others by the SFU; POLY 0: gl.exp2."""
+    if POLY == 1:
+        return gl.inline_asm_elementwise(_EXP2_ASM_1, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
+    elif POLY == 2:
+        return gl.inline_asm_elementwise(_EXP2_ASM_2, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
+    elif POLY == 3:
+        return gl.inline_asm_elementwise(_EXP2_ASM_3, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
+    elif POLY == 4:
+        return gl.inline_asm_elementwise(_EXP2_ASM_4, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
+    else:
+        return gl.exp2(x)
+
+
+@gluon.jit
 def _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, N_K, causal_off, win_left,
                    win_right, MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                   BLOCK_N: gl.constexpr, SCALE_POSITIVE: gl.constexpr, ROW_LIMIT: gl.constexpr):
+                   BLOCK_N: gl.constexpr, SCALE_POSITIVE: gl.constexpr, ROW_LIMIT: gl.constexpr, POLY: gl.constexpr):
     """The CTA's block j (key block lo + j) into probabilities (online softmax, base 2):
     (p, alpha, m, l). The causal, window and/or sequence-end mask: MASK 0 none, 1 always,
     2 outside the blocks [full_lo, full_hi) (counted as j is). SCALE_POSITIVE (qk_scale > 0,
@@ -613,9 +715,20 @@ def _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, 
         # their first key) keeps m = -inf: subtract 0 instead so that p = 0, not NaN
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     if SCALE_POSITIVE:
-        p = gl.exp2(qk * qk_scale - m_use[:, None])
+        x = qk * qk_scale - m_use[:, None]
     else:
-        p = gl.exp2(qk - m_use[:, None])
+        x = qk - m_use[:, None]
+    # POLY (POLY_EXP2): some exponentials on the FMA pipe, in the blocks without a mask only (the
+    # polynomial clamps at 2^-126 where a masked score needs exactly 0)
+    if POLY == 0 or MASK == 1:
+        p = gl.exp2(x)
+    elif MASK == 2:
+        if (j < full_lo) | (j >= full_hi):
+            p = gl.exp2(x)
+        else:
+            p = _exp2_poly(x, POLY)
+    else:
+        p = _exp2_poly(x, POLY)
     alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
@@ -627,7 +740,7 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
                         trace, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
                         PINGPONG: gl.constexpr, FP8: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                        TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, ROW_LIMIT: gl.constexpr,
+                        TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, ROW_LIMIT: gl.constexpr, POLY: gl.constexpr,
                         EARLY_Q: gl.constexpr):
     """All key blocks of one consumer, software-pipelined within the warp group (FA3's
     intra-warpgroup overlap): block j's S = QK^T and block j-1's O += PV are issued
@@ -659,7 +772,7 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
         _stamp(ev, 4, TRACE)
         p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, 0, lo, full_lo, full_hi, qk_scale, N_K,
                                             causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N,
-                                            SCALE_POSITIVE, ROW_LIMIT)
+                                            SCALE_POSITIVE, ROW_LIMIT, POLY)
         p16 = _stage_p(p, p_smem, dtype, p_layout, FP8)
         _stamp(ev, 5, TRACE)
         _stamp(ev, 6, TRACE)
@@ -688,7 +801,7 @@ def _consume_overlapped(acc, m_i, l_i, q, k_bufs, v_bufs, p_smem, k_ready, v_rea
             _stamp(ev, 4, TRACE)
             p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, rows, cols, j, lo, full_lo, full_hi, qk_scale, N_K,
                                                 causal_off, win_left, win_right, 2, CAUSAL, WINDOW, BLOCK_N,
-                                                SCALE_POSITIVE, ROW_LIMIT)
+                                                SCALE_POSITIVE, ROW_LIMIT, POLY)
             _stamp(ev, 5, TRACE)
             acc, _p, _v = warpgroup_mma_wait(0, deps=(acc, p16, v_prev))
             _stamp(ev, 6, TRACE)
@@ -722,7 +835,7 @@ def _consumer(which, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
               FP8: gl.constexpr, PERSISTENT: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr,
-              ROW_LIMIT: gl.constexpr,
+              ROW_LIMIT: gl.constexpr, POLY: gl.constexpr,
               TMA_STORE: gl.constexpr, O_TILE: gl.constexpr, EARLY_Q: gl.constexpr):
     """One consumer's rows of one tile (``it0``: the blocks the ring carried before it;
     ``tile_i``: the tiles this CTA ran before it, for the Q barriers' phases; ``trace``: this
@@ -773,7 +886,7 @@ def _consumer(which, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k
                                             which, rows, lo, full_lo, full_hi, n_blocks, it0, qk_scale, N_K, causal_off,
                                             win_left, win_right, trace, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N,
                                             NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE,
-                                            ROW_LIMIT,
+                                            ROW_LIMIT, POLY,
                                             EARLY_Q)
     else:
         if WINDOW:  # the window's left edge
@@ -781,15 +894,15 @@ def _consumer(which, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k
                                             which, rows, 0, full_lo, lo, it0, qk_scale, N_K, causal_off, win_left,
                                             win_right, trace, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N,
                                             NUM_BUFFERS, PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE,
-                                            ROW_LIMIT)
+                                            ROW_LIMIT, POLY)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
                                         rows, full_lo, full_hi, lo, it0, qk_scale, N_K, causal_off, win_left, win_right,
                                         trace, 0, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG,
-                                        FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE, ROW_LIMIT)
+                                        FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE, ROW_LIMIT, POLY)
         acc, m_i, l_i = _consume_blocks(acc, m_i, l_i, q, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turn, which,
                                         rows, full_hi, n_blocks, lo, it0, qk_scale, N_K, causal_off, win_left,
                                         win_right, trace, 1, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS,
-                                        PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE, ROW_LIMIT)
+                                        PINGPONG, FP8, s_layout, p_layout, TRACE, SCALE_POSITIVE, ROW_LIMIT, POLY)
     _stamp(trace, _T_CLK_BLOCKS, TRACE)
     if PERSISTENT and not Q_FOR_O:
         # every wgmma that read this Q tile has been waited for: all four warps past them,
@@ -960,7 +1073,7 @@ def _consumer_tiles(which, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_em
                     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
                     FP8: gl.constexpr, TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, ROW_LIMIT: gl.constexpr,
-                    TMA_STORE: gl.constexpr,
+                    POLY: gl.constexpr, TMA_STORE: gl.constexpr,
                     SNAKE: gl.constexpr, O_TILE: gl.constexpr, EARLY_Q: gl.constexpr):
     """PERSISTENT: one consumer's rows of every tile of this CTA, in the producer's order."""
     n_m = gl.cdiv(N_Q, 2 * BLOCK_M)
@@ -974,7 +1087,7 @@ def _consumer_tiles(which, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_em
                   O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q, N_K,
                   causal_off, win_left, win_right, start_m, lo, n_blocks, it, tile_i,
                   _trace_slots(TRACE_PTR, TRACE_SLOTS, t, which, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                  BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, True, TRACE, SCALE_POSITIVE, ROW_LIMIT, TMA_STORE,
+                  BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, True, TRACE, SCALE_POSITIVE, ROW_LIMIT, POLY, TMA_STORE,
                   O_TILE,
                   EARLY_Q)
         it += n_blocks
@@ -993,7 +1106,7 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                            OVERLAP: gl.constexpr, FP8: gl.constexpr, P_LAYOUT: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PERSISTENT: gl.constexpr,
                            TRACE: gl.constexpr, SCALE_POSITIVE: gl.constexpr, ROW_LIMIT: gl.constexpr,
-                           TMA_STORE: gl.constexpr,
+                           POLY: gl.constexpr, TMA_STORE: gl.constexpr,
                            SNAKE: gl.constexpr, O_TILE: gl.constexpr, EARLY_Q: gl.constexpr,
                            V_BUFFERS: gl.constexpr):
     # V_BUFFERS: V's ring slots (NUM_BUFFERS, or fewer where the O tiles need the room:
@@ -1044,12 +1157,12 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                                turn, O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
                                N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR, TRACE_SLOTS,
                                CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, TRACE,
-                               SCALE_POSITIVE, ROW_LIMIT, TMA_STORE, SNAKE, O_TILE, EARLY_Q)),
+                               SCALE_POSITIVE, ROW_LIMIT, POLY, TMA_STORE, SNAKE, O_TILE, EARLY_Q)),
             (_consumer_tiles, (1, q_smem, o_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
                                turn, O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, pid, n_prog,
                                N_UNITS, H, N_Q, N_K, causal_off, win_left, win_right, LPT_UNITS, TRACE_PTR, TRACE_SLOTS,
                                CAUSAL, WINDOW, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, TRACE,
-                               SCALE_POSITIVE, ROW_LIMIT, TMA_STORE, SNAKE, O_TILE, EARLY_Q)),
+                               SCALE_POSITIVE, ROW_LIMIT, POLY, TMA_STORE, SNAKE, O_TILE, EARLY_Q)),
             (_producer_tiles, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
                                kv_empty, pid, n_prog, N_UNITS, H, GROUP, N_Q, N_K, causal_off, win_left, win_right,
                                LPT_UNITS, TRACE_PTR, TRACE_SLOTS, CAUSAL, WINDOW, BLOCK_M, BLOCK_N, NUM_BUFFERS, FP8,
@@ -1082,14 +1195,14 @@ def _gluon_attn_fwd_kernel(desc_q, desc_k, desc_v, O, LSE, qk_scale, v_scale,
                          O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q,
                          N_K, causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0,
                          _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE, ROW_LIMIT,
+                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE, ROW_LIMIT, POLY,
                          TMA_STORE, False,
                          False)),
             (_consumer, (1, q_smem, q_smem, k_bufs, v_bufs, p_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty, turn,
                          O, LSE, qk_scale, v_scale, stride_ob, stride_oh, stride_on, stride_od, off_b, off_h, H, N_Q,
                          N_K, causal_off, win_left, win_right, start_m, lo, n_blocks, 0, 0,
                          _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, CAUSAL, WINDOW, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE, ROW_LIMIT,
+                         BLOCK_N, NUM_BUFFERS, PINGPONG, OVERLAP, FP8, False, TRACE, SCALE_POSITIVE, ROW_LIMIT, POLY,
                          TMA_STORE, False,
                          False)),
             (_producer, (desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, kv_empty,
@@ -1253,6 +1366,8 @@ def kernel_constexprs(config: GluonFwdConfig, head_dim: int, dtype: torch.dtype,
                 PERSISTENT=bool(config.PERSISTENT), TRACE=bool(trace),
                 SCALE_POSITIVE=bool(FMA_SOFTMAX if scale_positive is None else scale_positive),
                 ROW_LIMIT=bool(ROW_LIMIT_MASK),
+                POLY=0 if dtype in FP8_DTYPES else poly_exp2_value(POLY_EXP2, head_dim, causal,
+                                                                    "gluon_forward.POLY_EXP2", most=4),
                 TMA_STORE=bool(tma_store),
                 SNAKE=bool(config.PERSISTENT) and bool(PERSISTENT_SNAKE if snake is None else snake),
                 O_TILE=with_o_tile, EARLY_Q=early_q, V_BUFFERS=v_buffers)

@@ -609,3 +609,35 @@ def test_the_v_ring_is_one_slot_shorter_only_where_the_full_ring_does_not_fit():
                  (256, GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=2))):
         assert c.ring_v_buffers(d, torch.bfloat16) == c.NUM_BUFFERS
         assert gluon_forward.kernel_constexprs(c, d, torch.bfloat16, False)["V_BUFFERS"] == c.NUM_BUFFERS
+
+
+def test_the_forward_poly_exp2_by_head_dim_and_masking(monkeypatch):
+    """gluon_forward.POLY_EXP2: 0-4 of every 8 exponentials by the polynomial, one value for every
+    launch or a dict by (head dim, causal); never for fp8 (its P is rounded to 8 bits the other way)."""
+    cfg = gluon_forward.GluonFwdConfig()
+
+    def poly(d, causal, dtype=torch.bfloat16):
+        return gluon_forward.kernel_constexprs(cfg, d, dtype, causal)["POLY"]
+
+    monkeypatch.setattr(gluon_forward, "POLY_EXP2", {(64, False): 1, (64, True): 4})
+    assert [poly(64, False), poly(64, True), poly(128, False), poly(64, False, torch.float16)] == [1, 4, 0, 1]
+    assert poly(64, False, torch.float8_e4m3fn) == 0
+    monkeypatch.setattr(gluon_forward, "POLY_EXP2", 2)
+    assert [poly(64, True), poly(128, False), poly(256, True)] == [2, 2, 2]
+    for bad in (5, -1, True, {(64, False): 8}):
+        monkeypatch.setattr(gluon_forward, "POLY_EXP2", bad)
+        with pytest.raises(ValueError, match=r"gluon_forward.POLY_EXP2: expected 0, 1, 2, 3 or 4"):
+            poly(64, False)
+
+
+@pytest.mark.parametrize("lanes", [4, 8])
+def test_the_exp2_split_asm_of_eight_lanes(lanes):
+    for poly in range(lanes // 2 + 1):
+        asm = gluon_forward.exp2_split_asm(poly, lanes)
+        assert asm.count("ex2.approx.ftz.f32") == lanes - poly and asm.count("shl.b32") == poly
+        assert all(f"ex2.approx.ftz.f32 ${i}, ${i + lanes};" in asm for i in range(lanes - poly))
+        assert all(f"mov.b32 ${i}, %pi;" in asm for i in range(lanes - poly, lanes))
+    with pytest.raises(ValueError, match="POLY_EXP2: expected"):
+        gluon_forward.exp2_split_asm(lanes // 2 + 1, lanes)
+    with pytest.raises(ValueError, match="lanes must be 4 or 8"):
+        gluon_forward.exp2_split_asm(1, 2)

@@ -284,6 +284,56 @@ def test_the_row_limit_mask_gives_the_same_bits(case, config, monkeypatch):
         check_gluon_forward(q, k, v, dtype_name="bf16", causal=True, config=config)
 
 
+# the softmax's exponentials partly by a polynomial (gluon_forward.POLY_EXP2, 1-4 of every 8 in the
+# blocks without a mask): masked tails (1000 and 333 keys), bottom-right rows that see no key, a
+# window, grouped heads, fp16, D 64/128/256, the configs that serve (grid, persistent, O tiles)
+POLY_CASES = [  # n_q, n_k, d, heads, causal, causal_align, window, dtype
+    (1000, 1000, 64, (8, 2), False, "top_left", None, "bf16"),
+    (1000, 333, 64, (4, 4), True, "bottom_right", None, "bf16"),
+    (2048, 2048, 64, (8, 8), True, "top_left", None, "fp16"),
+    (777, 4096, 128, (8, 1), False, "top_left", None, "bf16"),
+    (2048, 2048, 128, (4, 2), True, "top_left", (300, 0), "bf16"),
+    (1000, 1000, 256, (4, 2), True, "top_left", None, "bf16"),
+]
+
+
+def _poly_config(d, kind):
+    if d == 256:
+        return GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=2 if kind == "grid" else 3, PERSISTENT=int(kind != "grid"))
+    if kind == "grid":
+        return gluon_forward.default_gluon_config(d)
+    return GluonFwdConfig(NUM_BUFFERS=2 if d == 64 else 3, PERSISTENT=1, O_TILE=int(kind == "otile"))
+
+
+@pytest.mark.parametrize("poly", [1, 2, 4])
+@pytest.mark.parametrize("kind", ["grid", "persistent", "otile"])
+@pytest.mark.parametrize("case", POLY_CASES, ids=lambda c: f"q{c[0]}k{c[1]}d{c[2]}h{c[3][0]}-{c[3][1]}"
+                         f"{'-causal' if c[4] else ''}{'-br' if c[5] != 'top_left' else ''}{'-win' if c[6] else ''}-{c[7]}")
+def test_the_poly_exp2_matches_the_reference(case, kind, poly, monkeypatch):
+    """POLY_EXP2: o and the LSE against float64 (rows that see no key: o exactly 0, lse -inf, as
+    without it), and within 16-bit rounding of the kernel without it."""
+    n_q, n_k, d, heads, causal, align, window, dtype_name = case
+    if d == 256 and kind == "otile":
+        pytest.skip("D=256 has no O tiles")
+    q, k, v = _inputs(n_q, n_k, d, DTYPES[dtype_name], heads=heads, seed=14)
+    config = _poly_config(d, kind)
+    kw = dict(causal=causal, causal_align=align, window_size=window)
+    monkeypatch.setattr(gluon_forward, "POLY_EXP2", 0)
+    o_off, lse_off = gluon_forward.gluon_attention_forward(q, k, v, config, **kw)
+    monkeypatch.setattr(gluon_forward, "POLY_EXP2", {(d, causal): poly})
+    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, config, **kw)
+    torch.cuda.synchronize()
+    assert not torch.equal(o, o_off), "POLY_EXP2 changed no bit: the polynomial did not run"
+    o_true, lse_true = reference_attention(q, k, v, causal=causal, causal_align=align, window_size=window,
+                                           dtype=torch.float64)
+    rows = torch.isfinite(lse_true)
+    assert (o[~rows[..., None].expand_as(o)] == 0).all() and torch.isneginf(lse2[~rows]).all()
+    torch.testing.assert_close(o.double(), o_true, atol=2e-2, rtol=0)
+    torch.testing.assert_close((lse2.double() * LN2)[rows], lse_true[rows], atol=2e-3, rtol=0)
+    torch.testing.assert_close(o, o_off, atol=2e-2, rtol=0)
+    torch.testing.assert_close(lse2, lse_off, atol=1e-3, rtol=0, equal_nan=True)
+
+
 def test_the_tma_store_of_o_matches_the_reference(monkeypatch):
     monkeypatch.setattr(gluon_forward, "TMA_STORE_O", True)
     for d, causal in ((128, True), (64, False)):
