@@ -6,7 +6,7 @@ Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "he
 "dtype", "causal"} (optionally "window": the sliding-window variant; "trace": the forward's
 instrumentation; "fma_softmax": its SCALE_POSITIVE softmax; "tma_store": its output through
 TMA; "snake": the persistent kernel's PERSISTENT_SNAKE;
-"row_limit": the forward's ROW_LIMIT_MASK;
+"row_limit": the forward's ROW_LIMIT_MASK; "fwd_poly_exp2": the forward's POLY_EXP2;
 "compact_stats", "turns", "scale_in_p", "poly_exp2", "step_counters": the dK/dV kernel's COMPACT_STATS,
 CONSUMER_TURNS, SCALE_IN_P, POLY_EXP2 and STEP_COUNTERS) on stdin and prints one JSON line per item
 with the compiled kernel's shared memory in bytes ("shared"), its PTX register cap ("maxnreg"),
@@ -48,6 +48,7 @@ def compile_item(item: dict) -> dict:
 
         if "row_limit" in item:  # the module's switch, read at the compile
             gluon_forward.ROW_LIMIT_MASK = item["row_limit"]
+        gluon_forward.POLY_EXP2 = item.get("fwd_poly_exp2", 0)  # off unless the item says
         cfg = GluonFwdConfig(**item["config"])
         compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"], item.get("window", False),
                                     trace=item.get("trace", False), fma_softmax=item.get("fma_softmax"),

@@ -78,6 +78,13 @@ ROW_LIMIT_ITEMS = ((C(NUM_BUFFERS=3), (128, ), "bfloat16", False), (C(OVERLAP=0)
                    (C(PINGPONG=0, OVERLAP=0), (128, ), "float8_e4m3fn", False),
                    (C(NUM_BUFFERS=3), (128, ), "bfloat16", True))
 
+# the softmax's exponentials partly by the polynomial (POLY_EXP2, of every 8), 16-bit: both loops, the
+# persistent kernel with O tiles, D=256, fp8 (which never takes it); (config, head dims, dtype, POLY_EXP2)
+POLY_ITEMS = ((C(OVERLAP=0), (64, ), "bfloat16", 1), (C(NUM_BUFFERS=3), (128, ), "float16", 2),
+              (C(OVERLAP=0, PERSISTENT=1, O_TILE=1), (64, ), "bfloat16", 4),
+              (C(BLOCK_N=64, NUM_BUFFERS=3, PERSISTENT=1), (256, ), "bfloat16", 1),
+              (C(PINGPONG=0, OVERLAP=0), (128, ), "float8_e4m3fn", 1))
+
 
 def _request():
     return [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal}
@@ -105,7 +112,9 @@ def _request():
         [{"config": C(NUM_BUFFERS=3).to_dict(), "head_dim": 128, "dtype": "bfloat16", "causal": True, "window": True,
           "tma_store": not gluon_forward.TMA_STORE_O}] + \
         [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": True, "window": window,
-          "row_limit": not gluon_forward.ROW_LIMIT_MASK} for cfg, dims, dt, window in ROW_LIMIT_ITEMS for d in dims]
+          "row_limit": not gluon_forward.ROW_LIMIT_MASK} for cfg, dims, dt, window in ROW_LIMIT_ITEMS for d in dims] + \
+        [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal, "fwd_poly_exp2": poly}
+         for cfg, dims, dt, poly in POLY_ITEMS for d in dims for causal in (False, True)]
 
 
 def _compile_for_sm90(request: list[dict]) -> list[dict]:
@@ -131,7 +140,8 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
                  f"{'' if 'snake' not in res else ' snake' if res['snake'] else ' strided'}"
                  f"{' o-tile' if o_tile else ''}{' early-q' if early_q else ''}"
                  f"{'' if 'row_limit' not in res else ' row-limit' if res['row_limit'] else ' two-test mask'}"
-                 f"{' v%d' % v_buffers if v_buffers != cfg.NUM_BUFFERS else ''}")
+                 f"{' v%d' % v_buffers if v_buffers != cfg.NUM_BUFFERS else ''}"
+                 f"{' poly-exp2 %d' % res['fwd_poly_exp2'] if res.get('fwd_poly_exp2') else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > SM90_SHARED_MEMORY:
@@ -157,4 +167,8 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
         if not res["wgmma"] or not res["tma_loads"]:
             problems.append(f"{where}: expected wgmma and TMA instructions, got {res['wgmma']} and "
                             f"{res['tma_loads']}")
+        # POLY_EXP2: polynomial exponentials in 16-bit kernels that ask for them, in no other
+        poly = res.get("fwd_poly_exp2", 0) if "float8" not in res["dtype"] else 0
+        if bool(res["poly_exp2s"]) != bool(poly):
+            problems.append(f"{where}: {res['poly_exp2s']} polynomial exponentials")
     assert not problems, "\n".join(problems)
