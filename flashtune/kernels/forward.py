@@ -283,11 +283,6 @@ def forward_key(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision="tf
             tensor_key(q), tensor_key(k), tensor_key(v))
 
 
-# the head dims the Gluon forward's sliding-window variant was checked at on a GPU (test_gluon_gpu.py's
-# WINDOW_CASES); D=256 windows run the Triton kernel until a GPU has run test_gluon_gpu.py -k d256_window
-GLUON_WINDOW_HEAD_DIMS = (64, 128)
-
-
 def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compile_only, causal_align, softcap,
              window_size, varlen, v_descale, out_dtype, dropout) -> tuple[torch.Tensor, torch.Tensor]:
     """attention_forward's launches."""
@@ -298,9 +293,7 @@ def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compi
         # o takes q's layout; the Gluon kernel writes it with its head dim contiguous, so a q whose head
         # dim is strided (a (B, H, D, N) tensor viewed as (B, H, N, D)) runs the Triton kernel
         o_layout = q.stride(-1) == 1 or q.shape[-1] == 1
-        # a window at a head dim whose windowed Gluon kernel no GPU test has checked runs the Triton kernel
-        window_ok = window_size is None or q.shape[-1] in GLUON_WINDOW_HEAD_DIMS
-        if not softcap and varlen is None and dropout is None and fp8_v and o_layout and window_ok:
+        if not softcap and varlen is None and dropout is None and fp8_v and o_layout:
             return _gluon_forward(q, k, v, config, causal=causal, sm_scale=sm_scale, compile_only=compile_only,
                                   causal_align=causal_align, window_size=window_size, v_descale=v_descale,
                                   out_dtype=out_dtype)

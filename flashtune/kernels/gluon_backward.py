@@ -130,7 +130,10 @@ SCALE_IN_P = False
 # gluon_bwd.py --grid --rows <the 6 D=128 lengths> --gluon default --switch POLY_EXP2=0,1,2,
 # geometric mean of the ratio to cuDNN): D=128 without masking (the dQ-first fused config) 0.921 ->
 # 0.946 (1) / 0.933 (2), faster on 5 of 6 rows; causal (the fused config) 0.909 -> 0.907 / 0.901.
-# So 1 at D=128 without masking; D=64 not timed. Read at each launch, as COMPACT_STATS.
+# So 1 at D=128 without masking. D=64 without masking (the fused default there) is slower with it:
+# 0.886 -> 0.879 over the 5 full D=64 grid rows from 1024 queries, slower on 4 of 5 (H100, 2026-12-06,
+# gluon_bwd.py --grid --rows <those> --gluon default --switch POLY_EXP2=0,1; docs/gluon.md), so 0 there.
+# Read at each launch, as COMPACT_STATS.
 POLY_EXP2: int | dict = {(128, False): 1}
 # the dK/dV consumers' walk over (query head, query block): True counts it step by step (the
 # block one on, the head one on where the blocks wrap), False divides the step's index by the

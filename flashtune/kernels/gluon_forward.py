@@ -120,9 +120,13 @@ ROW_LIMIT_MASK = True
 # sub-partition, both consumers' warps issuing there) 1 balances the SFU against issue. The
 # backward's switch of the same name takes 0-2 of every 4; this one's form is the same otherwise:
 # one value for every launch, or a dict by (head dim, causal), 0 for what it does not name.
-# Relative error under 7.5e-5, below bf16's and fp16's rounding of P; other bits than 0's. Off
-# until a GPU has checked and timed it (benchmarks/gluon_fwd.py --switch POLY_EXP2=0,1,2). Read
-# at each launch.
+# Relative error under 7.5e-5, below bf16's and fp16's rounding of P; other bits than 0's (checked
+# against float64 on an H100, 2026-12-06: test_gluon_gpu.py -k poly_exp2, 51 passed). **Off: it
+# gained nothing where timed.** H100, 2026-12-06, benchmarks/gluon_fwd.py --grid --rows <the 12 D=64
+# grid rows, gpt2-train-512, bert-base-512, vit-l16-257> --configs persistent --switch POLY_EXP2=0,1,2,
+# ratio to cuDNN in geometric mean over the 15: grid kernel 0.837 / 0.843 / 0.835, persistent 0.892 /
+# 0.888 / 0.869 (docs/gluon.md): the SFU is not what bounds the D=64 loop, the count above
+# notwithstanding. Read at each launch.
 POLY_EXP2: int | dict = 0
 # the output's store: True writes each consumer's normalized O tile into its Q tile's shared memory
 # (free once its last S = QK^T is waited for) and issues one TMA bulk store for it (the rows past

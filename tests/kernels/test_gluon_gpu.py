@@ -449,8 +449,8 @@ def test_window_never_loads_keys_outside_it(overlap):
 @pytest.mark.parametrize("config", [GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=3, PERSISTENT=1),
                                     GluonFwdConfig(BLOCK_N=64, OVERLAP=0)], ids=lambda c: c.short())
 def test_d256_window(config):
-    """The WINDOW variant at head dim 256 (the drop-in sends D=256 windows to the Triton kernel,
-    forward.GLUON_WINDOW_HEAD_DIMS, until this passes on a GPU): o and the LSE against float64."""
+    """The WINDOW variant at head dim 256 (the drop-in sent D=256 windows to the Triton kernel until
+    this passed on an H100, 2026-12-06): o and the LSE against float64."""
     q, k, v = _inputs(1000, 2048, 256, torch.bfloat16, heads=(4, 2), seed=12)
     for causal, align, window in ((True, "top_left", (300, 0)), (True, "bottom_right", (500, -1)),
                                   (False, "top_left", (-1, 100)), (False, "top_left", (64, 64))):
