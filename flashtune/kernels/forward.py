@@ -298,7 +298,7 @@ def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compi
                                   causal_align=causal_align, window_size=window_size, v_descale=v_descale,
                                   out_dtype=out_dtype)
         # what the Gluon kernel lacks (softcap, varlen, dropout, an fp8 V with the head dim
-        # contiguous, an o with its head dim strided, a window at D=256): the Triton kernel's default
+        # contiguous, an o with its head dim strided): the Triton kernel's default
         config = config.as_triton(q.shape[-1], q.dtype, q.device, bool(causal))
     B, H, _, N_Q, N_K, D, window, off = call_geometry(q, k, varlen, causal, causal_align, window_size)
     key_blocks = None

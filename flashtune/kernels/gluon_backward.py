@@ -66,7 +66,6 @@ from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, SM90_SHARED
                                              check_int_fields, check_register_split, check_sm90_device,
                                              exp2_split_asm, kernel_maxnreg, lpt_tile, p_tile_layout,
                                              poly_exp2_value, tile_layout)
-from flashtune.kernels.gluon_forward import EXP2_POLY  # noqa: F401  (where tests and docs look for it)
 
 # registers per consumer thread beside the tiles the estimate counts (addresses, loop state;
 # the lse and Delta columns): with 16, BLOCK_M 64 at D=128 is allowed, whose compile (ptxas,

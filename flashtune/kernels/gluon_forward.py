@@ -220,11 +220,8 @@ def poly_exp2_value(setting, head_dim: int, causal: bool, name: str, most: int =
     return int(value)
 
 
-# the forward's split exponentials, 8 values a call (POLY_EXP2 of every 8 by the polynomial)
-_EXP2_ASM_1 = gl.constexpr(exp2_split_asm(1, 8))
-_EXP2_ASM_2 = gl.constexpr(exp2_split_asm(2, 8))
-_EXP2_ASM_3 = gl.constexpr(exp2_split_asm(3, 8))
-_EXP2_ASM_4 = gl.constexpr(exp2_split_asm(4, 8))
+# the forward's split exponentials, 8 values a call: _EXP2_ASM[n] takes n of every 8 to the polynomial
+_EXP2_ASM = gl.constexpr(tuple(exp2_split_asm(n, 8) for n in range(5)))
 _EXP2_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 8 + ["f"] * 8))
 
 
@@ -677,17 +674,8 @@ def _masked(qk, rows, cols, kb, N_K, causal_off, win_left, win_right, CAUSAL: gl
 @gluon.jit
 def _exp2_poly(x, POLY: gl.constexpr):
     """2^x, elementwise, ``POLY`` (1 to 4) of each 8 of a thread's values by the polynomial
-    (exp2_split_asm), the others by the SFU; POLY 0: gl.exp2."""
-    if POLY == 1:
-        return gl.inline_asm_elementwise(_EXP2_ASM_1, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
-    elif POLY == 2:
-        return gl.inline_asm_elementwise(_EXP2_ASM_2, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
-    elif POLY == 3:
-        return gl.inline_asm_elementwise(_EXP2_ASM_3, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
-    elif POLY == 4:
-        return gl.inline_asm_elementwise(_EXP2_ASM_4, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
-    else:
-        return gl.exp2(x)
+    (exp2_split_asm), the others by the SFU."""
+    return gl.inline_asm_elementwise(_EXP2_ASM[POLY], _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
 
 
 @gluon.jit
