@@ -146,6 +146,16 @@ POLY_EXP2: int | dict = {(128, False): 1}
 # H100 the same day (test_the_order_switches_change_no_bit -k STEP_COUNTERS, 10 passed). On since.
 # Read at each launch, as COMPACT_STATS.
 STEP_COUNTERS = True
+# the dK/dV kernel's causal steps that a consumer group has nothing to do in: where every query of
+# the step's block comes before the group's first key (the CTA's walk starts at the block of the
+# first query that sees its first key, so with 64-query blocks the second group's first block of
+# each query head is all masked when the diagonal falls on a block edge, as on the standard grid).
+# True skips that group's S^T, dP^T, exponentials, dV and dK there (4 of its 6 wgmmas; the dQ
+# share's two stay, with its dS^T half stored as zeros); False computes them, all zeros. At N
+# queries, a CTA of the first keys walks N / 64 steps, the last one 2: the skipped share is largest
+# on short rows (at 512 queries one step in ten of the second group). dK, dV and dQ the same but
+# for the sign of zero sums. Read at each launch, as COMPACT_STATS.
+SKIP_DEAD_STEPS = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -513,6 +523,45 @@ def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dq
 
 
 @gluon.jit
+def _dead_step(which, g, it, h, qb, h_before, qb_before, q_ready, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, turn,
+               off_b, sm_scale, ev, phase, s, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               FUSED_DQ: gl.constexpr, TURNS: gl.constexpr, TRACE: gl.constexpr, SCALED_P: gl.constexpr):
+    """Step ``it`` (walk index g, ring slot s) of consumer ``which`` where every query of the
+    block comes before the group's first key (SKIP_DEAD_STEPS): P^T and dS^T would be all
+    zeros, so no S^T, dP^T, exponentials, dV or dK. What the other partitions count on still
+    happens in order: the turns, a zero dS^T half in the step's slot with its dS-ready
+    arrival, and the dQ share that is due (its own half of dQ over both groups' keys). The
+    wait for the slot's Q keeps this group's release of the slot (after the return) in the
+    slot's current phase: the group may otherwise be a full ring ahead of the other."""
+    _turn_wait(turn, which, g, TURNS)
+    mbarrier.wait(q_ready.index(s), phase)
+    _turn_pass(turn, which, g, TURNS)
+    for e in gl.static_range(1, 8):
+        _stamp(ev, e, TRACE)
+    if FUSED_DQ:
+        DS_SLOTS: gl.constexpr = 4 if FUSED_DQ == 2 else 2
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_M, 16])
+        ds_smem.index((g % DS_SLOTS) * 2 + which).store(gl.zeros([BLOCK_N, BLOCK_M], ds_smem.dtype, s_layout))
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(ds_ready.index(g % DS_SLOTS))
+        if FUSED_DQ == 1:  # this step's share
+            _fused_dq_share(which, g, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
+                            HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
+        elif it > 0:  # the previous step's (at the first step, none is due)
+            _fused_dq_share(which, g - 1, h_before, qb_before, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b,
+                            sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
+        else:
+            for e in gl.static_range(8, 12):
+                _stamp(ev, e, TRACE)
+    else:
+        for e in gl.static_range(8, 12):
+            _stamp(ev, e, TRACE)
+    _stamp(ev, 12, TRACE)
+
+
+@gluon.jit
 def _turn_wait(turn, which, it, TURNS: gl.constexpr):
     """Before step ``it``'s S^T and dP^T (CONSUMER_TURNS): consumer 0 waits for consumer 1's
     P^T of the step before, consumer 1 for consumer 0's of this step (a fresh mbarrier counts
@@ -543,7 +592,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
               DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr,
               TURNS: gl.constexpr, DQ_FIRST: gl.constexpr, SCALED_P: gl.constexpr, POLY: gl.constexpr,
-              POLY_ASM: gl.constexpr, STEPS: gl.constexpr, PERSISTENT: gl.constexpr):
+              POLY_ASM: gl.constexpr, STEPS: gl.constexpr, PERSISTENT: gl.constexpr, SKIP_DEAD: gl.constexpr):
     """Consumer ``which``: the CTA's tile (its values given; DK and DV at its split's slot), or
     PERSISTENT every tile of its walk in the producer's order (_walk_tile, _tile_params), the
     steps counted across tiles for the rings and the dS^T slots, K and V handed back through
@@ -561,7 +610,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
                                causal_off, t_n, t_qb, t_nqb, t_steps, t_h0, desc_dqa, ds_smem, dq_smem, ds_ready,
                                turn, trace, pid, g0, t & 1, kv_empty, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
                                NUM_BUFFERS, DV_EARLY, FUSED_DQ, False, COMPACT, TURNS, DQ_FIRST, SCALED_P, POLY,
-                               POLY_ASM, STEPS, True)
+                               POLY_ASM, STEPS, True, SKIP_DEAD)
                 g0 += t_steps
     else:
         _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE,
@@ -569,7 +618,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
                        stride_dvb, stride_dvh, stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off,
                        start_n, first_qb, n_qb, n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn, trace,
                        pid, 0, 0, kv_empty, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, DV_EARLY, FUSED_DQ,
-                       TRACE, COMPACT, TURNS, DQ_FIRST, SCALED_P, POLY, POLY_ASM, STEPS, False)
+                       TRACE, COMPACT, TURNS, DQ_FIRST, SCALED_P, POLY, POLY_ASM, STEPS, False, SKIP_DEAD)
 
 
 @gluon.jit
@@ -581,7 +630,7 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
                    BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr,
                    FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr, TURNS: gl.constexpr,
                    DQ_FIRST: gl.constexpr, SCALED_P: gl.constexpr, POLY: gl.constexpr, POLY_ASM: gl.constexpr,
-                   STEPS: gl.constexpr, RELEASE_KV: gl.constexpr):
+                   STEPS: gl.constexpr, RELEASE_KV: gl.constexpr, SKIP_DEAD: gl.constexpr):
     """One tile of consumer ``which``: its steps, the step ``it``'s ring slot, dS^T slot and
     turn counted from g0 + it (g0: the CTA's steps before this tile), its K and V from the
     ``kv_phase`` of their mbarrier; RELEASE_KV: an arrival on ``kv_empty`` once no matmul of
@@ -620,7 +669,22 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
     # (FUSED_DQ 2) to wrong rows, dK and dV right: test_the_order_switches_change_no_bit; cause not isolated)
     h_next = head0
     qb_next = first_qb
-    for it in range(n_steps):
+    it0 = 0
+    if CAUSAL:  # SKIP_DEAD_STEPS: the walk's first step, if every query of it precedes these keys
+        if SKIP_DEAD:
+            if n_steps > 0 and first_qb * BLOCK_M + (BLOCK_M - 1) + causal_off < key0:
+                _stamp(trace + _T_HEAD, 0, TRACE)
+                _dead_step(which, g0, 0, head0, first_qb, head0, first_qb, q_ready, k_smem, ds_smem, dq_smem,
+                           ds_ready, desc_dqa, turn, off_b, sm_scale, trace + _T_HEAD, (g0 // NUM_BUFFERS) & 1,
+                           g0 % NUM_BUFFERS, HEAD_DIM, BLOCK_M, BLOCK_N, FUSED_DQ, TURNS, TRACE, SCALED_P)
+                gl.thread_barrier()
+                mbarrier.arrive(q_empty.index(g0 % NUM_BUFFERS))
+                _stamp(trace + _T_HEAD, 13, TRACE)
+                it0 = 1
+                wrap = (n_qb == 1).to(gl.int32)
+                h_next = head0 + wrap
+                qb_next = first_qb + 1 - wrap * n_qb
+    for it in range(it0, n_steps):
         if STEPS:
             h = h_next
             qb = qb_next
@@ -787,7 +851,7 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                                 PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TRACE: gl.constexpr,
                                 COMPACT_STATS: gl.constexpr, TURNS: gl.constexpr, DQ_FIRST: gl.constexpr,
                                 SCALED_P: gl.constexpr, POLY: gl.constexpr, POLY_ASM: gl.constexpr,
-                                STEPS: gl.constexpr, PERSISTENT: gl.constexpr):
+                                STEPS: gl.constexpr, PERSISTENT: gl.constexpr, SKIP_DEAD: gl.constexpr):
     # TRACE: the trace (kernel_trace.BACKWARD) into TRACE_PTR's [CTAs, 3, TRACE_SLOTS] int64 slots
     # tiles of key blocks (2 x BLOCK_N keys) x N_UNITS units (_tile_params): a 1-D grid of one
     # CTA a tile, or PERSISTENT at most one CTA per SM walking the tiles (_walk_tile), each
@@ -851,7 +915,7 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, kv_empty, stride_dks, stride_dvs,
                      H_KV, GROUP, SPLIT_H, SPLIT_Q, LPT_UNITS, N_UNITS, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
                      NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P, POLY,
-                     POLY_ASM, STEPS, PERSISTENT)),
+                     POLY_ASM, STEPS, PERSISTENT, SKIP_DEAD)),
         (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
@@ -859,7 +923,7 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, kv_empty, stride_dks, stride_dvs,
                      H_KV, GROUP, SPLIT_H, SPLIT_Q, LPT_UNITS, N_UNITS, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
                      NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P, POLY,
-                     POLY_ASM, STEPS, PERSISTENT)),
+                     POLY_ASM, STEPS, PERSISTENT, SKIP_DEAD)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
                      q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, kv_empty, N_K, N_Q, causal_off, H_KV,
@@ -1074,7 +1138,8 @@ def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype,
                 CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace), COMPACT_STATS=bool(COMPACT_STATS),
                 TURNS=_consumer_turns(), DQ_FIRST=bool(config.DQ_FIRST), PERSISTENT=bool(config.PERSISTENT),
                 SCALED_P=bool(SCALE_IN_P) and (sm_scale is None or 0.0 < sm_scale <= 1.0),
-                POLY=poly, POLY_ASM=exp2_split_asm(poly), STEPS=bool(STEP_COUNTERS))
+                POLY=poly, POLY_ASM=exp2_split_asm(poly), STEPS=bool(STEP_COUNTERS),
+                SKIP_DEAD=bool(SKIP_DEAD_STEPS))
 
 
 def _poly_exp2(head_dim: int, causal: bool) -> int:

@@ -196,6 +196,10 @@ STEP_ITEMS = ((C(DQ_FUSED=1), 128, True), (C(DQ_FUSED=2, DQ_FIRST=1), 128, False
 # estimate (the K/V hand-back mbarrier) and the SM's
 PERSISTENT_ITEMS = ((C(DQ_FUSED=1, PERSISTENT=1), (64, 128)), (C(DQ_FUSED=2, DQ_FIRST=1, PERSISTENT=1), (128, )),
                     (C(BLOCK_M=32, PERSISTENT=1), (128, )))
+# the walk's first step left out where it is all masked for a consumer (SKIP_DEAD_STEPS), bf16, both maskings:
+# (config, head dim, traced too); without masking the same kernel as without the switch
+SKIP_DEAD_ITEMS = ((C(), 64, False), (C(DQ_FUSED=1), 128, True), (C(DQ_FUSED=2), 128, False),
+                   (C(DQ_FUSED=2, DQ_FIRST=1), 128, False), (C(DQ_FUSED=1, PERSISTENT=1), 128, False))
 
 
 def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
@@ -227,7 +231,12 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
           "causal": causal, "compact_stats": default, "step_counters": not steps} for cfg, d, causal in STEP_ITEMS] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
           "causal": causal, "compact_stats": default}
-         for cfg, dims in PERSISTENT_ITEMS for d in dims for dt in ("bfloat16", "float16") for causal in (False, True)]
+         for cfg, dims in PERSISTENT_ITEMS for d in dims for dt in ("bfloat16", "float16")
+         for causal in (False, True)] + \
+        [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
+          "causal": causal, "compact_stats": default, "skip_dead": True, "trace": trace}
+         for cfg, d, traced in SKIP_DEAD_ITEMS for causal in (False, True)
+         for trace in ((False, True) if traced and causal else (False, ))]
     assert gluon_backward.CONSUMER_TURNS == 0, "TURNS_ITEMS compile the turns the module does not take"
     assert not gluon_backward.SCALE_IN_P, "NUMERIC_ITEMS compile the switch the module does not take"
     for item in request:  # the module's walk unless the item says
@@ -241,7 +250,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
     for res in results:
         if res["bwd_kernel"] == "dkdv" and res["dtype"] == "bfloat16" and not res.get("trace") \
                 and res["compact_stats"] == default and not res.get("turns") and not res["config"]["DQ_FIRST"] \
-                and "poly_exp2" not in res and res["step_counters"] == steps:
+                and "poly_exp2" not in res and res["step_counters"] == steps and not res.get("skip_dead"):
             waits[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["mbarrier_waits"]
             ex2s[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["ex2"]
             wgmmas[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["wgmma"]
@@ -258,7 +267,8 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
                  f"{' turns %d' % res['turns'] if res.get('turns') else ''}"
                  f"{' scale-in-p' if res.get('scale_in_p') else ''}"
                  f"{' poly %d' % res['poly_exp2'] if res.get('poly_exp2') else ''}"
-                 f"{' step-counters' if res.get('step_counters') else ''}")
+                 f"{' step-counters' if res.get('step_counters') else ''}"
+                 f"{' skip-dead' if res.get('skip_dead') else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > min(estimate, SM90_SHARED_MEMORY):
@@ -293,6 +303,12 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
             key = (json.dumps(res["config"], sort_keys=True), d, res["causal"])
             if key in wgmmas and res["wgmma"] != wgmmas[key]:
                 problems.append(f"{where}: {res['wgmma']} wgmma, {wgmmas[key]} with the module's walk")
+        if res.get("skip_dead") and not res.get("trace"):  # causal: the first step's own waits; else no change
+            key = (json.dumps(res["config"], sort_keys=True), d, res["causal"])
+            if key in waits and (res["mbarrier_waits"] > waits[key]) != res["causal"]:
+                problems.append(f"{where}: {res['mbarrier_waits']} mbarrier waits, {waits[key]} without the switch")
+            if key in wgmmas and not res["causal"] and res["wgmma"] != wgmmas[key]:
+                problems.append(f"{where}: {res['wgmma']} wgmma, {wgmmas[key]} without the switch")
         if res.get("turns"):  # a wait for the other consumer's turn in each consumer
             base = waits[(json.dumps(res["config"], sort_keys=True), d, res["causal"])]
             if res["mbarrier_waits"] != base + 2:

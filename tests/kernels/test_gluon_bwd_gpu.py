@@ -239,14 +239,16 @@ def test_the_compact_row_statistics_change_no_bit(causal, config, monkeypatch):
 
 
 # what only orders work (no data passes through it): gluon_backward.CONSUMER_TURNS and
-# STEP_COUNTERS (module switches, off by default) and GluonBwdConfig.DQ_FIRST (the fused dQ's
-# configs only)
+# STEP_COUNTERS (module switches) and GluonBwdConfig.DQ_FIRST (the fused dQ's configs only); and
+# SKIP_DEAD_STEPS, which leaves out products that are all zeros (same bits but for zeros' signs)
 ORDER_SWITCHES = [({"CONSUMER_TURNS": 1}, ("m64", "m64-fused", "m64-fused-late")),
                   ({"CONSUMER_TURNS": 2}, ("m64", "m64-fused", "m64-fused-late")),
                   ({"DQ_FIRST": 1}, ("m64-fused", "m64-fused-late")),
                   ({"DQ_FIRST": 1, "CONSUMER_TURNS": 2}, ("m64-fused", "m64-fused-late")),
                   ({"STEP_COUNTERS": True}, ("m64", "m64-fused", "m64-fused-late")),
-                  ({"DQ_FIRST": 1, "STEP_COUNTERS": True}, ("m64-fused", "m64-fused-late"))]
+                  ({"DQ_FIRST": 1, "STEP_COUNTERS": True}, ("m64-fused", "m64-fused-late")),
+                  ({"SKIP_DEAD_STEPS": True}, ("m64", "m64-fused", "m64-fused-late")),
+                  ({"DQ_FIRST": 1, "SKIP_DEAD_STEPS": True}, ("m64-fused", "m64-fused-late"))]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
