@@ -981,7 +981,16 @@ _SM90_FWD[(_bf, 256, "long")] = _F(64, 64, 4, 3, family=1, persistent=1)
 # wide statistics that chose the entries before.
 # From 512 queries since 2026-12-05 (LONG_MIN_Q_BWD; grid 512 and 1024 rows 1.08-1.26x the Triton
 # default: the bounds' comment).
-_SM90_BWD[(_bf, 128, "long", True)] = _B(64, 64, 64, 64, 4, 2, family=3)
+# Causal since 2026-12-06 (with gluon_backward.SKIP_DEAD_STEPS on): dQ fused a step late with the share
+# first (family 4, dq_first 1), the fastest fused variant over the 6 causal D=128 grid rows in geometric
+# mean, 0.926x cuDNN against the same-step share's 0.903x (2048 0.936 / 0.913, 4096 0.983 / 0.947, 8192
+# 0.975 / 0.957, 16384 0.939 / 0.874; 512 and 1024 within 1 %), as the run before it had it from 2048
+# queries; and on 3 of SHAPES.md's 4 grouped-query training rows (llama3-70b-tp8 1.216 / 1.185, mistral
+# 0.976 / 0.951, qwen-28h 1.032 / 0.989; llama3-8b-train-8k 0.950 / 0.984, where the late share without
+# the order, 0.996, is fastest). benchmarks/gluon_bwd.py --grid (--realistic) --rows ... --gluon fused
+# --dq-first both --rounds 2 --rep 30, GPU time, H100, triton 3.6, 2026-12-06 (docs/gluon.md,
+# docs/data/h100-2026-12-06b-gluon/). The search times all four per key.
+_SM90_BWD[(_bf, 128, "long", True)] = _B(64, 64, 64, 64, 4, 2, family=4, dq_first=1)
 # Since the fused dQ share's order became a config field (dq_first, GluonBwdConfig.DQ_FIRST,
 # 2026-12-05), non-causal: dQ fused in its step with the share's wgmmas ahead of dV and dK (family 3,
 # dq_first 1), faster than family 4 in 5 of 6 measurements of 5 full D=128 rows, ratio to cuDNN family 4

@@ -196,8 +196,8 @@ STEP_ITEMS = ((C(DQ_FUSED=1), 128, True), (C(DQ_FUSED=2, DQ_FIRST=1), 128, False
 # estimate (the K/V hand-back mbarrier) and the SM's
 PERSISTENT_ITEMS = ((C(DQ_FUSED=1, PERSISTENT=1), (64, 128)), (C(DQ_FUSED=2, DQ_FIRST=1, PERSISTENT=1), (128, )),
                     (C(BLOCK_M=32, PERSISTENT=1), (128, )))
-# the walk's first step left out where it is all masked for a consumer (SKIP_DEAD_STEPS), bf16, both maskings:
-# (config, head dim, traced too); without masking the same kernel as without the switch
+# the walk's all-masked first step the other way than the module's SKIP_DEAD_STEPS (left out or computed), bf16,
+# both maskings: (config, head dim, traced too); without masking the same kernel either way
 SKIP_DEAD_ITEMS = ((C(), 64, False), (C(DQ_FUSED=1), 128, True), (C(DQ_FUSED=2), 128, False),
                    (C(DQ_FUSED=2, DQ_FIRST=1), 128, False), (C(DQ_FUSED=1, PERSISTENT=1), 128, False))
 
@@ -206,6 +206,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
     # every item with the module's row statistics (COMPACT_STATS), OTHER_STATS_ITEMS with the other
     default = gluon_backward.COMPACT_STATS
     steps = gluon_backward.STEP_COUNTERS
+    skip = gluon_backward.SKIP_DEAD_STEPS
     request = [{"kernel": "bwd", "bwd_kernel": which, "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
                 "causal": causal, "compact_stats": default}
                for which, items in (("dkdv", ITEMS), ("dq", DQ_ITEMS)) for cfg, dims in items for d in dims
@@ -234,13 +235,14 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
          for cfg, dims in PERSISTENT_ITEMS for d in dims for dt in ("bfloat16", "float16")
          for causal in (False, True)] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
-          "causal": causal, "compact_stats": default, "skip_dead": True, "trace": trace}
+          "causal": causal, "compact_stats": default, "skip_dead": not skip, "trace": trace}
          for cfg, d, traced in SKIP_DEAD_ITEMS for causal in (False, True)
          for trace in ((False, True) if traced and causal else (False, ))]
     assert gluon_backward.CONSUMER_TURNS == 0, "TURNS_ITEMS compile the turns the module does not take"
     assert not gluon_backward.SCALE_IN_P, "NUMERIC_ITEMS compile the switch the module does not take"
     for item in request:  # the module's walk unless the item says
         item.setdefault("step_counters", steps)
+        item.setdefault("skip_dead", skip)
     for item in request:
         C(**item["config"]).validate(item["head_dim"], getattr(torch, item["dtype"]))
     problems = []
@@ -250,7 +252,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
     for res in results:
         if res["bwd_kernel"] == "dkdv" and res["dtype"] == "bfloat16" and not res.get("trace") \
                 and res["compact_stats"] == default and not res.get("turns") and not res["config"]["DQ_FIRST"] \
-                and "poly_exp2" not in res and res["step_counters"] == steps and not res.get("skip_dead"):
+                and "poly_exp2" not in res and res["step_counters"] == steps and res["skip_dead"] == skip:
             waits[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["mbarrier_waits"]
             ex2s[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["ex2"]
             wgmmas[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["wgmma"]
@@ -268,7 +270,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
                  f"{' scale-in-p' if res.get('scale_in_p') else ''}"
                  f"{' poly %d' % res['poly_exp2'] if res.get('poly_exp2') else ''}"
                  f"{' step-counters' if res.get('step_counters') else ''}"
-                 f"{' skip-dead' if res.get('skip_dead') else ''}")
+                 f"{' skip-dead' if res['skip_dead'] else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > min(estimate, SM90_SHARED_MEMORY):
@@ -303,12 +305,15 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
             key = (json.dumps(res["config"], sort_keys=True), d, res["causal"])
             if key in wgmmas and res["wgmma"] != wgmmas[key]:
                 problems.append(f"{where}: {res['wgmma']} wgmma, {wgmmas[key]} with the module's walk")
-        if res.get("skip_dead") and not res.get("trace"):  # causal: the first step's own waits; else no change
+        if res["skip_dead"] != skip and not res.get("trace"):  # causal: the skipped step's own waits
             key = (json.dumps(res["config"], sort_keys=True), d, res["causal"])
-            if key in waits and (res["mbarrier_waits"] > waits[key]) != res["causal"]:
-                problems.append(f"{where}: {res['mbarrier_waits']} mbarrier waits, {waits[key]} without the switch")
+            if key in waits:
+                pair = (res["mbarrier_waits"], waits[key])
+                on, off = pair if res["skip_dead"] else pair[::-1]
+                if (on > off) != res["causal"] or on < off:
+                    problems.append(f"{where}: {on} mbarrier waits with SKIP_DEAD_STEPS, {off} without")
             if key in wgmmas and not res["causal"] and res["wgmma"] != wgmmas[key]:
-                problems.append(f"{where}: {res['wgmma']} wgmma, {wgmmas[key]} without the switch")
+                problems.append(f"{where}: {res['wgmma']} wgmma, {wgmmas[key]} with the module's SKIP_DEAD_STEPS")
         if res.get("turns"):  # a wait for the other consumer's turn in each consumer
             base = waits[(json.dumps(res["config"], sort_keys=True), d, res["causal"])]
             if res["mbarrier_waits"] != base + 2:
