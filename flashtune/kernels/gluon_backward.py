@@ -152,8 +152,10 @@ STEP_COUNTERS = True
 # each query head is all masked when the diagonal falls on a block edge, as on the standard grid).
 # True skips that group's S^T, dP^T, exponentials, dV and dK in the walk's first step (4 of its 6
 # wgmmas; the dQ share's two stay, with its dS^T half stored as zeros); a grouped-query walk's
-# later heads still compute theirs (a branch inside the loop cost spills). False computes them, all
-# zeros. At N queries a CTA of the first keys walks N / 64 steps, the last one 2: the skipped share
+# later heads still compute theirs (a branch inside the loop cost spills), and so does the persistent
+# walk (GluonBwdConfig.PERSISTENT: with the peeled step its causal loop spilled, sm_90: 9 spill
+# instructions a consumer's loop against none, 268/432 spill bytes a thread against 152/220). False
+# computes them, all zeros. At N queries a CTA of the first keys walks N / 64 steps, the last one 2: the skipped share
 # is largest on short rows (at 512 queries one step in ten of the second group). dK, dV and dQ the
 # same but for the sign of zero sums (test_the_order_switches_change_no_bit, H100, 2026-12-06: 8
 # passed). Timed on the H100 (2026-12-06, gluon_bwd.py --grid --rows <the 6 D=128 lengths> --gluon
@@ -616,7 +618,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
                                causal_off, t_n, t_qb, t_nqb, t_steps, t_h0, desc_dqa, ds_smem, dq_smem, ds_ready,
                                turn, trace, pid, g0, t & 1, kv_empty, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
                                NUM_BUFFERS, DV_EARLY, FUSED_DQ, False, COMPACT, TURNS, DQ_FIRST, SCALED_P, POLY,
-                               POLY_ASM, STEPS, True, SKIP_DEAD)
+                               POLY_ASM, STEPS, True, False)  # (SKIP_DEAD_STEPS: not here, see its comment)
                 g0 += t_steps
     else:
         _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE,
