@@ -62,8 +62,8 @@ from flashtune.kernels.common import LOG2E, causal_offset, cdiv, key_block_lpt_u
 from flashtune.kernels.config import ConfigError, _triton_default, split_work
 from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, SM90_SHARED_MEMORY, _BARRIER_BYTES,
                                              _SHARED_SLACK, _T_CLK_BLOCKS, _T_CLK_Q, _T_HEAD, _addressable,
-                                             _descriptor, _stamp, _trace_end, _trace_slots, _trace_start,
-                                             check_int_fields, check_register_split, check_sm90_device,
+                                             _descriptor, _stamp, _tma_addressable, _trace_end, _trace_slots,
+                                             _trace_start, check_int_fields, check_register_split, check_sm90_device,
                                              exp2_split_asm, kernel_maxnreg, lpt_tile, p_tile_layout,
                                              poly_exp2_value, tile_layout)
 
@@ -164,6 +164,18 @@ STEP_COUNTERS = True
 # 0.913 -> 0.926x cuDNN in geometric mean over the 6 causal rows. On since. Read at each launch, as
 # COMPACT_STATS.
 SKIP_DEAD_STEPS = True
+# the dK/dV kernel's epilogue through TMA: True writes each consumer group's dK and dV (scaled, in
+# the inputs' 16-bit dtype) into its own K and V tiles in shared memory and sends each as one TMA
+# bulk store (rows past Nk clipped by the descriptor), as the forward's TMA_STORE_O does with O; the
+# K tiles once both groups are past their last dQ share (an mbarrier: those read both groups' K).
+# False stores them from registers (64 4-byte stores a thread and tensor, 64-bit addresses, a row
+# mask). Why: on short rows a CTA walks few steps and its epilogue is a large share of its time;
+# cuDNN's backward pays the same Delta and dQ-cast passes as ours, so the gap there is the main
+# kernel (H100, 2026-12-06: 1.16x cuDNN's at 512 and 1024 queries full, 1.26-1.30x causal), and the
+# forward's TMA store of O gained 13-15 % on the 512 rows. The one-CTA-a-tile kernel, unsplit, with
+# addressable outputs (_tma_dkdv); a split or the persistent walk keeps the register stores. The same
+# values either way. Off until a GPU checks and times it. Read at each launch, as COMPACT_STATS.
+TMA_STORE_DKDV = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,12 +260,15 @@ class GluonBwdConfig:
         DQ_FUSED also the dS^T slots (two per consumer, four a step late) and the two
         consumers' fp32 dQ shares; with COMPACT_STATS the consumers' exchange of a step's row
         statistics (triton's layout-conversion scratch, counted as a BLOCK_M fp32 vector each);
-        with CONSUMER_TURNS the turns' two mbarriers; PERSISTENT the K/V hand-back mbarrier."""
+        with CONSUMER_TURNS the turns' two mbarriers; PERSISTENT the K/V hand-back mbarrier,
+        TMA_STORE_DKDV its K-free one."""
         e = torch.empty((), dtype=dtype).element_size()
         tiles = 2 * 2 * self.BLOCK_N * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_M * head_dim * e
         if COMPACT_STATS:
             tiles += 2 * self.BLOCK_M * 4
-        barriers = (2 + 3 * self.NUM_BUFFERS + (2 if CONSUMER_TURNS else 0) + self.PERSISTENT) * _BARRIER_BYTES
+        # (the K/V hand-back mbarrier: PERSISTENT's, or TMA_STORE_DKDV's K-free one)
+        kv_free = 1 if self.PERSISTENT or TMA_STORE_DKDV else 0
+        barriers = (2 + 3 * self.NUM_BUFFERS + (2 if CONSUMER_TURNS else 0) + kv_free) * _BARRIER_BYTES
         if self.DQ_FUSED:
             slots = 4 if self.DQ_FUSED == 2 else 2
             tiles += 2 * slots * self.BLOCK_N * self.BLOCK_M * e + 2 * self.BLOCK_M * (head_dim // 2) * 4
@@ -600,7 +615,8 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
               DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr,
               TURNS: gl.constexpr, DQ_FIRST: gl.constexpr, SCALED_P: gl.constexpr, POLY: gl.constexpr,
-              POLY_ASM: gl.constexpr, STEPS: gl.constexpr, PERSISTENT: gl.constexpr, SKIP_DEAD: gl.constexpr):
+              POLY_ASM: gl.constexpr, STEPS: gl.constexpr, PERSISTENT: gl.constexpr, SKIP_DEAD: gl.constexpr,
+              TMA_DKDV: gl.constexpr):
     """Consumer ``which``: the CTA's tile (its values given; DK and DV at its split's slot), or
     PERSISTENT every tile of its walk in the producer's order (_walk_tile, _tile_params), the
     steps counted across tiles for the rings and the dS^T slots, K and V handed back through
@@ -618,7 +634,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
                                causal_off, t_n, t_qb, t_nqb, t_steps, t_h0, desc_dqa, ds_smem, dq_smem, ds_ready,
                                turn, trace, pid, g0, t & 1, kv_empty, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
                                NUM_BUFFERS, DV_EARLY, FUSED_DQ, False, COMPACT, TURNS, DQ_FIRST, SCALED_P, POLY,
-                               POLY_ASM, STEPS, True, False)  # (SKIP_DEAD_STEPS: not here, see its comment)
+                               POLY_ASM, STEPS, True, False, False)  # (SKIP_DEAD_STEPS: not here, see its comment)
                 g0 += t_steps
     else:
         _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE,
@@ -626,7 +642,8 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
                        stride_dvb, stride_dvh, stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off,
                        start_n, first_qb, n_qb, n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn, trace,
                        pid, 0, 0, kv_empty, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, DV_EARLY, FUSED_DQ,
-                       TRACE, COMPACT, TURNS, DQ_FIRST, SCALED_P, POLY, POLY_ASM, STEPS, False, SKIP_DEAD)
+                       TRACE, COMPACT, TURNS, DQ_FIRST, SCALED_P, POLY, POLY_ASM, STEPS, False, SKIP_DEAD,
+                       TMA_DKDV)
 
 
 @gluon.jit
@@ -638,11 +655,14 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
                    BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr,
                    FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr, TURNS: gl.constexpr,
                    DQ_FIRST: gl.constexpr, SCALED_P: gl.constexpr, POLY: gl.constexpr, POLY_ASM: gl.constexpr,
-                   STEPS: gl.constexpr, RELEASE_KV: gl.constexpr, SKIP_DEAD: gl.constexpr):
+                   STEPS: gl.constexpr, RELEASE_KV: gl.constexpr, SKIP_DEAD: gl.constexpr,
+                   TMA_DKDV: gl.constexpr):
     """One tile of consumer ``which``: its steps, the step ``it``'s ring slot, dS^T slot and
     turn counted from g0 + it (g0: the CTA's steps before this tile), its K and V from the
     ``kv_phase`` of their mbarrier; RELEASE_KV: an arrival on ``kv_empty`` once no matmul of
-    this consumer reads them, before the dK/dV epilogue."""
+    this consumer reads them, before the dK/dV epilogue. TMA_DKDV: DK and DV are TMA descriptors,
+    the tiles go out through this group's K and V tiles in shared memory (``kv_empty`` then the
+    mbarrier both groups pass once no dQ share reads a K tile)."""
     # SCALED_P (SCALE_IN_P): lse less p_shift = log2(sm_scale), so P^T and dS^T come scaled
     # TRACE: per step, the events of kernel_trace.BACKWARD (a step without a dQ share stamps
     # its four dQ events at once)
@@ -835,15 +855,33 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
         dv = dv * (1.0 / sm_scale)
     else:
         dk = dk * sm_scale
-    o_rows = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
-    o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    in_rows = o_rows[:, None] < N_K
-    dk_ptrs = DK + off_b.to(gl.int64) * stride_dkb + off_hk.to(gl.int64) * stride_dkh \
-        + o_rows.to(gl.int64)[:, None] * stride_dkn + o_cols[None, :] * stride_dkd
-    gl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=in_rows)
-    dv_ptrs = DV + off_b.to(gl.int64) * stride_dvb + off_hk.to(gl.int64) * stride_dvh \
-        + o_rows.to(gl.int64)[:, None] * stride_dvn + o_cols[None, :] * stride_dvd
-    gl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=in_rows)
+    if TMA_DKDV:
+        # through this group's K and V tiles: V's was read by this group's dP^T only, every one waited
+        # for; K's by the dQ shares of both groups too (FUSED_DQ), so both pass the mbarrier first
+        if FUSED_DQ:
+            gl.thread_barrier()
+            mbarrier.arrive(kv_empty)
+            mbarrier.wait(kv_empty, 0)
+        dk_buf = k_smem.index(which)
+        dv_buf = v_smem.index(which)
+        dk_buf.reshape([BLOCK_N, HEAD_DIM]).store(dk.to(dk_buf.dtype))
+        dv_buf.reshape([BLOCK_N, HEAD_DIM]).store(dv.to(dv_buf.dtype))
+        fence_async_shared()
+        gl.thread_barrier()  # all four warps' rows in shared memory before the bulk stores
+        # rows past Nk: clipped by the descriptors' bounds
+        tma.async_copy_shared_to_global(DK, [off_b, off_hk, key0, 0], dk_buf)
+        tma.async_copy_shared_to_global(DV, [off_b, off_hk, key0, 0], dv_buf)
+        tma.store_wait(0)
+    else:
+        o_rows = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+        o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+        in_rows = o_rows[:, None] < N_K
+        dk_ptrs = DK + off_b.to(gl.int64) * stride_dkb + off_hk.to(gl.int64) * stride_dkh \
+            + o_rows.to(gl.int64)[:, None] * stride_dkn + o_cols[None, :] * stride_dkd
+        gl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=in_rows)
+        dv_ptrs = DV + off_b.to(gl.int64) * stride_dvb + off_hk.to(gl.int64) * stride_dvh \
+            + o_rows.to(gl.int64)[:, None] * stride_dvn + o_cols[None, :] * stride_dvd
+        gl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=in_rows)
     _trace_end(trace, TRACE)
 
 
@@ -859,7 +897,8 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                                 PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TRACE: gl.constexpr,
                                 COMPACT_STATS: gl.constexpr, TURNS: gl.constexpr, DQ_FIRST: gl.constexpr,
                                 SCALED_P: gl.constexpr, POLY: gl.constexpr, POLY_ASM: gl.constexpr,
-                                STEPS: gl.constexpr, PERSISTENT: gl.constexpr, SKIP_DEAD: gl.constexpr):
+                                STEPS: gl.constexpr, PERSISTENT: gl.constexpr, SKIP_DEAD: gl.constexpr,
+                                TMA_DKDV: gl.constexpr):
     # TRACE: the trace (kernel_trace.BACKWARD) into TRACE_PTR's [CTAs, 3, TRACE_SLOTS] int64 slots
     # tiles of key blocks (2 x BLOCK_N keys) x N_UNITS units (_tile_params): a 1-D grid of one
     # CTA a tile, or PERSISTENT at most one CTA per SM walking the tiles (_walk_tile), each
@@ -869,9 +908,10 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
         gl.program_id(0), n_kb, N_UNITS, LPT_UNITS, H_KV, GROUP, SPLIT_H, SPLIT_Q, N_Q, causal_off, CAUSAL,
         BLOCK_M, BLOCK_N)
     if not PERSISTENT:
-        # a split CTA's dK/dV go to its own fp32 slot (summed afterwards); unsplit, stride 0
-        DK += split.to(gl.int64) * stride_dks
-        DV += split.to(gl.int64) * stride_dvs
+        if not TMA_DKDV:  # (TMA_DKDV: DK and DV are descriptors, only ever unsplit)
+            # a split CTA's dK/dV go to its own fp32 slot (summed afterwards); unsplit, stride 0
+            DK += split.to(gl.int64) * stride_dks
+            DV += split.to(gl.int64) * stride_dvs
     if TRACE:
         pid = gl.program_id(0)
     else:
@@ -905,6 +945,9 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
     if PERSISTENT:  # both consumers hand K and V back after each tile
         kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_empty, count=2)
+    elif TMA_DKDV:  # both consumers past their last dQ share before dK goes through a K tile
+        kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_empty, count=2)
     else:  # not read
         kv_empty = q_empty.index(0)
     if TURNS:  # the consumers' turns (CONSUMER_TURNS): one mbarrier each, the other arrives
@@ -923,7 +966,7 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, kv_empty, stride_dks, stride_dvs,
                      H_KV, GROUP, SPLIT_H, SPLIT_Q, LPT_UNITS, N_UNITS, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
                      NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P, POLY,
-                     POLY_ASM, STEPS, PERSISTENT, SKIP_DEAD)),
+                     POLY_ASM, STEPS, PERSISTENT, SKIP_DEAD, TMA_DKDV)),
         (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                      stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
@@ -931,7 +974,7 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, kv_empty, stride_dks, stride_dvs,
                      H_KV, GROUP, SPLIT_H, SPLIT_Q, LPT_UNITS, N_UNITS, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
                      NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P, POLY,
-                     POLY_ASM, STEPS, PERSISTENT, SKIP_DEAD)),
+                     POLY_ASM, STEPS, PERSISTENT, SKIP_DEAD, TMA_DKDV)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
                      q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 2, TRACE), pid, kv_empty, N_K, N_Q, causal_off, H_KV,
@@ -1135,10 +1178,11 @@ def _gluon_attn_bwd_dq_kernel(desc_q, desc_do, desc_k, desc_v, DQ, LSE, DELTA, q
 # Host side
 # ----------------------------------------------------------------------------------
 def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
-                      trace: bool = False, sm_scale: float | None = None) -> dict:
+                      trace: bool = False, sm_scale: float | None = None, tma_dkdv: bool = False) -> dict:
     """The dK/dV kernel's constexprs (COMPACT_STATS, CONSUMER_TURNS, SCALE_IN_P, POLY_EXP2,
-    STEP_COUNTERS: the module's values at the call; SCALE_IN_P only where 0 < ``sm_scale`` <= 1,
-    None standing for such a scale)."""
+    STEP_COUNTERS, SKIP_DEAD_STEPS: the module's values at the call; SCALE_IN_P only where 0 <
+    ``sm_scale`` <= 1, None standing for such a scale; ``tma_dkdv``: dK and dV through TMA, as
+    ``_tma_dkdv`` decides for the launch)."""
     poly = _poly_exp2(head_dim, causal)
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                 NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=config.DQ_FUSED,
@@ -1147,7 +1191,16 @@ def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype,
                 TURNS=_consumer_turns(), DQ_FIRST=bool(config.DQ_FIRST), PERSISTENT=bool(config.PERSISTENT),
                 SCALED_P=bool(SCALE_IN_P) and (sm_scale is None or 0.0 < sm_scale <= 1.0),
                 POLY=poly, POLY_ASM=exp2_split_asm(poly), STEPS=bool(STEP_COUNTERS),
-                SKIP_DEAD=bool(SKIP_DEAD_STEPS))
+                SKIP_DEAD=bool(SKIP_DEAD_STEPS), TMA_DKDV=bool(tma_dkdv))
+
+
+def _tma_dkdv(config: GluonBwdConfig, n_split: int, dk: torch.Tensor | None = None,
+              dv: torch.Tensor | None = None) -> bool:
+    """Whether a launch stores dK and dV through TMA (TMA_STORE_DKDV): the one-CTA-a-tile kernel,
+    unsplit (a split's fp32 partials keep the register stores), outputs the copy engine can
+    address (None: taken as such)."""
+    return bool(TMA_STORE_DKDV) and not config.PERSISTENT and n_split == 1 \
+        and all(t is None or _tma_addressable(t) for t in (dk, dv))
 
 
 def _poly_exp2(head_dim: int, causal: bool) -> int:
@@ -1250,7 +1303,10 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     n_tiles = cdiv(N_K, 2 * config.BLOCK_N) * n_units
     # PERSISTENT: at most one CTA per SM (its shared memory allows no second), each walking tiles
     grid = (min(n_tiles, sm_count(q.device)) if config.PERSISTENT else n_tiles, )
-    constexprs = kernel_constexprs(config, D, q.dtype, causal, trace is not None, sm_scale)
+    tma_dkdv = _tma_dkdv(config, n_split, dk, dv)
+    if tma_dkdv:  # the outputs as descriptors of the K/V tiles' kind (same dtype, rows and shared layout)
+        outs = (_descriptor(dk, config.BLOCK_N), _descriptor(dv, config.BLOCK_N))
+    constexprs = kernel_constexprs(config, D, q.dtype, causal, trace is not None, sm_scale, tma_dkdv)
     p_shift = math.log2(sm_scale) if constexprs["SCALED_P"] else 0.0
     with on_device(q):
         launch.launch(_gluon_attn_bwd_dkdv_kernel, desc_q, desc_do, desc_k, desc_v, *outs, lse2, delta,
@@ -1360,8 +1416,9 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 def compile_for_sm90(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool, kernel: str = "dkdv",
                      trace: bool = False):
     """Compile the dK/dV kernel (or, ``kernel="dq"``, the dQ kernel) for sm_90 (ptxas; no GPU
-    needed) as a launch on contiguous inputs would (``trace``: the dK/dV kernel with its
-    instrumentation); returns triton's CompiledKernel (``.metadata.shared``, ``.asm``)."""
+    needed) as an unsplit launch on contiguous inputs would (``trace``: the dK/dV kernel with its
+    instrumentation; TMA_STORE_DKDV as the module has it); returns triton's CompiledKernel
+    (``.metadata.shared``, ``.asm``)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1378,9 +1435,11 @@ def compile_for_sm90(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, 
         constexprs["stride_dqd"] = 1
     else:
         fn = _gluon_attn_bwd_dkdv_kernel
-        constexprs = kernel_constexprs(config, head_dim, dtype, causal, trace)
+        tma_dkdv = _tma_dkdv(config, 1)
+        constexprs = kernel_constexprs(config, head_dim, dtype, causal, trace, tma_dkdv=tma_dkdv)
+        out = desc(config.BLOCK_N) if tma_dkdv else f"*{el}"
         types = {"desc_q": desc(config.BLOCK_M), "desc_do": desc(config.BLOCK_M), "desc_k": desc(config.BLOCK_N),
-                 "desc_v": desc(config.BLOCK_N), "DK": f"*{el}", "DV": f"*{el}",
+                 "desc_v": desc(config.BLOCK_N), "DK": out, "DV": out,
                  "TRACE_PTR": "*i64" if trace else "*fp32",
                  "desc_dqa": (f"tensordesc<fp32[1,1,{config.BLOCK_M},{head_dim // 2}],"
                               f"{_dq_share_layout(config.BLOCK_M, head_dim)!r}>" if config.DQ_FUSED
@@ -1394,7 +1453,8 @@ def compile_for_sm90(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, 
             signature[name] = "constexpr"
         else:
             signature[name] = types.get(name, "i32")
-            if name in ("DK", "DV", "DQ", "LSE", "DELTA", "TRACE_PTR") or name.startswith("stride"):
+            if name in ("DK", "DV", "DQ", "LSE", "DELTA", "TRACE_PTR") and not types.get(name, "").startswith(
+                    "tensordesc") or name.startswith("stride"):
                 attrs[(i, )] = [["tt.divisibility", 16]]
     src = GluonASTSource(fn, signature, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),

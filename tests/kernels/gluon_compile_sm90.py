@@ -7,10 +7,10 @@ Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "he
 instrumentation; "fma_softmax": its SCALE_POSITIVE softmax; "tma_store": its output through
 TMA; "snake": the persistent kernel's PERSISTENT_SNAKE;
 "row_limit": the forward's ROW_LIMIT_MASK; "fwd_poly_exp2": the forward's POLY_EXP2;
-"compact_stats", "turns", "scale_in_p", "poly_exp2", "step_counters", "skip_dead": the dK/dV kernel's COMPACT_STATS,
-CONSUMER_TURNS, SCALE_IN_P, POLY_EXP2, STEP_COUNTERS and SKIP_DEAD_STEPS) on stdin and prints one JSON line per item
-with the compiled kernel's shared memory in bytes ("shared"), its PTX register cap ("maxnreg"),
-the setmaxnreg values of its partitions ("setmaxnreg"), its wgmma and TMA copy, reduce-add and
+"compact_stats", "turns", "scale_in_p", "poly_exp2", "step_counters", "skip_dead", "tma_dkdv": the dK/dV
+kernel's COMPACT_STATS, CONSUMER_TURNS, SCALE_IN_P, POLY_EXP2, STEP_COUNTERS, SKIP_DEAD_STEPS and
+TMA_STORE_DKDV) on stdin and prints one JSON line per item with the compiled kernel's shared memory in
+bytes ("shared"), its PTX register cap ("maxnreg"), the setmaxnreg values of its partitions ("setmaxnreg"), its wgmma and TMA copy, reduce-add and
 bulk-store counts and bulk-store waits, its cycle-counter reads ("clock_reads": the trace's stamps),
 its ex2.approx instructions and polynomial exponentials ("ex2", "poly_exp2s": POLY_EXP2's magic constant),
 or one {"skip": ...} line when this triton cannot compile Gluon for sm_90 here.
@@ -39,6 +39,7 @@ def compile_item(item: dict) -> dict:
         gluon_backward.POLY_EXP2 = item.get("poly_exp2", 0)
         gluon_backward.STEP_COUNTERS = item.get("step_counters", False)
         gluon_backward.SKIP_DEAD_STEPS = item.get("skip_dead", False)
+        gluon_backward.TMA_STORE_DKDV = item.get("tma_dkdv", False)
 
         compiled = compile_bwd(GluonBwdConfig(**item["config"]), item["head_dim"], dtype, item["causal"],
                                item.get("bwd_kernel", "dkdv"), trace=item.get("trace", False))

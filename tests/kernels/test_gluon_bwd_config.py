@@ -200,6 +200,11 @@ PERSISTENT_ITEMS = ((C(DQ_FUSED=1, PERSISTENT=1), (64, 128)), (C(DQ_FUSED=2, DQ_
 # both maskings: (config, head dim, traced too); without masking the same kernel either way
 SKIP_DEAD_ITEMS = ((C(), 64, False), (C(DQ_FUSED=1), 128, True), (C(DQ_FUSED=2), 128, False),
                    (C(DQ_FUSED=2, DQ_FIRST=1), 128, False))
+# dK and dV the other way than the module's TMA_STORE_DKDV (TMA bulk stores through the K and V tiles, or
+# the register stores), both maskings: (config, head dims, dtypes); the persistent walk keeps the register stores
+TMA_DKDV_ITEMS = ((C(), (64, 128), ("bfloat16", )), (C(DQ_FUSED=1), (128, ), ("bfloat16", "float16")),
+                  (C(DQ_FUSED=2, DQ_FIRST=1), (128, ), ("bfloat16", )),
+                  (C(DQ_FUSED=1, DQ_FIRST=1), (64, ), ("bfloat16", )), (C(DQ_FUSED=1, PERSISTENT=1), (128, ), ("bfloat16", )))
 
 
 def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
@@ -207,6 +212,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
     default = gluon_backward.COMPACT_STATS
     steps = gluon_backward.STEP_COUNTERS
     skip = gluon_backward.SKIP_DEAD_STEPS
+    tma_dkdv = gluon_backward.TMA_STORE_DKDV
     request = [{"kernel": "bwd", "bwd_kernel": which, "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
                 "causal": causal, "compact_stats": default}
                for which, items in (("dkdv", ITEMS), ("dq", DQ_ITEMS)) for cfg, dims in items for d in dims
@@ -237,12 +243,16 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
           "causal": causal, "compact_stats": default, "skip_dead": not skip, "trace": trace}
          for cfg, d, traced in SKIP_DEAD_ITEMS for causal in (False, True)
-         for trace in ((False, True) if traced and causal else (False, ))]
+         for trace in ((False, True) if traced and causal else (False, ))] + \
+        [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
+          "causal": causal, "compact_stats": default, "tma_dkdv": not tma_dkdv}
+         for cfg, dims, dtypes in TMA_DKDV_ITEMS for d in dims for dt in dtypes for causal in (False, True)]
     assert gluon_backward.CONSUMER_TURNS == 0, "TURNS_ITEMS compile the turns the module does not take"
     assert not gluon_backward.SCALE_IN_P, "NUMERIC_ITEMS compile the switch the module does not take"
     for item in request:  # the module's walk unless the item says
         item.setdefault("step_counters", steps)
         item.setdefault("skip_dead", skip)
+        item.setdefault("tma_dkdv", tma_dkdv)
     for item in request:
         C(**item["config"]).validate(item["head_dim"], getattr(torch, item["dtype"]))
     problems = []
@@ -252,7 +262,8 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
     for res in results:
         if res["bwd_kernel"] == "dkdv" and res["dtype"] == "bfloat16" and not res.get("trace") \
                 and res["compact_stats"] == default and not res.get("turns") and not res["config"]["DQ_FIRST"] \
-                and "poly_exp2" not in res and res["step_counters"] == steps and res["skip_dead"] == skip:
+                and "poly_exp2" not in res and res["step_counters"] == steps and res["skip_dead"] == skip \
+                and res["tma_dkdv"] == tma_dkdv:
             waits[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["mbarrier_waits"]
             ex2s[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["ex2"]
             wgmmas[(json.dumps(res["config"], sort_keys=True), res["head_dim"], res["causal"])] = res["wgmma"]
@@ -270,7 +281,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
                  f"{' scale-in-p' if res.get('scale_in_p') else ''}"
                  f"{' poly %d' % res['poly_exp2'] if res.get('poly_exp2') else ''}"
                  f"{' step-counters' if res.get('step_counters') else ''}"
-                 f"{' skip-dead' if res['skip_dead'] else ''}")
+                 f"{' skip-dead' if res['skip_dead'] else ''}{' tma-dkdv' if res['tma_dkdv'] else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > min(estimate, SM90_SHARED_MEMORY):
@@ -314,6 +325,11 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
                     problems.append(f"{where}: {on} mbarrier waits with SKIP_DEAD_STEPS, {off} without")
             if key in wgmmas and not res["causal"] and res["wgmma"] != wgmmas[key]:
                 problems.append(f"{where}: {res['wgmma']} wgmma, {wgmmas[key]} with the module's SKIP_DEAD_STEPS")
+        # TMA_STORE_DKDV: dK and dV as one bulk store each per consumer group (none with the register stores, nor in
+        # the persistent walk or the dQ kernel)
+        bulk = 4 if res["tma_dkdv"] and not dq and not cfg.PERSISTENT else 0
+        if res["tma_stores"] != bulk:
+            problems.append(f"{where}: {res['tma_stores']} TMA bulk stores, expected {bulk}")
         if res.get("turns"):  # a wait for the other consumer's turn in each consumer (and in a peeled dead step)
             base = waits[(json.dumps(res["config"], sort_keys=True), d, res["causal"])]
             if res["mbarrier_waits"] != base + (4 if res["skip_dead"] and res["causal"] else 2):

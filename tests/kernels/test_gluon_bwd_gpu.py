@@ -282,6 +282,37 @@ def test_the_order_switches_change_no_bit(flags, causal, config, monkeypatch):
     check_gluon_backward(777, 777, 64, causal=causal, config=config, heads=(4, 1))
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("config", ["m64", "m64-fused", "m64-fused-late", "m64-fused-first", "m64-fused-late-first"])
+def test_the_tma_store_of_dk_dv_gives_the_register_stores_bits(causal, config, monkeypatch):
+    """gluon_backward.TMA_STORE_DKDV: dK and dV out through the groups' K and V tiles and TMA bulk
+    stores (rows past Nk clipped by the descriptors) give the register stores' bits, dQ too but for
+    the fused dQ's reduce-adds (any order): grouped heads, lengths that end inside a block, Nq !=
+    Nk (a CTA of no query block under causal masking), a split (which keeps the register stores),
+    fp16; and against the reference."""
+    cfg = CONFIGS[config][0]
+    # unsplit (1) where the TMA store is taken; a split (4) keeps the register stores
+    for hq, hkv, n_q, n_k, dkdv_split, dtype in ((8, 2, 1000, 1000, 1, torch.bfloat16),
+                                                 (4, 1, 333, 1000, 4, torch.bfloat16),
+                                                 (4, 4, 700, 190, 1, torch.float16),
+                                                 (8, 8, 130, 130, 1, torch.bfloat16)):
+        q, k, v, do, o, lse2 = causal_inputs(2, hq, hkv, n_q, seed=13)
+        q, do = q.to(dtype), do.to(dtype)
+        k, v = (torch.randn(2, hkv, n_k, 128, device="cuda", dtype=dtype) for _ in range(2))
+        o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128),
+                                                        causal=causal)
+        runs = []
+        for on in (False, True):
+            monkeypatch.setattr(gluon_backward, "TMA_STORE_DKDV", on)
+            runs.append(gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=causal,
+                                                                dkdv_split=dkdv_split))
+        torch.cuda.synchronize()
+        assert_the_same_gradients(cfg, *runs, where=(hq, hkv, n_q, n_k, dtype))
+    monkeypatch.setattr(gluon_backward, "TMA_STORE_DKDV", True)
+    check_gluon_backward(1000, 1000, 128, causal=causal, config=config, split=1)
+    check_gluon_backward(777, 777, 64, causal=causal, config=config, heads=(4, 1), split=1)
+
+
 # switches that change the arithmetic (other bits than off, so checked against the reference):
 # gluon_backward.SCALE_IN_P (sm_scale carried in P^T) and POLY_EXP2 (some of P^T's exponentials
 # by a polynomial)
