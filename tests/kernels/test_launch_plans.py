@@ -148,6 +148,16 @@ def test_replay_matches_launchers_gpu(monkeypatch):
     _check_cases(monkeypatch, gpu=True)
 
 
+@pytest.mark.gpu
+def test_replay_matches_launchers_with_the_tma_store_of_dk_dv_gpu(monkeypatch):
+    """The same with gluon_backward.TMA_STORE_DKDV on: the Gluon dK/dV kernel's outputs as TMA
+    descriptors over the plan's own dK and dV (a split keeps its pointers)."""
+    from flashtune.kernels import gluon_backward
+
+    monkeypatch.setattr(gluon_backward, "TMA_STORE_DKDV", True)
+    _check_cases(monkeypatch, gpu=True)
+
+
 def _device():
     return _device_dtype(CUDA)
 
