@@ -151,18 +151,18 @@ STEP_COUNTERS = True
 # first query that sees its first key, so with 64-query blocks the second group's first block of
 # each query head is all masked when the diagonal falls on a block edge, as on the standard grid).
 # True skips that group's S^T, dP^T, exponentials, dV and dK in the walk's first step (4 of its 6
-# wgmmas; the dQ share's two stay, with its dS^T half stored as zeros); a grouped-query walk's
-# later heads still compute theirs (a branch inside the loop cost spills), and so does the persistent
-# walk (GluonBwdConfig.PERSISTENT: with the peeled step its causal loop spilled, sm_90: 9 spill
+# wgmmas; the dQ share's two stay, with its dS^T half stored as zeros); a grouped-query walk's later
+# heads still compute theirs (a branch inside the loop cost spills), and so does the persistent walk
+# (GluonBwdConfig.PERSISTENT: with the peeled step its causal loop spilled, sm_90: 9 spill
 # instructions a consumer's loop against none, 268/432 spill bytes a thread against 152/220). False
-# computes them, all zeros. At N queries a CTA of the first keys walks N / 64 steps, the last one 2: the skipped share
-# is largest on short rows (at 512 queries one step in ten of the second group). dK, dV and dQ the
-# same but for the sign of zero sums (test_the_order_switches_change_no_bit, H100, 2026-12-06: 8
-# passed). Timed on the H100 (2026-12-06, gluon_bwd.py --grid --rows <the 6 D=128 lengths> --gluon
-# fused --dq-first both --switch SKIP_DEAD_STEPS=0,1 --rounds 2 --rep 30; docs/gluon.md): faster in
-# 20 of the 24 causal (row, variant) pairs, the causal default's variant (a step late, first)
-# 0.913 -> 0.926x cuDNN in geometric mean over the 6 causal rows. On since. Read at each launch, as
-# COMPACT_STATS.
+# computes them, all zeros. At N queries a CTA of the first keys walks N / 64 steps, the last one 2:
+# the skipped share is largest on short rows (at 512 queries one step in ten of the second group).
+# dK, dV and dQ the same but for the sign of zero sums (test_the_order_switches_change_no_bit, H100,
+# 2026-12-06: 8 passed). Timed on the H100 (2026-12-06, gluon_bwd.py --grid --rows <the 6 D=128
+# lengths> --gluon fused --dq-first both --switch SKIP_DEAD_STEPS=0,1 --rounds 2 --rep 30;
+# docs/gluon.md): faster in 20 of the 24 causal (row, variant) pairs, the causal default's variant
+# (a step late, first) 0.913 -> 0.926x cuDNN in geometric mean over the 6 causal rows. On since.
+# Read at each launch, as COMPACT_STATS.
 SKIP_DEAD_STEPS = True
 # the dK/dV kernel's epilogue through TMA: True writes each consumer group's dK and dV (scaled, in
 # the inputs' 16-bit dtype) into its own K and V tiles in shared memory and sends each as one TMA
