@@ -546,6 +546,30 @@ def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dq
 
 
 @gluon.jit
+def _due_dq_share(which, g, it, h, qb, h_before, qb_before, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b,
+                  sm_scale, ev, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, SCALED_P: gl.constexpr):
+    """Step ``it``'s (walk index g, at query head h and block qb) dQ share in the step's usual
+    order (``_fused_dq_share``): FUSED_DQ 1 this step's, 2 the previous step's (h_before,
+    qb_before; none at the first step, so the groups may drift a step apart); a step without one
+    stamps its four dQ events at once (events 8 to 11)."""
+    DS_SLOTS: gl.constexpr = 4 if FUSED_DQ == 2 else 2
+    if FUSED_DQ == 1:
+        _fused_dq_share(which, g, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
+                        HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
+    elif FUSED_DQ == 2:  # (nested: a constexpr `and` a runtime value is not folded)
+        if it > 0:
+            _fused_dq_share(which, g - 1, h_before, qb_before, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b,
+                            sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
+        else:
+            for e in gl.static_range(8, 12):
+                _stamp(ev, e, TRACE)
+    else:
+        for e in gl.static_range(8, 12):
+            _stamp(ev, e, TRACE)
+
+
+@gluon.jit
 def _dead_step(which, g, it, h, qb, h_before, qb_before, q_ready, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, turn,
                off_b, sm_scale, ev, phase, s, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                FUSED_DQ: gl.constexpr, TURNS: gl.constexpr, TRACE: gl.constexpr, SCALED_P: gl.constexpr):
@@ -569,18 +593,8 @@ def _dead_step(which, g, it, h, qb, h_before, qb_before, q_ready, k_smem, ds_sme
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(ds_ready.index(g % DS_SLOTS))
-        if FUSED_DQ == 1:  # this step's share
-            _fused_dq_share(which, g, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
-                            HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
-        elif it > 0:  # the previous step's (at the first step, none is due)
-            _fused_dq_share(which, g - 1, h_before, qb_before, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b,
-                            sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
-        else:
-            for e in gl.static_range(8, 12):
-                _stamp(ev, e, TRACE)
-    else:
-        for e in gl.static_range(8, 12):
-            _stamp(ev, e, TRACE)
+    _due_dq_share(which, g, it, h, qb, h_before, qb_before, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b,
+                  sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, FUSED_DQ, TRACE, SCALED_P)
     _stamp(ev, 12, TRACE)
 
 
@@ -810,19 +824,8 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
                 dv = warpgroup_mma(pt16, do, dv, is_async=True)
             dk = warpgroup_mma(dst16, q, dk, is_async=True)
             _stamp(ev, 7, TRACE)
-            if FUSED_DQ == 1:  # this step's dQ share
-                _fused_dq_share(which, g, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
-                                HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
-            elif FUSED_DQ == 2:  # the previous step's, so the groups may drift a step apart
-                if it > 0:
-                    _fused_dq_share(which, g - 1, h_before, qb_before, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
-                                    off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
-                else:
-                    for e in gl.static_range(8, 12):
-                        _stamp(ev, e, TRACE)
-            else:
-                for e in gl.static_range(8, 12):
-                    _stamp(ev, e, TRACE)
+            _due_dq_share(which, g, it, h, qb, h_before, qb_before, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
+                          off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, FUSED_DQ, TRACE, SCALED_P)
         dv, dk, _p, _ds, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, pt16, dst16, do, q))
         _stamp(ev, 12, TRACE)
         # every warp of the group is done with the slot before its one arrival
