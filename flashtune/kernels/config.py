@@ -990,7 +990,13 @@ _SM90_FWD[(_bf, 256, "long")] = _F(64, 64, 4, 3, family=1, persistent=1)
 # the order, 0.996, is fastest). benchmarks/gluon_bwd.py --grid (--realistic) --rows ... --gluon fused
 # --dq-first both --rounds 2 --rep 30, GPU time, H100, triton 3.6, 2026-12-06 (docs/gluon.md,
 # docs/data/h100-2026-12-06b-gluon/). The search times all four per key.
-_SM90_BWD[(_bf, 128, "long", True)] = _B(64, 64, 64, 64, 4, 2, family=4, dq_first=1)
+# Since dK/dV leave through TMA (gluon_backward.TMA_STORE_DKDV, on from 2026-12-06): the late share in the usual
+# order (family 4, dq_first 0), 0.960x cuDNN over the 6 causal D=128 grid rows in geometric mean against the
+# share first's 0.935x (512 0.952 / 0.935, 1024 0.950 / 0.941, 2048 0.983 / 0.943, 4096 0.998 / 0.941, 8192
+# 1.009 / 0.964, 16384 0.876 / 0.890); the same-step share 0.954x. gluon_bwd.py --grid --rows ... --gluon fused
+# --dq-first both --switch TMA_STORE_DKDV=0,1 --rounds 2 --rep 30, GPU time, H100, triton 3.6, 2026-12-06
+# (docs/gluon.md, docs/data/h100-2026-12-06c-gluon/). The search times all four per key.
+_SM90_BWD[(_bf, 128, "long", True)] = _B(64, 64, 64, 64, 4, 2, family=4)
 # Since the fused dQ share's order became a config field (dq_first, GluonBwdConfig.DQ_FIRST,
 # 2026-12-05), non-causal: dQ fused in its step with the share's wgmmas ahead of dV and dK (family 3,
 # dq_first 1), faster than family 4 in 5 of 6 measurements of 5 full D=128 rows, ratio to cuDNN family 4

@@ -174,8 +174,15 @@ SKIP_DEAD_STEPS = True
 # kernel (H100, 2026-12-06: 1.16x cuDNN's at 512 and 1024 queries full, 1.26-1.30x causal), and the
 # forward's TMA store of O gained 13-15 % on the 512 rows. The one-CTA-a-tile kernel, unsplit, with
 # addressable outputs (_tma_dkdv); a split or the persistent walk keeps the register stores. The same
-# values either way. Off until a GPU checks and times it. Read at each launch, as COMPACT_STATS.
-TMA_STORE_DKDV = False
+# values either way: the same bits as the register stores (test_the_tma_store_of_dk_dv_gives_the_register_stores_bits,
+# H100, 2026-12-06: 11 passed with the launch-plan replay). Timed on the H100 (2026-12-06, gluon_bwd.py --grid
+# --rows <the 6 D=128 lengths> --gluon fused --dq-first both --switch TMA_STORE_DKDV=0,1 --rounds 2 --rep 30;
+# docs/gluon.md): over the 6 full D=128 rows 0.936 -> 0.971x cuDNN in geometric mean for the same-step share,
+# 0.945 -> 0.972 with it first, 0.915 -> 0.966 a step late (512 queries 0.91 -> 1.00); causal 0.919 -> 0.954
+# (same step), 0.910 -> 0.960 (a step late), but with the share first not (0.899 -> 0.893 same step, 0.932 ->
+# 0.935 a step late; the causal default moved to the late share in the usual order). On since.
+# Read at each launch, as COMPACT_STATS.
+TMA_STORE_DKDV = True
 
 
 @dataclasses.dataclass(frozen=True)

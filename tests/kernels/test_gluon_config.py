@@ -191,8 +191,8 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
 
 def test_on_sm90_long_d128_backward_calls_default_to_the_gluon_families(monkeypatch):
     """From LONG_MIN_Q_BWD queries at D=128: dQ fused, under causal masking a step late (4), without
-    masking in its step (3), both with the share ahead of dV and dK (dq_first); at D=64 without masking dQ fused (3) from its own bound; shorter calls,
-    D=64 with masking, other head dims and fp32 keep the Triton entries."""
+    masking in its step with the share ahead of dV and dK (3, dq_first); at D=64 without masking dQ fused (3)
+    from its own bound; shorter calls, D=64 with masking, other head dims and fp32 keep the Triton entries."""
     monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(gluon_forward, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)
@@ -201,7 +201,7 @@ def test_on_sm90_long_d128_backward_calls_default_to_the_gluon_families(monkeypa
     long_q = config_mod.LONG_MIN_Q_BWD
     assert config_mod.is_long("bwd", long_q) and not config_mod.is_long("bwd", long_q - 1)
     causal = default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q)
-    assert (causal.family, causal.dq_first) == (4, 1) and causal.gluon().DQ_FUSED == 2
+    assert (causal.family, causal.dq_first) == (4, 0) and causal.gluon().DQ_FUSED == 2
     full = default("bwd", 128, torch.float16, "cuda", causal=False, seq_q=4 * long_q)
     assert (full.family, full.dq_first) == (3, 1) and full.gluon().DQ_FIRST == 1
     assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q - 1).family == 0
