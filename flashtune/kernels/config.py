@@ -60,10 +60,13 @@ LONG_MIN_K = 512
 LONG_MIN_Q_BWD = 512
 LONG_MIN_Q_FP8 = 1024
 LONG_MIN_K_FP8 = 2048
-# the backward's long bound of a (padded) head dim where it is not LONG_MIN_Q_BWD. D=64: 1024 queries,
-# where its long entry (the fused Gluon backward, without masking) starts to beat the Triton default
-# (at 512 it ties, 0.991x, and SHAPES.md's BERT row there is bound by the host); the entry's comment.
-LONG_MIN_Q_BWD_BY_HEAD_DIM = {64: 1024}
+# the backward's long bound of a (padded) head dim and masking (causal) where it is not LONG_MIN_Q_BWD.
+# D=64 without masking: 256 queries since 2026-12-06 (1024 before), where its long entry (the fused Gluon
+# backward a step late, the share first) beats the Triton default with dK/dV through TMA (SHAPES.md's ViT
+# row, 257 queries, 0.987x cuDNN against 0.905x; BERT at 512 0.952 / 0.901; grid 512 0.942 / 0.932);
+# with masking 4096, where its causal entry starts to beat it (2048 0.946 / 0.949, 4096 0.958 / 0.913;
+# GPT-2's 512-query row 0.966 / 1.027). The entries' comments.
+LONG_MIN_Q_BWD_BY_HEAD_DIM = {(64, False): 256, (64, True): 4096}
 
 
 def decode_fills(batch_heads_kv: int | None, device) -> bool:
@@ -81,27 +84,31 @@ def decode_fills(batch_heads_kv: int | None, device) -> bool:
     return batch_heads_kv >= sm_count(torch.device(device))
 
 
-def long_bounds(pass_: str, dtype: torch.dtype | None = None,
-                head_dim: int | None = None) -> tuple[int, int | None]:
+def long_bounds(pass_: str, dtype: torch.dtype | None = None, head_dim: int | None = None,
+                causal: bool | None = None) -> tuple[int, int | None]:
     """The fewest queries per head and keys (None: no bound) of a long call of ``pass_`` in
-    ``dtype`` (None: a 16-bit one) at ``head_dim`` (None: one with no bound of its own; the
-    backward's LONG_MIN_Q_BWD_BY_HEAD_DIM, by the head dim the tables pad it to)."""
+    ``dtype`` (None: a 16-bit one) at ``head_dim`` (None: one with no bound of its own) with
+    ``causal`` masking (None: either; the lower bound of the two); the backward's by
+    LONG_MIN_Q_BWD_BY_HEAD_DIM, keyed by the head dim the tables pad it to and the masking."""
     if pass_ != "fwd":
-        padded = None if head_dim is None else padded_head_dim(head_dim, dtype)
-        return LONG_MIN_Q_BWD_BY_HEAD_DIM.get(padded, LONG_MIN_Q_BWD), None
+        if head_dim is None:
+            return LONG_MIN_Q_BWD, None
+        padded = padded_head_dim(head_dim, dtype)
+        masks = (False, True) if causal is None else (bool(causal), )
+        return min(LONG_MIN_Q_BWD_BY_HEAD_DIM.get((padded, m), LONG_MIN_Q_BWD) for m in masks), None
     if dtype in FP8_DTYPES:
         return LONG_MIN_Q_FP8, LONG_MIN_K_FP8
     return LONG_MIN_Q, LONG_MIN_K
 
 
 def is_long(pass_: str, seq_q: int | None, seq_k: int | None = None, dtype: torch.dtype | None = None,
-            head_dim: int | None = None) -> bool:
+            head_dim: int | None = None, causal: bool | None = None) -> bool:
     """Whether a call of ``seq_q`` queries per head against ``seq_k`` keys (None: seq_q)
-    in ``dtype`` (None: a 16-bit one) at ``head_dim`` (``long_bounds``) reads the tables' long
-    entries."""
+    in ``dtype`` (None: a 16-bit one) at ``head_dim`` with ``causal`` masking (``long_bounds``)
+    reads the tables' long entries."""
     if seq_q is None:
         return False
-    min_q, min_k = long_bounds(pass_, dtype, head_dim)
+    min_q, min_k = long_bounds(pass_, dtype, head_dim, causal)
     return seq_q >= min_q and (min_k is None or (seq_q if seq_k is None else seq_k) >= min_k)
 # fp8 inputs (kernels/fp8.py): the forward only. Triton's fp8 dots need a reduction of at
 # least 32 (the tensor cores' fp8 K step): the head dim pads to 32, BLOCK_N (P @ V's K) >= 32.
@@ -1016,7 +1023,19 @@ _SM90_BWD[(_bf, 128, "long", False)] = _B(64, 64, 64, 64, 4, 2, family=3, dq_fir
 # --grid --realistic --gluon all --stats both --rounds 2 --rep 30, GPU time, H200, triton 3.6,
 # 2026-12-05 (docs/data/h200-2026-12-05-gluon/bwd.log; docs/gluon.md). The search times the Gluon
 # families per key (family_defaults).
-_SM90_BWD[(_bf, 64, "long", False)] = _B(64, 64, 64, 64, 4, 2, family=3)
+# Since dK/dV leave through TMA (gluon_backward.TMA_STORE_DKDV, 2026-12-06): without masking the late share
+# first (family 4, dq_first 1), from 256 queries, faster than family 3 on 5 of the 6 full D=64 grid rows and
+# than the Triton default on every full D=64 row measured, ratio to cuDNN Triton default / family 3 / this:
+# 512 0.932 / 0.934 / 0.942, 1024 0.825 / 0.872 / 0.908, 2048 0.771 / 0.840 / 0.892, 4096 0.762 / 0.859 /
+# 0.926, 8192 0.777 / 0.906 / 0.951, 16384 0.755 / 0.871 / 0.940, SHAPES.md's bert-base-512 0.901 / 0.939 /
+# 0.952, vit-l16-257 0.905 / 0.989 / 0.987. Causal, from 4096 queries (its own bound): the late share in the
+# usual order (family 4, as the causal D=128 entry), 4096 0.913 / 0.958, 8192 0.913 / 1.005, 16384 0.852 /
+# 0.974 (Triton default / this; 2048 0.949 / 0.946, 1024 0.998 / 0.943, 512 1.056 / 0.958, gpt2-train-512
+# 1.027 / 0.966: the Triton default below the bound). benchmarks/gluon_bwd.py --grid --rows <the 6 D=64
+# lengths>,bert-base-512,vit-l16-257,gpt2-train-512 --gluon fused --dq-first both --rounds 2 --rep 30, GPU
+# time, H100, triton 3.6, 2026-12-06 (docs/gluon.md, docs/data/h100-2026-12-06c-gluon/bwd_d64.log).
+_SM90_BWD[(_bf, 64, "long", False)] = _B(64, 64, 64, 64, 4, 2, family=4, dq_first=1)
+_SM90_BWD[(_bf, 64, "long", True)] = _B(64, 64, 64, 64, 4, 2, family=4)
 _SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
 # fp8 forward, the Triton kernel: untuned; chosen by analogy with the bf16 entries and
 # Triton's fused-attention tutorial's fp8 configs (128x128, 8 warps, 3 stages at D=128:
@@ -1189,7 +1208,7 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     DECODE_MAX_Q; before it (dtype, head_dim, "decode", "full") where ``batch_heads_kv``,
     the call's batch x K/V heads, fills the SMs: ``decode_fills``) or for long calls
     ((dtype, head_dim, "long", causal), then (dtype, head_dim, "long");
-    ``is_long(pass_, seq_q, seq_k, dtype, head_dim)``, seq_k None for seq_q) comes first,
+    ``is_long(pass_, seq_q, seq_k, dtype, head_dim, causal)``, seq_k None for seq_q) comes first,
     then one for this masking ((dtype, head_dim, causal)), then the one for both.
     ``triton_only``: entries of another kernel family (the Gluon forward, ``family=1``) are
     passed over (``FwdConfig.as_triton``'s fallback).
@@ -1202,7 +1221,7 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
         keys.insert(0, (*key, "decode"))
         if decode_fills(batch_heads_kv, device):
             keys.insert(0, (*key, "decode", "full"))
-    if is_long(pass_, seq_q, seq_k, dtype, head_dim):
+    if is_long(pass_, seq_q, seq_k, dtype, head_dim, causal):
         keys.insert(0, (*key, "long"))
         if causal is not None:  # an entry for long queries with this masking first
             keys.insert(0, (*key, "long", bool(causal)))

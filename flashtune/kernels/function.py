@@ -174,7 +174,7 @@ def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device
              bucket: str | None = None):
     """The heuristic config of a bucket: "decode", "decode-full" (a decode call that fills
     the SMs, config.decode_fills), "long" or None (neither)."""
-    long = long_bounds(pass_, dtype, head_dim)
+    long = long_bounds(pass_, dtype, head_dim, causal)
     seq_q, seq_k = {"decode": (1, None), "decode-full": (1, None), "long": long, None: (None, None)}[bucket]
     fills = decode.sm_count(device) if bucket == "decode-full" else None  # batch x K/V heads that fill the SMs
     return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=seq_q, seq_k=seq_k,
@@ -190,7 +190,7 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
     K/V heads fill the SMs (None: unknown, never), its long entry for ``config.is_long``
     calls of ``seq_k`` keys (None: as many as queries); neither for a packed ``varlen`` q or
     with dropout, which run the plain Triton forward kernel); the backward's long entry from
-    LONG_MIN_Q_BWD queries (LONG_MIN_Q_BWD_BY_HEAD_DIM where its head dim has a bound of its own;
+    LONG_MIN_Q_BWD queries (LONG_MIN_Q_BWD_BY_HEAD_DIM where its head dim and masking have a bound of their own;
     no decode entry: its decode-sized calls are few)."""
     D, dtype, device = q.shape[-1], q.dtype, q.device
     n_q = q.shape[2]
@@ -202,7 +202,7 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
             buckets["fwd"] = "decode-full" if fills else "decode"
         elif is_long("fwd", n_q, seq_k, dtype):
             buckets["fwd"] = "long"
-        buckets["bwd"] = "long" if is_long("bwd", n_q, dtype=dtype, head_dim=D) else None
+        buckets["bwd"] = "long" if is_long("bwd", n_q, dtype=dtype, head_dim=D, causal=bool(causal)) else None
     resolved = []
     for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
                                   ("bwd_config", bwd_config, BwdConfig, "bwd")):

@@ -191,8 +191,8 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
 
 def test_on_sm90_long_d128_backward_calls_default_to_the_gluon_families(monkeypatch):
     """From LONG_MIN_Q_BWD queries at D=128: dQ fused, under causal masking a step late (4), without
-    masking in its step with the share ahead of dV and dK (3, dq_first); at D=64 without masking dQ fused (3)
-    from its own bound; shorter calls, D=64 with masking, other head dims and fp32 keep the Triton entries."""
+    masking in its step with the share ahead of dV and dK (3, dq_first); at D=64 a step late (4) from its own
+    bounds, the share first without masking; shorter calls, other head dims and fp32 keep the Triton entries."""
     monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(gluon_forward, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)
@@ -205,17 +205,26 @@ def test_on_sm90_long_d128_backward_calls_default_to_the_gluon_families(monkeypa
     full = default("bwd", 128, torch.float16, "cuda", causal=False, seq_q=4 * long_q)
     assert (full.family, full.dq_first) == (3, 1) and full.gluon().DQ_FIRST == 1
     assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q - 1).family == 0
-    assert default("bwd", 64, torch.bfloat16, "cuda", causal=True, seq_q=long_q).family == 0
-    # D=64 without masking: the fused family from its own bound (1024 queries), the Triton default below
-    # it and with masking; a head dim the tables pad to 64 (48) shares its bound
-    d64_q = config_mod.LONG_MIN_Q_BWD_BY_HEAD_DIM[64]
-    assert d64_q > long_q and config_mod.long_bounds("bwd", torch.bfloat16, 48) == (d64_q, None)
-    assert config_mod.is_long("bwd", d64_q, head_dim=64) and not config_mod.is_long("bwd", d64_q - 1, head_dim=64)
-    assert config_mod.is_long("bwd", d64_q - 1, head_dim=128)
-    d64 = default("bwd", 64, torch.bfloat16, "cuda", causal=False, seq_q=d64_q)
-    assert (d64.family, d64.dq_first) == (3, 0)
-    assert default("bwd", 64, torch.float16, "cuda", causal=False, seq_q=d64_q - 1).family == 0
-    assert default("bwd", 64, torch.bfloat16, "cuda", causal=True, seq_q=4 * d64_q).family == 0
+    # D=64: the fused family a step late from its own bounds, without masking the share first (256 queries),
+    # causal in the usual order (4096); the Triton default below them; a head dim the tables pad to 64 (48)
+    # shares them
+    bounds = config_mod.LONG_MIN_Q_BWD_BY_HEAD_DIM
+    full_q, causal_q = bounds[(64, False)], bounds[(64, True)]
+    assert full_q < long_q < causal_q
+    assert config_mod.long_bounds("bwd", torch.bfloat16, 48, causal=False) == (full_q, None)
+    assert config_mod.long_bounds("bwd", torch.bfloat16, 48, causal=True) == (causal_q, None)
+    assert config_mod.long_bounds("bwd", torch.bfloat16, 64) == (full_q, None)  # either masking: the lower
+    assert config_mod.long_bounds("bwd", torch.bfloat16, 128, causal=True) == (long_q, None)
+    for causal_, q in ((False, full_q), (True, causal_q)):
+        assert config_mod.is_long("bwd", q, head_dim=64, causal=causal_)
+        assert not config_mod.is_long("bwd", q - 1, head_dim=64, causal=causal_)
+    assert config_mod.is_long("bwd", causal_q - 1, head_dim=128, causal=True)
+    d64 = default("bwd", 64, torch.bfloat16, "cuda", causal=False, seq_q=full_q)
+    assert (d64.family, d64.dq_first) == (4, 1) and d64.gluon().DQ_FIRST == 1
+    assert default("bwd", 64, torch.float16, "cuda", causal=False, seq_q=full_q - 1).family == 0
+    d64_causal = default("bwd", 64, torch.bfloat16, "cuda", causal=True, seq_q=causal_q)
+    assert (d64_causal.family, d64_causal.dq_first) == (4, 0)
+    assert default("bwd", 64, torch.bfloat16, "cuda", causal=True, seq_q=causal_q - 1).family == 0
     assert default("bwd", 128, torch.float32, "cuda", causal=True, seq_q=long_q).family == 0
     assert default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q, triton_only=True).family == 0
 
@@ -463,24 +472,26 @@ def test_attention_defaults_read_the_long_entry_for_long_calls_only(monkeypatch)
 
 
 def test_the_drop_in_reads_a_head_dims_own_backward_bound(monkeypatch):
-    """resolve_configs buckets a backward call by its head dim's bound (LONG_MIN_Q_BWD_BY_HEAD_DIM):
-    a D=64 call between LONG_MIN_Q_BWD and its own bound reads no long entry, one at its bound reads
-    the long entry at that bound; a D=128 call of the same length reads the long entry."""
+    """resolve_configs buckets a backward call by its head dim's and masking's bound
+    (LONG_MIN_Q_BWD_BY_HEAD_DIM): a D=64 call below its masking's bound reads no long entry, one at
+    it reads the long entry at that bound (asked with its masking); a D=128 call of the same length
+    reads the long entry at LONG_MIN_Q_BWD."""
     from flashtune.kernels import function
     from flashtune.kernels.config import LONG_MIN_Q_BWD, LONG_MIN_Q_BWD_BY_HEAD_DIM
 
     asked = []
     monkeypatch.setattr(function, "default_config",
-                        lambda pass_, *a, seq_q=None, seq_k=None, **kw: asked.append((pass_, seq_q))
-                        or FwdConfig(16, 16, 4, 1))
-    d64_q = LONG_MIN_Q_BWD_BY_HEAD_DIM[64]
+                        lambda pass_, *a, causal=None, seq_q=None, seq_k=None, **kw:
+                        asked.append((pass_, seq_q, causal)) or FwdConfig(16, 16, 4, 1))
     try:
-        for n, d, bwd in ((d64_q - 1, 64, None), (d64_q, 64, d64_q), (d64_q - 1, 128, LONG_MIN_Q_BWD),
-                          (d64_q, 48, d64_q)):
-            asked.clear()
-            function._default.cache_clear()
-            function.resolve_configs(torch.empty(1, 2, n, d), None, None)
-            assert asked[1] == ("bwd", bwd), (n, d)
+        for causal in (False, True):
+            d64_q = LONG_MIN_Q_BWD_BY_HEAD_DIM[(64, causal)]
+            for n, d, bwd in ((d64_q - 1, 64, None), (d64_q, 64, d64_q), (d64_q, 48, d64_q),
+                              (max(d64_q - 1, LONG_MIN_Q_BWD), 128, LONG_MIN_Q_BWD)):
+                asked.clear()
+                function._default.cache_clear()
+                function.resolve_configs(torch.empty(1, 2, n, d), None, None, causal=causal)
+                assert asked[1] == ("bwd", bwd, causal), (n, d, causal)
     finally:
         function._default.cache_clear()
 
