@@ -152,11 +152,16 @@ def test_shared_memory_counts_the_tiles_and_the_ring(monkeypatch):
             assert tiles < cfg.shared_memory(d, torch.bfloat16) <= tiles + 1024
 
 
-def test_the_persistent_walk_is_named_counted_and_has_no_trace():
+def test_the_persistent_walk_is_named_counted_and_has_no_trace(monkeypatch):
     cfg = C(DQ_FUSED=1, PERSISTENT=1)
     assert cfg.validate(128, torch.bfloat16) is cfg
     assert cfg.short() == "m64n2x64b2r24/240P/fused-dq" and "P" not in C(DQ_FUSED=1).short()
+    # its K/V hand-back mbarrier, which the one-CTA-a-tile kernel has only for dK/dV through TMA
+    # (TMA_STORE_DKDV: the K-free mbarrier, the same 8 bytes)
+    monkeypatch.setattr(gluon_backward, "TMA_STORE_DKDV", False)
     assert cfg.shared_memory(128, torch.bfloat16) == C(DQ_FUSED=1).shared_memory(128, torch.bfloat16) + 8
+    monkeypatch.setattr(gluon_backward, "TMA_STORE_DKDV", True)
+    assert cfg.shared_memory(128, torch.bfloat16) == C(DQ_FUSED=1).shared_memory(128, torch.bfloat16)
     q, k, v, do = (torch.zeros(1, 2, 100, 128, dtype=torch.bfloat16) for _ in range(4))
     stats = torch.zeros(1, 2, 100)
     trace = torch.zeros(gluon_backward.dkdv_trace_shape(q.shape, k.shape, cfg, (1, 1)), dtype=torch.int64)
