@@ -952,10 +952,8 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
         ds_smem = q_bufs
         dq_smem = q_bufs
         ds_ready = q_empty
-    if PERSISTENT:  # both consumers hand K and V back after each tile
-        kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_empty, count=2)
-    elif TMA_DKDV:  # both consumers past their last dQ share before dK goes through a K tile
+    if PERSISTENT or TMA_DKDV:  # both consumers hand K and V back after each tile (PERSISTENT), or are past
+        # their last dQ share before dK goes through a K tile (TMA_DKDV)
         kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_empty, count=2)
     else:  # not read
