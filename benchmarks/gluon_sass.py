@@ -115,6 +115,13 @@ def compile_kernel(args, switches: dict) -> tuple[str, str]:
         cfg = dataclasses.replace(gluon_forward.default_gluon_config(args.head_dim, not args.full),
                                   **{k: int(v) for k, v in fields.items()})
         compiled = gluon_forward.compile_for_sm90(cfg, args.head_dim, torch.bfloat16, not args.full, trace=args.trace)
+    elif args.head_dim == 256:  # the D=256 dK/dV kernel (gluon_backward_wide)
+        from flashtune.kernels import gluon_backward_wide
+
+        if args.trace:
+            raise SystemExit("--trace: the D=256 backward has no instrumentation")
+        cfg = dataclasses.replace(gluon_backward_wide.default_wide_config(), **{k: int(v) for k, v in fields.items()})
+        compiled = gluon_backward_wide.compile_wide_for_sm90(cfg, torch.bfloat16, not args.full)
     else:
         cfg = dataclasses.replace(gluon_backward.default_gluon_bwd_config(args.head_dim),
                                   **{k: int(v) for k, v in fields.items()})

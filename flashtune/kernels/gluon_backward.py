@@ -1379,7 +1379,16 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         raise ValueError(f"shapes: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if len({q.dtype, k.dtype, v.dtype, do.dtype, o.dtype}) != 1:
         raise ValueError(f"dtypes: q {q.dtype}, k {k.dtype}, v {v.dtype}, o {o.dtype}, do {do.dtype}")
-    config.validate(D, q.dtype, q.device)
+    wide = D == 256  # the D=256 kernel (gluon_backward_wide), which takes its own configs
+    if wide:
+        from flashtune.kernels import gluon_backward_wide
+
+        if gluon_dq:
+            raise ValueError("gluon_dq: the Gluon dQ kernel does not run head dim 256 (the D=256 backward fuses dQ, "
+                             "DQ_FUSED 1, or leaves it to the Triton dQ kernel)")
+        gluon_backward_wide.validate_wide(config, q.dtype, q.device)
+    else:
+        config.validate(D, q.dtype, q.device)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(D)
     off = causal_offset(causal_align, N_Q, k.shape[2]) if causal else 0
@@ -1395,16 +1404,25 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     dq_acc = launch.empty(q.shape, device=q.device, dtype=torch.float32) if config.DQ_FUSED else None
     with on_device(q):
         backward._preprocess(o, do, delta, int64=int64, zero=dq_acc)
-        # config.dkdv_split's rule for this kernel: 2 x BLOCK_N keys a CTA, one CTA per SM
-        split = split_work(dkdv_split, block_m=config.BLOCK_M, keys_per_program=2 * config.BLOCK_N,
+        # config.dkdv_split's rule for this kernel: 2 x BLOCK_N keys a CTA (the D=256 kernel's: BLOCK_N), one
+        # CTA per SM
+        split = split_work(dkdv_split, block_m=config.BLOCK_M,
+                           keys_per_program=config.BLOCK_N if wide else 2 * config.BLOCK_N,
                            programs_per_sm=GLUON_DKDV_PROGRAMS_PER_SM, batch=B, heads_q=H, heads_kv=k.shape[1],
                            n_q=N_Q, n_k=k.shape[2], sm_count=sm_count(q.device))
         buf = None
+        if trace is not None and wide:
+            raise ValueError("trace: the D=256 backward has no instrumentation")
         if trace is not None:
             buf = torch.zeros(dkdv_trace_shape(q.shape, k.shape, config, split), dtype=torch.int64, device=q.device)
             trace.append(buf)
-        dk, dv = gluon_dkdv(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off,
-                            split=split, lpt=lpt, dq_acc=dq_acc, trace=buf)
+        if wide:
+            dk, dv = gluon_backward_wide.gluon_dkdv_wide(q, k, v, do, lse2, delta, config, causal=causal,
+                                                         sm_scale=sm_scale, causal_off=off, split=split, lpt=lpt,
+                                                         dq_acc=dq_acc)
+        else:
+            dk, dv = gluon_dkdv(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off,
+                                split=split, lpt=lpt, dq_acc=dq_acc, trace=buf)
         if dq_acc is not None:
             dq = launch.copy_(launch.empty_like(q), dq_acc)
             return dq, dk, dv

@@ -1,6 +1,6 @@
 """Compile the Gluon forward (kernels/gluon_forward.py) or, with "kernel": "bwd" in an item,
-the Gluon dK/dV kernel (kernels/gluon_backward.py; with "bwd_kernel": "dq" its dQ kernel) for
-sm_90 without a GPU.
+the Gluon dK/dV kernel (kernels/gluon_backward.py; with "bwd_kernel": "dq" its dQ kernel, with
+"wide" the D=256 dK/dV kernel of kernels/gluon_backward_wide.py) for sm_90 without a GPU.
 
 Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
 "dtype", "causal"} (optionally "window": the sliding-window variant; "trace": the forward's
@@ -13,7 +13,8 @@ TMA_STORE_DKDV) on stdin and prints one JSON line per item with the compiled ker
 bytes ("shared"), its PTX register cap ("maxnreg"), the setmaxnreg values of its partitions ("setmaxnreg"), its wgmma and TMA copy, reduce-add and
 bulk-store counts and bulk-store waits, its cycle-counter reads ("clock_reads": the trace's stamps),
 its ex2.approx instructions and polynomial exponentials ("ex2", "poly_exp2s": POLY_EXP2's magic constant),
-or one {"skip": ...} line when this triton cannot compile Gluon for sm_90 here.
+with "ptxas": true also ptxas's registers and spill bytes a thread ("registers", "spill_stores",
+"spill_loads"), or one {"skip": ...} line when this triton cannot compile Gluon for sm_90 here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ def compile_item(item: dict) -> dict:
     import torch
 
     dtype = getattr(torch, item["dtype"])
-    if item.get("kernel") == "bwd":  # the Gluon dK/dV kernel (kernels/gluon_backward.py)
+    if item.get("kernel") == "bwd" and item.get("bwd_kernel") == "wide":  # the D=256 dK/dV kernel
+        from flashtune.kernels.gluon_backward import GluonBwdConfig
+        from flashtune.kernels.gluon_backward_wide import compile_wide_for_sm90
+
+        compiled = compile_wide_for_sm90(GluonBwdConfig(**item["config"]), dtype, item["causal"])
+    elif item.get("kernel") == "bwd":  # the Gluon dK/dV kernel (kernels/gluon_backward.py)
         from flashtune.kernels import gluon_backward
         from flashtune.kernels.gluon_backward import GluonBwdConfig, compile_for_sm90 as compile_bwd
 
@@ -56,7 +62,8 @@ def compile_item(item: dict) -> dict:
                                     tma_store=item.get("tma_store"), snake=item.get("snake"))
     ptx = compiled.asm["ptx"]
     maxnreg = re.search(r"\.maxnreg\s+(\d+)", ptx)
-    return {"shared": int(compiled.metadata.shared), "maxnreg": int(maxnreg.group(1)) if maxnreg else None,
+    extra = ptxas_info(ptx) if item.get("ptxas") else {}
+    return {**extra, "shared": int(compiled.metadata.shared), "maxnreg": int(maxnreg.group(1)) if maxnreg else None,
             "setmaxnreg": sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
             "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
@@ -67,6 +74,27 @@ def compile_item(item: dict) -> dict:
             "clock_reads": len(re.findall(r"%clock64", ptx)),
             "ex2": len(re.findall(r"ex2\.approx", ptx)),
             "poly_exp2s": len(re.findall(r"add\.rn\.f32 %t, %xc, 0f4B400000", ptx))}
+
+
+def ptxas_info(ptx: str) -> dict:
+    """triton's ptxas -v on ``ptx`` for sm_90a: the registers a thread and the spill bytes a
+    thread stored and loaded ("registers", "spill_stores", "spill_loads")."""
+    import os
+    import pathlib
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        pathlib.Path(src).write_text(ptx)
+        info = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+                              capture_output=True, text=True, check=True).stderr
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
+    regs = re.search(r"Used (\d+) registers", info)
+    return {"registers": int(regs.group(1)), "spill_stores": int(spill.group(1)), "spill_loads": int(spill.group(2))}
 
 
 def main() -> int:
