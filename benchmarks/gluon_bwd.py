@@ -13,6 +13,7 @@ write them as JSON.
     python benchmarks/gluon_bwd.py --dq-first both     # the fused dQ runners with DQ_FIRST 0 and 1
     python benchmarks/gluon_bwd.py --gluon fused --buffers 2,3   # the fused runners with 2 and 3 Q/dO slots
     python benchmarks/gluon_bwd.py --gluon fused --persistent both  # ... one CTA per tile and persistent
+    python benchmarks/gluon_bwd.py --rows gemma2-d256-train-4k  # a D=256 row: the D=256 kernel's runners
 
 Backward only: every runner's backward from the same forward output (flashtune's from its
 own forward's o and log-sum-exp; SDPA's through autograd.grad with the graph kept). For
@@ -64,7 +65,26 @@ NEIGHBOURS = [(GluonBwdConfig(BLOCK_M=32), False), (GluonBwdConfig(NUM_BUFFERS=3
 
 
 def shapes(args) -> list[tuple]:
-    return gluon_bench.shapes(args, LARGE, min_seq_k=1024)
+    # (D=256 rows by --rows only: the D=256 kernel, gluon_backward_wide)
+    return gluon_bench.shapes(args, LARGE, min_seq_k=1024, head_dims=(64, 128) if not args.rows else (64, 128, 256))
+
+
+def wide_configs(args) -> list:
+    """The D=256 kernel's runners (gluon_backward_wide): fused dQ with 3 and 2 Q/dO slots (or --buffers), and
+    with the Triton dQ kernel."""
+    from flashtune.kernels.gluon_backward_wide import default_wide_config
+
+    base = default_wide_config()
+    fused = [dataclasses.replace(base, NUM_BUFFERS=b) for b in (args.buffers_list or (3, 2))]
+    return [(c, False) for c in fused + [dataclasses.replace(base, DQ_FUSED=0)]]
+
+
+def validate(cfg, D, dtype, device):
+    if D == 256:
+        from flashtune.kernels.gluon_backward_wide import validate_wide
+
+        return validate_wide(cfg, dtype, device)
+    return cfg.validate(D, dtype, device)
 
 
 def sdpa_backward(backend, q, k, v, do, causal, scale):
@@ -134,6 +154,7 @@ def main() -> int:
             ap.error(f"--buffers: expected integers separated by commas, got {args.buffers!r}")
         if any(b < 2 for b in buffers):
             ap.error(f"--buffers: expected slots of at least 2, got {args.buffers!r}")
+    args.buffers_list = buffers
     dtype, env = gluon_bench.sm90_run(args.dtype)
     print(f"timer: {args.timer}")
     print(f"{'shape':>28} {'mask':>6} {'gluon cfg':>34} {'gluon ms':>9} {'TFLOP/s':>8} {'triton':>8} {'cudnn':>8} "
@@ -164,20 +185,23 @@ def main() -> int:
                        (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1), False), (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2), False)]
             if args.configs == "all":
                 configs += [c for c in NEIGHBOURS if c not in configs]
-            if args.gluon == "default":  # what flashtune.attention's backward launches for this row
+            if D == 256:  # the D=256 kernel's own runners (--gluon, --dq-first, --persistent do not apply)
+                configs = wide_configs(args)
+            elif args.gluon == "default":  # what flashtune.attention's backward launches for this row
                 row_default = default_config("bwd", D, dtype, q.device, causal=causal, seq_q=Nq)
                 configs = [(row_default.gluon(), row_default.family == 2)] if row_default.family else []
             elif args.gluon != "all":
                 configs = [(c, gdq) for c, gdq in configs
                            if (args.gluon == "fused") == bool(c.DQ_FUSED) and not gdq]
-            configs = fused_variants(configs, "DQ_FIRST", gluon_bench.ON_OFF[args.dq_first])
-            configs = fused_variants(configs, "NUM_BUFFERS", buffers)
-            configs = fused_variants(configs, "PERSISTENT", gluon_bench.ON_OFF[args.persistent])
+            if D != 256:
+                configs = fused_variants(configs, "DQ_FIRST", gluon_bench.ON_OFF[args.dq_first])
+                configs = fused_variants(configs, "NUM_BUFFERS", buffers)
+                configs = fused_variants(configs, "PERSISTENT", gluon_bench.ON_OFF[args.persistent])
             errors = {}
             for cfg, gdq in configs:
                 label = cfg.short() if gdq or cfg.DQ_FUSED else cfg.short().split("/dq")[0] + "/triton-dq"
                 try:
-                    cfg.validate(D, dtype, q.device)
+                    validate(cfg, D, dtype, q.device)
                 except Exception as e:  # noqa: BLE001 - report and go on
                     errors[label] = f"invalid: {e}"
                     continue

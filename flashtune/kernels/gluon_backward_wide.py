@@ -53,7 +53,7 @@ from flashtune.kernels.config import ConfigError
 from flashtune.kernels.gluon_backward import (GLUON_DKDV_PROGRAMS_PER_SM, GluonBwdConfig, _kernel_inputs,
                                               _tile_params, _tma_reduce_add)
 from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, SM90_SHARED_MEMORY, _BARRIER_BYTES,
-                                             _SHARED_SLACK, _descriptor, check_sm90_device, p_tile_layout,
+                                             _SHARED_SLACK, _descriptor, check_int_fields, check_sm90_device, p_tile_layout,
                                              tile_layout)
 
 HEAD_DIM = 256
@@ -79,6 +79,7 @@ def validate_wide(config: GluonBwdConfig, dtype: torch.dtype, device=None) -> Gl
     """Raise ConfigError naming the field if ``config`` cannot run the D=256 kernel; return it.
     The kernel's fields: BLOCK_M (32), NUM_BUFFERS, the register split, DQ_FUSED (0 or 1); the
     others must keep their defaults (the D=128 kernel's options it does not have)."""
+    check_int_fields(config)
     if config.BLOCK_M != WIDE_BLOCK_M:
         raise ConfigError(f"BLOCK_M: the D=256 backward takes {WIDE_BLOCK_M} query rows per step, got {config.BLOCK_M}")
     if config.BLOCK_N != BLOCK_KEYS:

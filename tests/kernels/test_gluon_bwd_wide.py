@@ -36,6 +36,8 @@ W = wide.default_wide_config()
     (dataclasses.replace(W, CONSUMER_REGS=248), torch.bfloat16, "CONSUMER_REGS"),
     (dataclasses.replace(W, PRODUCER_REGS=16), torch.bfloat16, "PRODUCER_REGS"),
     (W, torch.float32, "dtype"),
+    (dataclasses.replace(W, BLOCK_M=32.0), torch.bfloat16, "BLOCK_M"),
+    (dataclasses.replace(W, DQ_FUSED=True), torch.bfloat16, "DQ_FUSED"),
 ])
 def test_invalid_wide_configs_name_their_field(cfg, dtype, field):
     with pytest.raises(ConfigError, match=f"^{field}:"):
