@@ -60,6 +60,13 @@ HEAD_DIM = 256
 BLOCK_KEYS = 64  # keys a CTA (both groups'; the wgmma's M of S^T, dP^T, dV and dK)
 WIDE_BLOCK_M = 32  # queries a step (each consumer's N of S^T / dP^T)
 DQ_CHUNK = 64  # head-dim columns of one dQ reduce-add tile (a group's half is two)
+# each group's first matmul of a step (S^T or dP^T) issued a step ahead: during step it, group 0
+# issues step it + 1's S^T once its dV is issued and before it waits for dS^T, group 1 its dP^T before
+# it waits for P^T, so the tensor cores have work while the other group computes its exponentials
+# or dS^T (the last step issues its own again, not read: one matmul in n_steps). The same matmuls on
+# the same operands: the same bits. Read at each launch; a launch plan replays the kernel it
+# recorded. Written without a GPU (2026-12-06): both values to be timed (benchmarks/gluon_bwd.py).
+PREFETCH = True
 
 
 def wide_shared_memory(config: GluonBwdConfig, dtype: torch.dtype) -> int:
@@ -133,10 +140,10 @@ def _wide_producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_b
 
 
 @gluon.jit
-def _wide_dq_share(WHICH: gl.constexpr, k, ds, dq_smem, desc_dqa, off_b, h, qb, sm_scale,
-                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Group WHICH's dQ share of the step: dQ[:, half]^T = K[:, half]^T dS^T as two [64, BLOCK_M]
-    wgmmas (M the head dim), each sent transposed as one TMA reduce-add of [BLOCK_M, 64] fp32."""
+def _wide_dq_issue(WHICH: gl.constexpr, k, ds, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+    """Group WHICH's dQ share of the step, issued: dQ[:, half]^T = K[:, half]^T dS^T as two async
+    [64, BLOCK_M] wgmmas (M the head dim). Returns (dq0, dq1, kt0, kt1): the accumulators in flight
+    and their A operands."""
     HALF: gl.constexpr = HEAD_DIM // 2
     CHUNK: gl.constexpr = 64
     t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -146,7 +153,16 @@ def _wide_dq_share(WHICH: gl.constexpr, k, ds, dq_smem, desc_dqa, off_b, h, qb, 
     zero = gl.zeros([CHUNK, BLOCK_M], gl.float32, t_layout)
     dq0 = warpgroup_mma(kt0, ds, zero, use_acc=False, is_async=True)
     dq1 = warpgroup_mma(kt1, ds, zero, use_acc=False, is_async=True)
-    dq0, dq1, _a, _b, _c = warpgroup_mma_wait(0, deps=(dq0, dq1, kt0, kt1, ds))
+    return dq0, dq1, kt0, kt1
+
+
+@gluon.jit
+def _wide_dq_send(WHICH: gl.constexpr, dq0, dq1, dq_smem, desc_dqa, off_b, h, qb, sm_scale,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+    """A finished dQ share (``_wide_dq_issue``), scaled and sent transposed as two TMA reduce-adds of
+    [BLOCK_M, 64] fp32 through group WHICH's staging tiles, once the previous step's have read them."""
+    HALF: gl.constexpr = HEAD_DIM // 2
+    CHUNK: gl.constexpr = 64
     tma.store_wait(0)  # the previous step's reduce-adds have read the staging tiles
     gl.thread_barrier()
     dq_smem.index(2 * WHICH).reshape([BLOCK_M, CHUNK]).store(gl.permute(dq0 * sm_scale, (1, 0)))
@@ -163,7 +179,8 @@ def _wide_consumer(WHICH: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_read
                    qk_scale, sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                    stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
                    n_steps, head0, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FUSED_DQ: gl.constexpr):
+                   BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FUSED_DQ: gl.constexpr,
+                   PREFETCH: gl.constexpr):
     """Consumer WHICH (0: S^T and P^T, 1: dP^T and dS^T; both: dV, dK and dQ on their head-dim half)."""
     HALF: gl.constexpr = HEAD_DIM // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -179,6 +196,24 @@ def _wide_consumer(WHICH: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_read
     mbarrier.wait(kv_ready, 0)
     k = k_smem.reshape([BLOCK_N, HEAD_DIM])
     v = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    # the group's own first matmul: S^T = K Q^T (group 0) or dP^T = V dO^T (group 1)
+    if WHICH == 0:
+        a_op = k
+        b_bufs = q_bufs
+        b_ready = q_ready
+    else:
+        a_op = v
+        b_bufs = do_bufs
+        b_ready = do_ready
+    # PREFETCH: step it + 1's first matmul is issued during step it (group 0 before it waits for dS^T,
+    # group 1 before it waits for P^T), so it runs while the other group computes; the first step's here
+    first = s_zero
+    if PREFETCH:
+        if n_steps > 0:
+            mbarrier.wait(b_ready.index(0), 0)
+            b0 = b_bufs.index(0).reshape([BLOCK_M, HEAD_DIM])
+            f0 = warpgroup_mma(a_op, b0.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            first, _a0, _b0 = warpgroup_mma_wait(0, deps=(f0, a_op, b0))
     for it in range(n_steps):
         h = head0 + it // n_qb
         qb = first_qb + it % n_qb
@@ -192,13 +227,24 @@ def _wide_consumer(WHICH: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_read
         do = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         p16 = p16_smem.index(x)
         ds16 = ds_smem.index(x)
+        do_half = do.slice(WHICH * HALF, HALF, dim=1)
+        q_half = q.slice(WHICH * HALF, HALF, dim=1)
+        b = b_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
+        if PREFETCH:  # issued and waited for in the step before
+            mine = first
+            # the next step's ring slot (the last step: its own again, for a matmul nobody reads)
+            more = (it + 1 < n_steps).to(gl.int32)
+            s_next = (it + more) % NUM_BUFFERS
+            phase_next = ((it + more) // NUM_BUFFERS) & 1
+            b_next = b_bufs.index(s_next).reshape([BLOCK_M, HEAD_DIM])
+        else:
+            mbarrier.wait(b_ready.index(s), phase)
+            f = warpgroup_mma(a_op, b.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mine, _a, _b = warpgroup_mma_wait(0, deps=(f, a_op, b))
         if WHICH == 0:
             # queries past Nq: lse +inf makes their P 0
             lse = gl.load(LSE + row_base + rows, mask=rows < N_Q, other=float("inf"))
-            mbarrier.wait(q_ready.index(s), phase)
-            st = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            st, _k, _q = warpgroup_mma_wait(0, deps=(st, k, q))
-            pt = gl.exp2(st * qk_scale - lse[None, :])
+            pt = gl.exp2(mine * qk_scale - lse[None, :])
             if CAUSAL:  # the blocks on the diagonal (some query before some key of the CTA)
                 if qb * BLOCK_M + causal_off < start_n + BLOCK_N - 1:
                     pt = gl.where(keys[:, None] <= rows[None, :] + causal_off, pt, 0.0)
@@ -208,32 +254,39 @@ def _wide_consumer(WHICH: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_read
             gl.thread_barrier()
             mbarrier.arrive(p_ready.index(x))
             mbarrier.wait(do_ready.index(s), phase)
-            do_half = do.slice(WHICH * HALF, HALF, dim=1)
             dv = warpgroup_mma(p16, do_half, dv, is_async=True)
+            if PREFETCH:
+                mbarrier.wait(b_ready.index(s_next), phase_next)
+                first = warpgroup_mma(a_op, b_next.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(ds_ready.index(x), x_phase)
         else:
             # Delta 0 past Nq (their P is 0 already)
             delta = gl.load(DELTA + row_base + rows, mask=rows < N_Q, other=0.0)
-            mbarrier.wait(do_ready.index(s), phase)
-            dpt = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            dpt, _v, _do = warpgroup_mma_wait(0, deps=(dpt, v, do))
+            if PREFETCH:
+                mbarrier.wait(b_ready.index(s_next), phase_next)
+                first = warpgroup_mma(a_op, b_next.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(p_ready.index(x), x_phase)
+            dv = warpgroup_mma(p16, do_half, dv, is_async=True)  # under dS^T's arithmetic
             pt = p32_smem.index(x).load(s_layout)
-            dst = pt * (dpt - delta[None, :])
+            dst = pt * (mine - delta[None, :])
             ds16.store(dst.to(q.dtype))
             fence_async_shared()
             gl.thread_barrier()
             mbarrier.arrive(ds_ready.index(x))
-            do_half = do.slice(WHICH * HALF, HALF, dim=1)
-            dv = warpgroup_mma(p16, do_half, dv, is_async=True)
             mbarrier.wait(q_ready.index(s), phase)
-        q_half = q.slice(WHICH * HALF, HALF, dim=1)
+        # the dQ share's wgmmas before dK's, so its store and reduce-add run under dK
+        if FUSED_DQ:
+            dq0, dq1, kt0, kt1 = _wide_dq_issue(WHICH, k, ds16, HEAD_DIM, BLOCK_M)
         dk = warpgroup_mma(ds16, q_half, dk, is_async=True)
         if FUSED_DQ:
-            # (waits for dV and dK too: wgmmas complete in order)
-            _wide_dq_share(WHICH, k, ds16, dq_smem, desc_dqa, off_b, h, qb, sm_scale, HEAD_DIM,
-                           BLOCK_M, BLOCK_N)
-        dv, dk, _p, _ds, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, p16, ds16, do, q))
+            # (in order: dV's and the prefetched matmul done too; dK in flight)
+            dq0, dq1, _kt0, _kt1, _ds = warpgroup_mma_wait(1, deps=(dq0, dq1, kt0, kt1, ds16))
+            _wide_dq_send(WHICH, dq0, dq1, dq_smem, desc_dqa, off_b, h, qb, sm_scale, HEAD_DIM, BLOCK_M)
+        if PREFETCH:
+            dv, dk, first, _p, _ds2, _do2, _q2, _bn = warpgroup_mma_wait(
+                0, deps=(dv, dk, first, p16, ds16, do, q, b_next))
+        else:
+            dv, dk, _p, _ds2, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, p16, ds16, do, q))
         # every warp of the group is done with the slot before its one arrival
         gl.thread_barrier()
         mbarrier.arrive(q_empty.index(s))
@@ -259,7 +312,7 @@ def _gluon_attn_bwd_wide_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                                 H, H_KV, GROUP, N_Q, N_K, causal_off, SPLIT_H, SPLIT_Q, LPT_UNITS, N_UNITS, desc_dqa,
                                 CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                 BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, FUSED_DQ: gl.constexpr,
-                                X_LAYOUT: gl.constexpr, X32_LAYOUT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                                PREFETCH: gl.constexpr, X_LAYOUT: gl.constexpr, X32_LAYOUT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr):
     # a 1-D grid of one CTA per (key block of BLOCK_N keys, unit), gluon_backward._tile_params' order
     # (its BLOCK_N is a group's keys there, half the CTA's: BLOCK_N // 2 here)
@@ -303,12 +356,12 @@ def _gluon_attn_bwd_wide_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                           p32_smem, ds_smem, p_ready, ds_ready, dq_smem, desc_dqa, DK, DV, LSE, DELTA, qk_scale,
                           sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                           stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-                          n_steps, head0, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, FUSED_DQ)),
+                          n_steps, head0, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, FUSED_DQ, PREFETCH)),
         (_wide_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, p16_smem,
                           p32_smem, ds_smem, p_ready, ds_ready, dq_smem, desc_dqa, DK, DV, LSE, DELTA, qk_scale,
                           sm_scale, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
                           stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off, start_n, first_qb, n_qb,
-                          n_steps, head0, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, FUSED_DQ)),
+                          n_steps, head0, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, FUSED_DQ, PREFETCH)),
         (_wide_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready,
                           do_ready, q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0, BLOCK_M,
                           NUM_BUFFERS)),
@@ -332,7 +385,8 @@ def _exchange_layouts(config: GluonBwdConfig, dtype: torch.dtype) -> tuple:
 def wide_kernel_constexprs(config: GluonBwdConfig, dtype: torch.dtype, causal: bool) -> dict:
     x_layout, x32_layout = _exchange_layouts(config, dtype)
     return dict(CAUSAL=bool(causal), HEAD_DIM=HEAD_DIM, BLOCK_M=config.BLOCK_M, BLOCK_N=BLOCK_KEYS,
-                NUM_BUFFERS=config.NUM_BUFFERS, FUSED_DQ=bool(config.DQ_FUSED), X_LAYOUT=x_layout,
+                NUM_BUFFERS=config.NUM_BUFFERS, FUSED_DQ=bool(config.DQ_FUSED), PREFETCH=bool(PREFETCH),
+                X_LAYOUT=x_layout,
                 X32_LAYOUT=x32_layout, PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS)
 
 

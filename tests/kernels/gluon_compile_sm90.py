@@ -1,6 +1,7 @@
 """Compile the Gluon forward (kernels/gluon_forward.py) or, with "kernel": "bwd" in an item,
 the Gluon dK/dV kernel (kernels/gluon_backward.py; with "bwd_kernel": "dq" its dQ kernel, with
-"wide" the D=256 dK/dV kernel of kernels/gluon_backward_wide.py) for sm_90 without a GPU.
+"wide" the D=256 dK/dV kernel of kernels/gluon_backward_wide.py, "prefetch" its PREFETCH) for sm_90
+without a GPU.
 
 Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
 "dtype", "causal"} (optionally "window": the sliding-window variant; "trace": the forward's
@@ -29,9 +30,11 @@ def compile_item(item: dict) -> dict:
 
     dtype = getattr(torch, item["dtype"])
     if item.get("kernel") == "bwd" and item.get("bwd_kernel") == "wide":  # the D=256 dK/dV kernel
+        from flashtune.kernels import gluon_backward_wide
         from flashtune.kernels.gluon_backward import GluonBwdConfig
         from flashtune.kernels.gluon_backward_wide import compile_wide_for_sm90
 
+        gluon_backward_wide.PREFETCH = item.get("prefetch", True)  # the module's switch, read at the compile
         compiled = compile_wide_for_sm90(GluonBwdConfig(**item["config"]), dtype, item["causal"])
     elif item.get("kernel") == "bwd":  # the Gluon dK/dV kernel (kernels/gluon_backward.py)
         from flashtune.kernels import gluon_backward

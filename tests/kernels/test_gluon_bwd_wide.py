@@ -89,14 +89,17 @@ def test_a_wide_call_with_the_gluon_dq_kernel_or_another_head_dim_is_refused_by_
 
 
 def test_the_wide_kernel_compiles_for_sm90_without_spills():
+    assert wide.PREFETCH is True, "the items below compile PREFETCH off as the other value"
     items = [{"kernel": "bwd", "bwd_kernel": "wide", "config": dataclasses.replace(W, NUM_BUFFERS=nb,
                                                                                   DQ_FUSED=fused).to_dict(),
-              "head_dim": 256, "dtype": dt, "causal": causal, "ptxas": True}
-             for nb, fused in ((3, 1), (2, 0)) for dt in ("bfloat16", "float16") for causal in (False, True)]
+              "head_dim": 256, "dtype": dt, "causal": causal, "ptxas": True, "prefetch": prefetch}
+             for nb, fused, prefetch, dtypes in ((3, 1, True, ("bfloat16", "float16")), (2, 0, True, ("bfloat16", )),
+                                                 (3, 1, False, ("bfloat16", )), (2, 0, False, ("float16", )))
+             for dt in dtypes for causal in (False, True)]
     results = compile_for_sm90(SCRIPT, items, timeout=900, what="the D=256 dK/dV kernel")
     for r in results:
         cfg = C(**r["config"])
-        where = f"{cfg.short()} {r['dtype']} causal={r['causal']}"
+        where = f"{cfg.short()} {r['dtype']} causal={r['causal']} prefetch={r['prefetch']}"
         assert r["shared"] <= wide.wide_shared_memory(cfg, getattr(torch, r["dtype"])) <= SM90_SHARED_MEMORY, where
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, where
         assert r["registers"] <= cfg.CONSUMER_REGS, where

@@ -124,3 +124,17 @@ def test_the_wide_backward_is_repeatable_and_deterministic_where_asked():
 def test_a_realistic_gemma2_step():
     """gemma2-d256-train-4k's heads at 1024 queries (16 query heads, 8 K/V heads, causal)."""
     check_wide(1024, 1024, heads=(16, 8), batch=1, causal=True, config="b3-fused-unsplit")
+
+
+@pytest.mark.parametrize("config", ["b3-fused", "b2-triton-dq-unsplit"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n_q,n_k", [(130, 130), (1000, 2048), (2048, 1000)], ids=["130", "1000x2048", "2048x1000"])
+def test_the_prefetch_switch_changes_no_bit(n_q, n_k, causal, config, monkeypatch):
+    """PREFETCH off against the reference, then against PREFETCH on: dK and dV bit for bit (the
+    same matmuls in another order of issue), dQ too but for the fused reduce-adds' order."""
+    monkeypatch.setattr(wide, "PREFETCH", False)
+    (q, k, v, do, o, lse2), off = check_wide(n_q, n_k, causal=causal, config=config)
+    monkeypatch.setattr(wide, "PREFETCH", True)
+    cfg, split = CONFIGS[config]
+    on = gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=causal, dkdv_split=split)
+    assert_the_same_gradients(cfg, off, on, where=f"{config} {n_q}x{n_k} causal={causal}")
