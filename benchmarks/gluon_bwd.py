@@ -13,7 +13,8 @@ write them as JSON.
     python benchmarks/gluon_bwd.py --dq-first both     # the fused dQ runners with DQ_FIRST 0 and 1
     python benchmarks/gluon_bwd.py --gluon fused --buffers 2,3   # the fused runners with 2 and 3 Q/dO slots
     python benchmarks/gluon_bwd.py --gluon fused --persistent both  # ... one CTA per tile and persistent
-    python benchmarks/gluon_bwd.py --rows gemma2-d256-train-4k  # a D=256 row: the D=256 kernel's runners
+    python benchmarks/gluon_bwd.py --rows gemma2-d256-train-4k --prefetch both  # a D=256 row: the D=256 kernel's
+                                                       # runners, its PREFETCH off and on
 
 Backward only: every runner's backward from the same forward output (flashtune's from its
 own forward's o and log-sum-exp; SDPA's through autograd.grad with the graph kept). For
@@ -79,6 +80,12 @@ def wide_configs(args) -> list:
     return [(c, False) for c in fused + [dataclasses.replace(base, DQ_FUSED=0)]]
 
 
+def wide_module():
+    from flashtune.kernels import gluon_backward_wide
+
+    return gluon_backward_wide
+
+
 def validate(cfg, D, dtype, device):
     if D == 256:
         from flashtune.kernels.gluon_backward_wide import validate_wide
@@ -140,6 +147,9 @@ def main() -> int:
                     help="which Gluon runners: all four, family 1 only (Triton dQ), the two fused-dQ ones, or the "
                          "one the drop-in's heuristic default runs for the row (none where that is the Triton "
                          "kernel); --dq-first, --persistent and --buffers then vary it")
+    ap.add_argument("--prefetch", choices=("default", "off", "on", "both"), default="default",
+                    help="the D=256 kernel's PREFETCH (gluon_backward_wide): as the module has it, off, on, or both "
+                         "(labels ending ' prefetch=0' / ' prefetch=1')")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=100, help="ms of calls per runner and round")
     gluon_bench.add_timer_args(ap)
@@ -215,13 +225,16 @@ def main() -> int:
                                 else f" lpt{lpt}") + ({True: " compact", False: " wide"}[compact]
                                                       if args.stats == "both" else "") + gluon_bench.switch_tag(
                                 flags, args.switch)
-                            fns[f"gluon {label}{tag}"] = (
-                                lambda cfg=cfg, gdq=gdq, split=split, lpt=lpt, compact=compact, flags=flags:
-                                gluon_bench.with_flags(
-                                    gluon_backward, {"COMPACT_STATS": compact, **flags},
-                                    lambda: gluon_attention_backward(
-                                        do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale, gluon_dq=gdq,
-                                        dkdv_split=split, lpt=lpt)))
+                            for prefetch in (gluon_bench.ON_OFF[args.prefetch] or (None, )) if D == 256 else (None, ):
+                                wide_flags = {} if prefetch is None else {"PREFETCH": bool(prefetch)}
+                                fns[f"gluon {label}{tag}" + (f" prefetch={prefetch}" if wide_flags else "")] = (
+                                    lambda cfg=cfg, gdq=gdq, split=split, lpt=lpt, compact=compact, flags=flags,
+                                    wide_flags=wide_flags: gluon_bench.with_flags(
+                                        wide_module(), wide_flags, lambda: gluon_bench.with_flags(
+                                            gluon_backward, {"COMPACT_STATS": compact, **flags},
+                                            lambda: gluon_attention_backward(
+                                                do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale,
+                                                gluon_dq=gdq, dkdv_split=split, lpt=lpt))))
             ref = [g.float() for g in fns["cudnn"]()]
             flash = [g.float() for g in fns["flash"]()]
 
