@@ -498,6 +498,14 @@ _BWD_UNUSED_BY_FAMILY = {
 BWD_FAMILIES = (0, 1, 2, 3, 4)
 
 
+def _check_gluon_dq_head_dim(family: int, head_dim: int) -> None:
+    """The Gluon dQ kernel (family 2) runs head dims 64 and 128 only (the D=256 dK/dV kernel fuses dQ or
+    leaves it to the Triton dQ kernel)."""
+    if family == 2 and head_dim > 128:
+        raise ConfigError(f"family: the Gluon dQ kernel (family 2) runs head dims up to 128, got head_dim {head_dim}; "
+                          "use family 1 or 3")
+
+
 @dataclasses.dataclass(frozen=True, order=True)
 class BwdConfig(_ConfigBase):
     """Backward launch config.
@@ -627,6 +635,7 @@ class BwdConfig(_ConfigBase):
         if not self.family:
             return super().validate_anywhere(head_dim, dtype)
         self.check_fields()
+        _check_gluon_dq_head_dim(self.family, head_dim)
         self.gluon().validate(head_dim, dtype, None)
         return self
 
@@ -716,6 +725,7 @@ class BwdConfig(_ConfigBase):
         such a call instead (``as_triton``)."""
         self.check_fields()
         if self.family:
+            _check_gluon_dq_head_dim(self.family, head_dim)
             self.gluon().validate(head_dim, dtype, device if device is not None else resolve_device())
             if self.family >= 2:
                 if dropout:

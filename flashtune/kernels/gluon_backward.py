@@ -183,6 +183,11 @@ SKIP_DEAD_STEPS = True
 # 0.935 a step late; the causal default moved to the late share in the usual order). On since.
 # Read at each launch, as COMPACT_STATS.
 TMA_STORE_DKDV = True
+# head dim 256 as a GluonBwdConfig's (hence BwdConfig's Gluon families 1, 3 and 4, the search's and the
+# dispatcher's): the D=256 kernel (gluon_backward_wide.py, its configs checked by validate_wide: BLOCK_M 32,
+# DQ_FUSED 0 or 1, so families 1 and 3). Off: that kernel was written without a GPU (2026-12-06) and is
+# reached only by a direct gluon_attention_backward call until its GPU tests have passed. Read by validate.
+WIDE_HEAD_DIM = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,6 +274,10 @@ class GluonBwdConfig:
         statistics (triton's layout-conversion scratch, counted as a BLOCK_M fp32 vector each);
         with CONSUMER_TURNS the turns' two mbarriers; PERSISTENT the K/V hand-back mbarrier,
         TMA_STORE_DKDV its K-free one."""
+        if head_dim == 256:  # the D=256 kernel's
+            from flashtune.kernels.gluon_backward_wide import wide_shared_memory
+
+            return wide_shared_memory(self, dtype)
         e = torch.empty((), dtype=dtype).element_size()
         tiles = 2 * 2 * self.BLOCK_N * head_dim * e + 2 * self.NUM_BUFFERS * self.BLOCK_M * head_dim * e
         if COMPACT_STATS:
@@ -298,6 +307,10 @@ class GluonBwdConfig:
         """Raise ConfigError naming the field if this config cannot run; return self
         (``device`` as GluonFwdConfig.validate's)."""
         check_int_fields(self)
+        if head_dim == 256 and WIDE_HEAD_DIM:  # the D=256 kernel's own rules
+            from flashtune.kernels.gluon_backward_wide import validate_wide
+
+            return validate_wide(self, dtype, device)
         if self.BLOCK_M not in (32, 64, 128):
             raise ConfigError(f"BLOCK_M: expected 32, 64 or 128 query rows per step, got {self.BLOCK_M}")
         if self.BLOCK_N != 64:

@@ -79,6 +79,37 @@ def test_no_bwd_config_reaches_the_wide_kernel_yet():
                       family=family).validate(256, torch.bfloat16)
 
 
+def _bwd(family, **fields):
+    base = dict(BLOCK_M1=32, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=3, family=family)
+    return BwdConfig(**{**base, **fields})
+
+
+def test_the_switch_that_opens_head_dim_256_to_the_bwd_families(monkeypatch):
+    """gluon_backward.WIDE_HEAD_DIM on: families 1 and 3 at D=256 are the D=256 kernel's configs
+    (validate_wide's rules: 32 query rows, dQ in the step or by the Triton kernel), families 2 and 4
+    and other blocks are refused by name; off (the module's value), every Gluon family refuses D=256."""
+    assert gluon_backward.WIDE_HEAD_DIM is False
+    with pytest.raises(ConfigError, match="^head_dim:"):
+        _bwd(3, BLOCK_M1=64, num_stages=2).validate_anywhere(256, torch.bfloat16)
+    for family in (1, 3):
+        with pytest.raises(ConfigError):
+            _bwd(family).validate_anywhere(256, torch.bfloat16)
+    monkeypatch.setattr(gluon_backward, "WIDE_HEAD_DIM", True)
+    for family in (1, 3):
+        cfg = _bwd(family)
+        assert cfg.validate_anywhere(256, torch.bfloat16) is cfg
+        assert cfg.gluon().DQ_FUSED == (1 if family == 3 else 0)
+        assert cfg.shared_memory(256, torch.bfloat16) >= wide.wide_shared_memory(cfg.gluon(), torch.bfloat16)
+    for cfg, field in ((_bwd(4), "DQ_FUSED"), (_bwd(2), "family"), (_bwd(3, BLOCK_M1=64), "BLOCK_M"),
+                       (_bwd(3, dq_first=1), "DQ_FIRST"), (_bwd(3, num_stages=4), "NUM_BUFFERS")):
+        with pytest.raises(ConfigError, match=f"^{field}:"):
+            cfg.validate_anywhere(256, torch.bfloat16)
+    # D=128 keeps its own rules
+    assert _bwd(3, BLOCK_M1=64, num_stages=2).validate_anywhere(128, torch.bfloat16)
+    with pytest.raises(ConfigError, match="^family:"):
+        _bwd(2).validate_anywhere(256, torch.bfloat16)
+
+
 def test_a_wide_call_with_the_gluon_dq_kernel_or_another_head_dim_is_refused_by_name():
     q = torch.zeros(1, 2, 32, 256, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="^gluon_dq:"):
