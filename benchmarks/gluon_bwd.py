@@ -57,6 +57,7 @@ LARGE = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal or None for both)
     ("4x16x4k-d128", 4, 16, 16, 4096, 4096, 128, None),
     ("4x16x4k-d64", 4, 16, 16, 4096, 4096, 64, None),
     ("2x16x8k-d128", 2, 16, 16, 8192, 8192, 128, None),
+    ("2x16x4k-d256", 2, 16, 16, 4096, 4096, 256, None),  # the D=256 kernel's runners (gluon_backward_wide)
 ]
 # (the dK/dV kernel's config with the Gluon dQ kernel's fields, whether dQ is the Gluon kernel's)
 NEIGHBOURS = [(GluonBwdConfig(BLOCK_M=32), False), (GluonBwdConfig(NUM_BUFFERS=3), False),
@@ -66,8 +67,13 @@ NEIGHBOURS = [(GluonBwdConfig(BLOCK_M=32), False), (GluonBwdConfig(NUM_BUFFERS=3
 
 
 def shapes(args) -> list[tuple]:
-    # (D=256 rows by --rows only: the D=256 kernel, gluon_backward_wide)
-    return gluon_bench.shapes(args, LARGE, min_seq_k=1024, head_dims=(64, 128) if not args.rows else (64, 128, 256))
+    """gluon_bench.shapes' rows; with --rows also SHAPES.md's D=256 rows (the D=256 kernel, gluon_backward_wide)
+    and the LARGE shapes it names."""
+    if not args.rows:
+        return gluon_bench.shapes(args, LARGE, min_seq_k=1024)
+    found = gluon_bench.shapes(args, [], min_seq_k=1024, head_dims=(64, 128, 256))
+    named = set(args.rows.split(","))
+    return found + [s for s in LARGE if s[0] in named and s not in found]
 
 
 def wide_configs(args) -> list:
