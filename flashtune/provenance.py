@@ -17,9 +17,11 @@ _KERNEL_DIR = Path(__file__).parent / "kernels"
 # a launch, e.g. a config field's default in config.py, shows in the launchers too.)
 KERNEL_FILES = ("common.py", "forward.py", "backward.py", "decode.py", "gluon_forward.py", "gluon_backward.py")
 # GPU code that no stored result configures, so a change to it makes nothing stale: the
-# forward-mode JVP kernel (never tuned; it runs its own defaults or a config given per call).
+# forward-mode JVP kernel (never tuned; it runs its own defaults or a config given per call), and the
+# D=256 Gluon dK/dV kernel (gluon_backward_wide.py: reached by direct calls only, until
+# gluon_backward.WIDE_HEAD_DIM opens it to BwdConfig's families and so to the search).
 # A file moves to KERNEL_FILES once the search tunes its kernel.
-UNTUNED_KERNEL_FILES = ("jvp.py",)
+UNTUNED_KERNEL_FILES = ("jvp.py", "gluon_backward_wide.py")
 
 
 @functools.lru_cache(maxsize=1)

@@ -187,6 +187,8 @@ TMA_STORE_DKDV = True
 # dispatcher's): the D=256 kernel (gluon_backward_wide.py, its configs checked by validate_wide: BLOCK_M 32,
 # DQ_FUSED 0 or 1, so families 1 and 3). Off: that kernel was written without a GPU (2026-12-06) and is
 # reached only by a direct gluon_attention_backward call until its GPU tests have passed. Read by validate.
+# Turning it on moves gluon_backward_wide.py from provenance.UNTUNED_KERNEL_FILES to KERNEL_FILES (stored
+# results then name its source's hash; test_gluon_bwd_wide.py holds the two together).
 WIDE_HEAD_DIM = False
 
 

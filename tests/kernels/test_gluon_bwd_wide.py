@@ -110,6 +110,13 @@ def test_the_switch_that_opens_head_dim_256_to_the_bwd_families(monkeypatch):
         _bwd(2).validate_anywhere(256, torch.bfloat16)
 
 
+def test_the_kernel_is_hashed_exactly_when_the_search_can_tune_it():
+    from flashtune import provenance
+
+    assert ("gluon_backward_wide.py" in provenance.KERNEL_FILES) is gluon_backward.WIDE_HEAD_DIM
+    assert ("gluon_backward_wide.py" in provenance.UNTUNED_KERNEL_FILES) is not gluon_backward.WIDE_HEAD_DIM
+
+
 def test_a_wide_call_with_the_gluon_dq_kernel_or_another_head_dim_is_refused_by_name():
     q = torch.zeros(1, 2, 32, 256, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="^gluon_dq:"):
