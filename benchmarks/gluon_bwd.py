@@ -47,7 +47,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashtune.kernels import attention_forward, default_config
 from flashtune.kernels.backward import attention_backward, dq_kernel_alone
-from flashtune.kernels import gluon_backward
+from flashtune.kernels import gluon_backward, gluon_backward_wide
 from flashtune.kernels.gluon_backward import GluonBwdConfig, default_gluon_bwd_config, gluon_attention_backward
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -79,25 +79,13 @@ def shapes(args) -> list[tuple]:
 def wide_configs(args) -> list:
     """The D=256 kernel's runners (gluon_backward_wide): fused dQ with 3 and 2 Q/dO slots (or --buffers), and
     with the Triton dQ kernel."""
-    from flashtune.kernels.gluon_backward_wide import default_wide_config
-
-    base = default_wide_config()
+    base = gluon_backward_wide.default_wide_config()
     fused = [dataclasses.replace(base, NUM_BUFFERS=b) for b in (args.buffers_list or (3, 2))]
     return [(c, False) for c in fused + [dataclasses.replace(base, DQ_FUSED=0)]]
 
 
-def wide_module():
-    from flashtune.kernels import gluon_backward_wide
-
-    return gluon_backward_wide
-
-
 def validate(cfg, D, dtype, device):
-    if D == 256:
-        from flashtune.kernels.gluon_backward_wide import validate_wide
-
-        return validate_wide(cfg, dtype, device)
-    return cfg.validate(D, dtype, device)
+    return gluon_backward_wide.validate_wide(cfg, dtype, device) if D == 256 else cfg.validate(D, dtype, device)
 
 
 def sdpa_backward(backend, q, k, v, do, causal, scale):
@@ -238,7 +226,7 @@ def main() -> int:
                                 fns[f"gluon {label}{tag}" + (f" prefetch={prefetch}" if wide_flags else "")] = (
                                     lambda cfg=cfg, gdq=gdq, split=split, lpt=lpt, compact=compact, flags=flags,
                                     wide_flags=wide_flags: gluon_bench.with_flags(
-                                        wide_module(), wide_flags, lambda: gluon_bench.with_flags(
+                                        gluon_backward_wide, wide_flags, lambda: gluon_bench.with_flags(
                                             gluon_backward, {"COMPACT_STATS": compact, **flags},
                                             lambda: gluon_attention_backward(
                                                 do, q, k, v, o, lse2, cfg, causal=causal, sm_scale=scale,

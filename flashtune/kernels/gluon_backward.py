@@ -1401,6 +1401,8 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         if gluon_dq:
             raise ValueError("gluon_dq: the Gluon dQ kernel does not run head dim 256 (the D=256 backward fuses dQ, "
                              "DQ_FUSED 1, or leaves it to the Triton dQ kernel)")
+        if trace is not None:
+            raise ValueError("trace: the D=256 backward has no instrumentation")
         gluon_backward_wide.validate_wide(config, q.dtype, q.device)
     else:
         config.validate(D, q.dtype, q.device)
@@ -1426,8 +1428,6 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                            programs_per_sm=GLUON_DKDV_PROGRAMS_PER_SM, batch=B, heads_q=H, heads_kv=k.shape[1],
                            n_q=N_Q, n_k=k.shape[2], sm_count=sm_count(q.device))
         buf = None
-        if trace is not None and wide:
-            raise ValueError("trace: the D=256 backward has no instrumentation")
         if trace is not None:
             buf = torch.zeros(dkdv_trace_shape(q.shape, k.shape, config, split), dtype=torch.int64, device=q.device)
             trace.append(buf)

@@ -39,6 +39,8 @@ checked on the CPU: tests/kernels/test_gluon_bwd_wide_compile.py); not dispatche
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -50,10 +52,11 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from flashtune.kernels import launch
 from flashtune.kernels.common import LOG2E, cdiv, key_block_lpt_units, on_device
 from flashtune.kernels.config import ConfigError
-from flashtune.kernels.gluon_backward import (GLUON_DKDV_PROGRAMS_PER_SM, GluonBwdConfig, _kernel_inputs,
+from flashtune.kernels.gluon_backward import (GLUON_DKDV_PROGRAMS_PER_SM, GluonBwdConfig, _kernel_inputs, _step,
                                               _tile_params, _tma_reduce_add)
 from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, SM90_SHARED_MEMORY, _BARRIER_BYTES,
-                                             _SHARED_SLACK, _descriptor, check_int_fields, check_sm90_device, p_tile_layout,
+                                             _SHARED_SLACK, _descriptor, check_int_fields, check_register_split,
+                                             check_sm90_device, p_tile_layout,
                                              tile_layout)
 
 HEAD_DIM = 256
@@ -98,8 +101,7 @@ def validate_wide(config: GluonBwdConfig, dtype: torch.dtype, device=None) -> Gl
             raise ConfigError(f"{name}: the D=256 backward has no such option, expected 0, got {getattr(config, name)}")
     if not 2 <= config.NUM_BUFFERS <= 4:
         raise ConfigError(f"NUM_BUFFERS: expected 2 to 4 Q/dO slots, got {config.NUM_BUFFERS}")
-    # the fields the D=128 validation checks (register split, integers), at a head dim it knows
-    GluonBwdConfig(PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS).validate(128, dtype)
+    check_register_split(config.PRODUCER_REGS, config.CONSUMER_REGS)
     if dtype not in DTYPES:
         raise ConfigError(f"dtype: the Gluon backward supports float16 and bfloat16, got {dtype}")
     smem = wide_shared_memory(config, dtype)
@@ -128,8 +130,7 @@ def _wide_producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_b
     tma.async_copy_global_to_shared(desc_k, [off_b, off_hk, start_n, 0], kv_ready, k_smem)
     tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, start_n, 0], kv_ready, v_smem)
     for it in range(n_steps):
-        h = head0 + it // n_qb
-        qb = first_qb + it % n_qb
+        h, qb = _step(it, n_qb, first_qb, head0)
         s = it % NUM_BUFFERS
         # a fresh mbarrier counts as having completed the phase before its first
         mbarrier.wait(q_empty.index(s), ((it // NUM_BUFFERS) & 1) ^ 1)
@@ -215,8 +216,7 @@ def _wide_consumer(WHICH: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_read
             f0 = warpgroup_mma(a_op, b0.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             first, _a0, _b0 = warpgroup_mma_wait(0, deps=(f0, a_op, b0))
     for it in range(n_steps):
-        h = head0 + it // n_qb
-        qb = first_qb + it % n_qb
+        h, qb = _step(it, n_qb, first_qb, head0)
         s = it % NUM_BUFFERS
         phase = (it // NUM_BUFFERS) & 1
         x = it % 2  # the exchange slot
@@ -371,19 +371,22 @@ def _gluon_attn_bwd_wide_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
 # ----------------------------------------------------------------------------------
 # The host side
 # ----------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
 def _dq_chunk_layout(rows: int):
     """The shared layout of one fp32 [1, 1, rows, 64] dQ reduce-add tile."""
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, DQ_CHUNK], gl.float32)
 
 
-def _exchange_layouts(config: GluonBwdConfig, dtype: torch.dtype) -> tuple:
-    """The shared layouts of the 16-bit P^T / dS^T slots (wgmma operands) and of the fp32 P^T slots."""
-    return (p_tile_layout(BLOCK_KEYS, config.BLOCK_M, dtype),
-            gl.NVMMASharedLayout.get_default_for([BLOCK_KEYS, config.BLOCK_M], gl.float32))
+@functools.lru_cache(maxsize=None)
+def _exchange_layouts(block_m: int, dtype: torch.dtype) -> tuple:
+    """The shared layouts of the 16-bit P^T / dS^T slots (wgmma operands) and of the fp32 P^T slots, made
+    once per (block_m, dtype) (the layouts are frozen dataclasses, as gluon_forward.tile_layout's)."""
+    return (p_tile_layout(BLOCK_KEYS, block_m, dtype),
+            gl.NVMMASharedLayout.get_default_for([BLOCK_KEYS, block_m], gl.float32))
 
 
 def wide_kernel_constexprs(config: GluonBwdConfig, dtype: torch.dtype, causal: bool) -> dict:
-    x_layout, x32_layout = _exchange_layouts(config, dtype)
+    x_layout, x32_layout = _exchange_layouts(config.BLOCK_M, dtype)
     return dict(CAUSAL=bool(causal), HEAD_DIM=HEAD_DIM, BLOCK_M=config.BLOCK_M, BLOCK_N=BLOCK_KEYS,
                 NUM_BUFFERS=config.NUM_BUFFERS, FUSED_DQ=bool(config.DQ_FUSED), PREFETCH=bool(PREFETCH),
                 X_LAYOUT=x_layout,
@@ -403,7 +406,6 @@ def gluon_dkdv_wide(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     H_KV, N_K = k.shape[1], k.shape[2]
     if D != HEAD_DIM:
         raise ValueError(f"q: the D=256 backward takes head dim {HEAD_DIM}, got {D}")
-    validate_wide(config, q.dtype)
     split_h, split_q = split
     group = H // H_KV
     if split_h < 1 or split_q < 1 or group % split_h:

@@ -121,6 +121,8 @@ def test_a_wide_call_with_the_gluon_dq_kernel_or_another_head_dim_is_refused_by_
     q = torch.zeros(1, 2, 32, 256, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="^gluon_dq:"):
         gluon_backward.gluon_attention_backward(q, q, q, q, q, torch.zeros(1, 2, 32), W, causal=True, gluon_dq=True)
+    with pytest.raises(ValueError, match="^trace:"):
+        gluon_backward.gluon_attention_backward(q, q, q, q, q, torch.zeros(1, 2, 32), W, causal=True, trace=[])
     with pytest.raises(ValueError, match="^q:"):
         wide.gluon_dkdv_wide(q[..., :128], q[..., :128], q[..., :128], q[..., :128], torch.zeros(1, 2, 32),
                              torch.zeros(1, 2, 32), W, causal=True, sm_scale=0.1)
