@@ -58,6 +58,10 @@ LARGE = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal or None for both)
     ("4x16x4k-d64", 4, 16, 16, 4096, 4096, 64, None),
     ("2x16x8k-d128", 2, 16, 16, 8192, 8192, 128, None),
     ("2x16x4k-d256", 2, 16, 16, 4096, 4096, 256, None),  # the D=256 kernel's runners (gluon_backward_wide)
+    # the same tokens at shorter lengths: where the D=256 kernel starts to beat the Triton default
+    ("4x16x2k-d256", 4, 16, 16, 2048, 2048, 256, None),
+    ("8x16x1k-d256", 8, 16, 16, 1024, 1024, 256, None),
+    ("16x16x512-d256", 16, 16, 16, 512, 512, 256, None),
 ]
 # (the dK/dV kernel's config with the Gluon dQ kernel's fields, whether dQ is the Gluon kernel's)
 NEIGHBOURS = [(GluonBwdConfig(BLOCK_M=32), False), (GluonBwdConfig(NUM_BUFFERS=3), False),

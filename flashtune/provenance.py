@@ -15,13 +15,13 @@ _KERNEL_DIR = Path(__file__).parent / "kernels"
 # heuristic tables, search space, input checks and reference live beside them and may
 # change without making stored results stale. (A change to how a stored config maps to
 # a launch, e.g. a config field's default in config.py, shows in the launchers too.)
-KERNEL_FILES = ("common.py", "forward.py", "backward.py", "decode.py", "gluon_forward.py", "gluon_backward.py")
+KERNEL_FILES = ("common.py", "forward.py", "backward.py", "decode.py", "gluon_forward.py", "gluon_backward.py",
+                "gluon_backward_wide.py")
 # GPU code that no stored result configures, so a change to it makes nothing stale: the
-# forward-mode JVP kernel (never tuned; it runs its own defaults or a config given per call), and the
-# D=256 Gluon dK/dV kernel (gluon_backward_wide.py: reached by direct calls only, until
-# gluon_backward.WIDE_HEAD_DIM opens it to BwdConfig's families and so to the search).
-# A file moves to KERNEL_FILES once the search tunes its kernel.
-UNTUNED_KERNEL_FILES = ("jvp.py", "gluon_backward_wide.py")
+# forward-mode JVP kernel (never tuned; it runs its own defaults or a config given per call).
+# A file moves to KERNEL_FILES once the search tunes its kernel (gluon_backward_wide.py did when
+# gluon_backward.WIDE_HEAD_DIM opened it to BwdConfig's families, 2026-12-06).
+UNTUNED_KERNEL_FILES = ("jvp.py",)
 
 
 @functools.lru_cache(maxsize=1)

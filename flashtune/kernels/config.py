@@ -65,7 +65,8 @@ LONG_MIN_K_FP8 = 2048
 # backward a step late, the share first) beats the Triton default with dK/dV through TMA (SHAPES.md's ViT
 # row, 257 queries, 0.987x cuDNN against 0.905x; BERT at 512 0.952 / 0.901; grid 512 0.942 / 0.932);
 # with masking 4096, where its causal entry starts to beat it (2048 0.946 / 0.949, 4096 0.958 / 0.913;
-# GPT-2's 512-query row 0.966 / 1.027). The entries' comments.
+# GPT-2's 512-query row 0.966 / 1.027). The entries' comments. D=256 keeps LONG_MIN_Q_BWD: its long entry (the
+# D=256 Gluon kernel) is 1.10-1.59x the Triton default from 512 queries on (its comment).
 LONG_MIN_Q_BWD_BY_HEAD_DIM = {(64, False): 256, (64, True): 4096}
 
 
@@ -1045,6 +1046,21 @@ _SM90_BWD[(_bf, 128, "long", False)] = _B(64, 64, 64, 64, 4, 2, family=3, dq_fir
 # lengths>,bert-base-512,vit-l16-257,gpt2-train-512 --gluon fused --dq-first both --rounds 2 --rep 30, GPU
 # time, H100, triton 3.6, 2026-12-06 (docs/gluon.md, docs/data/h100-2026-12-06c-gluon/bwd_d64.log).
 _SM90_BWD[(_bf, 64, "long", False)] = _B(64, 64, 64, 64, 4, 2, family=4, dq_first=1)
+# D=256 from LONG_MIN_Q_BWD_BY_HEAD_DIM's bound: the D=256 Gluon kernel (gluon_backward_wide, on since
+# gluon_backward.WIDE_HEAD_DIM: 32 queries a step over 64 keys) with dQ fused and 3 Q/dO slots (family 3),
+# ratio to cuDNN against the Triton default's: gemma2-d256-train-4k (B1, 16/8 heads, causal) 0.972 / 0.625,
+# 2x16x4k-d256 full 0.906 / 0.575, causal 0.845 (2 slots, 0.845 with 3 too) / 0.594; the Triton dQ kernel
+# instead of the fused share 0.863, 0.844, 0.764. benchmarks/gluon_bwd.py --rows gemma2-d256-train-4k,
+# 2x16x4k-d256 --prefetch both --buffers 2,3 --rounds 2 --rep 30, GPU time, H100, triton 3.6, 2026-12-06
+# (docs/data/h100-2026-12-06e-gluon/bwd_d256.log). At the same tokens in shorter calls (B x 16 heads x N,
+# full / causal, this entry's ratio to cuDNN; the Triton default's): N=2048 0.904 / 0.876 (0.598 / 0.623),
+# 1024 0.938 / 0.842 (0.662 / 0.678), 512 0.964 / 0.817 (0.744 / 0.777; causal the Triton dQ kernel, family
+# 1, 0.856): 1.05-1.51x the Triton default at every length, so D=256 is long from LONG_MIN_Q_BWD (512).
+# gluon_bwd.py --rows 16x16x512-d256,8x16x1k-d256,4x16x2k-d256,2x16x4k-d256 --buffers 2,3 --rounds 2 --rep
+# 30, the same day and card (bwd_len.log there). Through the drop-in (benchmarks/shapes.py --rows
+# gemma2-d256-train-4k --rep 50): 321.8 TFLOPS, 0.987x cuDNN (shapes_gemma2.txt there; SHAPES.md's
+# baseline 0.62x). The search times the three (family_defaults) per key.
+_SM90_BWD[(_bf, 256, "long")] = _B(32, 64, 64, 64, 4, 3, family=3)
 _SM90_BWD[(_bf, 64, "long", True)] = _B(64, 64, 64, 64, 4, 2, family=4)
 _SM90_FWD[(_f32, 256, "decode")] = _F(32, 32, 4, 2)
 # fp8 forward, the Triton kernel: untuned; chosen by analogy with the bf16 entries and
@@ -1175,8 +1191,17 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
             # 128-key blocks; 1024 causal 0.947x against 1.013x; H100, 2026-12-05, docs/gluon.md)
             configs.append(dataclasses.replace(configs[-1], BLOCK_N=64, num_stages=3))
     else:
+        from flashtune.kernels import gluon_backward
         from flashtune.kernels.gluon_backward import HEAD_DIMS, default_gluon_bwd_config
 
+        if head_dim == 256 and gluon_backward.WIDE_HEAD_DIM:
+            # the D=256 kernel (gluon_backward_wide: 32 queries a step over 64 keys): dQ fused with 3 and
+            # 2 Q/dO slots (family 3), and with the Triton default's dQ kernel (family 1)
+            t = default_config("bwd", head_dim, dtype, device, triton_only=True)
+            configs = [BwdConfig(32, 64, 64, 64, 4, n, family=3) for n in (3, 2)]
+            configs.append(BwdConfig(32, 64, t.BLOCK_M2, t.BLOCK_N2, 4, 3, t.dq_num_warps, t.dq_num_stages,
+                                     tma=t.tma, family=1))
+            return [cfg.validate(head_dim, dtype, device) for cfg in configs]
         if head_dim not in HEAD_DIMS:
             return []
 

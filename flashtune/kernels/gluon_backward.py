@@ -185,11 +185,12 @@ SKIP_DEAD_STEPS = True
 TMA_STORE_DKDV = True
 # head dim 256 as a GluonBwdConfig's (hence BwdConfig's Gluon families 1, 3 and 4, the search's and the
 # dispatcher's): the D=256 kernel (gluon_backward_wide.py, its configs checked by validate_wide: BLOCK_M 32,
-# DQ_FUSED 0 or 1, so families 1 and 3). Off: that kernel was written without a GPU (2026-12-06) and is
-# reached only by a direct gluon_attention_backward call until its GPU tests have passed. Read by validate.
-# Turning it on moves gluon_backward_wide.py from provenance.UNTUNED_KERNEL_FILES to KERNEL_FILES (stored
-# results then name its source's hash; test_gluon_bwd_wide.py holds the two together).
-WIDE_HEAD_DIM = False
+# DQ_FUSED 0 or 1, so families 1 and 3). Written without a GPU (2026-12-06) and off until its GPU tests
+# passed on an H100 the same day (docs/data/h100-2026-12-06e-gluon/: gemma2-d256-train-4k's backward 0.972x
+# cuDNN with dQ fused, 1.555x the Triton kernel). Read by validate. On, gluon_backward_wide.py is in
+# provenance.KERNEL_FILES (stored results name its source's hash; test_gluon_bwd_wide.py holds the two
+# together); off, in UNTUNED_KERNEL_FILES.
+WIDE_HEAD_DIM = True
 
 
 @dataclasses.dataclass(frozen=True)

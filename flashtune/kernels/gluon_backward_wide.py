@@ -32,9 +32,11 @@ wgmmas read more shared memory per FLOP; FlashAttention-3's D=256 backward split
 same way (its two groups on halves of the queries).
 
 Written 2026-12-06 without a GPU (the sm_90 compile, its registers, spills and shared memory are
-checked on the CPU: tests/kernels/test_gluon_bwd_wide_compile.py); not dispatched
-(BwdConfig's Gluon families stay at gluon_backward.HEAD_DIMS) until the GPU tests
-(tests/kernels/test_gluon_bwd_wide_gpu.py) have passed and benchmarks/gluon_bwd.py has timed it.
+checked on the CPU: tests/kernels/gluon_compile_sm90.py). On its first GPU run (H100, 2026-12-06,
+docs/data/h100-2026-12-06e-gluon/) its GPU tests (tests/kernels/test_gluon_bwd_wide_gpu.py) passed
+and with dQ fused and 3 slots it ran gemma2-d256-train-4k's backward at 0.972x cuDNN, 1.555x the
+Triton kernel (benchmarks/gluon_bwd.py); gluon_backward.WIDE_HEAD_DIM then opened it to BwdConfig's
+Gluon families 1 and 3, so to the heuristic table, the search and the dispatcher.
 """
 
 from __future__ import annotations
@@ -68,8 +70,12 @@ DQ_CHUNK = 64  # head-dim columns of one dQ reduce-add tile (a group's half is t
 # it waits for P^T, so the tensor cores have work while the other group computes its exponentials
 # or dS^T (the last step issues its own again, not read: one matmul in n_steps). The same matmuls on
 # the same operands: the same bits. Read at each launch; a launch plan replays the kernel it
-# recorded. Written without a GPU (2026-12-06): both values to be timed (benchmarks/gluon_bwd.py).
-PREFETCH = True
+# recorded. Off: slower on every row and slot count timed, ratio to cuDNN off / on with dQ fused and 3
+# slots: gemma2-d256-train-4k 0.972 / 0.919, 2x16x4k-d256 full 0.906 / 0.859, causal 0.845 / 0.806 (2
+# slots 0.963 / 0.758, 0.891 / 0.678, 0.845 / 0.669): benchmarks/gluon_bwd.py --rows
+# gemma2-d256-train-4k,2x16x4k-d256 --prefetch both --buffers 2,3 --rounds 2 --rep 30, GPU time, H100,
+# triton 3.6, 2026-12-06 (docs/data/h100-2026-12-06e-gluon/bwd_d256.log).
+PREFETCH = False
 
 
 def wide_shared_memory(config: GluonBwdConfig, dtype: torch.dtype) -> int:
@@ -114,7 +120,8 @@ def validate_wide(config: GluonBwdConfig, dtype: torch.dtype, device=None) -> Gl
 
 
 def default_wide_config() -> GluonBwdConfig:
-    """The D=256 kernel's starting config (unmeasured)."""
+    """The D=256 kernel's starting config: dQ fused, 3 Q/dO slots (the fastest of the runners timed:
+    PREFETCH's comment)."""
     return GluonBwdConfig(BLOCK_M=WIDE_BLOCK_M, BLOCK_N=BLOCK_KEYS, NUM_BUFFERS=3, DQ_FUSED=1)
 
 

@@ -68,9 +68,10 @@ def test_the_wide_kernel_is_refused_off_sm90():
         wide.validate_wide(W, torch.bfloat16, torch.device("cpu"))
 
 
-def test_no_bwd_config_reaches_the_wide_kernel_yet():
-    """Until the GPU tests have run it, BwdConfig's Gluon families refuse head dim 256 (the search
+def test_with_the_switch_off_no_bwd_config_reaches_the_wide_kernel(monkeypatch):
+    """gluon_backward.WIDE_HEAD_DIM off: BwdConfig's Gluon families refuse head dim 256 (the search
     and the dispatcher never choose the kernel), and the D=128 kernel's config check does too."""
+    monkeypatch.setattr(gluon_backward, "WIDE_HEAD_DIM", False)
     with pytest.raises(ConfigError, match="^head_dim:"):
         C().validate(256, torch.bfloat16)
     for family in (1, 2, 3, 4):
@@ -85,10 +86,11 @@ def _bwd(family, **fields):
 
 
 def test_the_switch_that_opens_head_dim_256_to_the_bwd_families(monkeypatch):
-    """gluon_backward.WIDE_HEAD_DIM on: families 1 and 3 at D=256 are the D=256 kernel's configs
-    (validate_wide's rules: 32 query rows, dQ in the step or by the Triton kernel), families 2 and 4
-    and other blocks are refused by name; off (the module's value), every Gluon family refuses D=256."""
-    assert gluon_backward.WIDE_HEAD_DIM is False
+    """gluon_backward.WIDE_HEAD_DIM on (the module's value): families 1 and 3 at D=256 are the D=256
+    kernel's configs (validate_wide's rules: 32 query rows, dQ in the step or by the Triton kernel),
+    families 2 and 4 and other blocks are refused by name; off, every Gluon family refuses D=256."""
+    assert gluon_backward.WIDE_HEAD_DIM is True
+    monkeypatch.setattr(gluon_backward, "WIDE_HEAD_DIM", False)
     with pytest.raises(ConfigError, match="^head_dim:"):
         _bwd(3, BLOCK_M1=64, num_stages=2).validate_anywhere(256, torch.bfloat16)
     for family in (1, 3):
@@ -129,7 +131,7 @@ def test_a_wide_call_with_the_gluon_dq_kernel_or_another_head_dim_is_refused_by_
 
 
 def test_the_wide_kernel_compiles_for_sm90_without_spills():
-    assert wide.PREFETCH is True, "the items below compile PREFETCH off as the other value"
+    assert wide.PREFETCH is False, "the items below compile PREFETCH on as the other value"
     items = [{"kernel": "bwd", "bwd_kernel": "wide", "config": dataclasses.replace(W, NUM_BUFFERS=nb,
                                                                                   DQ_FUSED=fused).to_dict(),
               "head_dim": 256, "dtype": dt, "causal": causal, "ptxas": True, "prefetch": prefetch}

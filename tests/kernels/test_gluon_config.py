@@ -163,7 +163,15 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     assert [(c.BLOCK_N, c.num_stages, c.persistent, c.overlap, c.o_tile) for c in d256] == \
         [(64, n, p, o, 0) for n in (2, 3) for o in (1, 0) for p in (0, 1)]
     assert d256[0].gluon() == gluon_forward.default_gluon_config(256)
-    assert family_defaults("bwd", 256, torch.bfloat16, "cuda") == []  # the Gluon backward: D 64 and 128
+    # the Gluon backward at D=256 (gluon_backward_wide): dQ fused with 3 and 2 slots, then the Triton dQ kernel
+    fused3, fused2, wide1 = family_defaults("bwd", 256, torch.bfloat16, "cuda")
+    assert [(c.family, c.BLOCK_M1, c.BLOCK_N1, c.num_stages) for c in (fused3, fused2, wide1)] == \
+        [(3, 32, 64, 3), (3, 32, 64, 2), (1, 32, 64, 3)]
+    assert fused3 == config_mod.default_config("bwd", 256, torch.bfloat16, "cuda", causal=True, seq_q=4096)
+    triton_256 = config_mod.default_config("bwd", 256, torch.bfloat16, "cuda", triton_only=True)
+    assert (wide1.BLOCK_M2, wide1.BLOCK_N2, wide1.dq_num_warps, wide1.dq_num_stages) == \
+        (triton_256.BLOCK_M2, triton_256.BLOCK_N2, triton_256.dq_num_warps, triton_256.dq_num_stages)
+    assert family_defaults("bwd", 96, torch.bfloat16, "cuda") == []  # the Gluon backward: D 64, 128 and 256
     with pytest.raises(ConfigError, match=r"^NUM_BUFFERS:.*shared memory"):  # 4 K and 3 V slots of 64 keys
         FwdConfig(64, 64, 4, 4, family=1).validate(256, torch.bfloat16, "cuda")
     with pytest.raises(ConfigError, match=r"^dtype:.*256"):
