@@ -102,6 +102,13 @@ def _gluon_cases(n: int, d: int) -> list:
          dict(causal=True, fwd_config=gf, bwd_config=B(64, 64, 64, 64, 4, 2, family=3))),
         ("gluon fused dQ late", (1, 4, n, d), (1, 4, n, d),
          dict(causal=False, fwd_config=gf, bwd_config=B(64, 64, 64, 64, 4, 2, family=4))),
+        # head dim 256: the D=256 Gluon dK/dV kernel (gluon_backward_wide), dQ fused, and with the Triton dQ
+        # kernel and the split's partials
+        ("gluon D=256 fused dQ", (1, 4, n, 256), (1, 2, n, 256),
+         dict(causal=True, fwd_config=F(64, 64, 4, 2, family=1), bwd_config=B(32, 64, 64, 64, 4, 3, family=3))),
+        ("gluon D=256 family 1, split", (1, 8, n, 256), (1, 1, n, 256),
+         dict(causal=False, fwd_config=F(64, 64, 4, 2, family=1),
+              bwd_config=B(32, 64, 64, 64, 4, 2, 4, 2, family=1, dkdv_split=4))),
     ]
 
 
