@@ -57,6 +57,11 @@ DECODE_MAX_Q = 16
 # forward against the Triton fp8 kernel's 1.18x; the fp8 entry's comment).
 LONG_MIN_Q = 512
 LONG_MIN_K = 512
+# the forward's long bound of queries of a (padded) head dim and masking (causal) where it is not
+# LONG_MIN_Q (16-bit; the keys' bound stays LONG_MIN_K). D=64 causal: 2048 since 2026-12-06, where the
+# long causal D=64 entry (the Triton 128x64 w8 s3) starts to beat the shorter calls' entry (64x64 w4 s3;
+# both entries' comments).
+LONG_MIN_Q_FWD_BY_HEAD_DIM = {(64, True): 2048}
 LONG_MIN_Q_BWD = 512
 LONG_MIN_Q_FP8 = 1024
 LONG_MIN_K_FP8 = 2048
@@ -90,7 +95,8 @@ def long_bounds(pass_: str, dtype: torch.dtype | None = None, head_dim: int | No
     """The fewest queries per head and keys (None: no bound) of a long call of ``pass_`` in
     ``dtype`` (None: a 16-bit one) at ``head_dim`` (None: one with no bound of its own) with
     ``causal`` masking (None: either; the lower bound of the two); the backward's by
-    LONG_MIN_Q_BWD_BY_HEAD_DIM, keyed by the head dim the tables pad it to and the masking."""
+    LONG_MIN_Q_BWD_BY_HEAD_DIM, the 16-bit forward's queries by LONG_MIN_Q_FWD_BY_HEAD_DIM, keyed
+    by the head dim the tables pad it to and the masking."""
     if pass_ != "fwd":
         if head_dim is None:
             return LONG_MIN_Q_BWD, None
@@ -99,7 +105,11 @@ def long_bounds(pass_: str, dtype: torch.dtype | None = None, head_dim: int | No
         return min(LONG_MIN_Q_BWD_BY_HEAD_DIM.get((padded, m), LONG_MIN_Q_BWD) for m in masks), None
     if dtype in FP8_DTYPES:
         return LONG_MIN_Q_FP8, LONG_MIN_K_FP8
-    return LONG_MIN_Q, LONG_MIN_K
+    if head_dim is None:
+        return LONG_MIN_Q, LONG_MIN_K
+    padded = padded_head_dim(head_dim, dtype)
+    masks = (False, True) if causal is None else (bool(causal), )
+    return min(LONG_MIN_Q_FWD_BY_HEAD_DIM.get((padded, m), LONG_MIN_Q) for m in masks), LONG_MIN_K
 
 
 def is_long(pass_: str, seq_q: int | None, seq_k: int | None = None, dtype: torch.dtype | None = None,
@@ -866,6 +876,16 @@ _SM90_FWD = {
     # gemma2-d256-train-4k (B=1, 16/8 heads, N=4096, causal; benchmarks/shapes.py --sweep, H200,
     # 2026-12-01, docs/shapes.md)
     (_bf, 128): _F(64, 64, 4, 3, tma=1), (_bf, 256): _F(128, 64, 8, 2),
+    # bf16 D=64 causal below its long bound (2048 queries, LONG_MIN_Q_FWD_BY_HEAD_DIM): 64x64, 4 warps, 3
+    # stages, ratio to cuDNN against 128x64 w8 s3 (the D=64 entry, and the long causal one from 2048) in two
+    # runs: grid 512 0.897 / 0.806, 0.900 / 0.814; 1024 0.918 / 0.865, 0.914 / 0.873; from 2048 it loses
+    # (2048 0.908 / 0.928, 0.915 / 0.915; 4096 0.898 / 0.942, 0.906 / 0.947; 8192 0.922 / 0.944; 16384
+    # 0.924 / 0.949). SHAPES.md's gpt2-train-512: 0.0631 ms against 0.0705 (1.12x, 0.904x cuDNN), the
+    # fastest of 56 Triton and Gluon configs. benchmarks/attention.py --head-dims 64 --passes fwd --rounds 2
+    # [--configs fwd_d64_candidates.json] and benchmarks/shapes.py --rows gpt2-train-512 bert-base-512
+    # --passes fwd --sweep fwd_d64_sweep_in.json, GPU time, H100, triton 3.6, 2026-12-06
+    # (docs/data/h100-2026-12-06e-gluon/, run5.sh and run6.sh; docs/gluon.md).
+    (_bf, 64, True): _F(64, 64, 4, 3),
     # bf16 D=128 non-causal: 64x128, 4 warps, one stage, TMA loads: the search's winner at
     # N=1k..16k, 1.22x / 1.12x / 1.08x the 128x128 w8 s3 TMA default before it (report of
     # ae407ed, docs/tuning.md).
@@ -970,6 +990,17 @@ _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1, persistent=1, o_tile
 # --persistent-buffers 2,3 --overlap both, GPU time, H100, triton 3.6, 2026-12-05 (docs/gluon.md,
 # docs/data/h100-2026-12-05f-gluon/).
 _SM90_FWD[(_bf, 256, "long")] = _F(64, 64, 4, 3, family=1, persistent=1)
+# D=64 long calls: causal the D=64 Triton entry (128x64 w8 s3) from 2048 queries (LONG_MIN_Q_FWD_BY_HEAD_DIM;
+# the shorter causal calls' entry above); without masking from 512 queries against 512 keys the Gluon
+# forward's persistent kernel with O tiles, 2 x 64 rows, 128 keys, 3 slots, no ping-pong, the fastest of 56
+# Triton and Gluon configs on bert-base-512 (0.0787 ms against the Triton default's 0.0831, 0.920x cuDNN),
+# and over the 6 full D=64 grid rows, ratio to cuDNN against the Triton default in two runs: 512 0.942 /
+# 0.878, 0.948 / 0.897; 1024 0.978 / 0.922, 0.990 / 0.946; 2048 0.975 / 0.934, 0.983 / 0.938; 4096 0.984 /
+# 0.934, 0.959 / 0.962; 8192 0.975 / 0.947, 0.961 / 0.981; 16384 0.973 / 0.948, 0.973 / 0.902 (geometric
+# mean 0.970 / 0.932). The runs of the causal D=64 entry's comment. Other devices: it does not validate, and
+# the D=64 entry serves.
+_SM90_FWD[(_bf, 64, "long", True)] = _F(128, 64, 8, 3)
+_SM90_FWD[(_bf, 64, "long", False)] = _F(64, 128, 4, 3, family=1, pingpong=0, persistent=1, o_tile=1)
 # The backward from LONG_MIN_Q_BWD queries at D=128: the Gluon families. Causal: the Gluon dK/dV
 # kernel with the Triton default's dQ kernel (family 1, dkdv_split chosen at launch),
 # 1.03-1.16x the Triton default on every causal row measured (grid 4k/8k/16k 1.03-1.10x not

@@ -362,10 +362,48 @@ def test_long_d128_forward_calls_default_to_the_gluon_kernel_on_sm90_only(monkey
     for cfg in (default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=LONG_MIN_K - 1),
                 default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=LONG_MIN_Q, seq_k=LONG_MIN_K - 1),
                 default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=LONG_MIN_Q - 1, seq_k=16384),
-                default_config("fwd", 64, bf16, "cuda", causal=False, seq_q=16384),
                 default_config("fwd", 128, torch.float32, "cuda", causal=False, seq_q=16384),
                 default_config("fwd", 128, bf16, "cuda", causal=True)):
         assert cfg.family == 0
+
+
+@pytest.mark.parametrize("capability", [(9, 0), (10, 0)])
+def test_the_d64_forward_defaults_by_masking_and_length(monkeypatch, capability):
+    """D=64 (measured on an H100, 2026-12-06; config.py's D=64 entries): without masking the Gluon persistent
+    kernel with O tiles from LONG_MIN_Q queries against LONG_MIN_K keys on sm_90, the Triton 128x64 w8 s3
+    below (and on other devices); causal 64x64 w4 s3 below 2048 queries (its own long bound), 128x64 w8 s3
+    from there."""
+    from flashtune.kernels.config import LONG_MIN_K, LONG_MIN_Q, default_config, is_long, long_bounds
+
+    monkeypatch.setattr(config_mod, "device_capability", lambda device: capability)
+    monkeypatch.setattr(gluon_forward, "device_capability", lambda device: capability)
+    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)
+    monkeypatch.setattr(config_mod, "resolve_device", lambda device=None: torch.device("cuda", 0))
+    bf16 = torch.bfloat16
+    assert long_bounds("fwd", bf16, 64, causal=True) == (2048, LONG_MIN_K)
+    assert long_bounds("fwd", bf16, 64, causal=False) == long_bounds("fwd", bf16, 64) == (LONG_MIN_Q, LONG_MIN_K)
+    assert long_bounds("fwd", bf16, 128, causal=True) == long_bounds("fwd") == (LONG_MIN_Q, LONG_MIN_K)
+    assert not is_long("fwd", 2047, dtype=bf16, head_dim=64, causal=True)
+    assert is_long("fwd", 2048, dtype=bf16, head_dim=64, causal=True)
+    assert is_long("fwd", LONG_MIN_Q, dtype=bf16, head_dim=64, causal=False)
+    triton_d64 = FwdConfig(128, 64, 8, 3)
+    sm90 = capability == (9, 0)
+    for seq_q, seq_k in ((LONG_MIN_Q, None), (16384, None), (LONG_MIN_Q, 4 * LONG_MIN_K)):
+        full = default_config("fwd", 64, bf16, "cuda", causal=False, seq_q=seq_q, seq_k=seq_k)
+        want = FwdConfig(64, 128, 4, 3, family=1, pingpong=0, persistent=1, o_tile=1) if sm90 else triton_d64
+        assert full == want, (seq_q, seq_k)
+    for seq_q, seq_k in ((LONG_MIN_Q - 1, None), (16384, LONG_MIN_K - 1), (None, None)):
+        assert default_config("fwd", 64, bf16, "cuda", causal=False, seq_q=seq_q, seq_k=seq_k) == triton_d64
+    short_causal = FwdConfig(64, 64, 4, 3)  # a Triton entry of the sm_90 table: newer devices read it too
+    for seq_q in (17, LONG_MIN_Q, 1024, 2047, None):
+        assert default_config("fwd", 64, bf16, "cuda", causal=True, seq_q=seq_q) == short_causal, seq_q
+    for seq_q in (2048, 16384):
+        assert default_config("fwd", 64, bf16, "cuda", causal=True, seq_q=seq_q) == triton_d64, seq_q
+    # a call the Gluon kernel cannot run: the Triton default without masking
+    config_mod._triton_default.cache_clear()
+    gluon = FwdConfig(64, 128, 4, 3, family=1, pingpong=0, persistent=1, o_tile=1)
+    assert gluon.as_triton(64, bf16, "cuda", causal=False) == triton_d64
+    config_mod._triton_default.cache_clear()
 
 
 @pytest.fixture
