@@ -99,6 +99,7 @@ class KeySearch:
             if self.ledger.is_valid(cfg):
                 self.ledger.record(cfg, outcome)
         self._adopt_recorded_trials()
+        self._measured_before_run = 0  # set as each run starts (_out_of_time)
 
     def _adopt_recorded_trials(self) -> None:
         """Trials the store has (same key, same kernel) but the study does not: a search
@@ -214,6 +215,7 @@ class KeySearch:
         trial for the composed pair (Ledger.composed), if it has one; else the sampler has it."""
         self.study.enqueue(self.warm_start())
         start = time.monotonic()
+        self._measured_before_run = self.n_measured()  # a resumed key's trials of earlier runs
         trials = self.budget.trials
         reserve = 1 if self.key.pass_ == "bwd" and trials >= 4 else 0
         self._loop(start, trials - reserve)
@@ -224,14 +226,18 @@ class KeySearch:
         self._loop(start, trials)
 
     def _out_of_time(self, start: float, first_batch: bool = False) -> bool:
-        """Whether --timeout ran out. A key's first batch of configs is always measured: on a
-        cold compile cache building the inputs and compiling that batch (in parallel) can take
-        longer than a short timeout, and a key left with no trial had nothing to show for the
-        time (two of nine keys of the H200 run of 2026-12-02 at --timeout 9); once compiled, a
-        config costs its timing alone (under a second), so the whole batch is measured (the
-        first key of the next run got one trial of eight compiled: the Gluon kernel's compile
-        took its 10 s). --trial-timeout still bounds each trial."""
-        return (self.budget.timeout is not None and self.n_measured() > 0 and not first_batch
+        """Whether --timeout ran out. A run's first batch of configs for a key is always
+        measured: on a cold compile cache building the inputs and compiling that batch (in
+        parallel) can take longer than a short timeout, and a key left with no trial had nothing
+        to show for the time (two of nine keys of the H200 run of 2026-12-02 at --timeout 9); once
+        compiled, a config costs its timing alone (under a second), so the whole batch is
+        measured (the first key of the next run got one trial of eight compiled: the Gluon
+        kernel's compile took its 10 s). So is a resumed key's (trials of an earlier run in its
+        ledger): a rerun whose worker takes longer than the timeout to build the inputs still
+        goes on, where it would otherwise stop with no trial, run after run. --trial-timeout
+        still bounds each trial."""
+        measured_this_run = self.n_measured() - self._measured_before_run
+        return (self.budget.timeout is not None and measured_this_run > 0 and not first_batch
                 and time.monotonic() - start >= self.budget.timeout)
 
     def _fault(self, cfg) -> int:
@@ -240,7 +246,7 @@ class KeySearch:
     def _loop(self, start: float, limit: int) -> None:
         worker, budget = self.bench.worker, self.budget
         while self.n_measured() < limit and not self._out_of_time(start):
-            first = self.n_measured() == 0
+            first = self.n_measured() == self._measured_before_run
             batch = self._propose(budget.batch, limit)
             if not batch:
                 break
