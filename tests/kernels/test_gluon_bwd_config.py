@@ -38,7 +38,7 @@ SM90_SHARED_MEMORY = 232448
     (C(BLOCK_M=128), 64, torch.bfloat16, "BLOCK_M"),
     (C(BLOCK_M=64.0), 64, torch.bfloat16, "BLOCK_M"),
     (C(DV_EARLY=True), 64, torch.bfloat16, "DV_EARLY"),
-    (C(), 256, torch.bfloat16, "head_dim"),
+    (C(), 256, torch.bfloat16, "BLOCK_M"),  # the D=256 kernel's rules (gluon_backward_wide: 32 query rows a step)
     (C(), 96, torch.bfloat16, "head_dim"),
     (C(), 128, torch.float32, "dtype"),
     (C(), 128, torch.float8_e4m3fn, "dtype"),
