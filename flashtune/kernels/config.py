@@ -1198,8 +1198,10 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
     (gluon_backward.default_gluon_bwd_config) with
     the Triton default's dQ half (family 1), then with the Gluon dQ kernel (family 2), then
     with dQ fused into it (families 3 and 4), each with its share in the step's usual order and
-    ahead of dV and dK (dq_first: 1-4 % either way per row on an H100, 2026-12-05). The
-    search times these first (key_search.warm_start), so the family
+    ahead of dV and dK (dq_first: 1-4 % either way per row on an H100, 2026-12-05); at head dim
+    256 the D=256 kernel's (gluon_backward_wide, while gluon_backward.WIDE_HEAD_DIM is on): dQ
+    fused with 3 and 2 Q/dO slots, then with the Triton default's dQ kernel. Configs the device
+    refuses are left out. The search times these first (key_search.warm_start), so the family
     is chosen per key by measurement."""
     config_class(pass_)
     if device_capability(device) != (9, 0) or dtype not in (_bf, _fp):
@@ -1225,27 +1227,26 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
         from flashtune.kernels import gluon_backward
         from flashtune.kernels.gluon_backward import HEAD_DIMS, default_gluon_bwd_config
 
-        if head_dim == 256 and gluon_backward.WIDE_HEAD_DIM:
+        wide = head_dim == 256 and gluon_backward.WIDE_HEAD_DIM
+        if head_dim not in HEAD_DIMS and not wide:
+            return []
+        t = default_config("bwd", head_dim, dtype, device, triton_only=True)
+        if wide:
             # the D=256 kernel (gluon_backward_wide: 32 queries a step over 64 keys): dQ fused with 3 and
             # 2 Q/dO slots (family 3), and with the Triton default's dQ kernel (family 1)
-            t = default_config("bwd", head_dim, dtype, device, triton_only=True)
             configs = [BwdConfig(32, 64, 64, 64, 4, n, family=3) for n in (3, 2)]
             configs.append(BwdConfig(32, 64, t.BLOCK_M2, t.BLOCK_N2, 4, 3, t.dq_num_warps, t.dq_num_stages,
                                      tma=t.tma, family=1))
-            return [cfg.validate(head_dim, dtype, device) for cfg in configs]
-        if head_dim not in HEAD_DIMS:
-            return []
-
-        # family 1 (the Gluon dK/dV kernel with the Triton default's dQ half) and family 2
-        # (both Gluon, 3-slot rings: the best at 4x16x4k D=128 on the H200, 0.85x cuDNN
-        # against family 1's 0.81x; docs/gluon.md)
-        g = default_gluon_bwd_config(head_dim)
-        t = default_config("bwd", head_dim, dtype, device, triton_only=True)
-        configs = [BwdConfig(g.BLOCK_M, g.BLOCK_N, t.BLOCK_M2, t.BLOCK_N2, 4, g.NUM_BUFFERS, t.dq_num_warps,
-                             t.dq_num_stages, tma=t.tma, family=1),
-                   BwdConfig(g.BLOCK_M, g.BLOCK_N, 64, 64, 4, 3, 4, 3, family=2),
-                   *(BwdConfig(64, g.BLOCK_N, 64, 64, 4, 2, family=f, dq_first=first) for f in (3, 4)
-                     for first in (0, 1))]
+        else:
+            # family 1 (the Gluon dK/dV kernel with the Triton default's dQ half) and family 2
+            # (both Gluon, 3-slot rings: the best at 4x16x4k D=128 on the H200, 0.85x cuDNN
+            # against family 1's 0.81x; docs/gluon.md)
+            g = default_gluon_bwd_config(head_dim)
+            configs = [BwdConfig(g.BLOCK_M, g.BLOCK_N, t.BLOCK_M2, t.BLOCK_N2, 4, g.NUM_BUFFERS, t.dq_num_warps,
+                                 t.dq_num_stages, tma=t.tma, family=1),
+                       BwdConfig(g.BLOCK_M, g.BLOCK_N, 64, 64, 4, 3, 4, 3, family=2),
+                       *(BwdConfig(64, g.BLOCK_N, 64, 64, 4, 2, family=f, dq_first=first) for f in (3, 4)
+                         for first in (0, 1))]
     out = []
     for cfg in configs:
         try:
