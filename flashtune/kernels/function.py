@@ -200,7 +200,7 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
             # asked only where the default is read (a given config, as the tuned drop-in's, skips it)
             fills = fwd_config is None and heads_kv is not None and decode_fills(q.shape[0] * heads_kv, device)
             buckets["fwd"] = "decode-full" if fills else "decode"
-        elif is_long("fwd", n_q, seq_k, dtype):
+        elif is_long("fwd", n_q, seq_k, dtype, head_dim=D, causal=bool(causal)):
             buckets["fwd"] = "long"
         buckets["bwd"] = "long" if is_long("bwd", n_q, dtype=dtype, head_dim=D, causal=bool(causal)) else None
     resolved = []

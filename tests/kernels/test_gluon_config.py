@@ -399,6 +399,17 @@ def test_the_d64_forward_defaults_by_masking_and_length(monkeypatch, capability)
         assert default_config("fwd", 64, bf16, "cuda", causal=True, seq_q=seq_q) == short_causal, seq_q
     for seq_q in (2048, 16384):
         assert default_config("fwd", 64, bf16, "cuda", causal=True, seq_q=seq_q) == triton_d64, seq_q
+    # the launch path (function.resolve_configs) picks the same bucket: a causal call of 1024 queries is
+    # below D=64's causal bound (CPU tensors: the Triton entries validate for the interpreter)
+    from flashtune.kernels import function
+
+    function._default.cache_clear()
+    try:
+        for n, want in ((1024, FwdConfig(64, 64, 4, 3)), (2048, triton_d64)):
+            q = torch.empty(1, 2, n, 64, dtype=bf16)
+            assert function.resolve_configs(q, None, None, causal=True)[0] == want.validate(64, bf16, "cpu"), n
+    finally:
+        function._default.cache_clear()
     # a call the Gluon kernel cannot run: the Triton default without masking
     config_mod._triton_default.cache_clear()
     gluon = FwdConfig(64, 128, 4, 3, family=1, pingpong=0, persistent=1, o_tile=1)
