@@ -13,8 +13,8 @@ write them as JSON.
     python benchmarks/gluon_bwd.py --dq-first both     # the fused dQ runners with DQ_FIRST 0 and 1
     python benchmarks/gluon_bwd.py --gluon fused --buffers 2,3   # the fused runners with 2 and 3 Q/dO slots
     python benchmarks/gluon_bwd.py --gluon fused --persistent both  # ... one CTA per tile and persistent
-    python benchmarks/gluon_bwd.py --rows gemma2-d256-train-4k --prefetch both  # a D=256 row: the D=256 kernel's
-                                                       # runners, its PREFETCH off and on
+    python benchmarks/gluon_bwd.py --rows gemma2-d256-train-4k --prefetch all  # a D=256 row: the D=256 kernel's
+                                                       # runners, its PREFETCH off, early and late
 
 Backward only: every runner's backward from the same forward output (flashtune's from its
 own forward's o and log-sum-exp; SDPA's through autograd.grad with the graph kept). For
@@ -63,6 +63,8 @@ LARGE = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal or None for both)
     ("8x16x1k-d256", 8, 16, 16, 1024, 1024, 256, None),
     ("16x16x512-d256", 16, 16, 16, 512, 512, 256, None),
 ]
+# --prefetch: the D=256 kernel's PREFETCH values (gluon_backward_wide: 0 off, 1 early, 2 late)
+PREFETCH_VALUES = {"default": None, "off": (0, ), "on": (1, ), "late": (2, ), "both": (0, 1), "all": (0, 1, 2)}
 # (the dK/dV kernel's config with the Gluon dQ kernel's fields, whether dQ is the Gluon kernel's)
 NEIGHBOURS = [(GluonBwdConfig(BLOCK_M=32), False), (GluonBwdConfig(NUM_BUFFERS=3), False),
               (GluonBwdConfig(NUM_BUFFERS=3, DQ_BUFFERS=3), True), (GluonBwdConfig(DQ_OVERLAP=0), True),
@@ -145,9 +147,9 @@ def main() -> int:
                     help="which Gluon runners: all four, family 1 only (Triton dQ), the two fused-dQ ones, or the "
                          "one the drop-in's heuristic default runs for the row (none where that is the Triton "
                          "kernel); --dq-first, --persistent and --buffers then vary it")
-    ap.add_argument("--prefetch", choices=("default", "off", "on", "both"), default="default",
-                    help="the D=256 kernel's PREFETCH (gluon_backward_wide): as the module has it, off, on, or both "
-                         "(labels ending ' prefetch=0' / ' prefetch=1')")
+    ap.add_argument("--prefetch", choices=tuple(PREFETCH_VALUES), default="default",
+                    help="the D=256 kernel's PREFETCH (gluon_backward_wide): as the module has it, off (0), early "
+                         "(1, 'on'), late (2), off and early ('both') or all three (labels ending ' prefetch=V')")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=100, help="ms of calls per runner and round")
     gluon_bench.add_timer_args(ap)
@@ -225,8 +227,8 @@ def main() -> int:
                                 else f" lpt{lpt}") + ({True: " compact", False: " wide"}[compact]
                                                       if args.stats == "both" else "") + gluon_bench.switch_tag(
                                 flags, args.switch)
-                            for prefetch in (gluon_bench.ON_OFF[args.prefetch] or (None, )) if D == 256 else (None, ):
-                                wide_flags = {} if prefetch is None else {"PREFETCH": bool(prefetch)}
+                            for prefetch in (PREFETCH_VALUES[args.prefetch] or (None, )) if D == 256 else (None, ):
+                                wide_flags = {} if prefetch is None else {"PREFETCH": prefetch}
                                 fns[f"gluon {label}{tag}" + (f" prefetch={prefetch}" if wide_flags else "")] = (
                                     lambda cfg=cfg, gdq=gdq, split=split, lpt=lpt, compact=compact, flags=flags,
                                     wide_flags=wide_flags: gluon_bench.with_flags(

@@ -99,6 +99,20 @@ def wgmma_loops(instrs: list[tuple[str, str]], labels: dict[str, int]) -> list[L
     return loops
 
 
+def switch_module(args):
+    """The kernel module whose switches --switch sets: gluon_forward, gluon_backward, or at head dim 256
+    the D=256 backward's (gluon_backward_wide: PREFETCH)."""
+    from flashtune.kernels import gluon_backward, gluon_forward
+
+    if args.kernel == "fwd":
+        return gluon_forward
+    if args.head_dim == 256:
+        from flashtune.kernels import gluon_backward_wide
+
+        return gluon_backward_wide
+    return gluon_backward
+
+
 def compile_kernel(args, switches: dict) -> tuple[str, str]:
     """(ptxas's -v output, nvdisasm's SASS) of the kernel the arguments name, with the kernel
     module's ``switches`` set."""
@@ -107,7 +121,7 @@ def compile_kernel(args, switches: dict) -> tuple[str, str]:
 
     from flashtune.kernels import gluon_backward, gluon_forward
 
-    module = gluon_forward if args.kernel == "fwd" else gluon_backward
+    module = switch_module(args)
     for name, value in switches.items():
         setattr(module, name, value)
     fields = dict(item.split("=") for item in args.config)
@@ -154,7 +168,7 @@ def main(argv=None) -> int:
             ap.error(f"--config/--switch: expected NAME=INTEGER, got {item!r}")
     from flashtune.kernels import gluon_backward, gluon_forward
 
-    combos = gluon_bench.switch_values(ap, gluon_forward if args.kernel == "fwd" else gluon_backward, args.switch)
+    combos = gluon_bench.switch_values(ap, switch_module(args), args.switch)
     if len(combos) != 1:
         ap.error("--switch: one value per switch here")
     info, sass = compile_kernel(args, combos[0])

@@ -65,17 +65,22 @@ HEAD_DIM = 256
 BLOCK_KEYS = 64  # keys a CTA (both groups'; the wgmma's M of S^T, dP^T, dV and dK)
 WIDE_BLOCK_M = 32  # queries a step (each consumer's N of S^T / dP^T)
 DQ_CHUNK = 64  # head-dim columns of one dQ reduce-add tile (a group's half is two)
-# each group's first matmul of a step (S^T or dP^T) issued a step ahead: during step it, group 0
-# issues step it + 1's S^T once its dV is issued and before it waits for dS^T, group 1 its dP^T before
-# it waits for P^T, so the tensor cores have work while the other group computes its exponentials
-# or dS^T (the last step issues its own again, not read: one matmul in n_steps). The same matmuls on
-# the same operands: the same bits. Read at each launch; a launch plan replays the kernel it
-# recorded. Off: slower on every row and slot count timed, ratio to cuDNN off / on with dQ fused and 3
+# each group's first matmul of a step (S^T or dP^T) issued a step ahead. 1 (True), early: during step
+# it, group 0 issues step it + 1's S^T once its dV is issued and before it waits for dS^T, group 1 its
+# dP^T before it waits for P^T, so the tensor cores have work while the other group computes its
+# exponentials or dS^T. 2, late: each group issues it behind the step's dK, once its dQ share is
+# stored (its registers free), and leaves it in flight over the slot's release into the next step,
+# waiting for it at the step's start (the early matmul sits ahead of the step's dQ and dK in the
+# group's in-order wgmma queue; the late one behind them). Either way the last step issues its own
+# again, not read (one matmul in n_steps). The same matmuls on the same operands: the same bits.
+# Read at each launch; a launch plan replays the kernel it recorded. Late written 2026-12-06 without
+# a GPU (compiled for sm_90: no spills, fused or not, causal or not), to be timed.
+# Off: early was slower on every row and slot count timed, ratio to cuDNN off / early with dQ fused and 3
 # slots: gemma2-d256-train-4k 0.972 / 0.919, 2x16x4k-d256 full 0.906 / 0.859, causal 0.845 / 0.806 (2
 # slots 0.963 / 0.758, 0.891 / 0.678, 0.845 / 0.669): benchmarks/gluon_bwd.py --rows
 # gemma2-d256-train-4k,2x16x4k-d256 --prefetch both --buffers 2,3 --rounds 2 --rep 30, GPU time, H100,
 # triton 3.6, 2026-12-06 (docs/data/h100-2026-12-06e-gluon/bwd_d256.log).
-PREFETCH = False
+PREFETCH = 0
 
 
 def wide_shared_memory(config: GluonBwdConfig, dtype: torch.dtype) -> int:
@@ -213,15 +218,17 @@ def _wide_consumer(WHICH: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_read
         a_op = v
         b_bufs = do_bufs
         b_ready = do_ready
-    # PREFETCH: step it + 1's first matmul is issued during step it (group 0 before it waits for dS^T,
-    # group 1 before it waits for P^T), so it runs while the other group computes; the first step's here
+    # PREFETCH (1 early, 2 late): step it + 1's first matmul is issued during step it (early: group 0
+    # before it waits for dS^T, group 1 before it waits for P^T; late: after the step's dK, in flight
+    # over the dQ share's store and into the next step); the first step's here (late: not waited for)
     first = s_zero
-    if PREFETCH:
+    if PREFETCH != 0:
         if n_steps > 0:
             mbarrier.wait(b_ready.index(0), 0)
             b0 = b_bufs.index(0).reshape([BLOCK_M, HEAD_DIM])
             f0 = warpgroup_mma(a_op, b0.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            first, _a0, _b0 = warpgroup_mma_wait(0, deps=(f0, a_op, b0))
+            # (late: a wait that leaves it in flight, so it is carried into the loop as a tensor)
+            first, _a0, _b0 = warpgroup_mma_wait(0 if PREFETCH == 1 else 1, deps=(f0, a_op, b0))
     for it in range(n_steps):
         h, qb = _step(it, n_qb, first_qb, head0)
         s = it % NUM_BUFFERS
@@ -237,8 +244,10 @@ def _wide_consumer(WHICH: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_read
         do_half = do.slice(WHICH * HALF, HALF, dim=1)
         q_half = q.slice(WHICH * HALF, HALF, dim=1)
         b = b_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
-        if PREFETCH:  # issued and waited for in the step before
+        if PREFETCH != 0:  # issued in the step before (early: and waited for there)
             mine = first
+            if PREFETCH == 2:
+                mine, _a, _b = warpgroup_mma_wait(0, deps=(first, a_op, b))
             # the next step's ring slot (the last step: its own again, for a matmul nobody reads)
             more = (it + 1 < n_steps).to(gl.int32)
             s_next = (it + more) % NUM_BUFFERS
@@ -262,14 +271,14 @@ def _wide_consumer(WHICH: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_read
             mbarrier.arrive(p_ready.index(x))
             mbarrier.wait(do_ready.index(s), phase)
             dv = warpgroup_mma(p16, do_half, dv, is_async=True)
-            if PREFETCH:
+            if PREFETCH == 1:
                 mbarrier.wait(b_ready.index(s_next), phase_next)
                 first = warpgroup_mma(a_op, b_next.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(ds_ready.index(x), x_phase)
         else:
             # Delta 0 past Nq (their P is 0 already)
             delta = gl.load(DELTA + row_base + rows, mask=rows < N_Q, other=0.0)
-            if PREFETCH:
+            if PREFETCH == 1:
                 mbarrier.wait(b_ready.index(s_next), phase_next)
                 first = warpgroup_mma(a_op, b_next.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(p_ready.index(x), x_phase)
@@ -286,17 +295,25 @@ def _wide_consumer(WHICH: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_read
             dq0, dq1, kt0, kt1 = _wide_dq_issue(WHICH, k, ds16, HEAD_DIM, BLOCK_M)
         dk = warpgroup_mma(ds16, q_half, dk, is_async=True)
         if FUSED_DQ:
-            # (in order: dV's and the prefetched matmul done too; dK in flight)
+            # (in order: dV's and the early prefetched matmul done too; dK in flight)
             dq0, dq1, _kt0, _kt1, _ds = warpgroup_mma_wait(1, deps=(dq0, dq1, kt0, kt1, ds16))
             _wide_dq_send(WHICH, dq0, dq1, dq_smem, desc_dqa, off_b, h, qb, sm_scale, HEAD_DIM, BLOCK_M)
-        if PREFETCH:
+        if PREFETCH == 2:  # the next step's first matmul behind dK (and the dQ share's registers free), left in flight
+            mbarrier.wait(b_ready.index(s_next), phase_next)
+            first = warpgroup_mma(a_op, b_next.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if PREFETCH == 1:
             dv, dk, first, _p, _ds2, _do2, _q2, _bn = warpgroup_mma_wait(
                 0, deps=(dv, dk, first, p16, ds16, do, q, b_next))
+        elif PREFETCH == 2:  # dV and dK done, the next step's first matmul left in flight (carried on)
+            dv, dk, first, _p, _ds2, _do2, _q2, _bn = warpgroup_mma_wait(
+                1, deps=(dv, dk, first, p16, ds16, do, q, b_next))
         else:
             dv, dk, _p, _ds2, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, p16, ds16, do, q))
         # every warp of the group is done with the slot before its one arrival
         gl.thread_barrier()
         mbarrier.arrive(q_empty.index(s))
+    if PREFETCH == 2:  # the last step's late matmul (its own operands again, not read)
+        first = warpgroup_mma_wait(0, deps=(first, ))
     if FUSED_DQ:
         tma.store_wait(0)
 
@@ -395,7 +412,7 @@ def _exchange_layouts(block_m: int, dtype: torch.dtype) -> tuple:
 def wide_kernel_constexprs(config: GluonBwdConfig, dtype: torch.dtype, causal: bool) -> dict:
     x_layout, x32_layout = _exchange_layouts(config.BLOCK_M, dtype)
     return dict(CAUSAL=bool(causal), HEAD_DIM=HEAD_DIM, BLOCK_M=config.BLOCK_M, BLOCK_N=BLOCK_KEYS,
-                NUM_BUFFERS=config.NUM_BUFFERS, FUSED_DQ=bool(config.DQ_FUSED), PREFETCH=bool(PREFETCH),
+                NUM_BUFFERS=config.NUM_BUFFERS, FUSED_DQ=bool(config.DQ_FUSED), PREFETCH=int(PREFETCH),
                 X_LAYOUT=x_layout,
                 X32_LAYOUT=x32_layout, PRODUCER_REGS=config.PRODUCER_REGS, CONSUMER_REGS=config.CONSUMER_REGS)
 

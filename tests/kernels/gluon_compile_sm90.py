@@ -34,7 +34,7 @@ def compile_item(item: dict) -> dict:
         from flashtune.kernels.gluon_backward import GluonBwdConfig
         from flashtune.kernels.gluon_backward_wide import compile_wide_for_sm90
 
-        gluon_backward_wide.PREFETCH = item.get("prefetch", False)  # the module's switch, read at the compile
+        gluon_backward_wide.PREFETCH = int(item.get("prefetch", 0))  # the module's switch, read at the compile
         compiled = compile_wide_for_sm90(GluonBwdConfig(**item["config"]), dtype, item["causal"])
     elif item.get("kernel") == "bwd":  # the Gluon dK/dV kernel (kernels/gluon_backward.py)
         from flashtune.kernels import gluon_backward

@@ -131,12 +131,13 @@ def test_a_wide_call_with_the_gluon_dq_kernel_or_another_head_dim_is_refused_by_
 
 
 def test_the_wide_kernel_compiles_for_sm90_without_spills():
-    assert wide.PREFETCH is False, "the items below compile PREFETCH on as the other value"
+    assert wide.PREFETCH == 0, "the items below compile PREFETCH early (1) and late (2) as the other values"
     items = [{"kernel": "bwd", "bwd_kernel": "wide", "config": dataclasses.replace(W, NUM_BUFFERS=nb,
                                                                                   DQ_FUSED=fused).to_dict(),
               "head_dim": 256, "dtype": dt, "causal": causal, "ptxas": True, "prefetch": prefetch}
-             for nb, fused, prefetch, dtypes in ((3, 1, True, ("bfloat16", "float16")), (2, 0, True, ("bfloat16", )),
-                                                 (3, 1, False, ("bfloat16", )), (2, 0, False, ("float16", )))
+             for nb, fused, prefetch, dtypes in ((3, 1, 1, ("bfloat16", "float16")), (2, 0, 1, ("bfloat16", )),
+                                                 (3, 1, 0, ("bfloat16", )), (2, 0, 0, ("float16", )),
+                                                 (3, 1, 2, ("bfloat16", )), (2, 0, 2, ("bfloat16", )))
              for dt in dtypes for causal in (False, True)]
     results = compile_for_sm90(SCRIPT, items, timeout=900, what="the D=256 dK/dV kernel")
     for r in results:

@@ -129,12 +129,13 @@ def test_a_realistic_gemma2_step():
 @pytest.mark.parametrize("config", ["b3-fused", "b2-triton-dq-unsplit"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("n_q,n_k", [(130, 130), (1000, 2048), (2048, 1000)], ids=["130", "1000x2048", "2048x1000"])
-def test_the_prefetch_switch_changes_no_bit(n_q, n_k, causal, config, monkeypatch):
-    """PREFETCH off against the reference, then against PREFETCH on: dK and dV bit for bit (the
-    same matmuls in another order of issue), dQ too but for the fused reduce-adds' order."""
-    monkeypatch.setattr(wide, "PREFETCH", False)
+@pytest.mark.parametrize("prefetch", [1, 2], ids=["early", "late"])
+def test_the_prefetch_switch_changes_no_bit(n_q, n_k, causal, config, prefetch, monkeypatch):
+    """PREFETCH off against the reference, then against PREFETCH early (1) or late (2): dK and dV bit
+    for bit (the same matmuls in another order of issue), dQ too but for the fused reduce-adds' order."""
+    monkeypatch.setattr(wide, "PREFETCH", 0)
     (q, k, v, do, o, lse2), off = check_wide(n_q, n_k, causal=causal, config=config)
-    monkeypatch.setattr(wide, "PREFETCH", True)
+    monkeypatch.setattr(wide, "PREFETCH", prefetch)
     cfg, split = CONFIGS[config]
     on = gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=causal, dkdv_split=split)
-    assert_the_same_gradients(cfg, off, on, where=f"{config} {n_q}x{n_k} causal={causal}")
+    assert_the_same_gradients(cfg, off, on, where=f"{config} {n_q}x{n_k} causal={causal} prefetch={prefetch}")
