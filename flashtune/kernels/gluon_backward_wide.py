@@ -222,13 +222,20 @@ def _wide_consumer(WHICH: gl.constexpr, k_smem, v_smem, q_bufs, do_bufs, kv_read
     # before it waits for dS^T, group 1 before it waits for P^T; late: after the step's dK, in flight
     # over the dQ share's store and into the next step); the first step's here (late: not waited for)
     first = s_zero
-    if PREFETCH != 0:
+    if PREFETCH == 1:
         if n_steps > 0:
             mbarrier.wait(b_ready.index(0), 0)
             b0 = b_bufs.index(0).reshape([BLOCK_M, HEAD_DIM])
             f0 = warpgroup_mma(a_op, b0.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            # (late: a wait that leaves it in flight, so it is carried into the loop as a tensor)
-            first, _a0, _b0 = warpgroup_mma_wait(0 if PREFETCH == 1 else 1, deps=(f0, a_op, b0))
+            first, _a0, _b0 = warpgroup_mma_wait(0, deps=(f0, a_op, b0))
+    if PREFETCH == 2:
+        # issued whether or not there is a step (no branch around a wgmma left in flight: ptxas then
+        # serializes every wgmma of the kernel); with none it reads an unfilled slot and is not read
+        mbarrier.wait(b_ready.index(0), 0, pred=n_steps > 0)
+        b0 = b_bufs.index(0).reshape([BLOCK_M, HEAD_DIM])
+        f0 = warpgroup_mma(a_op, b0.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        # a wait that leaves it in flight, so it is carried into the loop as a tensor
+        first, _a0, _b0 = warpgroup_mma_wait(1, deps=(f0, a_op, b0))
     for it in range(n_steps):
         h, qb = _step(it, n_qb, first_qb, head0)
         s = it % NUM_BUFFERS

@@ -15,7 +15,8 @@ bytes ("shared"), its PTX register cap ("maxnreg"), the setmaxnreg values of its
 bulk-store counts and bulk-store waits, its cycle-counter reads ("clock_reads": the trace's stamps),
 its ex2.approx instructions and polynomial exponentials ("ex2", "poly_exp2s": POLY_EXP2's magic constant),
 with "ptxas": true also ptxas's registers and spill bytes a thread ("registers", "spill_stores",
-"spill_loads"), or one {"skip": ...} line when this triton cannot compile Gluon for sm_90 here.
+"spill_loads") and the SASS's HGMMAs and those waited for one by one ("hgmma", "hgmma_waited"), or
+one {"skip": ...} line when this triton cannot compile Gluon for sm_90 here.
 """
 
 from __future__ import annotations
@@ -81,7 +82,10 @@ def compile_item(item: dict) -> dict:
 
 def ptxas_info(ptx: str) -> dict:
     """triton's ptxas -v on ``ptx`` for sm_90a: the registers a thread and the spill bytes a
-    thread stored and loaded ("registers", "spill_stores", "spill_loads")."""
+    thread stored and loaded ("registers", "spill_stores", "spill_loads"); from nvdisasm's SASS the
+    HGMMA instructions ("hgmma") and those that wait for their own completion ("hgmma_waited", gsb0:
+    one a chain where ptxas pipelines the wgmmas, every one where it serializes them, which it does
+    without a word)."""
     import os
     import pathlib
     import subprocess
@@ -93,11 +97,16 @@ def ptxas_info(ptx: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.ptx")
         pathlib.Path(src).write_text(ptx)
-        info = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+        cubin = os.path.join(tmp, "k.cubin")
+        info = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", src, "-o", cubin],
                               capture_output=True, text=True, check=True).stderr
+        sass = subprocess.run([str(ptxas.parent / "nvdisasm"), "-c", cubin], capture_output=True, text=True,
+                              check=True).stdout
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
     regs = re.search(r"Used (\d+) registers", info)
-    return {"registers": int(regs.group(1)), "spill_stores": int(spill.group(1)), "spill_loads": int(spill.group(2))}
+    hgmma = [line for line in sass.splitlines() if "HGMMA" in line]
+    return {"registers": int(regs.group(1)), "spill_stores": int(spill.group(1)), "spill_loads": int(spill.group(2)),
+            "hgmma": len(hgmma), "hgmma_waited": sum("gsb0" in line for line in hgmma)}
 
 
 def main() -> int:

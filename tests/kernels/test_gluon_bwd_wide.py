@@ -145,6 +145,9 @@ def test_the_wide_kernel_compiles_for_sm90_without_spills():
         where = f"{cfg.short()} {r['dtype']} causal={r['causal']} prefetch={r['prefetch']}"
         assert r["shared"] <= wide.wide_shared_memory(cfg, getattr(torch, r["dtype"])) <= SM90_SHARED_MEMORY, where
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, where
+        # the wgmmas pipelined: one completion wait a chain, not one an HGMMA (ptxas serializes them all,
+        # silently, where a wgmma left in flight crosses a runtime branch: PREFETCH=2's first draft)
+        assert 0 < r["hgmma_waited"] * 4 <= r["hgmma"], where
         assert r["registers"] <= cfg.CONSUMER_REGS, where
         assert r["maxnreg"] == cfg.maxnreg(), where
         assert {cfg.PRODUCER_REGS, cfg.CONSUMER_REGS} <= set(r["setmaxnreg"]), where  # the partitions' split
