@@ -172,3 +172,41 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
         if bool(res["poly_exp2s"]) != bool(poly):
             problems.append(f"{where}: {res['poly_exp2s']} polynomial exponentials")
     assert not problems, "\n".join(problems)
+
+
+def _long_default_items() -> list[tuple[str, dict]]:
+    """Each Gluon entry of the sm_90 tables (16-bit; the long calls' defaults, forward and backward, D=64,
+    128 and 256) for each masking it serves, with the kernel modules' switches as they ship."""
+    from flashtune.kernels import config as config_mod, gluon_backward
+
+    fwd_table, bwd_table = config_mod.HEURISTICS[(9, 0)]
+    bwd_switches = dict(compact_stats=gluon_backward.COMPACT_STATS, turns=gluon_backward.CONSUMER_TURNS,
+                        scale_in_p=gluon_backward.SCALE_IN_P, step_counters=gluon_backward.STEP_COUNTERS,
+                        skip_dead=gluon_backward.SKIP_DEAD_STEPS, tma_dkdv=gluon_backward.TMA_STORE_DKDV)
+    items = []
+    for pass_, table in (("fwd", fwd_table), ("bwd", bwd_table)):
+        for (dtype, d, *rest), cfg in table.items():
+            if not cfg.family or dtype != torch.bfloat16:
+                continue
+            masks = [rest[1]] if len(rest) > 1 else [False, True]
+            for causal in masks:
+                item = {"config": cfg.gluon().to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": causal,
+                        "ptxas": True}
+                if pass_ == "bwd" and d == 256:
+                    item.update(kernel="bwd", bwd_kernel="wide")
+                elif pass_ == "bwd":
+                    item.update(kernel="bwd", poly_exp2=gluon_backward._poly_exp2(d, causal), **bwd_switches)
+                items.append((f"{pass_} {cfg.label()} D={d} causal={causal}", item))
+    return items
+
+
+def test_the_long_defaults_keep_their_wgmmas_pipelined():
+    """ptxas serializes a kernel's wgmmas without a word where it cannot prove a pipelined one safe
+    (every HGMMA then waits for its own completion: gsb0 on each): the D=256 backward's first late
+    prefetch did (2026-12-06, docs/gluon.md). Every Gluon default of the sm_90 tables compiles with one
+    completion wait a chain of HGMMAs, not one each."""
+    named = _long_default_items()
+    assert len(named) >= 9 and {item["head_dim"] for _, item in named} == {64, 128, 256}
+    results = compile_for_sm90(SCRIPT, [item for _, item in named], timeout=1800, what="the Gluon defaults")
+    for (where, _), res in zip(named, results):
+        assert 0 < res["hgmma_waited"] * 4 <= res["hgmma"], (where, res["hgmma_waited"], res["hgmma"])
