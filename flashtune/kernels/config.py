@@ -97,19 +97,15 @@ def long_bounds(pass_: str, dtype: torch.dtype | None = None, head_dim: int | No
     ``causal`` masking (None: either; the lower bound of the two); the backward's by
     LONG_MIN_Q_BWD_BY_HEAD_DIM, the 16-bit forward's queries by LONG_MIN_Q_FWD_BY_HEAD_DIM, keyed
     by the head dim the tables pad it to and the masking."""
-    if pass_ != "fwd":
-        if head_dim is None:
-            return LONG_MIN_Q_BWD, None
-        padded = padded_head_dim(head_dim, dtype)
-        masks = (False, True) if causal is None else (bool(causal), )
-        return min(LONG_MIN_Q_BWD_BY_HEAD_DIM.get((padded, m), LONG_MIN_Q_BWD) for m in masks), None
-    if dtype in FP8_DTYPES:
+    if pass_ == "fwd" and dtype in FP8_DTYPES:
         return LONG_MIN_Q_FP8, LONG_MIN_K_FP8
+    min_q, by_head_dim, min_k = ((LONG_MIN_Q, LONG_MIN_Q_FWD_BY_HEAD_DIM, LONG_MIN_K) if pass_ == "fwd"
+                                 else (LONG_MIN_Q_BWD, LONG_MIN_Q_BWD_BY_HEAD_DIM, None))
     if head_dim is None:
-        return LONG_MIN_Q, LONG_MIN_K
+        return min_q, min_k
     padded = padded_head_dim(head_dim, dtype)
     masks = (False, True) if causal is None else (bool(causal), )
-    return min(LONG_MIN_Q_FWD_BY_HEAD_DIM.get((padded, m), LONG_MIN_Q) for m in masks), LONG_MIN_K
+    return min(by_head_dim.get((padded, m), min_q) for m in masks), min_k
 
 
 def is_long(pass_: str, seq_q: int | None, seq_k: int | None = None, dtype: torch.dtype | None = None,

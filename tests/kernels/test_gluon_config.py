@@ -368,17 +368,14 @@ def test_long_d128_forward_calls_default_to_the_gluon_kernel_on_sm90_only(monkey
 
 
 @pytest.mark.parametrize("capability", [(9, 0), (10, 0)])
-def test_the_d64_forward_defaults_by_masking_and_length(monkeypatch, capability):
+def test_the_d64_forward_defaults_by_masking_and_length(sm, capability):
     """D=64 (measured on an H100, 2026-12-06; config.py's D=64 entries): without masking the Gluon persistent
     kernel with O tiles from LONG_MIN_Q queries against LONG_MIN_K keys on sm_90, the Triton 128x64 w8 s3
     below (and on other devices); causal 64x64 w4 s3 below 2048 queries (its own long bound), 128x64 w8 s3
     from there."""
     from flashtune.kernels.config import LONG_MIN_K, LONG_MIN_Q, default_config, is_long, long_bounds
 
-    monkeypatch.setattr(config_mod, "device_capability", lambda device: capability)
-    monkeypatch.setattr(gluon_forward, "device_capability", lambda device: capability)
-    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)
-    monkeypatch.setattr(config_mod, "resolve_device", lambda device=None: torch.device("cuda", 0))
+    sm(capability)
     bf16 = torch.bfloat16
     assert long_bounds("fwd", bf16, 64, causal=True) == (2048, LONG_MIN_K)
     assert long_bounds("fwd", bf16, 64, causal=False) == long_bounds("fwd", bf16, 64) == (LONG_MIN_Q, LONG_MIN_K)
@@ -411,10 +408,8 @@ def test_the_d64_forward_defaults_by_masking_and_length(monkeypatch, capability)
     finally:
         function._default.cache_clear()
     # a call the Gluon kernel cannot run: the Triton default without masking
-    config_mod._triton_default.cache_clear()
     gluon = FwdConfig(64, 128, 4, 3, family=1, pingpong=0, persistent=1, o_tile=1)
     assert gluon.as_triton(64, bf16, "cuda", causal=False) == triton_d64
-    config_mod._triton_default.cache_clear()
 
 
 @pytest.fixture
