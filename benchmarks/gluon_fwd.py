@@ -85,6 +85,28 @@ def o_tile_label(cfg: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma: bo
     return f" otile{short_v}" if o_tile else " early-q" if early_q else " no-otile"
 
 
+def config_fields(ap: argparse.ArgumentParser, given: list[str]) -> dict[str, list[int]]:
+    """--config's FIELD=V[,V...] as {field: values}, each field one of GluonFwdConfig's."""
+    names = {f.name for f in dataclasses.fields(GluonFwdConfig)}
+    fields = {}
+    for item in given:
+        name, _, values = item.partition("=")
+        if name not in names:
+            ap.error(f"--config: expected one of {sorted(names)}, got {name!r}")
+        try:
+            fields[name] = [int(v) for v in values.split(",")]
+        except ValueError:
+            ap.error(f"--config {name}: expected integers separated by commas, got {values!r}")
+    return fields
+
+
+def config_product(base: GluonFwdConfig, fields: dict[str, list[int]]) -> list[GluonFwdConfig]:
+    """``base`` with each combination of ``fields``' values (none without fields)."""
+    if not fields:
+        return []
+    return [dataclasses.replace(base, **dict(zip(fields, combo))) for combo in itertools.product(*fields.values())]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
@@ -117,6 +139,9 @@ def main() -> int:
     ap.add_argument("--persistent-block-n", metavar="N[,N]",
                     help="the persistent configs' BLOCK_N, one persistent config each with each of "
                          "--persistent-buffers (default: the default config's)")
+    ap.add_argument("--config", action="append", default=[], metavar="FIELD=V[,V...]",
+                    help="GluonFwdConfig fields (repeatable): adds the default config with each combination of "
+                         "these values (for example --config CONSUMER_REGS=104,240 --config PERSISTENT=0,1)")
     ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
     ap.add_argument("--realistic", action="store_true", help="SHAPES.md's rows with D 64/128 and Nq >= 1024")
     ap.add_argument("--rows", metavar="NAMES", help="only the shapes of these names (comma-separated)")
@@ -126,6 +151,7 @@ def main() -> int:
     ap.add_argument("--out", metavar="FILE.json")
     args = ap.parse_args()
     module_switches = gluon_bench.switch_values(ap, gluon_forward, args.switch)
+    fields = config_fields(ap, args.config)
     dtype, env = gluon_bench.sm90_run(args.dtype)
     print(f"timer: {args.timer}")
     print(f"{'shape':>28} {'mask':>6} {'gluon cfg':>20} {'gluon ms':>9} {'TFLOP/s':>8} {'triton':>8} {'cudnn':>8} "
@@ -160,6 +186,7 @@ def main() -> int:
                 configs = [dataclasses.replace(c, OVERLAP=o) for c in configs for o in gluon_bench.ON_OFF[args.overlap]]
             if args.configs == "all":
                 configs += [c for c in NEIGHBOURS if c not in configs]
+            configs += [c for c in config_product(configs[0], fields) if c not in configs]
             errors = {}
             for cfg in configs:
                 try:

@@ -66,6 +66,8 @@ from flashtune.kernels.common import (LOG2E, LPT_ON, causal_offset, cdiv, fwd_lp
 from flashtune.kernels.config import ConfigError, device_capability
 
 SM90_SHARED_MEMORY = 232448  # bytes per block, opt-in maximum of the H100/H200 (227 KiB)
+SM90_SM_SHARED_MEMORY = 233472  # bytes per SM (228 KiB), shared by the CTAs it holds
+_SHARED_RESERVED_PER_CTA = 1024  # what the driver keeps of an SM's shared memory per resident CTA
 SM90_REGISTERS = 65536  # 32-bit registers per SM (and per block)
 # 256 for 16-bit inputs only, with 64-key blocks in 2 slots (the two Q tiles and the K/V ring fill 192 KiB of
 # shared memory), or 3 K slots and 2 V slots (229 KiB, ring_v_buffers); O's 64 x 256 fp32 tile takes 128 of a
@@ -80,8 +82,11 @@ ALL_DTYPES = {**DTYPES, **FP8_DTYPES}
 CONSUMER_WARPS = 4  # one warp group per consumer
 PRODUCER_WARPS = 1
 # registers per thread a consumer keeps beside its accumulators (addresses, row statistics,
-# loop state): a config whose O, S and P tiles leave less than this would spill
-_CONSUMER_SPARE_REGS = 32
+# loop state): a config whose O, S and P tiles leave less than this would spill. 24: D=64 with
+# 64x64 blocks without the overlap (80 registers of tiles) compiled for sm_90 at CONSUMER_REGS 104
+# with no spill unmasked and 8 bytes a thread causal (2026-12-06); every config at the default 240
+# validates the same with 24 as with 32
+_CONSUMER_SPARE_REGS = 24
 _BARRIER_BYTES = 8
 # what triton adds beside the named buffers (alignment, layout-conversion scratch): the
 # compiled kernels of the compile test needed 232 to 288 bytes over the buffers' sum
@@ -346,6 +351,17 @@ class GluonFwdConfig:
     def maxnreg(self) -> int:
         """The kernel's maxnreg (``kernel_maxnreg``)."""
         return kernel_maxnreg(self.PRODUCER_REGS, self.CONSUMER_REGS)
+
+    def programs_per_sm(self, head_dim: int, dtype: torch.dtype) -> int:
+        """CTAs of this config an SM holds at once: its registers (maxnreg over 3 warp groups) and
+        its shared memory (the most a config of these fields takes: O tiles where it has O_TILE)
+        against an SM's. 1 at the default CONSUMER_REGS (240: maxnreg 168); 2 where CONSUMER_REGS
+        is at most 104 (maxnreg 80) and the tiles take less than half the SM's shared memory
+        (D=64 with 64-row Q tiles). The persistent grid launches this many CTAs per SM."""
+        by_regs = SM90_REGISTERS // (3 * 128 * self.maxnreg())
+        smem = self.shared_memory(head_dim, dtype, bool(self.O_TILE), self.ring_v_buffers(head_dim, dtype))
+        by_smem = SM90_SM_SHARED_MEMORY // (smem + _SHARED_RESERVED_PER_CTA)
+        return max(1, min(by_regs, by_smem))
 
     def default_partition_regs(self) -> int:
         """Registers per thread the first consumer (the default partition) runs with."""
@@ -1481,8 +1497,8 @@ def gluon_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         desc_v = _descriptor(v, config.BLOCK_N)
     n_m = cdiv(N_Q, 2 * config.BLOCK_M)  # common.cdiv: triton.cdiv is a jit function
     snake = bool(config.PERSISTENT and PERSISTENT_SNAKE)
-    if config.PERSISTENT:  # one CTA per SM at most (its shared memory allows no second), each walking tiles
-        grid = (min(n_m * H * B, sm_count(q.device)), )
+    if config.PERSISTENT:  # as many CTAs as the SMs hold at once (programs_per_sm), each walking tiles
+        grid = (min(n_m * H * B, sm_count(q.device) * config.programs_per_sm(D, q.dtype)), )
         lpt = persistent_lpt_units(N_Q, N_K, B * H, config, grid[0], causal=causal, plain=window is None) if snake \
             else fwd_lpt_units(q, k, n_m, causal=causal, plain=window is None)
     else:

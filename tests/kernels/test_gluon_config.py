@@ -78,6 +78,29 @@ def test_register_split():
     assert 3 * odd.maxnreg() <= 512
 
 
+def test_programs_per_sm_counts_registers_and_shared_memory():
+    bf16 = torch.bfloat16
+    # the defaults: maxnreg 168 over 3 warp groups of 128 threads take 64512 of 65536 registers
+    for d in (64, 128, 256):
+        assert gluon_forward.default_gluon_config(d).programs_per_sm(d, bf16) == 1
+    # CONSUMER_REGS 104: maxnreg 80, 30720 registers a CTA; D=64 64x64 blocks take 50-99 KB
+    small = GluonFwdConfig(BLOCK_N=64, OVERLAP=0, CONSUMER_REGS=104)
+    assert small.maxnreg() == 80 and small.validate(64, bf16) is small
+    for n in (2, 3, 4):
+        for o_tile in (0, 1):
+            cfg = dataclasses.replace(small, NUM_BUFFERS=n, PERSISTENT=1, O_TILE=o_tile)
+            assert cfg.programs_per_sm(64, bf16) == 2, cfg.short()
+    # 112 registers: maxnreg 88, two CTAs would need 67584 registers
+    assert dataclasses.replace(small, CONSUMER_REGS=112).programs_per_sm(64, bf16) == 1
+    # registers for two but not the shared memory: 4 K/V slots of 128 keys at D=128 (over 114 KB)
+    wide = GluonFwdConfig(BLOCK_N=128, NUM_BUFFERS=2, CONSUMER_REGS=104)
+    assert wide.shared_memory(128, bf16) > gluon_forward.SM90_SM_SHARED_MEMORY // 2
+    assert wide.programs_per_sm(128, bf16) == 1
+    # the overlap's second P tile does not fit 104 registers: validate refuses it, naming BLOCK_M
+    with pytest.raises(ConfigError, match=r"^BLOCK_M:"):
+        dataclasses.replace(small, OVERLAP=1).validate(64, bf16)
+
+
 # ----------------------------------------------------------------------------------
 # The Gluon kernel as a family of FwdConfig (family=1): the search's tunable
 # ----------------------------------------------------------------------------------

@@ -123,6 +123,30 @@ def test_persistent_against_the_reference(config, head_dim, causal):
     check_gluon_forward(q, k, v, dtype_name="fp16", causal=causal, config=config)
 
 
+# two CTAs per SM (GluonFwdConfig.programs_per_sm): 104 registers a consumer thread, D=64 64x64 blocks
+TWO_PER_SM = [C(BLOCK_N=64, OVERLAP=0, CONSUMER_REGS=104, PERSISTENT=1),
+              C(BLOCK_N=64, OVERLAP=0, CONSUMER_REGS=104, PERSISTENT=1, O_TILE=1),
+              C(BLOCK_N=64, OVERLAP=0, CONSUMER_REGS=104, PINGPONG=0, NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1)]
+TWO_PER_SM_CASES = [c for c in CASES if c[4] == 64] + [
+    (16, (8, 8), 1000, 1000, 64, True, "top_left", None),  # 1024 tiles: about 4 per CTA at two CTAs an SM
+    (4, (8, 2), 2048, 1500, 64, False, "top_left", None),
+]
+
+
+@pytest.mark.parametrize("case", TWO_PER_SM_CASES, ids=_case_id)
+@pytest.mark.parametrize("config", TWO_PER_SM, ids=lambda c: c.short())
+def test_two_ctas_per_sm_give_the_grid_kernels_bits(config, case):
+    assert config.programs_per_sm(64, torch.bfloat16) == 2
+    _assert_the_grid_kernels_bits(config, case, seed=13)
+
+
+@pytest.mark.parametrize("config", TWO_PER_SM, ids=lambda c: c.short())
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_two_ctas_per_sm_against_the_reference(config, causal):
+    q, k, v = _inputs(1000, 1337, 64, torch.float16, heads=(8, 2), batch=3, seed=14)
+    check_gluon_forward(q, k, v, dtype_name="fp16", causal=causal, config=config)
+
+
 @pytest.mark.parametrize("units", [1, 5])
 def test_persistent_heaviest_first_order_gives_the_same_bits(units, monkeypatch):
     """Causal calls with the heaviest-first 1-D order (LPT_UNITS > 0): the persistent CTAs
