@@ -493,6 +493,17 @@ def _producer_tile(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_b
         tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, start_n + w * BLOCK_N, 0], kv_ready.index(w),
                                         v_smem.index(w))
     _stamp(trace, _T_CLK_Q, TRACE)
+    _load_q_do_ring(desc_q, desc_do, q_bufs, do_bufs, q_ready, do_ready, q_empty, off_b, first_qb, n_qb, n_steps,
+                    head0, g0, trace, BLOCK_M, NUM_BUFFERS, TRACE)
+    _stamp(trace, _T_CLK_BLOCKS, TRACE)
+
+
+@gluon.jit
+def _load_q_do_ring(desc_q, desc_do, q_bufs, do_bufs, q_ready, do_ready, q_empty, off_b, first_qb, n_qb, n_steps,
+                    head0, g0, trace, BLOCK_M: gl.constexpr, NUM_BUFFERS: gl.constexpr, TRACE: gl.constexpr):
+    """The producer's steps: each step's Q and dO tiles into ring slot (g0 + it) % NUM_BUFFERS once
+    the consumers have freed it (the D=128/64 kernels' and the D=256 kernel's; ``trace`` is read
+    only with TRACE)."""
     for it in range(n_steps):
         h, qb = _step(it, n_qb, first_qb, head0)
         g = g0 + it
@@ -507,7 +518,6 @@ def _producer_tile(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_b
         mbarrier.expect(do_ready.index(s), desc_do.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_do, [off_b, h, qb * BLOCK_M, 0], do_ready.index(s), do_bufs.index(s))
         _stamp(ev, 2, TRACE)
-    _stamp(trace, _T_CLK_BLOCKS, TRACE)
     _trace_end(trace, TRACE)
 
 

@@ -54,7 +54,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from flashtune.kernels import launch
 from flashtune.kernels.common import LOG2E, cdiv, key_block_lpt_units, on_device
 from flashtune.kernels.config import ConfigError
-from flashtune.kernels.gluon_backward import (GLUON_DKDV_PROGRAMS_PER_SM, GluonBwdConfig, _kernel_inputs, _step,
+from flashtune.kernels.gluon_backward import (GLUON_DKDV_PROGRAMS_PER_SM, GluonBwdConfig, _kernel_inputs,
+                                              _load_q_do_ring, _step,
                                               _tile_params, _tma_reduce_add)
 from flashtune.kernels.gluon_forward import (CONSUMER_WARPS, DTYPES, SM90_SHARED_MEMORY, _BARRIER_BYTES,
                                              _SHARED_SLACK, _descriptor, check_int_fields, check_register_split,
@@ -141,15 +142,8 @@ def _wide_producer(desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_b
     mbarrier.expect(kv_ready, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
     tma.async_copy_global_to_shared(desc_k, [off_b, off_hk, start_n, 0], kv_ready, k_smem)
     tma.async_copy_global_to_shared(desc_v, [off_b, off_hk, start_n, 0], kv_ready, v_smem)
-    for it in range(n_steps):
-        h, qb = _step(it, n_qb, first_qb, head0)
-        s = it % NUM_BUFFERS
-        # a fresh mbarrier counts as having completed the phase before its first
-        mbarrier.wait(q_empty.index(s), ((it // NUM_BUFFERS) & 1) ^ 1)
-        mbarrier.expect(q_ready.index(s), desc_q.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_q, [off_b, h, qb * BLOCK_M, 0], q_ready.index(s), q_bufs.index(s))
-        mbarrier.expect(do_ready.index(s), desc_do.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_do, [off_b, h, qb * BLOCK_M, 0], do_ready.index(s), do_bufs.index(s))
+    _load_q_do_ring(desc_q, desc_do, q_bufs, do_bufs, q_ready, do_ready, q_empty, off_b, first_qb, n_qb, n_steps,
+                    head0, 0, 0, BLOCK_M, NUM_BUFFERS, False)
 
 
 @gluon.jit
