@@ -308,7 +308,7 @@ class _ConfigBase:
 # what FwdConfig fixes on construction per family (_ConfigBase.UNUSED_BY_FAMILY), so its
 # canonical form (_ConfigBase.canonical) is the config itself
 _FWD_UNUSED_BY_FAMILY = {
-    0: {"pingpong": (1, (0, 1)), "overlap": (1, (0, 1)), "persistent": (0, (0, 1))},
+    0: {"pingpong": (1, (0, 1)), "overlap": (1, (0, 1)), "persistent": (0, (0, 1)), "occupancy": (1, (1, 2))},
     1: {"num_warps": (4, (1, 2, 4, 8, 16)), "tma": (0, (0, 1)), "num_splits": (1, range(MAX_SPLITS + 1)),
         "pack_gqa": (0, (-1, 0, 1))},
 }
@@ -357,7 +357,12 @@ class FwdConfig(_ConfigBase):
     causal ones on the H200, so the search chooses it per key; ``o_tile`` 1, persistent only, gives
     each consumer an O tile of its own in shared memory and releases its Q tile early,
     GluonFwdConfig.O_TILE: faster up to 4k keys, slower at 16k on an H100, chosen per key too;
-    a non-persistent config holds 0). A Gluon config validates only for head dims 64 and 128,
+    a non-persistent config holds 0); ``occupancy`` 2 sizes the Gluon kernel for two CTAs per SM
+    (each consumer thread 104 registers instead of 240, GluonFwdConfig.CONSUMER_REGS and
+    programs_per_sm; the persistent grid launches two per SM): it validates only where the tiles fit
+    those registers (D=64, 64x64 blocks without the overlap) and two CTAs' shared memory an SM,
+    for the short D=64 rows where a CTA's own start and end are much of its time (the Triton
+    family's configs hold 1: its occupancy is its compiler's). A Gluon config validates only for head dims 64 and 128,
     float16/bfloat16 or fp8 (attention_fp8), or 256 in float16/bfloat16 with 64-key blocks in 2
     slots, and a device of compute capability 9.0, so the
     search never tries it and the dispatcher never serves it anywhere else; num_warps, tma
@@ -378,6 +383,7 @@ class FwdConfig(_ConfigBase):
     overlap: int = 1
     persistent: int = 0
     o_tile: int = 0
+    occupancy: int = 1
 
     PASS: ClassVar[str] = "fwd"
     UNUSED_BY_FAMILY: ClassVar[dict] = _FWD_UNUSED_BY_FAMILY
@@ -396,9 +402,9 @@ class FwdConfig(_ConfigBase):
         if self.family:
             return (f"gluon 2x{self.BLOCK_M}x{self.BLOCK_N} b{self.num_stages}{' pp' if self.pingpong else ''}"
                     f"{'' if self.overlap else ' seq'}{' persistent' if self.persistent else ''}"
-                    f"{' o-tile' if self.o_tile else ''}")
+                    f"{' o-tile' if self.o_tile else ''}{f' x{self.occupancy}' if self.occupancy != 1 else ''}")
         shown = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "tma", "pingpong", "overlap", "persistent",
-                 "o_tile")
+                 "o_tile", "occupancy")
         return (f"{self.BLOCK_M}x{self.BLOCK_N} w{self.num_warps} s{self.num_stages}{' tma' if self.tma else ''}"
                 + self._extra_label(shown))
 
@@ -407,16 +413,32 @@ class FwdConfig(_ConfigBase):
         if not self.family:
             return super().validate_anywhere(head_dim, dtype)
         self.check_fields()
-        self.gluon().validate(head_dim, dtype, None)
+        self._gluon_validate(head_dim, dtype, None)
         return self
+
+    def _gluon_validate(self, head_dim: int, dtype: torch.dtype, device) -> None:
+        """GluonFwdConfig.validate, and with occupancy 2 the occupancy it asks for: its tiles in the
+        registers it leaves (a register error names occupancy) and two CTAs in an SM."""
+        gluon = self.gluon()
+        try:
+            gluon.validate(head_dim, dtype, device)
+        except ConfigError as e:
+            if self.occupancy == 1 or "registers per consumer thread" not in str(e):
+                raise
+            raise ConfigError(f"occupancy: 2 CTAs per SM leave {gluon.CONSUMER_REGS} registers per consumer "
+                              f"thread, too few for these blocks ({e}); use occupancy 1 or 64x64 blocks without "
+                              f"the overlap") from None
+        if self.occupancy > gluon.programs_per_sm(head_dim, dtype):
+            raise ConfigError(f"occupancy: {self.occupancy} CTAs of {gluon.shared_memory(head_dim, dtype)} bytes "
+                              f"of shared memory do not fit an SM; use fewer buffers or occupancy 1")
 
     def gluon(self):
         """The Gluon kernel's own config class for this config (kernels/gluon_forward.py)."""
-        from flashtune.kernels.gluon_forward import GluonFwdConfig
+        from flashtune.kernels.gluon_forward import CONSUMER_REGS_BY_OCCUPANCY, GluonFwdConfig
 
         return GluonFwdConfig(BLOCK_M=self.BLOCK_M, BLOCK_N=self.BLOCK_N, NUM_BUFFERS=self.num_stages,
                               PINGPONG=self.pingpong, OVERLAP=self.overlap, PERSISTENT=self.persistent,
-                              O_TILE=self.o_tile)
+                              O_TILE=self.o_tile, CONSUMER_REGS=CONSUMER_REGS_BY_OCCUPANCY[self.occupancy])
 
     def as_triton(self, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None) -> "FwdConfig":
         """The config that runs a call the Gluon kernel cannot (a softcap, packed
@@ -441,6 +463,8 @@ class FwdConfig(_ConfigBase):
         _check_flag("overlap", self.overlap)
         _check_flag("persistent", self.persistent)
         _check_flag("o_tile", self.o_tile)
+        if not isinstance(self.occupancy, int) or isinstance(self.occupancy, bool) or self.occupancy not in (1, 2):
+            raise ConfigError(f"occupancy: expected 1 or 2 CTAs per SM, got {self.occupancy!r}")
 
     def shared_memory(self, head_dim: int, dtype: torch.dtype, dropout: bool = False) -> int:
         d, e = padded_head_dim(head_dim, dtype), _element_size(dtype)
@@ -471,7 +495,7 @@ class FwdConfig(_ConfigBase):
         self.check_fields()
         if self.family:
             # no device: the current one, as device_capability reads it (the CPU without a GPU)
-            self.gluon().validate(head_dim, dtype, device if device is not None else resolve_device())
+            self._gluon_validate(head_dim, dtype, device if device is not None else resolve_device())
             if dropout:
                 for causal in (False, True):
                     self.as_triton(head_dim, dtype, device, causal).validate(head_dim, dtype, device, dropout=True)

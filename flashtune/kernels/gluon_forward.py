@@ -79,6 +79,9 @@ DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # key-contiguous layout (fp8.keys_contiguous), the K-major operand fp8 wgmma reads P V's V in
 FP8_DTYPES = {torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5}
 ALL_DTYPES = {**DTYPES, **FP8_DTYPES}
+# FwdConfig.occupancy -> CONSUMER_REGS: at 104 the kernel's maxnreg is 80 and two CTAs' 3 warp
+# groups fit an SM's registers (programs_per_sm)
+CONSUMER_REGS_BY_OCCUPANCY = {1: 240, 2: 104}
 CONSUMER_WARPS = 4  # one warp group per consumer
 PRODUCER_WARPS = 1
 # registers per thread a consumer keeps beside its accumulators (addresses, row statistics,

@@ -33,6 +33,8 @@ FWD_SPACE: dict[str, list[int]] = {
     "persistent": [0, 1],
     # its O tiles of their own and early Q release (persistent configs only; GluonFwdConfig.O_TILE)
     "o_tile": [0, 1],
+    # CTAs per SM (Gluon: 2 leaves each consumer 104 registers; D=64 64x64 blocks without the overlap)
+    "occupancy": [1, 2],
 }
 
 # dK/dV holds keys (BLOCK_N1) and walks queries (BLOCK_M1); dQ holds queries (BLOCK_M2)

@@ -56,7 +56,7 @@ def test_list_json(invoke, db):
         "gpu": H200.key, "dtype": "bfloat16", "head_dim": 64, "seq_q": 2048, "seq_k": 2048, "group": 1,
         "batch_heads": 256, "causal": True, "pass": "fwd",
         "config": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0, "num_splits": 0,
-                   "pack_gqa": -1, "family": 0, "pingpong": 1, "overlap": 1, "persistent": 0, "o_tile": 0},
+                   "pack_gqa": -1, "family": 0, "pingpong": 1, "overlap": 1, "persistent": 0, "o_tile": 0, "occupancy": 1},
         "time_ms": 0.75, "tflops": 512.5, "default_time_ms": 1.5, "error": 0.125, "n_trials": 16, "speedup": 2.0,
         "runner": "triton", "runner_times": None,
         "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": "3.6.0",
@@ -75,7 +75,7 @@ def test_list_csv(invoke, db):
         (H200.key, "fwd", "false", "0.375", "", "")
     assert json.loads(row["config"]) == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0,
                                          "num_splits": 0, "pack_gqa": -1, "family": 0, "pingpong": 1, "overlap": 1,
-                                         "persistent": 0, "o_tile": 0}
+                                         "persistent": 0, "o_tile": 0, "occupancy": 1}
     assert out.output.splitlines()[0].startswith("gpu,dtype,head_dim,seq_q,seq_k,group,batch_heads,causal,pass,config,time_ms,")
 
 

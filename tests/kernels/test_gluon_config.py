@@ -138,6 +138,42 @@ def test_the_o_tiles_are_a_persistent_gluon_configs_field():
     assert FwdConfig.from_dict(old) == dataclasses.replace(cfg, o_tile=0)
     with pytest.raises(ConfigError, match=r"^o_tile:"):
         FwdConfig.from_dict({**cfg.to_dict(), "o_tile": 2})
+
+
+def test_occupancy_is_a_gluon_configs_field():
+    bf16 = torch.bfloat16
+    cfg = FwdConfig(64, 64, 4, 2, family=1, overlap=0, persistent=1, o_tile=1, occupancy=2)
+    assert cfg.gluon().CONSUMER_REGS == 104 and cfg.gluon().programs_per_sm(64, bf16) == 2
+    assert cfg.label() == "gluon 2x64x64 b2 pp seq persistent o-tile x2"
+    assert FwdConfig.from_dict(cfg.to_dict()) == cfg and cfg.validate_anywhere(64, bf16) is cfg
+    assert dataclasses.replace(cfg, occupancy=1).gluon().CONSUMER_REGS == 240
+    # the Triton kernel's occupancy is its compiler's: its configs hold 1
+    assert FwdConfig(64, 64, 4, 2, occupancy=2) == FwdConfig(64, 64, 4, 2)
+    # a config stored before the field existed runs one CTA per SM
+    old = {f: v for f, v in cfg.to_dict().items() if f != "occupancy"}
+    assert FwdConfig.from_dict(old) == dataclasses.replace(cfg, occupancy=1)
+    for bad in (3, 0, True, 2.0):
+        with pytest.raises(ConfigError, match=r"^occupancy:"):
+            FwdConfig.from_dict({**cfg.to_dict(), "occupancy": bad}).validate_anywhere(64, bf16)
+    # tiles that do not fit 104 registers (128-key blocks, the overlap's second P tile, D=128) name occupancy
+    for too_big, d in ((dataclasses.replace(cfg, BLOCK_N=128), 64), (dataclasses.replace(cfg, overlap=1), 64),
+                       (cfg, 128)):
+        with pytest.raises(ConfigError, match=r"^occupancy: 2 CTAs per SM leave 104 registers"):
+            too_big.validate_anywhere(d, bf16)
+    # the search's space holds it: the valid occupancy-2 candidates at D=64 are 64x64 blocks without the overlap
+    twos = [c for c in candidates("fwd") if c.occupancy == 2]
+    assert twos and all(c.family == 1 for c in twos)
+    valid = [c for c in twos if _validates(c, 64)]
+    assert valid and all((c.BLOCK_M, c.BLOCK_N, c.overlap) == (64, 64, 0) for c in valid)
+    assert not [c for c in twos if _validates(c, 128)]
+
+
+def _validates(cfg, head_dim) -> bool:
+    try:
+        cfg.validate_anywhere(head_dim, torch.bfloat16)
+    except ConfigError:
+        return False
+    return True
     # the kernel's own config names the rule
     with pytest.raises(ConfigError, match=r"^O_TILE: .*PERSISTENT 1"):
         GluonFwdConfig(O_TILE=1).validate(128, torch.bfloat16)
