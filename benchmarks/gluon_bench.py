@@ -50,25 +50,48 @@ def with_flags(module, values: dict, fn):
 ON_OFF = {"default": None, "off": (0, ), "on": (1, ), "both": (0, 1)}
 
 
+def int_axes(ap, option: str, items: list[str], known) -> list[tuple[str, list[int]]]:
+    """``NAME=V[,V...]`` arguments of ``option`` as (name, integer values), in order; ``ap.error``
+    names a name ``known(name)`` refuses (it returns the error's text, None for a known one) or
+    values that are not integers."""
+    axes = []
+    for item in items:
+        name, _, values = item.partition("=")
+        refused = known(name)
+        if refused:
+            ap.error(f"{option}: {refused}")
+        try:
+            axes.append((name, [int(v) for v in values.split(",")]))
+        except ValueError:
+            ap.error(f"{option}: expected {name}=V[,V...] with integer values, got {item!r}")
+    return axes
+
+
+def combinations(axes: list[tuple[str, list]]) -> list[dict]:
+    """Every combination of the axes' values, one dict per combination ([{}] for none)."""
+    return [dict(zip([name for name, _ in axes], combo)) for combo in itertools.product(*(v for _, v in axes))]
+
+
 def switch_values(ap, module, items: list[str]) -> list[dict]:
     """``--switch NAME=V[,V...]`` arguments (integer values of ``module``'s upper-case switches)
     as every combination of them, one dict per combination ([{}] for none); ``ap.error`` names
     a bad one."""
+    def current(name):  # a dict: values by launch kind, an int sets every launch's
+        return getattr(module, name, None)
+
+    def known(name):
+        if name.upper() != name or not isinstance(current(name), (bool, int, dict)):
+            return f"{module.__name__} has no switch {name!r}"
+        return None
+
     axes = []
-    for item in items:
-        name, _, values = item.partition("=")
-        current = getattr(module, name, None)  # a dict: values by launch kind, an int sets every launch's
-        if name.upper() != name or not isinstance(current, (bool, int, dict)):
-            ap.error(f"--switch: {module.__name__} has no switch {name!r}")
-        try:
-            parsed = [int(v) for v in values.split(",")]
-        except ValueError:
-            ap.error(f"--switch: expected {name}=V[,V...] with integer values, got {item!r}")
-        kind = int if isinstance(current, dict) else type(current)
+    for name, parsed in int_axes(ap, "--switch", items, known):
+        kind = int if isinstance(current(name), dict) else type(current(name))
         if kind is bool and set(parsed) - {0, 1}:
-            ap.error(f"--switch: {name} is on or off, expected values of 0 and 1, got {values!r}")
-        axes.append([(name, kind(v)) for v in parsed])
-    return [dict(combo) for combo in itertools.product(*axes)]
+            ap.error(f"--switch: {name} is on or off, expected values of 0 and 1, got "
+                     f"{','.join(map(str, parsed))!r}")
+        axes.append((name, [kind(v) for v in parsed]))
+    return combinations(axes)
 
 
 def switch_tag(flags: dict, items: list[str]) -> str:

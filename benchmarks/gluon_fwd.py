@@ -85,26 +85,13 @@ def o_tile_label(cfg: GluonFwdConfig, head_dim: int, dtype: torch.dtype, tma: bo
     return f" otile{short_v}" if o_tile else " early-q" if early_q else " no-otile"
 
 
-def config_fields(ap: argparse.ArgumentParser, given: list[str]) -> dict[str, list[int]]:
-    """--config's FIELD=V[,V...] as {field: values}, each field one of GluonFwdConfig's."""
-    names = {f.name for f in dataclasses.fields(GluonFwdConfig)}
-    fields = {}
-    for item in given:
-        name, _, values = item.partition("=")
-        if name not in names:
-            ap.error(f"--config: expected one of {sorted(names)}, got {name!r}")
-        try:
-            fields[name] = [int(v) for v in values.split(",")]
-        except ValueError:
-            ap.error(f"--config {name}: expected integers separated by commas, got {values!r}")
-    return fields
-
-
-def config_product(base: GluonFwdConfig, fields: dict[str, list[int]]) -> list[GluonFwdConfig]:
-    """``base`` with each combination of ``fields``' values (none without fields)."""
-    if not fields:
-        return []
-    return [dataclasses.replace(base, **dict(zip(fields, combo))) for combo in itertools.product(*fields.values())]
+def config_fields(ap: argparse.ArgumentParser, given: list[str]) -> list[dict[str, int]]:
+    """--config's FIELD=V[,V...] arguments (GluonFwdConfig's fields) as every combination of
+    their values, one dict per combination ([] for none)."""
+    names = sorted(f.name for f in dataclasses.fields(GluonFwdConfig))
+    axes = gluon_bench.int_axes(ap, "--config", given,
+                                lambda name: None if name in names else f"expected one of {names}, got {name!r}")
+    return gluon_bench.combinations(axes) if axes else []
 
 
 def main() -> int:
@@ -186,7 +173,7 @@ def main() -> int:
                 configs = [dataclasses.replace(c, OVERLAP=o) for c in configs for o in gluon_bench.ON_OFF[args.overlap]]
             if args.configs == "all":
                 configs += [c for c in NEIGHBOURS if c not in configs]
-            configs += [c for c in config_product(configs[0], fields) if c not in configs]
+            configs += [c for c in (dataclasses.replace(configs[0], **f) for f in fields) if c not in configs]
             errors = {}
             for cfg in configs:
                 try:

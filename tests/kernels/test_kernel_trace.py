@@ -278,6 +278,21 @@ def test_the_benchmarks_switch_option_gives_every_combination_and_names_a_bad_on
         assert message in capsys.readouterr().err
 
 
+def test_the_forward_benchmarks_config_option_gives_every_combination_and_names_a_bad_one(load_benchmark, capsys):
+    import argparse
+
+    bench = load_benchmark("gluon_fwd")
+    ap = argparse.ArgumentParser(prog="gluon_fwd.py")
+    assert bench.config_fields(ap, ["CONSUMER_REGS=104,240", "PERSISTENT=1"]) == [
+        {"CONSUMER_REGS": 104, "PERSISTENT": 1}, {"CONSUMER_REGS": 240, "PERSISTENT": 1}]
+    assert bench.config_fields(ap, []) == []
+    for bad, message in (("NO_SUCH=1", "expected one of"), ("OVERLAP=on", "integer values"),
+                         ("FMA_SOFTMAX=1", "expected one of")):  # FMA_SOFTMAX is a switch (--switch)
+        with pytest.raises(SystemExit):
+            bench.config_fields(ap, [bad])
+        assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value, message", [("x", "expected integers"), ("1,3", "at least 2")])
 def test_gluon_bwd_names_a_bad_buffers_value_before_any_gpu_work(value, message):
     import pathlib
