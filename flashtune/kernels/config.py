@@ -417,17 +417,20 @@ class FwdConfig(_ConfigBase):
         return self
 
     def _gluon_validate(self, head_dim: int, dtype: torch.dtype, device) -> None:
-        """GluonFwdConfig.validate, and with occupancy 2 the occupancy it asks for: its tiles in the
-        registers it leaves (a register error names occupancy) and two CTAs in an SM."""
+        """GluonFwdConfig.validate; with occupancy 2 its rules at one CTA's registers (the configs differ in
+        CONSUMER_REGS alone), then the occupancy's own: the tiles in the registers it leaves, and two
+        CTAs in an SM."""
         gluon = self.gluon()
-        try:
+        if self.occupancy == 1:
             gluon.validate(head_dim, dtype, device)
-        except ConfigError as e:
-            if self.occupancy == 1 or "registers per consumer thread" not in str(e):
-                raise
+            return
+        dataclasses.replace(self, occupancy=1).gluon().validate(head_dim, dtype, device)
+        needed = gluon.consumer_registers_needed(head_dim)
+        if needed > gluon.CONSUMER_REGS:
             raise ConfigError(f"occupancy: 2 CTAs per SM leave {gluon.CONSUMER_REGS} registers per consumer "
-                              f"thread, too few for these blocks ({e}); use occupancy 1 or 64x64 blocks without "
-                              f"the overlap") from None
+                              f"thread, these blocks need about {needed} ({self.BLOCK_M} rows x (head_dim "
+                              f"{head_dim} + BLOCK_N {self.BLOCK_N}){' and the overlap' if self.overlap else ''}); "
+                              f"use occupancy 1 or 64x64 blocks without the overlap")
         if self.occupancy > gluon.programs_per_sm(head_dim, dtype):
             raise ConfigError(f"occupancy: {self.occupancy} CTAs of {gluon.shared_memory(head_dim, dtype)} bytes "
                               f"of shared memory do not fit an SM; use fewer buffers or occupancy 1")

@@ -265,6 +265,13 @@ def kernel_maxnreg(producer_regs: int, consumer_regs: int) -> int:
     return regs
 
 
+@functools.cache
+def _programs_per_sm(config: "GluonFwdConfig", head_dim: int, dtype: torch.dtype, by_regs: int) -> int:
+    """GluonFwdConfig.programs_per_sm where the registers allow more than one CTA: the shared memory's bound too."""
+    smem = config.shared_memory(head_dim, dtype, bool(config.O_TILE), config.ring_v_buffers(head_dim, dtype))
+    return max(1, min(by_regs, SM90_SM_SHARED_MEMORY // (smem + _SHARED_RESERVED_PER_CTA)))
+
+
 def check_sm90_device(device, what: str) -> None:
     """ConfigError unless ``device`` is a CUDA device of compute capability 9.0."""
     dev = torch.device(device)
@@ -360,11 +367,10 @@ class GluonFwdConfig:
         its shared memory (the most a config of these fields takes: O tiles where it has O_TILE)
         against an SM's. 1 at the default CONSUMER_REGS (240: maxnreg 168); 2 where CONSUMER_REGS
         is at most 104 (maxnreg 80) and the tiles take less than half the SM's shared memory
-        (D=64 with 64-row Q tiles). The persistent grid launches this many CTAs per SM."""
+        (D=64 with 64-row Q tiles). The persistent grid launches this many CTAs per SM (each launch:
+        the default split answers from its registers alone, the others once per config)."""
         by_regs = SM90_REGISTERS // (3 * 128 * self.maxnreg())
-        smem = self.shared_memory(head_dim, dtype, bool(self.O_TILE), self.ring_v_buffers(head_dim, dtype))
-        by_smem = SM90_SM_SHARED_MEMORY // (smem + _SHARED_RESERVED_PER_CTA)
-        return max(1, min(by_regs, by_smem))
+        return 1 if by_regs <= 1 else _programs_per_sm(self, head_dim, dtype, by_regs)
 
     def default_partition_regs(self) -> int:
         """Registers per thread the first consumer (the default partition) runs with."""
