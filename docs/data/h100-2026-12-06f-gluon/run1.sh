@@ -10,5 +10,5 @@ if nvidia-smi --query-gpu=name --format=csv | grep -q H200; then
         > $OUT/d64_tests.log 2>&1; echo "rc $? in ${SECONDS}s" >> $OUT/d64_tests.log
     grep -E "FAILED|ERROR" $OUT/d64_tests.log | head -20; tail -2 $OUT/d64_tests.log
 else
-    bash docs/data/h100-2026-12-06f-gluon/next.sh
+    bash docs/data/h100-2026-12-06e-gluon/next.sh
 fi

@@ -1,7 +1,7 @@
 #!/bin/bash
 # session 51: one call in place of run1.sh + run2.sh (the device came late or not at all): the D=64 forward
 # defaults' realistic GPU tests, the two-CTAs-per-SM tests, the two-CTA timing on the short D=64 rows, SHAPES.md
-# through the drop-in. Limits add up to 590 s. The D=256 late prefetch (next.sh) waits for another call.
+# through the drop-in. Limits add up to 590 s. The D=256 late prefetch (docs/data/h100-2026-12-06e-gluon/next.sh) waits for another call.
 cd "$(dirname "$0")/../../.."
 nvidia-smi --query-gpu=name,driver_version --format=csv > $OUT/env.txt 2>&1
 python3 -c "import torch,triton;print(torch.__version__,triton.__version__,torch.version.cuda,torch.backends.cudnn.version())" >> $OUT/env.txt 2>&1
