@@ -8,6 +8,8 @@ benchmarks/ first on the import path).
 
 from __future__ import annotations
 
+import argparse
+
 import datetime
 import itertools
 import statistics
@@ -115,7 +117,7 @@ def shapes(args, large: list[tuple], *, min_seq_k: int = 1, head_dims: tuple = (
     (``--grid``), SHAPES.md's rows of ``head_dims`` with Nq >= 1024 and Nk >= ``min_seq_k``
     (``--realistic``) and any other SHAPES.md row of ``head_dims`` that ``--rows`` names (decode
     rows excepted), else ``large``."""
-    out = []
+    out = list(getattr(args, "shape", None) or [])  # --shape's rows first (add_shape_arg)
     if args.grid:
         for d in (64, 128):
             for n in GRID_SEQ_LENS:
@@ -130,6 +132,39 @@ def shapes(args, large: list[tuple], *, min_seq_k: int = 1, head_dims: tuple = (
         if bulk or (s.name in named and s.head_dim in head_dims and s.seq_q > 1):
             out.append((s.name, s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_k, s.head_dim, s.causal))
     return out or large
+
+
+def parse_shape(text: str) -> tuple:
+    """--shape's B,Hq,Hkv,Nq,Nk,D[,causal|full] as a shapes() row, named after its numbers (no
+    masking given: both)."""
+    parts = text.split(",")
+    try:
+        if len(parts) not in (6, 7):
+            raise ValueError("expected 6 numbers and an optional causal or full")
+        B, Hq, Hkv, Nq, Nk, D = (int(x) for x in parts[:6])
+        if min(B, Hq, Hkv, Nq, Nk, D) < 1 or Hq % Hkv:
+            raise ValueError("expected positive sizes and Hq a multiple of Hkv")
+        masks = {"causal": True, "full": False, None: None}
+        mask = parts[6] if len(parts) == 7 else None
+        if mask not in masks:
+            raise ValueError(f"expected causal or full last, got {mask!r}")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--shape {text!r}: {e} (B,Hq,Hkv,Nq,Nk,D[,causal|full])") from None
+    return f"{B}x{Hq}x{Hkv}-{Nq}x{Nk}-d{D}", B, Hq, Hkv, Nq, Nk, D, masks[mask]
+
+
+def add_shape_arg(ap) -> None:
+    """The benchmarks' --shape option: rows of any size, beside --grid's and SHAPES.md's."""
+    ap.add_argument("--shape", action="append", type=parse_shape, metavar="B,Hq,Hkv,Nq,Nk,D[,causal|full]",
+                    help="a row of these sizes (repeatable; named B x Hq x Hkv - Nq x Nk - dD; both maskings "
+                         "unless one is given); --rows does not filter these")
+
+
+def wanted_rows(args) -> set | None:
+    """The row names a benchmark runs: --rows' and --shape's, or None (every row of shapes())."""
+    if not args.rows:
+        return None
+    return set(args.rows.split(",")) | {row[0] for row in getattr(args, "shape", None) or []}
 
 
 TIMERS = ("cushioned", "do_bench")

@@ -119,6 +119,7 @@ def main() -> int:
     ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
     ap.add_argument("--realistic", action="store_true", help="SHAPES.md's rows with D 64/128, Nq and Nk >= 1024")
     ap.add_argument("--rows", metavar="NAMES", help="only the shapes of these names (comma-separated)")
+    gluon_bench.add_shape_arg(ap)
     ap.add_argument("--splits", default="0", metavar="LIST",
                     help="dkdv_split values for every Gluon config (comma-separated; 0: chosen from the shape)")
     ap.add_argument("--grid-order", action="store_true",
@@ -174,7 +175,7 @@ def main() -> int:
     lpts = [None if x == "auto" else 1 << 20 if x == "all" else int(x) for x in args.lpt.split(",")]
     if args.grid_order and 0 not in lpts:
         lpts.append(0)
-    wanted = set(args.rows.split(",")) if args.rows else None
+    wanted = gluon_bench.wanted_rows(args)
     for name, B, Hq, Hkv, Nq, Nk, D, causal_of in shapes(args):
         if wanted is not None and name not in wanted:
             continue

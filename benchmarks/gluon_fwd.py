@@ -132,6 +132,7 @@ def main() -> int:
     ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
     ap.add_argument("--realistic", action="store_true", help="SHAPES.md's rows with D 64/128 and Nq >= 1024")
     ap.add_argument("--rows", metavar="NAMES", help="only the shapes of these names (comma-separated)")
+    gluon_bench.add_shape_arg(ap)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=100, help="ms of calls per runner and round")
     gluon_bench.add_timer_args(ap)
@@ -144,7 +145,7 @@ def main() -> int:
     print(f"{'shape':>28} {'mask':>6} {'gluon cfg':>20} {'gluon ms':>9} {'TFLOP/s':>8} {'triton':>8} {'cudnn':>8} "
           f"{'flash':>8} {'g/triton':>8} {'g/cudnn':>8} {'g/flash':>8} {'t/cudnn':>8}")
     rows = []
-    wanted = set(args.rows.split(",")) if args.rows else None
+    wanted = gluon_bench.wanted_rows(args)
     for name, B, Hq, Hkv, Nq, Nk, D, causal_of in shapes(args):
         if wanted is not None and name not in wanted:
             continue
