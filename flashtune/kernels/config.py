@@ -58,10 +58,16 @@ DECODE_MAX_Q = 16
 LONG_MIN_Q = 512
 LONG_MIN_K = 512
 # the forward's long bound of queries of a (padded) head dim and masking (causal) where it is not
-# LONG_MIN_Q (16-bit; the keys' bound stays LONG_MIN_K). D=64 causal: 2048 since 2026-12-06, where the
-# long causal D=64 entry (the Triton 128x64 w8 s3) starts to beat the shorter calls' entry (64x64 w4 s3;
-# both entries' comments).
-LONG_MIN_Q_FWD_BY_HEAD_DIM = {(64, True): 2048}
+# LONG_MIN_Q (16-bit; the keys' bound stays LONG_MIN_K). D=64: 4096 for both maskings since 2026-12-06's
+# second session, where the one-CTA Gluon kernel (64x128, 3 slots, O tiles) starts to match or beat two
+# CTAs per SM (the middle band's entries below it; the D=64 entries' comments). (Causal 2048 with the
+# Triton 128x64 w8 s3 as its long entry, and 512 without masking, before.)
+LONG_MIN_Q_FWD_BY_HEAD_DIM = {(64, True): 4096, (64, False): 4096}
+# The forward's middle band of a (padded) head dim: (fewest queries per head, fewest keys) of a 16-bit call
+# below its long bound that reads the tables' "mid" entries (is_mid). D=64 from 256 queries against 256 keys:
+# two CTAs per SM (FwdConfig.occupancy 2), 0.97-1.20x cuDNN on every D=64 row from 257 to 2048 queries measured
+# (the D=64 entries' comments).
+MID_MIN_FWD_BY_HEAD_DIM = {64: (256, 256)}
 LONG_MIN_Q_BWD = 512
 LONG_MIN_Q_FP8 = 1024
 LONG_MIN_K_FP8 = 2048
@@ -106,6 +112,28 @@ def long_bounds(pass_: str, dtype: torch.dtype | None = None, head_dim: int | No
     padded = padded_head_dim(head_dim, dtype)
     masks = (False, True) if causal is None else (bool(causal), )
     return min(by_head_dim.get((padded, m), min_q) for m in masks), min_k
+
+
+def mid_bounds(dtype: torch.dtype | None = None, head_dim: int | None = None) -> tuple[int, int] | None:
+    """The fewest queries per head and keys of a forward call in the middle band of ``dtype`` (None:
+    a 16-bit one) at ``head_dim`` (MID_MIN_FWD_BY_HEAD_DIM, keyed by the padded head dim), or None
+    where it has none (fp8, head dims without a bound, an unknown head dim)."""
+    if head_dim is None or dtype in FP8_DTYPES:
+        return None
+    return MID_MIN_FWD_BY_HEAD_DIM.get(padded_head_dim(head_dim, dtype))
+
+
+def is_mid(pass_: str, seq_q: int | None, seq_k: int | None = None, dtype: torch.dtype | None = None,
+           head_dim: int | None = None, causal: bool | None = None) -> bool:
+    """Whether a forward call of ``seq_q`` queries per head against ``seq_k`` keys (None: seq_q)
+    reads the tables' middle-band ("mid") entries: from ``mid_bounds`` up to its long bound
+    (``is_long``, which comes first)."""
+    bounds = mid_bounds(dtype, head_dim)
+    if pass_ != "fwd" or bounds is None or seq_q is None:
+        return False
+    seq_k = seq_q if seq_k is None else seq_k
+    return (seq_q >= bounds[0] and seq_k >= bounds[1]
+            and not is_long(pass_, seq_q, seq_k, dtype, head_dim, causal))
 
 
 def is_long(pass_: str, seq_q: int | None, seq_k: int | None = None, dtype: torch.dtype | None = None,
@@ -899,8 +927,9 @@ _SM90_FWD = {
     # gemma2-d256-train-4k (B=1, 16/8 heads, N=4096, causal; benchmarks/shapes.py --sweep, H200,
     # 2026-12-01, docs/shapes.md)
     (_bf, 128): _F(64, 64, 4, 3, tma=1), (_bf, 256): _F(128, 64, 8, 2),
-    # bf16 D=64 causal below its long bound (2048 queries, LONG_MIN_Q_FWD_BY_HEAD_DIM): 64x64, 4 warps, 3
-    # stages, ratio to cuDNN against 128x64 w8 s3 (the D=64 entry, and the long causal one from 2048) in two
+    # bf16 D=64 causal (on sm_90 below the middle band, MID_MIN_FWD_BY_HEAD_DIM, and the Triton fallback of
+    # the Gluon entries; the long causal entry was the D=64 one from 2048 queries until 2026-12-06's second
+    # session): 64x64, 4 warps, 3 stages, ratio to cuDNN against 128x64 w8 s3 (the D=64 entry) in two
     # runs: grid 512 0.897 / 0.806, 0.900 / 0.814; 1024 0.918 / 0.865, 0.914 / 0.873; from 2048 it loses
     # (2048 0.908 / 0.928, 0.915 / 0.915; 4096 0.898 / 0.942, 0.906 / 0.947; 8192 0.922 / 0.944; 16384
     # 0.924 / 0.949). SHAPES.md's gpt2-train-512: 0.0631 ms against 0.0705 (1.12x, 0.904x cuDNN), the
@@ -1013,17 +1042,35 @@ _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1, persistent=1, o_tile
 # --persistent-buffers 2,3 --overlap both, GPU time, H100, triton 3.6, 2026-12-05 (docs/gluon.md,
 # docs/data/h100-2026-12-05f-gluon/).
 _SM90_FWD[(_bf, 256, "long")] = _F(64, 64, 4, 3, family=1, persistent=1)
-# D=64 long calls: causal the D=64 Triton entry (128x64 w8 s3) from 2048 queries (LONG_MIN_Q_FWD_BY_HEAD_DIM;
-# the shorter causal calls' entry above); without masking from 512 queries against 512 keys the Gluon
-# forward's persistent kernel with O tiles, 2 x 64 rows, 128 keys, 3 slots, no ping-pong, the fastest of 56
-# Triton and Gluon configs on bert-base-512 (0.0787 ms against the Triton default's 0.0831, 0.920x cuDNN),
-# and over the 6 full D=64 grid rows, ratio to cuDNN against the Triton default in two runs: 512 0.942 /
-# 0.878, 0.948 / 0.897; 1024 0.978 / 0.922, 0.990 / 0.946; 2048 0.975 / 0.934, 0.983 / 0.938; 4096 0.984 /
-# 0.934, 0.959 / 0.962; 8192 0.975 / 0.947, 0.961 / 0.981; 16384 0.973 / 0.948, 0.973 / 0.902 (geometric
-# mean 0.970 / 0.932). The runs of the causal D=64 entry's comment. Other devices: it does not validate, and
-# the D=64 entry serves.
-_SM90_FWD[(_bf, 64, "long", True)] = _F(128, 64, 8, 3)
-_SM90_FWD[(_bf, 64, "long", False)] = _F(64, 128, 4, 3, family=1, pingpong=0, persistent=1, o_tile=1)
+# D=64, the middle band (MID_MIN_FWD_BY_HEAD_DIM: from 256 queries against 256 keys, below the long bound of
+# 4096 queries): the Gluon forward at two CTAs per SM (occupancy 2: 104 registers a consumer thread, 64x64
+# blocks, 2 slots, no softmax/matmul overlap, ping-pong); without masking the grid kernel, causal the
+# persistent kernel with O tiles (the faster of the two on each masking's rows). Ratio to cuDNN, the entry
+# against the best one-CTA Gluon config of the same blocks and the Triton default: gpt2-train-512 (causal)
+# 1.012 / 0.786 / 0.902, bert-base-512 0.956 (0.981 without ping-pong) / 0.766 / 0.894, vit-l16-257 1.180 /
+# 0.948 / 1.049, whisper-enc-1500 1.098 / 0.959 / 1.050; grid 512 full 0.973 / 0.768 / 0.893, causal 0.981 /
+# 0.696 / 0.894, 1024 0.996 / 0.839 / 0.945, 0.992 / 0.781 / 0.929, 2048 0.998 / 0.870 / 0.962, 0.987 / 0.838
+# / 0.913 (the one-CTA 64x128 persistent entry before it on full calls from 512: bert 0.928 through the
+# drop-in). benchmarks/gluon_fwd.py --config BLOCK_N=64 --config OVERLAP=0 --config CONSUMER_REGS=104
+# --config PERSISTENT=0,1 --config O_TILE=0,1 --rounds 2, GPU time, H100, triton 3.6, 2026-12-06 (docs/gluon.md,
+# docs/data/h100-2026-12-06f-gluon/). Other devices: they do not validate, and the D=64 entries serve.
+_SM90_FWD[(_bf, 64, "mid", False)] = _F(64, 64, 4, 2, family=1, overlap=0, occupancy=2)
+_SM90_FWD[(_bf, 64, "mid", True)] = _F(64, 64, 4, 2, family=1, overlap=0, persistent=1, o_tile=1, occupancy=2)
+# D=64 long calls (from 4096 queries against 512 keys, both maskings): the Gluon forward's persistent kernel
+# with O tiles, 2 x 64 rows, 128 keys, 3 slots, no ping-pong, one CTA per SM. Ratio to cuDNN against two CTAs
+# per SM (the best of its configs) and the Triton default: grid 4096 full 0.962 / 0.965 / 0.970, causal 1.014
+# / 0.992 / 0.935; 8192 0.996 / 0.984 / 0.998, 1.009 / 0.986 / 0.948; 16384 1.030 / 0.994 / 1.023, 0.993 /
+# 0.997 / 0.963 (benchmarks/gluon_fwd.py --grid --rows grid-d64-4096,grid-d64-8192,grid-d64-16384 --config
+# BLOCK_N=64,128 --config OVERLAP=0,1 --config CONSUMER_REGS=104,240 --config PINGPONG=0,1 --config
+# NUM_BUFFERS=2,3 --config PERSISTENT=0,1 --config O_TILE=1 --rounds 2, H100, the run above). Without masking
+# it was the long entry from 512 queries before (0.970x cuDNN over the 6 full D=64 grid rows against the Triton
+# default's 0.932x, H100, 2026-12-06, docs/data/h100-2026-12-06e-gluon/), causal the Triton 128x64 w8 s3 from
+# 2048. Other devices: it does not validate, and the long entry for both maskings serves: the D=64 one
+# (128x64 w8 s3; causal 0.942-0.949x cuDNN from 4096 queries against the shorter causal entry's 0.898-0.924x,
+# that entry's comment).
+_SM90_FWD[(_bf, 64, "long", True)] = _SM90_FWD[(_bf, 64, "long", False)] = _F(
+    64, 128, 4, 3, family=1, pingpong=0, persistent=1, o_tile=1)
+_SM90_FWD[(_bf, 64, "long")] = _F(128, 64, 8, 3)
 # The backward from LONG_MIN_Q_BWD queries at D=128: the Gluon families. Causal: the Gluon dK/dV
 # kernel with the Triton default's dQ kernel (family 1, dkdv_split chosen at launch),
 # 1.03-1.16x the Triton default on every causal row measured (grid 4k/8k/16k 1.03-1.10x not
@@ -1217,7 +1264,8 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
     the same with its persistent grid (with its snake order faster on 15 of 16 long D=128 rows and
     within 4 % on the last: H200, 2026-12-05, docs/gluon.md), then that with its O tiles (o_tile:
     1-9 % faster up to 4k keys, 4 % slower at 16k, H100, 2026-12-05), and that with 64-key blocks
-    (the short causal rows'); for the backward the Gluon dK/dV kernel's
+    (the short causal rows'); at head dim 64 also two CTAs per SM (occupancy 2) on the grid and on
+    the persistent kernel (the middle band's entries); for the backward the Gluon dK/dV kernel's
     (gluon_backward.default_gluon_bwd_config) with
     the Triton default's dQ half (family 1), then with the Gluon dQ kernel (family 2), then
     with dQ fused into it (families 3 and 4), each with its share in the step's usual order and
@@ -1246,6 +1294,9 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
             # diagonal block are masked work (grid-d128-512 causal 0.906x cuDNN against 0.791x with
             # 128-key blocks; 1024 causal 0.947x against 1.013x; H100, 2026-12-05, docs/gluon.md)
             configs.append(dataclasses.replace(configs[-1], BLOCK_N=64, num_stages=3))
+            if head_dim == 64:  # two CTAs per SM, the grid and the persistent kernel (the middle band's entries)
+                two = FwdConfig(64, 64, 4, 2, family=1, overlap=0, occupancy=2)
+                configs += [two, dataclasses.replace(two, persistent=1, o_tile=1)]
     else:
         from flashtune.kernels import gluon_backward
         from flashtune.kernels.gluon_backward import HEAD_DIMS, default_gluon_bwd_config
@@ -1298,7 +1349,8 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     DECODE_MAX_Q; before it (dtype, head_dim, "decode", "full") where ``batch_heads_kv``,
     the call's batch x K/V heads, fills the SMs: ``decode_fills``) or for long calls
     ((dtype, head_dim, "long", causal), then (dtype, head_dim, "long");
-    ``is_long(pass_, seq_q, seq_k, dtype, head_dim, causal)``, seq_k None for seq_q) comes first,
+    ``is_long(pass_, seq_q, seq_k, dtype, head_dim, causal)``, seq_k None for seq_q) or for the
+    forward's middle band below them (the same with "mid": ``is_mid``) comes first,
     then one for this masking ((dtype, head_dim, causal)), then the one for both.
     ``triton_only``: entries of another kernel family (the Gluon forward, ``family=1``) are
     passed over (``FwdConfig.as_triton``'s fallback).
@@ -1311,10 +1363,12 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
         keys.insert(0, (*key, "decode"))
         if decode_fills(batch_heads_kv, device):
             keys.insert(0, (*key, "decode", "full"))
-    if is_long(pass_, seq_q, seq_k, dtype, head_dim, causal):
-        keys.insert(0, (*key, "long"))
-        if causal is not None:  # an entry for long queries with this masking first
-            keys.insert(0, (*key, "long", bool(causal)))
+    band = ("long" if is_long(pass_, seq_q, seq_k, dtype, head_dim, causal)
+            else "mid" if is_mid(pass_, seq_q, seq_k, dtype, head_dim, causal) else None)
+    if band is not None:
+        keys.insert(0, (*key, band))
+        if causal is not None:  # an entry of the band with this masking first
+            keys.insert(0, (*key, band, bool(causal)))
     candidates = [tables[0 if pass_ == "fwd" else 1].get(k)
                   for c, tables in sorted(HEURISTICS.items(), reverse=True) if c <= cap for k in keys]
     candidates.append(_SMALLEST_FWD if pass_ == "fwd" else _SMALLEST_BWD)

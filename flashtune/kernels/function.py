@@ -13,7 +13,7 @@ from flashtune.kernels.backward import attention_backward
 from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, Dropout, Varlen, torch_fp32_precision
 from flashtune.kernels.config import (DECODE_MAX_Q, FP8_DTYPES, MAX_HEAD_DIM,
                                       BwdConfig, ConfigError, FwdConfig, decode_fills, default_config, is_long,
-                                      long_bounds)
+                                      is_mid, long_bounds, mid_bounds)
 from flashtune.kernels import decode
 from flashtune.kernels.forward import attention_forward, forward_key
 from flashtune.kernels.jvp import attention_jvp_forward, attention_jvp_op, default_jvp_config, validate_jvp_config
@@ -173,9 +173,11 @@ def dropout_fwd_config(config: FwdConfig, head_dim: int, dtype: torch.dtype, dev
 def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool,
              bucket: str | None = None):
     """The heuristic config of a bucket: "decode", "decode-full" (a decode call that fills
-    the SMs, config.decode_fills), "long" or None (neither)."""
-    long = long_bounds(pass_, dtype, head_dim, causal)
-    seq_q, seq_k = {"decode": (1, None), "decode-full": (1, None), "long": long, None: (None, None)}[bucket]
+    the SMs, config.decode_fills), "long", "mid" (the forward's middle band, config.is_mid) or
+    None (none of them)."""
+    lengths = {"decode": (1, None), "decode-full": (1, None), None: (None, None)}
+    seq_q, seq_k = (long_bounds(pass_, dtype, head_dim, causal) if bucket == "long"
+                    else mid_bounds(dtype, head_dim) if bucket == "mid" else lengths[bucket])
     fills = decode.sm_count(device) if bucket == "decode-full" else None  # batch x K/V heads that fill the SMs
     return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=seq_q, seq_k=seq_k,
                           batch_heads_kv=fills)
@@ -188,7 +190,8 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
     kernel with ``dropout``), or the heuristic defaults (the forward's decode entry for at
     most DECODE_MAX_Q queries, its "decode full" entry first where the batch x ``heads_kv``
     K/V heads fill the SMs (None: unknown, never), its long entry for ``config.is_long``
-    calls of ``seq_k`` keys (None: as many as queries); neither for a packed ``varlen`` q or
+    calls of ``seq_k`` keys (None: as many as queries), its middle band's for ``config.is_mid``
+    ones; none of them for a packed ``varlen`` q or
     with dropout, which run the plain Triton forward kernel); the backward's long entry from
     LONG_MIN_Q_BWD queries (LONG_MIN_Q_BWD_BY_HEAD_DIM where its head dim and masking have a bound of their own;
     no decode entry: its decode-sized calls are few)."""
@@ -202,6 +205,8 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
             buckets["fwd"] = "decode-full" if fills else "decode"
         elif is_long("fwd", n_q, seq_k, dtype, head_dim=D, causal=bool(causal)):
             buckets["fwd"] = "long"
+        elif is_mid("fwd", n_q, seq_k, dtype, head_dim=D, causal=bool(causal)):
+            buckets["fwd"] = "mid"
         buckets["bwd"] = "long" if is_long("bwd", n_q, dtype=dtype, head_dim=D, causal=bool(causal)) else None
     resolved = []
     for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),

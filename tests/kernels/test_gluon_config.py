@@ -216,6 +216,11 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     # and with 64-key blocks (short causal calls)
     assert short_causal == dataclasses.replace(o_tiles, BLOCK_N=64, num_stages=3)
     assert family_defaults("fwd", 96, torch.bfloat16, "cuda") == []  # the Gluon kernel: D 64, 128 and 256
+    # D=64: the same four, then two CTAs per SM on the grid and on the persistent kernel (the middle band's entries)
+    d64 = family_defaults("fwd", 64, torch.bfloat16, "cuda")
+    assert len(d64) == 6 and [c.occupancy for c in d64] == [1, 1, 1, 1, 2, 2]
+    assert d64[-2:] == [config_mod.default_config("fwd", 64, torch.bfloat16, "cuda", causal=c, seq_q=512)
+                        for c in (False, True)]
     # D=256: 64-key blocks in 2 slots or 3 (V's ring then 2: what shared memory holds), grid and persistent, with
     # and without the overlap
     d256 = family_defaults("fwd", 256, torch.bfloat16, "cuda")
@@ -427,48 +432,75 @@ def test_long_d128_forward_calls_default_to_the_gluon_kernel_on_sm90_only(monkey
 
 
 @pytest.mark.parametrize("capability", [(9, 0), (10, 0)])
-def test_the_d64_forward_defaults_by_masking_and_length(sm, capability):
-    """D=64 (measured on an H100, 2026-12-06; config.py's D=64 entries): without masking the Gluon persistent
-    kernel with O tiles from LONG_MIN_Q queries against LONG_MIN_K keys on sm_90, the Triton 128x64 w8 s3
-    below (and on other devices); causal 64x64 w4 s3 below 2048 queries (its own long bound), 128x64 w8 s3
-    from there."""
-    from flashtune.kernels.config import LONG_MIN_K, LONG_MIN_Q, default_config, is_long, long_bounds
+def test_the_d64_forward_defaults_by_masking_and_length(sm, monkeypatch, capability):
+    """D=64 (measured on an H100, 2026-12-06; config.py's D=64 entries), three bands on sm_90: from 256 queries
+    against 256 keys (the middle band) two CTAs per SM (the grid kernel without masking, the persistent one with
+    O tiles causal), from 4096 queries against 512 keys (the long band, both maskings) the one-CTA persistent
+    kernel; below, and on other devices, the Triton entries (128x64 w8 s3, causal 64x64 w4 s3, causal from 4096
+    128x64 again)."""
+    from flashtune.kernels.config import (LONG_MIN_K, default_config, is_long, is_mid, long_bounds, mid_bounds)
 
     sm(capability)
     bf16 = torch.bfloat16
-    assert long_bounds("fwd", bf16, 64, causal=True) == (2048, LONG_MIN_K)
-    assert long_bounds("fwd", bf16, 64, causal=False) == long_bounds("fwd", bf16, 64) == (LONG_MIN_Q, LONG_MIN_K)
-    assert long_bounds("fwd", bf16, 128, causal=True) == long_bounds("fwd") == (LONG_MIN_Q, LONG_MIN_K)
-    assert not is_long("fwd", 2047, dtype=bf16, head_dim=64, causal=True)
-    assert is_long("fwd", 2048, dtype=bf16, head_dim=64, causal=True)
-    assert is_long("fwd", LONG_MIN_Q, dtype=bf16, head_dim=64, causal=False)
-    triton_d64 = FwdConfig(128, 64, 8, 3)
+    for causal in (True, False, None):
+        assert long_bounds("fwd", bf16, 64, causal=causal) == long_bounds("fwd", bf16, 48, causal=causal) == \
+            (4096, LONG_MIN_K)
+    assert mid_bounds(bf16, 64) == mid_bounds(torch.float16, 33) == (256, 256)
+    assert mid_bounds(bf16, 128) is mid_bounds(torch.float8_e4m3fn, 64) is mid_bounds(bf16) is None
+    for causal in (True, False):
+        assert not is_mid("fwd", 255, dtype=bf16, head_dim=64, causal=causal)
+        assert is_mid("fwd", 256, dtype=bf16, head_dim=64, causal=causal)
+        assert is_mid("fwd", 4095, dtype=bf16, head_dim=64, causal=causal)
+        assert not is_mid("fwd", 256, 255, dtype=bf16, head_dim=64, causal=causal)  # too few keys
+        assert is_mid("fwd", 4096, 511, dtype=bf16, head_dim=64, causal=causal)  # too few keys for the long band
+        assert not is_mid("fwd", 4096, dtype=bf16, head_dim=64, causal=causal)  # the long band's
+        assert is_long("fwd", 4096, dtype=bf16, head_dim=64, causal=causal)
+        assert not is_long("fwd", 4095, dtype=bf16, head_dim=64, causal=causal)
+        assert not is_mid("bwd", 1024, dtype=bf16, head_dim=64, causal=causal)  # the forward's band only
+        assert not is_mid("fwd", 1024, dtype=bf16, head_dim=128, causal=causal)  # D=128: no middle band
+    triton_d64, short_causal = FwdConfig(128, 64, 8, 3), FwdConfig(64, 64, 4, 3)
+    mid_full = FwdConfig(64, 64, 4, 2, family=1, overlap=0, occupancy=2)
+    mid_causal = dataclasses.replace(mid_full, persistent=1, o_tile=1)
+    long_gluon = FwdConfig(64, 128, 4, 3, family=1, pingpong=0, persistent=1, o_tile=1)
     sm90 = capability == (9, 0)
-    for seq_q, seq_k in ((LONG_MIN_Q, None), (16384, None), (LONG_MIN_Q, 4 * LONG_MIN_K)):
-        full = default_config("fwd", 64, bf16, "cuda", causal=False, seq_q=seq_q, seq_k=seq_k)
-        want = FwdConfig(64, 128, 4, 3, family=1, pingpong=0, persistent=1, o_tile=1) if sm90 else triton_d64
-        assert full == want, (seq_q, seq_k)
-    for seq_q, seq_k in ((LONG_MIN_Q - 1, None), (16384, LONG_MIN_K - 1), (None, None)):
-        assert default_config("fwd", 64, bf16, "cuda", causal=False, seq_q=seq_q, seq_k=seq_k) == triton_d64
-    short_causal = FwdConfig(64, 64, 4, 3)  # a Triton entry of the sm_90 table: newer devices read it too
-    for seq_q in (17, LONG_MIN_Q, 1024, 2047, None):
-        assert default_config("fwd", 64, bf16, "cuda", causal=True, seq_q=seq_q) == short_causal, seq_q
-    for seq_q in (2048, 16384):
-        assert default_config("fwd", 64, bf16, "cuda", causal=True, seq_q=seq_q) == triton_d64, seq_q
-    # the launch path (function.resolve_configs) picks the same bucket: a causal call of 1024 queries is
-    # below D=64's causal bound (CPU tensors: the Triton entries validate for the interpreter)
+    cases = [  # (seq_q, seq_k, causal, sm_90's default, another device's)
+        *((q, k, False, mid_full, triton_d64) for q, k in ((256, None), (257, 257), (512, 16384), (4095, None),
+                                                            (4096, 511))),
+        *((q, k, True, mid_causal, short_causal) for q, k in ((256, None), (512, None), (2048, None), (4095, 4095))),
+        *((q, k, c, long_gluon, triton_d64) for q, k in ((4096, None), (4096, 512), (16384, None)) for c in (False, True)),
+        *((q, k, False, triton_d64, triton_d64) for q, k in ((255, None), (16384, 255), (17, None), (None, None))),
+        *((q, k, True, short_causal, short_causal) for q, k in ((255, None), (16384, 255), (None, None))),
+    ]
+    for seq_q, seq_k, causal, want_sm90, want_other in cases:
+        got = default_config("fwd", 64, bf16, "cuda", causal=causal, seq_q=seq_q, seq_k=seq_k)
+        assert got == (want_sm90 if sm90 else want_other), (seq_q, seq_k, causal)
+    # the launch path (function.resolve_configs) reads the same band's entries (CPU tensors: the Gluon ones do not
+    # validate there, the Triton ones serve)
     from flashtune.kernels import function
 
+    buckets = []
+    default = function._default
+
+    def recording(pass_, head_dim, dtype, device, causal, bucket=None):
+        buckets.append((pass_, bucket))
+        return default(pass_, head_dim, dtype, device, causal, bucket)
+
     function._default.cache_clear()
+    monkeypatch.setattr(function, "_default", recording)
     try:
-        for n, want in ((1024, FwdConfig(64, 64, 4, 3)), (2048, triton_d64)):
-            q = torch.empty(1, 2, n, 64, dtype=bf16)
-            assert function.resolve_configs(q, None, None, causal=True)[0] == want.validate(64, bf16, "cpu"), n
+        for n, causal, bucket, want in ((255, True, None, short_causal), (512, True, "mid", short_causal),
+                                        (512, False, "mid", triton_d64), (4095, False, "mid", triton_d64),
+                                        (4096, True, "long", triton_d64), (8, True, "decode", None)):
+            buckets.clear()
+            got = function.resolve_configs(torch.empty(1, 2, n, 64, dtype=bf16), None, None, causal=causal)[0]
+            assert ("fwd", bucket) in buckets, (n, buckets)
+            assert want is None or got == want.validate(64, bf16, "cpu"), n
     finally:
-        function._default.cache_clear()
-    # a call the Gluon kernel cannot run: the Triton default without masking
-    gluon = FwdConfig(64, 128, 4, 3, family=1, pingpong=0, persistent=1, o_tile=1)
-    assert gluon.as_triton(64, bf16, "cuda", causal=False) == triton_d64
+        default.cache_clear()
+    # a call the Gluon kernels cannot run: the Triton default of its masking
+    for cfg in (mid_full, mid_causal, long_gluon):
+        assert cfg.as_triton(64, bf16, "cuda", causal=False) == triton_d64
+        assert cfg.as_triton(64, bf16, "cuda", causal=True) == short_causal
 
 
 @pytest.fixture
