@@ -2,7 +2,7 @@
 # session 52's GPU call (one: the device time left after refused starts holds one). The D=64 forward's three bands
 # (config.py: two CTAs per SM from 256 queries, the one-CTA Gluon kernel from 4096) through the drop-in.
 # On an H200: the issue's acceptance (session 48's run4.sh: the fused backward's grid rows, the standard grid with the
-# new D=64 defaults, SHAPES.md), then the D=64 realistic GPU tests. On any other card: the D=64 realistic GPU tests,
+# new D=64 defaults, SHAPES.md), then the D=64 realistic GPU tests (and two CTAs per SM against the reference). On any other card: those tests,
 # the D=64 grid's forward through the drop-in (benchmarks/attention.py, each row checked against cuDNN first),
 # SHAPES.md's forward rows, then the middle band's configs on short and small-batch calls (gluon_fwd.py --shape).
 cd "$(dirname "$0")/../../.."
@@ -11,7 +11,8 @@ python3 -c "import torch,triton;print(torch.__version__,triton.__version__,torch
 cat $OUT/env.txt
 tests() {
     SECONDS=0
-    timeout $1 python3 -m pytest -m gpu -v -n 12 tests/kernels/test_attention_gpu.py -k "realistic and d64" \
+    timeout $1 python3 -m pytest -m gpu -v -n 12 tests/kernels/test_attention_gpu.py tests/kernels/test_gluon_persistent_gpu.py \
+        -k "(realistic and d64) or (two_ctas and reference)" \
         > $OUT/d64_tests.log 2>&1; echo "rc $? in ${SECONDS}s" >> $OUT/d64_tests.log
     grep -E "FAILED|ERROR" $OUT/d64_tests.log | head -20; tail -2 $OUT/d64_tests.log
 }
