@@ -477,7 +477,8 @@ def _pick(table: TunedTable, pass_: str, query: torch.Tensor, key: torch.Tensor,
             continue
         return config, "tuned exact" if tuned == wanted else f"tuned nearest ({tuned.label()})", result.runner
     return (default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=wanted.seq_q, seq_k=wanted.seq_k,
-                           batch_heads_kv=query.shape[0] * key.shape[1]), source, "triton")
+                           batch_heads_kv=query.shape[0] * key.shape[1], batch_heads=query.shape[0] * query.shape[1]),
+            source, "triton")
 
 
 def _causal_bias_align(attn_mask, query, key, is_causal: bool) -> str | None:

@@ -88,9 +88,10 @@ class KeySearch:
         self.dtype = dtype = getattr(torch, key.dtype)
         self.ledger = Ledger(valid_candidates(key.pass_, key.head_dim, dtype, bench.device))
         try:
-            batch, _, heads_kv = trial_shape(key, bench.device.type != "cuda")
+            batch, heads_q, heads_kv = trial_shape(key, bench.device.type != "cuda")
             self.default = default_config(key.pass_, key.head_dim, dtype, bench.device, causal=key.causal,
-                                          seq_q=key.seq_q, seq_k=key.seq_k, batch_heads_kv=batch * heads_kv)
+                                          seq_q=key.seq_q, seq_k=key.seq_k, batch_heads_kv=batch * heads_kv,
+                                          batch_heads=batch * heads_q)
         except ConfigError:  # nothing runs on this device: the key ends as no_valid_config
             self.default = None
         self.study = KeyStudy(key, storage=bench.storage, kernel_hash=bench.provenance.kernel_hash,

@@ -114,7 +114,7 @@ def _prepare(key: TuningKey, impl: str, device: torch.device, tuned):
             return tuned(q, k, v, is_causal=key.causal, enable_gqa=gqa)
     elif impl == "default":
         fwd, bwd = (default_config(p, key.head_dim, dtype, device, causal=key.causal, seq_q=key.seq_q, seq_k=key.seq_k,
-                                   batch_heads_kv=batch * heads_kv) for p in ("fwd", "bwd"))
+                                   batch_heads_kv=batch * heads_kv, batch_heads=batch * heads) for p in ("fwd", "bwd"))
 
         def run(q, k, v):
             return attention(q, k, v, causal=key.causal, fwd_config=fwd, bwd_config=bwd,

@@ -64,10 +64,21 @@ LONG_MIN_K = 512
 # Triton 128x64 w8 s3 as its long entry, and 512 without masking, before.)
 LONG_MIN_Q_FWD_BY_HEAD_DIM = {(64, True): 4096, (64, False): 4096}
 # The forward's middle band of a (padded) head dim: (fewest queries per head, fewest keys) of a 16-bit call
-# below its long bound that reads the tables' "mid" entries (is_mid). D=64 from 256 queries against 256 keys:
+# below its long bound that reads the tables' "mid" entries (is_mid). D=64 from 192 queries against 192 keys:
 # two CTAs per SM (FwdConfig.occupancy 2), 0.97-1.20x cuDNN on every D=64 row from 257 to 2048 queries measured
-# (the D=64 entries' comments).
-MID_MIN_FWD_BY_HEAD_DIM = {64: (256, 256)}
+# (the D=64 entries' comments); B32 H12 at 197 queries 0.997x (grid kernel) against the Triton entry's 0.929x, at
+# 128 queries 0.874x against 0.898x (benchmarks/gluon_fwd.py --shape ..., H100, 2026-12-06,
+# docs/data/h100-2026-12-06g-gluon/fwd_short.log).
+MID_MIN_FWD_BY_HEAD_DIM = {64: (192, 192)}
+# Causal calls read the middle band's entries (the persistent kernel at two CTAs per SM) only where their
+# tiles of 128 query rows (batch x query heads x ceil(queries / 128)) are at least this many per SM: on calls of
+# one sequence that fill few SMs the Triton entry's 64-row blocks are faster (ratio to cuDNN, two CTAs against
+# the Triton causal entry: B1 H12 N512, 48 tiles, 0.938 / 1.148; B1 H32 N256, 64 tiles, 0.939 / 1.054; B1 H12
+# N2048, 192 tiles, 0.767 / 1.081; where they won, gpt2-train-512 has 1536 tiles, 11.6 an H100 SM; the
+# threshold lies between, unmeasured). Without masking the grid kernel at two CTAs per SM was as fast as the
+# Triton entry or faster on those calls (0.982 / 0.937, 1.011 / 1.013, 0.970 / 0.970): no bound.
+# benchmarks/gluon_fwd.py --shape ..., H100, 2026-12-06 (docs/data/h100-2026-12-06g-gluon/fwd_short.log).
+MID_MIN_TILES_PER_SM_CAUSAL = 4
 LONG_MIN_Q_BWD = 512
 LONG_MIN_Q_FP8 = 1024
 LONG_MIN_K_FP8 = 2048
@@ -124,16 +135,26 @@ def mid_bounds(dtype: torch.dtype | None = None, head_dim: int | None = None) ->
 
 
 def is_mid(pass_: str, seq_q: int | None, seq_k: int | None = None, dtype: torch.dtype | None = None,
-           head_dim: int | None = None, causal: bool | None = None) -> bool:
+           head_dim: int | None = None, causal: bool | None = None, batch_heads: int | None = None,
+           device=None) -> bool:
     """Whether a forward call of ``seq_q`` queries per head against ``seq_k`` keys (None: seq_q)
     reads the tables' middle-band ("mid") entries: from ``mid_bounds`` up to its long bound
-    (``is_long``, which comes first)."""
+    (``is_long``, which comes first); a causal one only where its ``batch_heads`` (batch x query
+    heads; None: unknown, the lengths decide) give at least MID_MIN_TILES_PER_SM_CAUSAL tiles of
+    128 query rows per SM of ``device`` (None: the current CUDA device, as default_config reads it)."""
     bounds = mid_bounds(dtype, head_dim)
     if pass_ != "fwd" or bounds is None or seq_q is None:
         return False
     seq_k = seq_q if seq_k is None else seq_k
-    return (seq_q >= bounds[0] and seq_k >= bounds[1]
-            and not is_long(pass_, seq_q, seq_k, dtype, head_dim, causal))
+    if seq_q < bounds[0] or seq_k < bounds[1] or is_long(pass_, seq_q, seq_k, dtype, head_dim, causal):
+        return False
+    if causal and batch_heads is not None:
+        from flashtune.kernels.decode import sm_count  # config imports no kernel module at import time
+
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return batch_heads * -(-seq_q // 128) >= MID_MIN_TILES_PER_SM_CAUSAL * sm_count(torch.device(device))
+    return True
 
 
 def is_long(pass_: str, seq_q: int | None, seq_k: int | None = None, dtype: torch.dtype | None = None,
@@ -1042,8 +1063,8 @@ _SM90_FWD[(_bf, 128, "long")] = _F(64, 128, 4, 3, family=1, persistent=1, o_tile
 # --persistent-buffers 2,3 --overlap both, GPU time, H100, triton 3.6, 2026-12-05 (docs/gluon.md,
 # docs/data/h100-2026-12-05f-gluon/).
 _SM90_FWD[(_bf, 256, "long")] = _F(64, 64, 4, 3, family=1, persistent=1)
-# D=64, the middle band (MID_MIN_FWD_BY_HEAD_DIM: from 256 queries against 256 keys, below the long bound of
-# 4096 queries): the Gluon forward at two CTAs per SM (occupancy 2: 104 registers a consumer thread, 64x64
+# D=64, the middle band (MID_MIN_FWD_BY_HEAD_DIM: from 192 queries against 192 keys, below the long bound of
+# 4096 queries; causal where its tiles fill the SMs, MID_MIN_TILES_PER_SM_CAUSAL): the Gluon forward at two CTAs per SM (occupancy 2: 104 registers a consumer thread, 64x64
 # blocks, 2 slots, no softmax/matmul overlap, ping-pong); without masking the grid kernel, causal the
 # persistent kernel with O tiles (the faster of the two on each masking's rows). Ratio to cuDNN, the entry
 # against the best one-CTA Gluon config of the same blocks and the Triton default: gpt2-train-512 (causal)
@@ -1053,7 +1074,11 @@ _SM90_FWD[(_bf, 256, "long")] = _F(64, 64, 4, 3, family=1, persistent=1)
 # / 0.913 (the one-CTA 64x128 persistent entry before it on full calls from 512: bert 0.928 through the
 # drop-in). benchmarks/gluon_fwd.py --config BLOCK_N=64 --config OVERLAP=0 --config CONSUMER_REGS=104
 # --config PERSISTENT=0,1 --config O_TILE=0,1 --rounds 2, GPU time, H100, triton 3.6, 2026-12-06 (docs/gluon.md,
-# docs/data/h100-2026-12-06f-gluon/). Other devices: they do not validate, and the D=64 entries serve.
+# docs/data/h100-2026-12-06f-gluon/). Through the drop-in with these bands (benchmarks/attention.py --head-dims 64
+# --passes fwd and benchmarks/shapes.py --passes fwd, H100, 2026-12-06, docs/data/h100-2026-12-06g-gluon/): grid
+# 512 full 0.977, causal 0.969; 1024 0.959, 0.984; 2048 0.977, 1.007; gpt2-train-512 0.977 (0.897 with the entries
+# before), bert-base-512 0.932 (0.928), vit-l16-257 1.086 (1.019), whisper-enc-1500 1.100 (1.037).
+# Other devices: they do not validate, and the D=64 entries serve.
 _SM90_FWD[(_bf, 64, "mid", False)] = _F(64, 64, 4, 2, family=1, overlap=0, occupancy=2)
 _SM90_FWD[(_bf, 64, "mid", True)] = _F(64, 64, 4, 2, family=1, overlap=0, persistent=1, o_tile=1, occupancy=2)
 # D=64 long calls (from 4096 queries against 512 keys, both maskings): the Gluon forward's persistent kernel
@@ -1065,7 +1090,8 @@ _SM90_FWD[(_bf, 64, "mid", True)] = _F(64, 64, 4, 2, family=1, overlap=0, persis
 # NUM_BUFFERS=2,3 --config PERSISTENT=0,1 --config O_TILE=1 --rounds 2, H100, the run above). Without masking
 # it was the long entry from 512 queries before (0.970x cuDNN over the 6 full D=64 grid rows against the Triton
 # default's 0.932x, H100, 2026-12-06, docs/data/h100-2026-12-06e-gluon/), causal the Triton 128x64 w8 s3 from
-# 2048. Other devices: it does not validate, and the long entry for both maskings serves: the D=64 one
+# 2048. Through the drop-in (the run above): 4096 full 0.984, causal 1.028; 8192 1.025, 1.025; 16384 0.965,
+# 1.017. Other devices: it does not validate, and the long entry for both maskings serves: the D=64 one
 # (128x64 w8 s3; causal 0.942-0.949x cuDNN from 4096 queries against the shorter causal entry's 0.898-0.924x,
 # that entry's comment).
 _SM90_FWD[(_bf, 64, "long", True)] = _SM90_FWD[(_bf, 64, "long", False)] = _F(
@@ -1340,7 +1366,7 @@ def _triton_default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch
 
 def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, causal: bool | None = None,
                    seq_q: int | None = None, triton_only: bool = False, seq_k: int | None = None,
-                   batch_heads_kv: int | None = None):
+                   batch_heads_kv: int | None = None, batch_heads: int | None = None):
     """The heuristic config for a pass ("fwd" or "bwd") on ``device``.
 
     Walks the tables from the device's architecture down to the generic one and
@@ -1350,7 +1376,8 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
     the call's batch x K/V heads, fills the SMs: ``decode_fills``) or for long calls
     ((dtype, head_dim, "long", causal), then (dtype, head_dim, "long");
     ``is_long(pass_, seq_q, seq_k, dtype, head_dim, causal)``, seq_k None for seq_q) or for the
-    forward's middle band below them (the same with "mid": ``is_mid``) comes first,
+    forward's middle band below them (the same with "mid": ``is_mid``, a causal call's by its
+    ``batch_heads``, batch x query heads, None: unknown) comes first,
     then one for this masking ((dtype, head_dim, causal)), then the one for both.
     ``triton_only``: entries of another kernel family (the Gluon forward, ``family=1``) are
     passed over (``FwdConfig.as_triton``'s fallback).
@@ -1364,7 +1391,7 @@ def default_config(pass_: str, head_dim: int, dtype: torch.dtype, device=None, c
         if decode_fills(batch_heads_kv, device):
             keys.insert(0, (*key, "decode", "full"))
     band = ("long" if is_long(pass_, seq_q, seq_k, dtype, head_dim, causal)
-            else "mid" if is_mid(pass_, seq_q, seq_k, dtype, head_dim, causal) else None)
+            else "mid" if is_mid(pass_, seq_q, seq_k, dtype, head_dim, causal, batch_heads, device) else None)
     if band is not None:
         keys.insert(0, (*key, band))
         if causal is not None:  # an entry of the band with this masking first

@@ -191,7 +191,7 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
     most DECODE_MAX_Q queries, its "decode full" entry first where the batch x ``heads_kv``
     K/V heads fill the SMs (None: unknown, never), its long entry for ``config.is_long``
     calls of ``seq_k`` keys (None: as many as queries), its middle band's for ``config.is_mid``
-    ones; none of them for a packed ``varlen`` q or
+    ones (a causal one's by q's batch x heads); none of them for a packed ``varlen`` q or
     with dropout, which run the plain Triton forward kernel); the backward's long entry from
     LONG_MIN_Q_BWD queries (LONG_MIN_Q_BWD_BY_HEAD_DIM where its head dim and masking have a bound of their own;
     no decode entry: its decode-sized calls are few)."""
@@ -205,7 +205,8 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
             buckets["fwd"] = "decode-full" if fills else "decode"
         elif is_long("fwd", n_q, seq_k, dtype, head_dim=D, causal=bool(causal)):
             buckets["fwd"] = "long"
-        elif is_mid("fwd", n_q, seq_k, dtype, head_dim=D, causal=bool(causal)):
+        elif is_mid("fwd", n_q, seq_k, dtype, head_dim=D, causal=bool(causal), batch_heads=q.shape[0] * q.shape[1],
+                    device=device):
             buckets["fwd"] = "mid"
         buckets["bwd"] = "long" if is_long("bwd", n_q, dtype=dtype, head_dim=D, causal=bool(causal)) else None
     resolved = []

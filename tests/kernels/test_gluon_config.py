@@ -433,25 +433,28 @@ def test_long_d128_forward_calls_default_to_the_gluon_kernel_on_sm90_only(monkey
 
 @pytest.mark.parametrize("capability", [(9, 0), (10, 0)])
 def test_the_d64_forward_defaults_by_masking_and_length(sm, monkeypatch, capability):
-    """D=64 (measured on an H100, 2026-12-06; config.py's D=64 entries), three bands on sm_90: from 256 queries
-    against 256 keys (the middle band) two CTAs per SM (the grid kernel without masking, the persistent one with
-    O tiles causal), from 4096 queries against 512 keys (the long band, both maskings) the one-CTA persistent
-    kernel; below, and on other devices, the Triton entries (128x64 w8 s3, causal 64x64 w4 s3, causal from 4096
-    128x64 again)."""
-    from flashtune.kernels.config import (LONG_MIN_K, default_config, is_long, is_mid, long_bounds, mid_bounds)
+    """D=64 (measured on an H100, 2026-12-06; config.py's D=64 entries), three bands on sm_90: from 192 queries
+    against 192 keys (the middle band) two CTAs per SM (the grid kernel without masking, the persistent one with
+    O tiles causal, where its tiles fill the SMs), from 4096 queries against 512 keys (the long band, both
+    maskings) the one-CTA persistent kernel; below, and on other devices, the Triton entries (128x64 w8 s3,
+    causal 64x64 w4 s3, causal from 4096 128x64 again)."""
+    from flashtune.kernels import decode
+    from flashtune.kernels.config import (LONG_MIN_K, MID_MIN_TILES_PER_SM_CAUSAL, default_config, is_long, is_mid,
+                                          long_bounds, mid_bounds)
 
     sm(capability)
+    monkeypatch.setattr(decode, "sm_count", lambda device: 132)  # an H100's
     bf16 = torch.bfloat16
     for causal in (True, False, None):
         assert long_bounds("fwd", bf16, 64, causal=causal) == long_bounds("fwd", bf16, 48, causal=causal) == \
             (4096, LONG_MIN_K)
-    assert mid_bounds(bf16, 64) == mid_bounds(torch.float16, 33) == (256, 256)
+    assert mid_bounds(bf16, 64) == mid_bounds(torch.float16, 33) == (192, 192)
     assert mid_bounds(bf16, 128) is mid_bounds(torch.float8_e4m3fn, 64) is mid_bounds(bf16) is None
     for causal in (True, False):
-        assert not is_mid("fwd", 255, dtype=bf16, head_dim=64, causal=causal)
-        assert is_mid("fwd", 256, dtype=bf16, head_dim=64, causal=causal)
+        assert not is_mid("fwd", 191, dtype=bf16, head_dim=64, causal=causal)
+        assert is_mid("fwd", 192, dtype=bf16, head_dim=64, causal=causal)
         assert is_mid("fwd", 4095, dtype=bf16, head_dim=64, causal=causal)
-        assert not is_mid("fwd", 256, 255, dtype=bf16, head_dim=64, causal=causal)  # too few keys
+        assert not is_mid("fwd", 192, 191, dtype=bf16, head_dim=64, causal=causal)  # too few keys
         assert is_mid("fwd", 4096, 511, dtype=bf16, head_dim=64, causal=causal)  # too few keys for the long band
         assert not is_mid("fwd", 4096, dtype=bf16, head_dim=64, causal=causal)  # the long band's
         assert is_long("fwd", 4096, dtype=bf16, head_dim=64, causal=causal)
@@ -464,16 +467,28 @@ def test_the_d64_forward_defaults_by_masking_and_length(sm, monkeypatch, capabil
     long_gluon = FwdConfig(64, 128, 4, 3, family=1, pingpong=0, persistent=1, o_tile=1)
     sm90 = capability == (9, 0)
     cases = [  # (seq_q, seq_k, causal, sm_90's default, another device's)
-        *((q, k, False, mid_full, triton_d64) for q, k in ((256, None), (257, 257), (512, 16384), (4095, None),
+        *((q, k, False, mid_full, triton_d64) for q, k in ((192, None), (257, 257), (512, 16384), (4095, None),
                                                             (4096, 511))),
-        *((q, k, True, mid_causal, short_causal) for q, k in ((256, None), (512, None), (2048, None), (4095, 4095))),
+        *((q, k, True, mid_causal, short_causal) for q, k in ((192, None), (512, None), (2048, None), (4095, 4095))),
         *((q, k, c, long_gluon, triton_d64) for q, k in ((4096, None), (4096, 512), (16384, None)) for c in (False, True)),
-        *((q, k, False, triton_d64, triton_d64) for q, k in ((255, None), (16384, 255), (17, None), (None, None))),
-        *((q, k, True, short_causal, short_causal) for q, k in ((255, None), (16384, 255), (None, None))),
+        *((q, k, False, triton_d64, triton_d64) for q, k in ((191, None), (16384, 191), (17, None), (None, None))),
+        *((q, k, True, short_causal, short_causal) for q, k in ((191, None), (16384, 191), (None, None))),
     ]
     for seq_q, seq_k, causal, want_sm90, want_other in cases:
         got = default_config("fwd", 64, bf16, "cuda", causal=causal, seq_q=seq_q, seq_k=seq_k)
         assert got == (want_sm90 if sm90 else want_other), (seq_q, seq_k, causal)
+    # a causal call's tiles of 128 query rows: at least MID_MIN_TILES_PER_SM_CAUSAL per SM for the band (batch x
+    # query heads unknown: the lengths decide); without masking any number
+    fill = MID_MIN_TILES_PER_SM_CAUSAL * 132
+    for seq_q, tiles in ((512, 4), (2048, 16), (4095, 32)):  # of a head
+        heads = -(-fill // tiles)  # the fewest batch x heads that fill
+        assert is_mid("fwd", seq_q, dtype=bf16, head_dim=64, causal=True, batch_heads=heads, device="cuda")
+        assert not is_mid("fwd", seq_q, dtype=bf16, head_dim=64, causal=True, batch_heads=heads - 1, device="cuda")
+        assert is_mid("fwd", seq_q, dtype=bf16, head_dim=64, causal=False, batch_heads=1, device="cuda")
+        few = default_config("fwd", 64, bf16, "cuda", causal=True, seq_q=seq_q, batch_heads=heads - 1)
+        assert few == short_causal
+        assert default_config("fwd", 64, bf16, "cuda", causal=True, seq_q=seq_q, batch_heads=heads) == \
+            (mid_causal if sm90 else short_causal)
     # the launch path (function.resolve_configs) reads the same band's entries (CPU tensors: the Gluon ones do not
     # validate there, the Triton ones serve)
     from flashtune.kernels import function
@@ -488,11 +503,13 @@ def test_the_d64_forward_defaults_by_masking_and_length(sm, monkeypatch, capabil
     function._default.cache_clear()
     monkeypatch.setattr(function, "_default", recording)
     try:
-        for n, causal, bucket, want in ((255, True, None, short_causal), (512, True, "mid", short_causal),
-                                        (512, False, "mid", triton_d64), (4095, False, "mid", triton_d64),
-                                        (4096, True, "long", triton_d64), (8, True, "decode", None)):
+        for n, heads, causal, bucket, want in ((191, 2, True, None, short_causal),
+                                               (512, fill // 4, True, "mid", short_causal),
+                                               (512, fill // 4 - 1, True, None, short_causal),  # too few tiles
+                                               (512, 2, False, "mid", triton_d64), (4095, 2, False, "mid", triton_d64),
+                                               (4096, 2, True, "long", triton_d64), (8, 2, True, "decode", None)):
             buckets.clear()
-            got = function.resolve_configs(torch.empty(1, 2, n, 64, dtype=bf16), None, None, causal=causal)[0]
+            got = function.resolve_configs(torch.empty(1, heads, n, 64, dtype=bf16), None, None, causal=causal)[0]
             assert ("fwd", bucket) in buckets, (n, buckets)
             assert want is None or got == want.validate(64, bf16, "cpu"), n
     finally:
