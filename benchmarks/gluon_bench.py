@@ -9,7 +9,6 @@ benchmarks/ first on the import path).
 from __future__ import annotations
 
 import argparse
-
 import datetime
 import itertools
 import statistics

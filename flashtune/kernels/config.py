@@ -98,13 +98,17 @@ def decode_fills(batch_heads_kv: int | None, device) -> bool:
     schedule runs it in one chunk (decode.auto_splits): it then reads the tables'
     (dtype, head dim, "decode", "full") entry first. ``device`` None: the current CUDA device
     where there is one, as default_config reads it, else the CPU."""
-    if batch_heads_kv is None:
-        return False
+    return batch_heads_kv is not None and batch_heads_kv >= _sm_count(device)
+
+
+def _sm_count(device) -> int:
+    """The SMs of ``device`` (None: the current CUDA device where there is one, as default_config
+    reads it, else the CPU's stand-in, decode.INTERPRETER_SMS)."""
     from flashtune.kernels.decode import sm_count  # config imports no kernel module at import time
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return batch_heads_kv >= sm_count(torch.device(device))
+    return sm_count(torch.device(device))
 
 
 def long_bounds(pass_: str, dtype: torch.dtype | None = None, head_dim: int | None = None,
@@ -149,11 +153,7 @@ def is_mid(pass_: str, seq_q: int | None, seq_k: int | None = None, dtype: torch
     if seq_q < bounds[0] or seq_k < bounds[1] or is_long(pass_, seq_q, seq_k, dtype, head_dim, causal):
         return False
     if causal and batch_heads is not None:
-        from flashtune.kernels.decode import sm_count  # config imports no kernel module at import time
-
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        return batch_heads * -(-seq_q // 128) >= MID_MIN_TILES_PER_SM_CAUSAL * sm_count(torch.device(device))
+        return batch_heads * -(-seq_q // 128) >= MID_MIN_TILES_PER_SM_CAUSAL * _sm_count(device)
     return True
 
 

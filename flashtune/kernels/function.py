@@ -205,9 +205,9 @@ def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = Fals
             buckets["fwd"] = "decode-full" if fills else "decode"
         elif is_long("fwd", n_q, seq_k, dtype, head_dim=D, causal=bool(causal)):
             buckets["fwd"] = "long"
-        elif is_mid("fwd", n_q, seq_k, dtype, head_dim=D, causal=bool(causal), batch_heads=q.shape[0] * q.shape[1],
-                    device=device):
-            buckets["fwd"] = "mid"
+        elif fwd_config is None and is_mid("fwd", n_q, seq_k, dtype, head_dim=D, causal=bool(causal),
+                                           batch_heads=q.shape[0] * q.shape[1], device=device):
+            buckets["fwd"] = "mid"  # asked only where the default is read (a causal call's asks the SMs)
         buckets["bwd"] = "long" if is_long("bwd", n_q, dtype=dtype, head_dim=D, causal=bool(causal)) else None
     resolved = []
     for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
