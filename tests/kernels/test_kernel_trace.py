@@ -293,6 +293,28 @@ def test_the_forward_benchmarks_config_option_gives_every_combination_and_names_
         assert message in capsys.readouterr().err
 
 
+def test_the_benchmarks_shape_option_adds_named_rows_and_names_a_bad_one(load_benchmark, capsys):
+    import argparse
+
+    bench = load_benchmark("gluon_bench")
+    ap = argparse.ArgumentParser(prog="gluon_fwd.py")
+    ap.add_argument("--rows")
+    ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--realistic", action="store_true")
+    bench.add_shape_arg(ap)
+    args = ap.parse_args(["--shape", "1,12,4,512,300,64,causal", "--shape", "2,8,8,77,77,40", "--rows", "vit-l16-257"])
+    both = ("2x8x8-77x77-d40", 2, 8, 8, 77, 77, 40, None)  # no masking given: both
+    assert args.shape == [("1x12x4-512x300-d64", 1, 12, 4, 512, 300, 64, True), both]
+    assert bench.shapes(args, [])[:2] == args.shape  # first, beside the rows --rows names
+    assert bench.wanted_rows(args) == {"vit-l16-257", "1x12x4-512x300-d64", "2x8x8-77x77-d40"}  # --rows keeps them
+    for bad, message in (("1,2,3", "expected 6 numbers"), ("1,12,5,512,512,64", "multiple of Hkv"),
+                         ("1,12,12,0,512,64", "positive sizes"), ("1,12,12,512,512,64,yes", "causal or full"),
+                         ("1,12,12,512,x,64", "invalid literal")):
+        with pytest.raises(SystemExit):
+            ap.parse_args(["--shape", bad])
+        assert message in capsys.readouterr().err, bad
+
+
 @pytest.mark.parametrize("value, message", [("x", "expected integers"), ("1,3", "at least 2")])
 def test_gluon_bwd_names_a_bad_buffers_value_before_any_gpu_work(value, message):
     import pathlib
