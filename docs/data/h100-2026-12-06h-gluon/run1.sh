@@ -36,7 +36,7 @@ timeout 120 python3 benchmarks/gluon_bwd.py --rows bert-base-512,vit-l16-257 --s
 echo "rc $? in ${SECONDS}s" >> $OUT/bwd_d64.log
 tail -16 $OUT/bwd_d64.log | cut -c1-300
 SECONDS=0
-timeout 80 python3 benchmarks/gluon_bwd.py --realistic --rows mistral-7b-train-2k --gluon fused --dq-first both --persistent both \
+timeout 80 python3 benchmarks/gluon_bwd.py --rows mistral-7b-train-2k --gluon fused --dq-first both --persistent both \
     --lpt auto,0 --rounds 2 --rep 30 --out $OUT/bwd_mistral.json > $OUT/bwd_mistral.log 2>&1
 echo "rc $? in ${SECONDS}s" >> $OUT/bwd_mistral.log
 tail -8 $OUT/bwd_mistral.log | cut -c1-300
