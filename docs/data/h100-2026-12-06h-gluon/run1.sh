@@ -3,7 +3,7 @@
 # then the D=256 late prefetch's bit test. On any other card: the late prefetch (session 50's gluon_backward_wide
 # PREFETCH=2, written without a GPU): its bit-for-bit test and its timing beside off and early; the middle D=64 band's
 # full-call entry without ping-pong (bert-base-512 0.981 against 0.956 in session 51) on the band's full rows; the D=64
-# backward's fused variants on the full rows under 1.0x (bert-base-512, vit-l16-257); mistral-7b-train-2k's backward.
+# backward's fused variants on the full rows under 1.0x (bert-base-512, vit-l16-257); mistral-7b-train-2k's backward by dK/dV split.
 cd "$(dirname "$0")/../../.."
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv > $OUT/env.txt 2>&1
 python3 -c "import torch,triton;print(torch.__version__,triton.__version__,torch.version.cuda,torch.backends.cudnn.version())" >> $OUT/env.txt 2>&1
@@ -36,7 +36,7 @@ timeout 120 python3 benchmarks/gluon_bwd.py --rows bert-base-512,vit-l16-257 --s
 echo "rc $? in ${SECONDS}s" >> $OUT/bwd_d64.log
 tail -16 $OUT/bwd_d64.log | cut -c1-300
 SECONDS=0
-timeout 80 python3 benchmarks/gluon_bwd.py --rows mistral-7b-train-2k --gluon fused --dq-first both --persistent both \
-    --lpt auto,0 --rounds 2 --rep 30 --out $OUT/bwd_mistral.json > $OUT/bwd_mistral.log 2>&1
+timeout 80 python3 benchmarks/gluon_bwd.py --rows mistral-7b-train-2k --gluon fused --dq-first both --splits 0,1,2,4 \
+    --rounds 2 --rep 30 --out $OUT/bwd_mistral.json > $OUT/bwd_mistral.log 2>&1
 echo "rc $? in ${SECONDS}s" >> $OUT/bwd_mistral.log
 tail -8 $OUT/bwd_mistral.log | cut -c1-300
