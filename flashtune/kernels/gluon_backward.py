@@ -116,6 +116,15 @@ CONSUMER_TURNS = 0
 # fewer instructions in the loop, not found why). Read at each launch, as COMPACT_STATS; a launch
 # plan replays the kernel it recorded.
 SCALE_IN_P = False
+# the fused dQ's shares sent to the fp32 dQ buffer without sm_scale, which the buffer's cast to q's dtype
+# applies once (torch.mul into the output, the same one pass over the buffer as the plain cast): a consumer
+# thread's 32 FMULs a step fewer (sm_90 code, benchmarks/gluon_sass.py --switch DQ_SCALE_AT_CAST=0,1: the
+# D=128 full default's loop, dQ first, 531 -> 498 instructions; the causal default's, a step late, 585 -> 552),
+# with P^T, dS^T, dK and dV as they are (SCALE_IN_P moved the scale into P^T and changed
+# their roundings). dQ's fp32 sum is of the unscaled shares, so its bits differ from the in-kernel scale's
+# within fp32's rounding. Where SCALE_IN_P runs, the shares come scaled already and this changes nothing. Off
+# until timed. Read at each launch, as COMPACT_STATS; a launch plan replays the kernel and the cast it recorded.
+DQ_SCALE_AT_CAST = False
 # the dK/dV kernel's P^T exponentials split between the SFU and the FMA pipe: of every 4 scores
 # a thread holds, POLY_EXP2 (0, 1 or 2) take 2^x as a degree-3 polynomial on the FMA and integer
 # pipes (_exp2_split), the rest the SFU's ex2 (MUFU.EX2: 16 a cycle per SM, so both consumers'
@@ -545,16 +554,17 @@ def _dq_share_issue(which, p, k_smem, ds_smem, ds_ready, ev, HEAD_DIM: gl.conste
 
 @gluon.jit
 def _dq_share_send(which, dq, h, qb, dq_smem, desc_dqa, off_b, sm_scale, ev, HEAD_DIM: gl.constexpr,
-                   BLOCK_M: gl.constexpr, TRACE: gl.constexpr, SCALED_P: gl.constexpr):
-    """A finished dQ share ``dq``, scaled (SCALED_P: it is already), sent as one TMA bulk reduce-add into the fp32 dQ
-    buffer at (batch, query head h, query block qb) through consumer ``which``'s staging tile,
-    once the previous share's reduce has read it. TRACE: stamps events 10 and 11."""
+                   BLOCK_M: gl.constexpr, TRACE: gl.constexpr, SCALING: gl.constexpr):
+    """A finished dQ share ``dq``, times sm_scale (SCALING 1: it is already; 2: sent as it is, the cast of the dQ
+    buffer scales it), sent as one TMA bulk reduce-add into the fp32 dQ buffer at (batch, query head h, query block
+    qb) through consumer ``which``'s staging tile, once the previous share's reduce has read it. TRACE: stamps
+    events 10 and 11."""
     HALF: gl.constexpr = HEAD_DIM // 2
     dq_buf = dq_smem.index(which)
     tma.store_wait(0)  # the previous share's reduce has read the buffer
     _stamp(ev, 10, TRACE)
     gl.thread_barrier()
-    if SCALED_P:
+    if SCALING != 0:
         dq_buf.reshape([BLOCK_M, HALF]).store(dq)
     else:
         dq_buf.reshape([BLOCK_M, HALF]).store(dq * sm_scale)
@@ -567,7 +577,7 @@ def _dq_share_send(which, dq, h, qb, dq_smem, desc_dqa, off_b, sm_scale, ev, HEA
 @gluon.jit
 def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DS_SLOTS: gl.constexpr,
-                    TRACE: gl.constexpr, SCALED_P: gl.constexpr):
+                    TRACE: gl.constexpr, SCALING: gl.constexpr):
     """Step p's dQ share of consumer ``which`` (``_dq_share_issue``), waited for with every
     wgmma of the group, then sent (``_dq_share_send``). TRACE: stamps events 8 to 11 of the
     step's trace slots ``ev`` (kernel_trace.BACKWARD)."""
@@ -575,13 +585,13 @@ def _fused_dq_share(which, p, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dq
                                            DS_SLOTS, TRACE)
     dq, _d0, _d1, _k0, _k1 = warpgroup_mma_wait(0, deps=(dq, ds0, ds1, k0, k1))
     _stamp(ev, 9, TRACE)
-    _dq_share_send(which, dq, h, qb, dq_smem, desc_dqa, off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, TRACE, SCALED_P)
+    _dq_share_send(which, dq, h, qb, dq_smem, desc_dqa, off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, TRACE, SCALING)
 
 
 @gluon.jit
 def _due_dq_share(which, g, it, h, qb, h_before, qb_before, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b,
                   sm_scale, ev, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, SCALED_P: gl.constexpr):
+                  FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, SCALING: gl.constexpr):
     """Step ``it``'s (walk index g, at query head h and block qb) dQ share in the step's usual
     order (``_fused_dq_share``): FUSED_DQ 1 this step's, 2 the previous step's (h_before,
     qb_before; none at the first step, so the groups may drift a step apart); a step without one
@@ -589,11 +599,11 @@ def _due_dq_share(which, g, it, h, qb, h_before, qb_before, k_smem, ds_smem, dq_
     DS_SLOTS: gl.constexpr = 4 if FUSED_DQ == 2 else 2
     if FUSED_DQ == 1:
         _fused_dq_share(which, g, h, qb, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b, sm_scale, ev,
-                        HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
+                        HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALING)
     elif FUSED_DQ == 2:  # (nested: a constexpr `and` a runtime value is not folded)
         if it > 0:
             _fused_dq_share(which, g - 1, h_before, qb_before, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b,
-                            sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALED_P)
+                            sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, TRACE, SCALING)
         else:
             for e in gl.static_range(8, 12):
                 _stamp(ev, e, TRACE)
@@ -605,7 +615,7 @@ def _due_dq_share(which, g, it, h, qb, h_before, qb_before, k_smem, ds_smem, dq_
 @gluon.jit
 def _dead_step(which, g, it, h, qb, h_before, qb_before, q_ready, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, turn,
                off_b, sm_scale, ev, phase, s, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               FUSED_DQ: gl.constexpr, TURNS: gl.constexpr, TRACE: gl.constexpr, SCALED_P: gl.constexpr):
+               FUSED_DQ: gl.constexpr, TURNS: gl.constexpr, TRACE: gl.constexpr, SCALING: gl.constexpr):
     """Step ``it`` (walk index g, ring slot s) of consumer ``which`` where every query of the
     block comes before the group's first key (SKIP_DEAD_STEPS): P^T and dS^T would be all
     zeros, so no S^T, dP^T, exponentials, dV or dK. What the other partitions count on still
@@ -627,7 +637,7 @@ def _dead_step(which, g, it, h, qb, h_before, qb_before, q_ready, k_smem, ds_sme
         gl.thread_barrier()
         mbarrier.arrive(ds_ready.index(g % DS_SLOTS))
     _due_dq_share(which, g, it, h, qb, h_before, qb_before, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa, off_b,
-                  sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, FUSED_DQ, TRACE, SCALED_P)
+                  sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, FUSED_DQ, TRACE, SCALING)
     _stamp(ev, 12, TRACE)
 
 
@@ -661,7 +671,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
               stride_dvs, H_KV, GROUP, SPLIT_H, SPLIT_Q, LPT_UNITS, N_UNITS, CAUSAL: gl.constexpr,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
               DV_EARLY: gl.constexpr, FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr,
-              TURNS: gl.constexpr, DQ_FIRST: gl.constexpr, SCALED_P: gl.constexpr, POLY: gl.constexpr,
+              TURNS: gl.constexpr, DQ_FIRST: gl.constexpr, SCALING: gl.constexpr, POLY: gl.constexpr,
               POLY_ASM: gl.constexpr, STEPS: gl.constexpr, PERSISTENT: gl.constexpr, SKIP_DEAD: gl.constexpr,
               TMA_DKDV: gl.constexpr):
     """Consumer ``which``: the CTA's tile (its values given; DK and DV at its split's slot), or
@@ -680,7 +690,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
                                stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd, t_b, t_hk, H, N_Q, N_K,
                                causal_off, t_n, t_qb, t_nqb, t_steps, t_h0, desc_dqa, ds_smem, dq_smem, ds_ready,
                                turn, trace, pid, g0, t & 1, kv_empty, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                               NUM_BUFFERS, DV_EARLY, FUSED_DQ, False, COMPACT, TURNS, DQ_FIRST, SCALED_P, POLY,
+                               NUM_BUFFERS, DV_EARLY, FUSED_DQ, False, COMPACT, TURNS, DQ_FIRST, SCALING, POLY,
                                POLY_ASM, STEPS, True, False, False)  # (SKIP_DEAD_STEPS: not here, see its comment)
                 g0 += t_steps
     else:
@@ -689,7 +699,7 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
                        stride_dvb, stride_dvh, stride_dvn, stride_dvd, off_b, off_hk, H, N_Q, N_K, causal_off,
                        start_n, first_qb, n_qb, n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn, trace,
                        pid, 0, 0, kv_empty, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS, DV_EARLY, FUSED_DQ,
-                       TRACE, COMPACT, TURNS, DQ_FIRST, SCALED_P, POLY, POLY_ASM, STEPS, False, SKIP_DEAD,
+                       TRACE, COMPACT, TURNS, DQ_FIRST, SCALING, POLY, POLY_ASM, STEPS, False, SKIP_DEAD,
                        TMA_DKDV)
 
 
@@ -701,7 +711,7 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
                    kv_empty, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, DV_EARLY: gl.constexpr,
                    FUSED_DQ: gl.constexpr, TRACE: gl.constexpr, COMPACT: gl.constexpr, TURNS: gl.constexpr,
-                   DQ_FIRST: gl.constexpr, SCALED_P: gl.constexpr, POLY: gl.constexpr, POLY_ASM: gl.constexpr,
+                   DQ_FIRST: gl.constexpr, SCALING: gl.constexpr, POLY: gl.constexpr, POLY_ASM: gl.constexpr,
                    STEPS: gl.constexpr, RELEASE_KV: gl.constexpr, SKIP_DEAD: gl.constexpr,
                    TMA_DKDV: gl.constexpr):
     """One tile of consumer ``which``: its steps, the step ``it``'s ring slot, dS^T slot and
@@ -710,7 +720,7 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
     this consumer reads them, before the dK/dV epilogue. TMA_DKDV: DK and DV are TMA descriptors,
     the tiles go out through this group's K and V tiles in shared memory (``kv_empty`` then the
     mbarrier both groups pass once no dQ share reads a K tile)."""
-    # SCALED_P (SCALE_IN_P): lse less p_shift = log2(sm_scale), so P^T and dS^T come scaled
+    # SCALING 1 (SCALE_IN_P): lse less p_shift = log2(sm_scale), so P^T and dS^T come scaled
     # TRACE: per step, the events of kernel_trace.BACKWARD (a step without a dQ share stamps
     # its four dQ events at once)
     _trace_start(trace, pid, n_steps, 0, first_qb, TRACE)
@@ -751,7 +761,7 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
                 _stamp(trace + _T_HEAD, 0, TRACE)
                 _dead_step(which, g0, 0, head0, first_qb, head0, first_qb, q_ready, k_smem, ds_smem, dq_smem,
                            ds_ready, desc_dqa, turn, off_b, sm_scale, trace + _T_HEAD, (g0 // NUM_BUFFERS) & 1,
-                           g0 % NUM_BUFFERS, HEAD_DIM, BLOCK_M, BLOCK_N, FUSED_DQ, TURNS, TRACE, SCALED_P)
+                           g0 % NUM_BUFFERS, HEAD_DIM, BLOCK_M, BLOCK_N, FUSED_DQ, TURNS, TRACE, SCALING)
                 gl.thread_barrier()
                 mbarrier.arrive(q_empty.index(g0 % NUM_BUFFERS))
                 _stamp(trace + _T_HEAD, 13, TRACE)
@@ -781,12 +791,12 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
         if COMPACT:  # one value per thread now, the columns where used (COMPACT_STATS)
             rows_c = qb * BLOCK_M + gl.arange(0, BLOCK_M, layout=stats_layout)
             lse_c = gl.load(LSE + row_base + rows_c, mask=rows_c < N_Q, other=float("inf"))
-            if SCALED_P:
+            if SCALING == 1:
                 lse_c = lse_c - p_shift
             delta_c = gl.load(DELTA + row_base + rows_c, mask=rows_c < N_Q, other=0.0)
         else:
             lse = gl.load(LSE + row_base + rows, mask=rows < N_Q, other=float("inf"))
-            if SCALED_P:
+            if SCALING == 1:
                 lse = lse - p_shift
             delta = gl.load(DELTA + row_base + rows, mask=rows < N_Q, other=0.0)
         q = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
@@ -848,7 +858,7 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
             _stamp(ev, 9, TRACE)
             if it >= FUSED_DQ - 1:
                 _dq_share_send(which, dq, share_h, share_qb, dq_smem, desc_dqa, off_b, sm_scale, ev, HEAD_DIM,
-                               BLOCK_M, TRACE, SCALED_P)
+                               BLOCK_M, TRACE, SCALING)
             else:
                 _stamp(ev, 10, TRACE)
                 _stamp(ev, 11, TRACE)
@@ -858,7 +868,7 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
             dk = warpgroup_mma(dst16, q, dk, is_async=True)
             _stamp(ev, 7, TRACE)
             _due_dq_share(which, g, it, h, qb, h_before, qb_before, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
-                          off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, FUSED_DQ, TRACE, SCALED_P)
+                          off_b, sm_scale, ev, HEAD_DIM, BLOCK_M, BLOCK_N, FUSED_DQ, TRACE, SCALING)
         dv, dk, _p, _ds, _do2, _q2 = warpgroup_mma_wait(0, deps=(dv, dk, pt16, dst16, do, q))
         _stamp(ev, 12, TRACE)
         # every warp of the group is done with the slot before its one arrival
@@ -879,7 +889,7 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
             qb_prev = qb_next - 1 + back * n_qb
         if n_steps > 0:
             _fused_dq_share(which, g0 + n_steps - 1, h_prev, qb_prev, k_smem, ds_smem, dq_smem, ds_ready, desc_dqa,
-                            off_b, sm_scale, trace, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, False, SCALED_P)
+                            off_b, sm_scale, trace, HEAD_DIM, BLOCK_M, BLOCK_N, DS_SLOTS, False, SCALING)
     if RELEASE_KV:  # every warp of the group past its last matmul on K and V
         gl.thread_barrier()
         mbarrier.arrive(kv_empty)
@@ -887,7 +897,7 @@ def _consumer_tile(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do
         tma.store_wait(0)
     _stamp(trace, _T_CLK_BLOCKS, TRACE)
 
-    if SCALED_P:  # dK came scaled with dS^T; dV accumulated the scaled P^T
+    if SCALING == 1:  # dK came scaled with dS^T; dV accumulated the scaled P^T
         dv = dv * (1.0 / sm_scale)
     else:
         dk = dk * sm_scale
@@ -932,7 +942,7 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                                 FUSED_DQ: gl.constexpr, DS_LAYOUT: gl.constexpr,
                                 PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TRACE: gl.constexpr,
                                 COMPACT_STATS: gl.constexpr, TURNS: gl.constexpr, DQ_FIRST: gl.constexpr,
-                                SCALED_P: gl.constexpr, POLY: gl.constexpr, POLY_ASM: gl.constexpr,
+                                SCALING: gl.constexpr, POLY: gl.constexpr, POLY_ASM: gl.constexpr,
                                 STEPS: gl.constexpr, PERSISTENT: gl.constexpr, SKIP_DEAD: gl.constexpr,
                                 TMA_DKDV: gl.constexpr):
     # TRACE: the trace (kernel_trace.BACKWARD) into TRACE_PTR's [CTAs, 3, TRACE_SLOTS] int64 slots
@@ -999,7 +1009,7 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                      n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 0, TRACE), pid, kv_empty, stride_dks, stride_dvs,
                      H_KV, GROUP, SPLIT_H, SPLIT_Q, LPT_UNITS, N_UNITS, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P, POLY,
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALING, POLY,
                      POLY_ASM, STEPS, PERSISTENT, SKIP_DEAD, TMA_DKDV)),
         (_consumer, (1, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready, q_empty, DK, DV, LSE, DELTA,
                      qk_scale, sm_scale, p_shift, stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dvb, stride_dvh,
@@ -1007,7 +1017,7 @@ def _gluon_attn_bwd_dkdv_kernel(desc_q, desc_do, desc_k, desc_v, DK, DV, LSE, DE
                      n_steps, head0, desc_dqa, ds_smem, dq_smem, ds_ready, turn,
                      _trace_slots(TRACE_PTR, TRACE_SLOTS, pid, 1, TRACE), pid, kv_empty, stride_dks, stride_dvs,
                      H_KV, GROUP, SPLIT_H, SPLIT_Q, LPT_UNITS, N_UNITS, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
-                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALED_P, POLY,
+                     NUM_BUFFERS, DV_EARLY, FUSED_DQ, TRACE, COMPACT_STATS, TURNS, DQ_FIRST, SCALING, POLY,
                      POLY_ASM, STEPS, PERSISTENT, SKIP_DEAD, TMA_DKDV)),
         (_producer, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_ready,
                      q_empty, off_b, off_hk, start_n, first_qb, n_qb, n_steps, head0,
@@ -1213,17 +1223,16 @@ def _gluon_attn_bwd_dq_kernel(desc_q, desc_do, desc_k, desc_v, DQ, LSE, DELTA, q
 # ----------------------------------------------------------------------------------
 def kernel_constexprs(config: GluonBwdConfig, head_dim: int, dtype: torch.dtype, causal: bool,
                       trace: bool = False, sm_scale: float | None = None, tma_dkdv: bool = False) -> dict:
-    """The dK/dV kernel's constexprs (COMPACT_STATS, CONSUMER_TURNS, SCALE_IN_P, POLY_EXP2,
-    STEP_COUNTERS, SKIP_DEAD_STEPS: the module's values at the call; SCALE_IN_P only where 0 <
-    ``sm_scale`` <= 1, None standing for such a scale; ``tma_dkdv``: dK and dV through TMA, as
-    ``_tma_dkdv`` decides for the launch)."""
+    """The dK/dV kernel's constexprs (COMPACT_STATS, CONSUMER_TURNS, SCALE_IN_P and DQ_SCALE_AT_CAST as
+    ``scaling(sm_scale)``, POLY_EXP2, STEP_COUNTERS, SKIP_DEAD_STEPS: the module's values at the call;
+    ``tma_dkdv``: dK and dV through TMA, as ``_tma_dkdv`` decides for the launch)."""
     poly = _poly_exp2(head_dim, causal)
     return dict(CAUSAL=bool(causal), HEAD_DIM=head_dim, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
                 NUM_BUFFERS=config.NUM_BUFFERS, DV_EARLY=bool(config.DV_EARLY), FUSED_DQ=config.DQ_FUSED,
                 DS_LAYOUT=p_tile_layout(config.BLOCK_N, config.BLOCK_M, dtype), PRODUCER_REGS=config.PRODUCER_REGS,
                 CONSUMER_REGS=config.CONSUMER_REGS, TRACE=bool(trace), COMPACT_STATS=bool(COMPACT_STATS),
                 TURNS=_consumer_turns(), DQ_FIRST=bool(config.DQ_FIRST), PERSISTENT=bool(config.PERSISTENT),
-                SCALED_P=bool(SCALE_IN_P) and (sm_scale is None or 0.0 < sm_scale <= 1.0),
+                SCALING=scaling(sm_scale),
                 POLY=poly, POLY_ASM=exp2_split_asm(poly), STEPS=bool(STEP_COUNTERS),
                 SKIP_DEAD=bool(SKIP_DEAD_STEPS), TMA_DKDV=bool(tma_dkdv))
 
@@ -1235,6 +1244,16 @@ def _tma_dkdv(config: GluonBwdConfig, n_split: int, dk: torch.Tensor | None = No
     address (None: taken as such)."""
     return bool(TMA_STORE_DKDV) and not config.PERSISTENT and n_split == 1 \
         and all(t is None or _tma_addressable(t) for t in (dk, dv))
+
+
+def scaling(sm_scale: float | None) -> int:
+    """Where the dK/dV kernel applies sm_scale (its SCALING constexpr, from the module's switches at the call):
+    0 to each fused dQ share and to dK at the end; 1 in P^T (SCALE_IN_P, only where 0 < ``sm_scale`` <= 1, None
+    standing for such a scale), dV divided by it at the end; 2 to dK at the end, the fused dQ shares sent
+    unscaled and the dQ buffer's cast scaling them (DQ_SCALE_AT_CAST)."""
+    if SCALE_IN_P and (sm_scale is None or 0.0 < sm_scale <= 1.0):
+        return 1
+    return 2 if DQ_SCALE_AT_CAST else 0
 
 
 def _poly_exp2(head_dim: int, causal: bool) -> int:
@@ -1291,7 +1310,7 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     gives them (the head splits divide the group); their fp32 partials are summed by the
     Triton backward's sum kernel. ``lpt``: LPT_UNITS (None: common.key_block_lpt_units). A DQ_FUSED
     config also adds sm_scale dS K into ``dq_acc``, a zeroed contiguous (B, Hq, Nq, D)
-    float32 tensor. ``trace``: a zeroed contiguous int64 tensor of ``dkdv_trace_shape``, filled by
+    float32 tensor (dS K where ``scaling(sm_scale)`` is 2: its reader scales it). ``trace``: a zeroed contiguous int64 tensor of ``dkdv_trace_shape``, filled by
     the kernel's own instrumentation (kernels/kernel_trace.BACKWARD's layout)."""
     from flashtune.kernels import backward
 
@@ -1341,7 +1360,7 @@ def gluon_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tens
     if tma_dkdv:  # the outputs as descriptors of the K/V tiles' kind (same dtype, rows and shared layout)
         outs = (_descriptor(dk, config.BLOCK_N), _descriptor(dv, config.BLOCK_N))
     constexprs = kernel_constexprs(config, D, q.dtype, causal, trace is not None, sm_scale, tma_dkdv)
-    p_shift = math.log2(sm_scale) if constexprs["SCALED_P"] else 0.0
+    p_shift = math.log2(sm_scale) if constexprs["SCALING"] == 1 else 0.0
     with on_device(q):
         launch.launch(_gluon_attn_bwd_dkdv_kernel, desc_q, desc_do, desc_k, desc_v, *outs, lse2, delta,
                       sm_scale * LOG2E, sm_scale, p_shift, *strides[0], *strides[1], H, H_KV, group, N_Q, N_K, causal_off,
@@ -1449,8 +1468,9 @@ def gluon_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         else:
             dk, dv = gluon_dkdv(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off,
                                 split=split, lpt=lpt, dq_acc=dq_acc, trace=buf)
-        if dq_acc is not None:
-            dq = launch.copy_(launch.empty_like(q), dq_acc)
+        if dq_acc is not None:  # cast to q's dtype, and scaled where the narrow kernel left its shares unscaled
+            dq = launch.copy_(launch.empty_like(q), dq_acc, scale=sm_scale if not wide and scaling(sm_scale) == 2
+                              else None)
             return dq, dk, dv
         if gluon_dq:
             dq = gluon_dq_kernel(q, k, v, do, lse2, delta, config, causal=causal, sm_scale=sm_scale, causal_off=off)

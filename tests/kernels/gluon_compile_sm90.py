@@ -46,6 +46,7 @@ def compile_item(item: dict) -> dict:
         # off unless the item says (an earlier item's values would otherwise stay)
         gluon_backward.CONSUMER_TURNS = item.get("turns", 0)
         gluon_backward.SCALE_IN_P = item.get("scale_in_p", False)
+        gluon_backward.DQ_SCALE_AT_CAST = item.get("dq_scale_at_cast", False)
         gluon_backward.POLY_EXP2 = item.get("poly_exp2", 0)
         gluon_backward.STEP_COUNTERS = item.get("step_counters", False)
         gluon_backward.SKIP_DEAD_STEPS = item.get("skip_dead", False)

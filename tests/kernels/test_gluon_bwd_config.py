@@ -80,11 +80,19 @@ def test_an_unknown_consumer_turns_value_is_refused_not_run_as_off(turns, monkey
 @pytest.mark.parametrize("sm_scale,on", [(None, True), (0.088, True), (1.0, True), (1.5, False), (0.0, False),
                                          (-0.1, False)])
 def test_the_scale_in_p_runs_only_where_p_cannot_grow(sm_scale, on, monkeypatch):
-    monkeypatch.setattr(gluon_backward, "SCALE_IN_P", True)
-    assert gluon_backward.kernel_constexprs(C(), 128, torch.bfloat16, causal=True, sm_scale=sm_scale)["SCALED_P"] is on
-    monkeypatch.setattr(gluon_backward, "SCALE_IN_P", False)
-    assert gluon_backward.kernel_constexprs(C(), 128, torch.bfloat16, causal=True, sm_scale=sm_scale)["SCALED_P"] \
-        is False
+    """SCALING: 1 (P^T scaled) only with SCALE_IN_P and 0 < sm_scale <= 1; else 2 with DQ_SCALE_AT_CAST (the fused
+    dQ shares unscaled, the cast scales them), else 0."""
+    def scaling(scale_in_p, at_cast):
+        monkeypatch.setattr(gluon_backward, "SCALE_IN_P", scale_in_p)
+        monkeypatch.setattr(gluon_backward, "DQ_SCALE_AT_CAST", at_cast)
+        got = gluon_backward.kernel_constexprs(C(), 128, torch.bfloat16, causal=True, sm_scale=sm_scale)["SCALING"]
+        assert got == gluon_backward.scaling(sm_scale)
+        return got
+
+    assert scaling(True, False) == (1 if on else 0)
+    assert scaling(True, True) == (1 if on else 2)
+    assert scaling(False, True) == 2
+    assert scaling(False, False) == 0
 
 
 def test_the_exp2_polynomial_keeps_its_error_bound():
@@ -189,9 +197,10 @@ TURNS_ITEMS = ((C(), (128, )), (C(DQ_FUSED=1), (64, )), (C(DQ_FUSED=2), (128, ))
 # the fused dQ's share issued ahead of dV and dK (DQ_FIRST 1), bf16; (config, head dims, traced too)
 DQ_FIRST_ITEMS = ((C(DQ_FUSED=1, DQ_FIRST=1), (64, 128), True), (C(DQ_FUSED=2, DQ_FIRST=1), (64, 128), True),
                   (C(DQ_FUSED=1, NUM_BUFFERS=3, DQ_FIRST=1), (128, ), False))
-# the switches that change the arithmetic (SCALE_IN_P off, POLY_EXP2 on at D=128 without masking): (config, head
-# dim, dtype, causal maskings), each with every (SCALE_IN_P, POLY_EXP2) of NUMERIC_SWITCHES
-NUMERIC_SWITCHES = ((True, 0), (False, 1), (True, 2))
+# the switches that change the arithmetic (SCALE_IN_P and DQ_SCALE_AT_CAST off, POLY_EXP2 on at D=128 without
+# masking): (config, head dim, dtype, causal maskings), each with every (SCALE_IN_P, POLY_EXP2, DQ_SCALE_AT_CAST) of
+# NUMERIC_SWITCHES
+NUMERIC_SWITCHES = ((True, 0, False), (False, 1, False), (True, 2, False), (False, 0, True))
 NUMERIC_ITEMS = ((C(DQ_FUSED=1), 128, "bfloat16", (False, True)), (C(DQ_FUSED=1), 128, "float16", (True, )),
                  (C(DQ_FUSED=2, DQ_FIRST=1), 128, "bfloat16", (True, )), (C(), 64, "bfloat16", (False, )))
 # the consumers' walk the other way than the module's STEP_COUNTERS (counted step by step, or the
@@ -237,8 +246,9 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
          for cfg, dims, traced in DQ_FIRST_ITEMS for d in dims for causal in (False, True)
          for trace in ((False, True) if traced and d == 128 and causal else (False, ))] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
-          "causal": causal, "compact_stats": default, "scale_in_p": scaled, "poly_exp2": poly}
-         for cfg, d, dt, maskings in NUMERIC_ITEMS for causal in maskings for scaled, poly in NUMERIC_SWITCHES] + \
+          "causal": causal, "compact_stats": default, "scale_in_p": scaled, "poly_exp2": poly, "dq_scale_at_cast": cast}
+         for cfg, d, dt, maskings in NUMERIC_ITEMS for causal in maskings
+         for scaled, poly, cast in NUMERIC_SWITCHES] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16",
           "causal": causal, "compact_stats": default, "step_counters": not steps} for cfg, d, causal in STEP_ITEMS] + \
         [{"kernel": "bwd", "bwd_kernel": "dkdv", "config": cfg.to_dict(), "head_dim": d, "dtype": dt,
@@ -254,6 +264,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
          for cfg, dims, dtypes in TMA_DKDV_ITEMS for d in dims for dt in dtypes for causal in (False, True)]
     assert gluon_backward.CONSUMER_TURNS == 0, "TURNS_ITEMS compile the turns the module does not take"
     assert not gluon_backward.SCALE_IN_P, "NUMERIC_ITEMS compile the switch the module does not take"
+    assert not gluon_backward.DQ_SCALE_AT_CAST, "NUMERIC_ITEMS compile the switch the module does not take"
     for item in request:  # the module's walk unless the item says
         item.setdefault("step_counters", steps)
         item.setdefault("skip_dead", skip)
@@ -284,6 +295,7 @@ def test_gluon_dkdv_and_dq_kernels_compile_for_sm90_within_budgets(monkeypatch):
                  f"{' traced' if res.get('trace') else ''}{' compact' if res.get('compact_stats') else ''}"
                  f"{' turns %d' % res['turns'] if res.get('turns') else ''}"
                  f"{' scale-in-p' if res.get('scale_in_p') else ''}"
+                 f"{' dq-scale-at-cast' if res.get('dq_scale_at_cast') else ''}"
                  f"{' poly %d' % res['poly_exp2'] if res.get('poly_exp2') else ''}"
                  f"{' step-counters' if res.get('step_counters') else ''}"
                  f"{' skip-dead' if res['skip_dead'] else ''}{' tma-dkdv' if res['tma_dkdv'] else ''}")

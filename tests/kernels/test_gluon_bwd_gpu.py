@@ -314,9 +314,10 @@ def test_the_tma_store_of_dk_dv_gives_the_register_stores_bits(causal, config, m
 
 
 # switches that change the arithmetic (other bits than off, so checked against the reference):
-# gluon_backward.SCALE_IN_P (sm_scale carried in P^T) and POLY_EXP2 (some of P^T's exponentials
-# by a polynomial)
-NUMERIC_SWITCHES = [{"SCALE_IN_P": True}, {"POLY_EXP2": 1}, {"POLY_EXP2": 2, "SCALE_IN_P": True}]
+# gluon_backward.SCALE_IN_P (sm_scale carried in P^T), POLY_EXP2 (some of P^T's exponentials
+# by a polynomial) and DQ_SCALE_AT_CAST (the fused dQ shares unscaled, the cast scales the sum)
+NUMERIC_SWITCHES = [{"SCALE_IN_P": True}, {"POLY_EXP2": 1}, {"POLY_EXP2": 2, "SCALE_IN_P": True},
+                    {"DQ_SCALE_AT_CAST": True}, {"DQ_SCALE_AT_CAST": True, "SCALE_IN_P": True}]
 
 
 @pytest.mark.parametrize("config", ["m64", "m64-fused", "m64-fused-late", "m64-fused-first", "m64-fused-late-first"])
@@ -325,9 +326,11 @@ NUMERIC_SWITCHES = [{"SCALE_IN_P": True}, {"POLY_EXP2": 1}, {"POLY_EXP2": 2, "SC
 def test_the_numeric_switches_match_the_reference(flags, causal, config, monkeypatch):
     """SCALE_IN_P: P^T (and with it dS^T) comes out of its exp2 already scaled by sm_scale, dV is
     divided by it at the end, dK and the fused dQ share take no scale; POLY_EXP2: 1 or 2 of every
-    4 of P^T's exponentials by a degree-3 polynomial. Checked against the reference: odd lengths,
-    Nq != Nk, grouped heads, a split, fp16, bottom-right alignment; and with SCALE_IN_P a scale
-    above 1 falls back to the unscaled kernel (the same bits as the switch off)."""
+    4 of P^T's exponentials by a degree-3 polynomial; DQ_SCALE_AT_CAST: the fused dQ shares go unscaled
+    and the buffer's cast scales them (beside SCALE_IN_P, only where SCALE_IN_P does not run). Checked
+    against the reference: odd lengths, Nq != Nk, grouped heads, a split, fp16, bottom-right alignment;
+    and with SCALE_IN_P a scale above 1 falls back to the kernel without it (dK and dV the same bits as
+    the switch off)."""
     for name, value in flags.items():
         monkeypatch.setattr(gluon_backward, name, value)
     check_gluon_backward(1000, 1000, 128, causal=causal, config=config)
