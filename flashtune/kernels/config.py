@@ -1078,8 +1078,14 @@ _SM90_FWD[(_bf, 256, "long")] = _F(64, 64, 4, 3, family=1, persistent=1)
 # --passes fwd and benchmarks/shapes.py --passes fwd, H100, 2026-12-06, docs/data/h100-2026-12-06g-gluon/): grid
 # 512 full 0.977, causal 0.969; 1024 0.959, 0.984; 2048 0.977, 1.007; gpt2-train-512 0.977 (0.897 with the entries
 # before), bert-base-512 0.932 (0.928), vit-l16-257 1.086 (1.019), whisper-enc-1500 1.100 (1.037).
+# Without masking, no ping-pong since 2026-12-06's sixteenth session: faster than with it on all 6 full rows timed,
+# ratio to cuDNN without / with (2 slots): 32x32 heads x 512 0.991 / 0.976, 16x32x1024 1.010 / 0.997, 8x32x2048
+# 1.015 / 0.997, bert-base-512 0.979 / 0.960, vit-l16-257 1.185 / 1.163, whisper-enc-1500 1.107 / 1.094
+# (benchmarks/gluon_fwd.py --rows bert-base-512,vit-l16-257,whisper-enc-1500 --shape <the three grid sizes>,full
+# --config BLOCK_N=64 --config OVERLAP=0 --config CONSUMER_REGS=104 --config PERSISTENT=0 --config PINGPONG=0,1
+# --config NUM_BUFFERS=2,3 --rounds 2, GPU time, H100, docs/data/h100-2026-12-06h-gluon/); 3 slots within 1 %.
 # Other devices: they do not validate, and the D=64 entries serve.
-_SM90_FWD[(_bf, 64, "mid", False)] = _F(64, 64, 4, 2, family=1, overlap=0, occupancy=2)
+_SM90_FWD[(_bf, 64, "mid", False)] = _F(64, 64, 4, 2, family=1, pingpong=0, overlap=0, occupancy=2)
 _SM90_FWD[(_bf, 64, "mid", True)] = _F(64, 64, 4, 2, family=1, overlap=0, persistent=1, o_tile=1, occupancy=2)
 # D=64 long calls (from 4096 queries against 512 keys, both maskings): the Gluon forward's persistent kernel
 # with O tiles, 2 x 64 rows, 128 keys, 3 slots, no ping-pong, one CTA per SM. Ratio to cuDNN against two CTAs
@@ -1322,7 +1328,7 @@ def family_defaults(pass_: str, head_dim: int, dtype: torch.dtype, device=None) 
             configs.append(dataclasses.replace(configs[-1], BLOCK_N=64, num_stages=3))
             if head_dim == 64:  # two CTAs per SM, the grid and the persistent kernel (the middle band's entries)
                 two = FwdConfig(64, 64, 4, 2, family=1, overlap=0, occupancy=2)
-                configs += [two, dataclasses.replace(two, persistent=1, o_tile=1)]
+                configs += [dataclasses.replace(two, pingpong=0), dataclasses.replace(two, persistent=1, o_tile=1)]
     else:
         from flashtune.kernels import gluon_backward
         from flashtune.kernels.gluon_backward import HEAD_DIMS, default_gluon_bwd_config

@@ -462,8 +462,8 @@ def test_the_d64_forward_defaults_by_masking_and_length(sm, monkeypatch, capabil
         assert not is_mid("bwd", 1024, dtype=bf16, head_dim=64, causal=causal)  # the forward's band only
         assert not is_mid("fwd", 1024, dtype=bf16, head_dim=128, causal=causal)  # D=128: no middle band
     triton_d64, short_causal = FwdConfig(128, 64, 8, 3), FwdConfig(64, 64, 4, 3)
-    mid_full = FwdConfig(64, 64, 4, 2, family=1, overlap=0, occupancy=2)
-    mid_causal = dataclasses.replace(mid_full, persistent=1, o_tile=1)
+    mid_full = FwdConfig(64, 64, 4, 2, family=1, pingpong=0, overlap=0, occupancy=2)
+    mid_causal = FwdConfig(64, 64, 4, 2, family=1, overlap=0, persistent=1, o_tile=1, occupancy=2)
     long_gluon = FwdConfig(64, 128, 4, 3, family=1, pingpong=0, persistent=1, o_tile=1)
     sm90 = capability == (9, 0)
     cases = [  # (seq_q, seq_k, causal, sm_90's default, another device's)

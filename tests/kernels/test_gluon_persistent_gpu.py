@@ -140,8 +140,10 @@ def test_two_ctas_per_sm_give_the_grid_kernels_bits(config, case):
     _assert_the_grid_kernels_bits(config, case, seed=13)
 
 
-# and the grid kernel at two CTAs per SM (the D=64 middle band's default without masking)
-@pytest.mark.parametrize("config", TWO_PER_SM + [C(BLOCK_N=64, OVERLAP=0, CONSUMER_REGS=104)], ids=lambda c: c.short())
+# and the grid kernel at two CTAs per SM, without ping-pong the D=64 middle band's default without masking
+@pytest.mark.parametrize("config", TWO_PER_SM + [C(BLOCK_N=64, OVERLAP=0, CONSUMER_REGS=104),
+                                                 C(BLOCK_N=64, OVERLAP=0, CONSUMER_REGS=104, PINGPONG=0)],
+                         ids=lambda c: c.short())
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_two_ctas_per_sm_against_the_reference(config, causal):
     q, k, v = _inputs(1000, 1337, 64, torch.float16, heads=(8, 2), batch=3, seed=14)
