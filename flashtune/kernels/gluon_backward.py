@@ -122,8 +122,10 @@ SCALE_IN_P = False
 # D=128 full default's loop, dQ first, 531 -> 498 instructions; the causal default's, a step late, 585 -> 552),
 # with P^T, dS^T, dK and dV as they are (SCALE_IN_P moved the scale into P^T and changed
 # their roundings). dQ's fp32 sum is of the unscaled shares, so its bits differ from the in-kernel scale's
-# within fp32's rounding. Where SCALE_IN_P runs, the shares come scaled already and this changes nothing. Off
-# until timed. Read at each launch, as COMPACT_STATS; a launch plan replays the kernel and the cast it recorded.
+# within fp32's rounding. Where SCALE_IN_P runs, the shares come scaled already and this changes nothing. Off: as
+# SCALE_IN_P, slower where timed though its loop is shorter (H100, 2026-12-06, gluon_bwd.py --grid --rows <the 6
+# D=128 lengths> --gluon default --switch DQ_SCALE_AT_CAST=0,1 --rounds 3: slower or equal on 10 of 12 rows, 0-4 %;
+# docs/gluon.md). Read at each launch, as COMPACT_STATS; a launch plan replays the kernel and the cast it recorded.
 DQ_SCALE_AT_CAST = False
 # the dK/dV kernel's P^T exponentials split between the SFU and the FMA pipe: of every 4 scores
 # a thread holds, POLY_EXP2 (0, 1 or 2) take 2^x as a degree-3 polynomial on the FMA and integer
