@@ -11,7 +11,7 @@ if grep -q H200 $OUT/env2.txt; then
     bash docs/data/h100-2026-12-06c-gluon/run4.sh
 fi
 SECONDS=0
-timeout 150 python3 -m pytest -m gpu -v -n 12 tests/kernels/test_attention_gpu.py tests/kernels/test_gluon_persistent_gpu.py \
+timeout 120 python3 -m pytest -m gpu -v -n 12 tests/kernels/test_attention_gpu.py tests/kernels/test_gluon_persistent_gpu.py \
     -k "(realistic and d64) or (two_ctas and reference)" > $OUT/d64_tests.log 2>&1; echo "rc $? in ${SECONDS}s" >> $OUT/d64_tests.log
 grep -E "FAILED|ERROR" $OUT/d64_tests.log | head -20; tail -2 $OUT/d64_tests.log
 grep -q H200 $OUT/env2.txt && exit 0
