@@ -17,10 +17,10 @@ if grep -q H200 $OUT/env3.txt; then
     exit 0
 fi
 SECONDS=0
-timeout 110 python3 -m pytest -m gpu -v -n 12 tests/kernels/test_attention_gpu.py tests/kernels/test_gluon_persistent_gpu.py \
+timeout 100 python3 -m pytest -m gpu -v -n 12 tests/kernels/test_attention_gpu.py tests/kernels/test_gluon_persistent_gpu.py \
     -k "(realistic and d64) or (two_ctas and reference)" > $OUT/d64_tests.log 2>&1; echo "rc $? in ${SECONDS}s" >> $OUT/d64_tests.log
 grep -E "FAILED|ERROR" $OUT/d64_tests.log | head -20; tail -2 $OUT/d64_tests.log
 SECONDS=0
-timeout 110 python3 benchmarks/shapes.py --passes fwd --rep 40 --out $OUT/shapes_fwd.json > $OUT/shapes_fwd.txt 2>&1
+timeout 90 python3 benchmarks/shapes.py --passes fwd --rep 40 --out $OUT/shapes_fwd.json > $OUT/shapes_fwd.txt 2>&1
 echo "rc $? in ${SECONDS}s" >> $OUT/shapes_fwd.txt
 grep -E "gpt2|bert|vit|whisper|geomean" $OUT/shapes_fwd.txt | cut -c1-140
