@@ -4,7 +4,7 @@
 # then the D=64 middle band's new full-call entry (no ping-pong, session 53) against the reference. On any other card:
 # that entry's GPU tests, SHAPES.md's forward through the drop-in, and the causal middle band: its entry (two CTAs an
 # SM, persistent, O tiles) with and without ping-pong beside the one-CTA Gluon default and the Triton default on causal
-# D=64 calls from 1.5 to 11.6 tiles of 128 rows an SM (MID_MIN_TILES_PER_SM_CAUSAL, 4, lies between, unmeasured).
+# D=64 calls from 0.7 to 11.6 tiles of 128 rows an SM (MID_MIN_TILES_PER_SM_CAUSAL, 4, lies between, unmeasured).
 cd "$(dirname "$0")/../../.."
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv > $OUT/env1.txt 2>&1
 python3 -c "import torch,triton;print(torch.__version__,triton.__version__,torch.version.cuda,torch.backends.cudnn.version())" >> $OUT/env1.txt 2>&1
@@ -26,7 +26,8 @@ grep -E "gpt2|bert|vit|whisper|geomean|rc " $OUT/shapes_fwd.txt | cut -c1-140
 SECONDS=0
 timeout 130 python3 benchmarks/gluon_fwd.py --shape 32,12,12,512,512,64,causal --shape 4,12,12,512,512,64,causal \
     --shape 8,12,12,512,512,64,causal --shape 16,12,12,512,512,64,causal --shape 1,32,32,2048,2048,64,causal \
-    --shape 2,32,32,2048,2048,64,causal --shape 16,32,32,1024,1024,64,causal --shape 8,32,32,2048,2048,64,causal \
+    --shape 2,32,32,2048,2048,64,causal --shape 1,12,12,1024,1024,64,causal --shape 1,32,32,1024,1024,64,causal \
+    --shape 1,12,12,2048,2048,64,causal --shape 16,32,32,1024,1024,64,causal --shape 8,32,32,2048,2048,64,causal \
     --config BLOCK_N=64 --config OVERLAP=0 --config CONSUMER_REGS=104 --config PERSISTENT=1 --config O_TILE=1 \
     --config PINGPONG=0,1 --rounds 2 --rep 25 --out $OUT/fwd_causal_mid.json > $OUT/fwd_causal_mid.log 2>&1
 echo "rc $? in ${SECONDS}s" >> $OUT/fwd_causal_mid.log
