@@ -31,4 +31,4 @@ timeout 130 python3 benchmarks/gluon_fwd.py --shape 32,12,12,512,512,64,causal -
     --config BLOCK_N=64 --config OVERLAP=0 --config CONSUMER_REGS=104 --config PERSISTENT=1 --config O_TILE=1 \
     --config PINGPONG=0,1 --rounds 2 --rep 25 --out $OUT/fwd_causal_mid.json > $OUT/fwd_causal_mid.log 2>&1
 echo "rc $? in ${SECONDS}s" >> $OUT/fwd_causal_mid.log
-grep -v invalid $OUT/fwd_causal_mid.log | cut -c1-200 | tail -24
+grep -v invalid $OUT/fwd_causal_mid.log | cut -c1-200 | tail -30
