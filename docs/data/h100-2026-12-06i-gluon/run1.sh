@@ -5,6 +5,7 @@
 # that entry's GPU tests, SHAPES.md's forward through the drop-in, and the causal middle band: its entry (two CTAs an
 # SM, persistent, O tiles) with and without ping-pong beside the one-CTA Gluon default and the Triton default on causal
 # D=64 calls from 0.7 to 11.6 tiles of 128 rows an SM (MID_MIN_TILES_PER_SM_CAUSAL, 4, lies between, unmeasured).
+# The D=64 long entry (one CTA an SM, 64x128, 3 slots, persistent, O tiles) on the low-fill causal calls.
 # Then the persistent dK/dV walk (GluonBwdConfig.PERSISTENT, slower at D=128) on the short D=64 rows, the fused
 # backward a step late and its share first (the D=64 full default) and in its step, with and without the walk.
 cd "$(dirname "$0")/../../.."
@@ -34,6 +35,13 @@ timeout 130 python3 benchmarks/gluon_fwd.py --shape 32,12,12,512,512,64,causal -
     --config PINGPONG=0,1 --rounds 2 --rep 25 --out $OUT/fwd_causal_mid.json > $OUT/fwd_causal_mid.log 2>&1
 echo "rc $? in ${SECONDS}s" >> $OUT/fwd_causal_mid.log
 grep -v invalid $OUT/fwd_causal_mid.log | cut -c1-200 | tail -30
+SECONDS=0
+timeout 60 python3 benchmarks/gluon_fwd.py --shape 4,12,12,512,512,64,causal --shape 8,12,12,512,512,64,causal \
+    --shape 1,12,12,1024,1024,64,causal --shape 1,32,32,1024,1024,64,causal --shape 1,12,12,2048,2048,64,causal \
+    --shape 1,32,32,2048,2048,64,causal --config NUM_BUFFERS=3 --config PINGPONG=0 --config PERSISTENT=1 \
+    --config O_TILE=1 --rounds 2 --rep 25 --out $OUT/fwd_causal_long.json > $OUT/fwd_causal_long.log 2>&1
+echo "rc $? in ${SECONDS}s" >> $OUT/fwd_causal_long.log
+grep -v invalid $OUT/fwd_causal_long.log | cut -c1-200 | tail -16
 SECONDS=0
 timeout 100 python3 benchmarks/gluon_bwd.py --grid --rows grid-d64-512,grid-d64-1024,bert-base-512,vit-l16-257,gpt2-train-512 \
     --gluon fused --dq-first on --persistent both --rounds 2 --rep 25 --out $OUT/bwd_d64_persistent.json \
