@@ -38,7 +38,7 @@ grep -v invalid $OUT/fwd_causal_mid.log | cut -c1-200 | tail -30
 SECONDS=0
 timeout 60 python3 benchmarks/gluon_fwd.py --shape 4,12,12,512,512,64,causal --shape 8,12,12,512,512,64,causal \
     --shape 1,12,12,1024,1024,64,causal --shape 1,32,32,1024,1024,64,causal --shape 1,12,12,2048,2048,64,causal \
-    --shape 1,32,32,2048,2048,64,causal --config NUM_BUFFERS=3 --config PINGPONG=0 --config PERSISTENT=1 \
+    --shape 1,32,32,2048,2048,64,causal --config NUM_BUFFERS=3 --config PINGPONG=0 --config OVERLAP=1 --config PERSISTENT=1 \
     --config O_TILE=1 --rounds 2 --rep 25 --out $OUT/fwd_causal_long.json > $OUT/fwd_causal_long.log 2>&1
 echo "rc $? in ${SECONDS}s" >> $OUT/fwd_causal_long.log
 grep -v invalid $OUT/fwd_causal_long.log | cut -c1-200 | tail -16
