@@ -4,7 +4,6 @@
 # D=64 middle band's full-call entry against the reference, and the causal middle band against the one-CTA Gluon
 # default and the Triton causal entry from 0.7 to 11.6 tiles of 128 rows an SM.
 cd "$(dirname "$0")/../../.."
-cd "$(dirname "$0")/../../.."
 nvidia-smi --query-gpu=name --format=csv | grep -q H200 && exec bash docs/data/h100-2026-12-06i-gluon/run2.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv > $OUT/env1.txt 2>&1
 python3 -c "import torch,triton;print(torch.__version__,triton.__version__,torch.version.cuda,torch.backends.cudnn.version())" >> $OUT/env1.txt 2>&1
