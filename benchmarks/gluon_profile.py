@@ -17,7 +17,8 @@ issuing, and the SMs' time over the kernel's span into busy, gaps between tiles,
 "TC" is the untraced call's matmul rate over the H200's dense 16-bit peak (989 TFLOP/s).
 
 Forward configs (``--configs``): default (gluon_forward.default_gluon_config), persistent (it
-with PERSISTENT=1), seq (OVERLAP=0), b2 (NUM_BUFFERS=2), nopp (PINGPONG=0). Backward configs
+with PERSISTENT=1), otile (and O_TILE=1), n64 (that with 64-key blocks in 3 slots: config.family_defaults'
+short causal entry), seq (OVERLAP=0), b2 (NUM_BUFFERS=2), nopp (PINGPONG=0). Backward configs
 (``--bwd-configs``; ``--pass bwd``): f1 (gluon_backward.default_gluon_bwd_config: the Gluon
 dK/dV kernel, Delta and dQ by the Triton kernels), fused (DQ_FUSED=1), late (DQ_FUSED=2); the
 whole backward is timed (and cuDNN's, through autograd), the trace is the dK/dV kernel's, and
@@ -55,7 +56,8 @@ LARGE = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal or None for both)
     ("8x16x1k-d128", 8, 16, 16, 1024, 1024, 128, None),
 ]
 VARIANTS = {"default": {}, "persistent": {"PERSISTENT": 1}, "otile": {"PERSISTENT": 1, "O_TILE": 1},
-            "seq": {"OVERLAP": 0}, "b2": {"NUM_BUFFERS": 2}, "nopp": {"PINGPONG": 0}}
+            "seq": {"OVERLAP": 0}, "b2": {"NUM_BUFFERS": 2}, "nopp": {"PINGPONG": 0},
+            "n64": {"PERSISTENT": 1, "O_TILE": 1, "BLOCK_N": 64, "NUM_BUFFERS": 3}}
 BWD_VARIANTS = {"f1": {}, "fused": {"DQ_FUSED": 1}, "late": {"DQ_FUSED": 2},
                 "fused-first": {"DQ_FUSED": 1, "DQ_FIRST": 1}, "late-first": {"DQ_FUSED": 2, "DQ_FIRST": 1}}
 MAX_SAVED_BYTES = 64 << 20
