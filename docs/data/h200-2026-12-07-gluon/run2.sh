@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=cs
 python3 -c "import torch,triton;print(torch.__version__,triton.__version__,torch.version.cuda,torch.backends.cudnn.version())" >> $OUT/env2.txt 2>&1
 cat $OUT/env2.txt
 SECONDS=0
-timeout 140 python3 -m pytest -m gpu -v -n 12 tests/kernels/test_attention_gpu.py tests/kernels/test_gluon_persistent_gpu.py \
+timeout 100 python3 -m pytest -m gpu -v -n 12 tests/kernels/test_attention_gpu.py tests/kernels/test_gluon_persistent_gpu.py \
     -k "(realistic and d64) or (two_ctas and reference)" > $OUT/d64_tests2.log 2>&1; echo "rc $? in ${SECONDS}s" >> $OUT/d64_tests2.log
 grep -E "FAILED|ERROR" $OUT/d64_tests2.log | head -20; tail -2 $OUT/d64_tests2.log
 SECONDS=0
