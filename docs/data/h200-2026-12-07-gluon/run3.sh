@@ -1,24 +1,3 @@
 #!/bin/bash
-# session 56, GPU call 3 (any card; the H200 wanted): run2.sh without its D=64 tests, for a budget cut by refused starts.
-cd "$(dirname "$0")/../../.."
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv > $OUT/env2.txt 2>&1
-python3 -c "import torch,triton;print(torch.__version__,triton.__version__,torch.version.cuda,torch.backends.cudnn.version())" >> $OUT/env2.txt 2>&1
-cat $OUT/env2.txt
-SECONDS=0
-timeout 100 python3 benchmarks/gluon_profile.py --grid --rows grid-d128-512,grid-d128-1024 --pass fwd \
-    --configs default,otile,n64 --rounds 2 --rep 30 --out $OUT/prof_fwd.json > $OUT/prof_fwd.log 2>&1
-echo "rc $? in ${SECONDS}s" >> $OUT/prof_fwd.log
-grep -E "x cuDNN|rc |Error" $OUT/prof_fwd.log | cut -c1-200
-SECONDS=0
-timeout 105 python3 benchmarks/gluon_profile.py --grid --rows grid-d128-4096,grid-d128-8192 --pass bwd \
-    --bwd-configs fused-first,late --rounds 2 --rep 30 --out $OUT/prof_bwd.json > $OUT/prof_bwd.log 2>&1
-echo "rc $? in ${SECONDS}s" >> $OUT/prof_bwd.log
-grep -E "x cuDNN|rc |Error" $OUT/prof_bwd.log | cut -c1-220
-SECONDS=0
-timeout 65 python3 benchmarks/gluon_bwd.py --rows bert-base-512,vit-l16-257 --gluon fused --dq-first both --rounds 3 --host-time \
-    --rep 30 --out $OUT/bwd_bert.json > $OUT/bwd_bert.log 2>&1; echo "rc $? in ${SECONDS}s" >> $OUT/bwd_bert.log
-grep -v invalid $OUT/bwd_bert.log | cut -c1-220 | tail -12
-SECONDS=0
-timeout 40 python3 benchmarks/shapes.py --rows bert-base-512 gpt2-train-512 --passes bwd --rounds 5 --rep 40 \
-    --out $OUT/shapes_bert.json > $OUT/shapes_bert.txt 2>&1; echo "rc $? in ${SECONDS}s" >> $OUT/shapes_bert.txt
-grep -E "bert|gpt2|rc " $OUT/shapes_bert.txt | cut -c1-160
+# session 56, GPU call 3 (any card): run2.sh without its D=64 tests, for a budget cut by refused starts.
+exec bash "$(dirname "$0")/run2.sh" fwd bwd bert
