@@ -1,22 +1,21 @@
-"""Compile the Gluon forward (kernels/gluon_forward.py) or, with "kernel": "bwd" in an item,
-the Gluon dK/dV kernel (kernels/gluon_backward.py; with "bwd_kernel": "dq" its dQ kernel, with
-"wide" the D=256 dK/dV kernel of kernels/gluon_backward_wide.py, "prefetch" its PREFETCH) for sm_90
-without a GPU.
+"""Compile the Gluon forward (kernels/gluon/forward.py) or, with "kernel": "bwd" in an item,
+the Gluon dK/dV kernel (kernels/gluon/backward.py; with "bwd_kernel": "dq" the Gluon dQ kernel of
+kernels/gluon/backward_dq.py, with "wide" the D=256 dK/dV kernel of kernels/gluon/backward_wide.py)
+for sm_90 without a GPU.
 
 Run as a script with TRITON_INTERPRET unset. Reads a JSON list of {"config", "head_dim",
-"dtype", "causal"} (optionally "window": the sliding-window variant; "trace": the forward's
-instrumentation; "fma_softmax": its SCALE_POSITIVE softmax; "tma_store": its output through
-TMA; "snake": the persistent kernel's PERSISTENT_SNAKE;
-"row_limit": the forward's ROW_LIMIT_MASK; "fwd_poly_exp2": the forward's POLY_EXP2;
-"compact_stats", "turns", "scale_in_p", "poly_exp2", "step_counters", "skip_dead", "tma_dkdv": the dK/dV
-kernel's COMPACT_STATS, CONSUMER_TURNS, SCALE_IN_P, POLY_EXP2, STEP_COUNTERS, SKIP_DEAD_STEPS and
-TMA_STORE_DKDV) on stdin and prints one JSON line per item with the compiled kernel's shared memory in
-bytes ("shared"), its PTX register cap ("maxnreg"), the setmaxnreg values of its partitions ("setmaxnreg"), its wgmma and TMA copy, reduce-add and
-bulk-store counts and bulk-store waits, its cycle-counter reads ("clock_reads": the trace's stamps),
-its ex2.approx instructions and polynomial exponentials ("ex2", "poly_exp2s": POLY_EXP2's magic constant),
-with "ptxas": true also ptxas's registers and spill bytes a thread ("registers", "spill_stores",
-"spill_loads") and the SASS's HGMMAs and those waited for one by one ("hgmma", "hgmma_waited"), or
-one {"skip": ...} line when this triton cannot compile Gluon for sm_90 here.
+"dtype", "causal"} (optionally "window": the sliding-window variant; "trace": the kernel's
+instrumentation; "scale_positive": false, the forward's softmax for a negative sm_scale;
+"tma_store": false, the forward's output stored from registers (an output the copy engine cannot
+address); "tma_dkdv": false, the dK/dV kernel's outputs stored from registers) on stdin and prints
+one JSON line per item with the compiled kernel's shared memory in bytes ("shared"), its PTX
+register cap ("maxnreg"), the setmaxnreg values of its partitions ("setmaxnreg"), its wgmma and TMA
+copy, reduce-add and bulk-store counts and bulk-store waits, its cycle-counter reads ("clock_reads":
+the trace's stamps), its ex2.approx instructions and polynomial exponentials ("ex2", "poly_exp2s":
+the split exponential's magic constant), with "ptxas": true also ptxas's registers and spill bytes a
+thread ("registers", "spill_stores", "spill_loads") and the SASS's HGMMAs and those waited for one by
+one ("hgmma", "hgmma_waited"), or one {"skip": ...} line when this triton cannot compile Gluon for
+sm_90 here.
 """
 
 from __future__ import annotations
@@ -30,41 +29,24 @@ def compile_item(item: dict) -> dict:
     import torch
 
     dtype = getattr(torch, item["dtype"])
-    if item.get("kernel") == "bwd" and item.get("bwd_kernel") == "wide":  # the D=256 dK/dV kernel
-        from flashtune.kernels import gluon_backward_wide
-        from flashtune.kernels.gluon_backward import GluonBwdConfig
-        from flashtune.kernels.gluon_backward_wide import compile_wide_for_sm90
+    if item.get("kernel") == "bwd":
+        from flashtune.configs.gluon import GluonBwdConfig
+        from flashtune.kernels.gluon.backward_launch import compile_for_sm90 as compile_bwd, compile_wide_for_sm90
 
-        gluon_backward_wide.PREFETCH = int(item.get("prefetch", 0))  # the module's switch, read at the compile
-        compiled = compile_wide_for_sm90(GluonBwdConfig(**item["config"]), dtype, item["causal"])
-    elif item.get("kernel") == "bwd":  # the Gluon dK/dV kernel (kernels/gluon_backward.py)
-        from flashtune.kernels import gluon_backward
-        from flashtune.kernels.gluon_backward import GluonBwdConfig, compile_for_sm90 as compile_bwd
-
-        if "compact_stats" in item:  # the module's switch, read at the compile
-            gluon_backward.COMPACT_STATS = item["compact_stats"]
-        # off unless the item says (an earlier item's values would otherwise stay)
-        gluon_backward.CONSUMER_TURNS = item.get("turns", 0)
-        gluon_backward.SCALE_IN_P = item.get("scale_in_p", False)
-        gluon_backward.DQ_SCALE_AT_CAST = item.get("dq_scale_at_cast", False)
-        gluon_backward.POLY_EXP2 = item.get("poly_exp2", 0)
-        gluon_backward.STEP_COUNTERS = item.get("step_counters", False)
-        gluon_backward.SKIP_DEAD_STEPS = item.get("skip_dead", False)
-        gluon_backward.TMA_STORE_DKDV = item.get("tma_dkdv", False)
-
-        compiled = compile_bwd(GluonBwdConfig(**item["config"]), item["head_dim"], dtype, item["causal"],
-                               item.get("bwd_kernel", "dkdv"), trace=item.get("trace", False))
+        cfg = GluonBwdConfig(**item["config"])
+        if item.get("bwd_kernel") == "wide":  # the D=256 dK/dV kernel
+            compiled = compile_wide_for_sm90(cfg, dtype, item["causal"])
+        else:  # the Gluon dK/dV kernel, or its dQ kernel
+            compiled = compile_bwd(cfg, item["head_dim"], dtype, item["causal"], item.get("bwd_kernel", "dkdv"),
+                                   trace=item.get("trace", False), tma_dkdv=item.get("tma_dkdv", True))
     else:
-        from flashtune.kernels import gluon_forward
-        from flashtune.kernels.gluon_forward import GluonFwdConfig, compile_for_sm90
+        from flashtune.configs.gluon import GluonFwdConfig
+        from flashtune.kernels.gluon.forward_launch import compile_for_sm90
 
-        if "row_limit" in item:  # the module's switch, read at the compile
-            gluon_forward.ROW_LIMIT_MASK = item["row_limit"]
-        gluon_forward.POLY_EXP2 = item.get("fwd_poly_exp2", 0)  # off unless the item says
-        cfg = GluonFwdConfig(**item["config"])
-        compiled = compile_for_sm90(cfg, item["head_dim"], dtype, item["causal"], item.get("window", False),
-                                    trace=item.get("trace", False), fma_softmax=item.get("fma_softmax"),
-                                    tma_store=item.get("tma_store"), snake=item.get("snake"))
+        compiled = compile_for_sm90(GluonFwdConfig(**item["config"]), item["head_dim"], dtype, item["causal"],
+                                    item.get("window", False), trace=item.get("trace", False),
+                                    scale_positive=item.get("scale_positive", True),
+                                    tma_store=item.get("tma_store", True))
     ptx = compiled.asm["ptx"]
     maxnreg = re.search(r"\.maxnreg\s+(\d+)", ptx)
     extra = ptxas_info(ptx) if item.get("ptxas") else {}

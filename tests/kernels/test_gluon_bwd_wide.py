@@ -1,8 +1,9 @@
-"""The D=256 Gluon dK/dV kernel (kernels/gluon_backward_wide.py) on the CPU: its config checks,
-its shared-memory count, its compile for sm_90 (ptxas, no GPU: registers, spills, shared memory,
-the matmuls and copies it issues) and that nothing dispatches to it yet.
+"""The D=256 Gluon dK/dV kernel (kernels/gluon/backward_wide.py) on the CPU: its config checks
+(configs/gluon.validate_wide), its shared-memory count, its compile for sm_90 (ptxas, no GPU:
+registers, spills, shared memory, the matmuls and copies it issues) and which BwdConfig families
+reach it.
 
-Nothing here runs the kernel: its numbers are checked by test_gluon_bwd_wide_gpu.py on an H100/H200.
+Nothing here runs the kernel: its numbers are checked by test_gluon_bwd_wide_gpu.py on a GPU.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import pytest
 import torch
 from kernel_checks import compile_for_sm90
 
-wide = pytest.importorskip("flashtune.kernels.gluon_backward_wide", reason="this triton has no Gluon")
-from flashtune.kernels import gluon_backward  # noqa: E402
-from flashtune.kernels.config import BwdConfig, ConfigError  # noqa: E402
+backward_launch = pytest.importorskip("flashtune.kernels.gluon.backward_launch", reason="this triton has no Gluon")
+from flashtune.configs import gluon as wide  # noqa: E402  (validate_wide, wide_shared_memory, default_wide_config)
+from flashtune.configs.backward import BwdConfig  # noqa: E402
+from flashtune.configs.base import ConfigError  # noqa: E402
 
-C = gluon_backward.GluonBwdConfig
+C = wide.GluonBwdConfig
 SCRIPT = pathlib.Path(__file__).with_name("gluon_compile_sm90.py")
 SM90_SHARED_MEMORY = 232448
 W = wide.default_wide_config()
@@ -28,13 +30,9 @@ W = wide.default_wide_config()
     (dataclasses.replace(W, BLOCK_M=64), torch.bfloat16, "BLOCK_M"),
     (dataclasses.replace(W, BLOCK_N=128), torch.bfloat16, "BLOCK_N"),
     (dataclasses.replace(W, DQ_FUSED=2), torch.bfloat16, "DQ_FUSED"),
-    (dataclasses.replace(W, DV_EARLY=1), torch.bfloat16, "DV_EARLY"),
     (dataclasses.replace(W, DQ_FIRST=1), torch.bfloat16, "DQ_FIRST"),
-    (dataclasses.replace(W, PERSISTENT=1), torch.bfloat16, "PERSISTENT"),
     (dataclasses.replace(W, NUM_BUFFERS=1), torch.bfloat16, "NUM_BUFFERS"),
     (dataclasses.replace(W, NUM_BUFFERS=4), torch.bfloat16, "NUM_BUFFERS"),  # 4 x 32 KiB of Q/dO: too much
-    (dataclasses.replace(W, CONSUMER_REGS=248), torch.bfloat16, "CONSUMER_REGS"),
-    (dataclasses.replace(W, PRODUCER_REGS=16), torch.bfloat16, "PRODUCER_REGS"),
     (W, torch.float32, "dtype"),
     (dataclasses.replace(W, BLOCK_M=32.0), torch.bfloat16, "BLOCK_M"),
     (dataclasses.replace(W, DQ_FUSED=True), torch.bfloat16, "DQ_FUSED"),
@@ -68,35 +66,14 @@ def test_the_wide_kernel_is_refused_off_sm90():
         wide.validate_wide(W, torch.bfloat16, torch.device("cpu"))
 
 
-def test_with_the_switch_off_no_bwd_config_reaches_the_wide_kernel(monkeypatch):
-    """gluon_backward.WIDE_HEAD_DIM off: BwdConfig's Gluon families refuse head dim 256 (the search
-    and the dispatcher never choose the kernel), and the D=128 kernel's config check does too."""
-    monkeypatch.setattr(gluon_backward, "WIDE_HEAD_DIM", False)
-    with pytest.raises(ConfigError, match="^head_dim:"):
-        C().validate(256, torch.bfloat16)
-    for family in (1, 2, 3, 4):
-        with pytest.raises(ConfigError):
-            BwdConfig(BLOCK_M1=64, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=2,
-                      family=family).validate(256, torch.bfloat16)
-
-
 def _bwd(family, **fields):
     base = dict(BLOCK_M1=32, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=3, family=family)
     return BwdConfig(**{**base, **fields})
 
 
-def test_the_switch_that_opens_head_dim_256_to_the_bwd_families(monkeypatch):
-    """gluon_backward.WIDE_HEAD_DIM on (the module's value): families 1 and 3 at D=256 are the D=256
-    kernel's configs (validate_wide's rules: 32 query rows, dQ in the step or by the Triton kernel),
-    families 2 and 4 and other blocks are refused by name; off, every Gluon family refuses D=256."""
-    assert gluon_backward.WIDE_HEAD_DIM is True
-    monkeypatch.setattr(gluon_backward, "WIDE_HEAD_DIM", False)
-    with pytest.raises(ConfigError, match="^head_dim:"):
-        _bwd(3, BLOCK_M1=64, num_stages=2).validate_anywhere(256, torch.bfloat16)
-    for family in (1, 3):
-        with pytest.raises(ConfigError):
-            _bwd(family).validate_anywhere(256, torch.bfloat16)
-    monkeypatch.setattr(gluon_backward, "WIDE_HEAD_DIM", True)
+def test_head_dim_256_is_the_d256_kernels_in_families_1_and_3():
+    """Families 1 and 3 at D=256 are the D=256 kernel's configs (validate_wide's rules: 32 query rows,
+    dQ in the step or by the Triton kernel); families 2 and 4 and other blocks are refused by name."""
     for family in (1, 3):
         cfg = _bwd(family)
         assert cfg.validate_anywhere(256, torch.bfloat16) is cfg
@@ -112,41 +89,39 @@ def test_the_switch_that_opens_head_dim_256_to_the_bwd_families(monkeypatch):
         _bwd(2).validate_anywhere(256, torch.bfloat16)
 
 
-def test_the_kernel_is_hashed_exactly_when_the_search_can_tune_it():
+def test_the_kernel_is_hashed_as_one_the_search_tunes():
     from flashtune import provenance
 
-    assert ("gluon_backward_wide.py" in provenance.KERNEL_FILES) is gluon_backward.WIDE_HEAD_DIM
-    assert ("gluon_backward_wide.py" in provenance.UNTUNED_KERNEL_FILES) is not gluon_backward.WIDE_HEAD_DIM
+    assert provenance._PACKAGE / "kernels" / "gluon" / "backward_wide.py" in provenance.kernel_files()
 
 
-def test_a_wide_call_with_the_gluon_dq_kernel_or_another_head_dim_is_refused_by_name():
+def test_a_wide_call_with_the_gluon_dq_kernel_or_a_trace_is_refused_by_name():
     q = torch.zeros(1, 2, 32, 256, dtype=torch.bfloat16)
+    stats = torch.zeros(1, 2, 32)
     with pytest.raises(ValueError, match="^gluon_dq:"):
-        gluon_backward.gluon_attention_backward(q, q, q, q, q, torch.zeros(1, 2, 32), W, causal=True, gluon_dq=True)
+        backward_launch.gluon_attention_backward(q, q, q, q, q, stats, W, causal=True, gluon_dq=True)
     with pytest.raises(ValueError, match="^trace:"):
-        gluon_backward.gluon_attention_backward(q, q, q, q, q, torch.zeros(1, 2, 32), W, causal=True, trace=[])
-    with pytest.raises(ValueError, match="^q:"):
-        wide.gluon_dkdv_wide(q[..., :128], q[..., :128], q[..., :128], q[..., :128], torch.zeros(1, 2, 32),
-                             torch.zeros(1, 2, 32), W, causal=True, sm_scale=0.1)
+        backward_launch.gluon_attention_backward(q, q, q, q, q, stats, W, causal=True, trace=[])
+    with pytest.raises(ValueError, match="^trace:"):
+        backward_launch.gluon_dkdv(q, q, q, q, stats, stats, W, causal=True, sm_scale=0.1,
+                                   trace=torch.zeros(1, 3, 16, dtype=torch.int64))
 
 
 def test_the_wide_kernel_compiles_for_sm90_without_spills():
-    assert wide.PREFETCH == 0, "the items below compile PREFETCH early (1) and late (2) as the other values"
     items = [{"kernel": "bwd", "bwd_kernel": "wide", "config": dataclasses.replace(W, NUM_BUFFERS=nb,
                                                                                   DQ_FUSED=fused).to_dict(),
-              "head_dim": 256, "dtype": dt, "causal": causal, "ptxas": True, "prefetch": prefetch}
-             for nb, fused, prefetch, dtypes in ((3, 1, 1, ("bfloat16", "float16")), (2, 0, 1, ("bfloat16", )),
-                                                 (3, 1, 0, ("bfloat16", )), (2, 0, 0, ("float16", )),
-                                                 (3, 1, 2, ("bfloat16", )), (2, 0, 2, ("bfloat16", )))
+              "head_dim": 256, "dtype": dt, "causal": causal, "ptxas": True}
+             for nb, fused, dtypes in ((3, 1, ("bfloat16", "float16")), (2, 0, ("bfloat16", "float16")),
+                                       (2, 1, ("bfloat16", )), (3, 0, ("bfloat16", )))
              for dt in dtypes for causal in (False, True)]
     results = compile_for_sm90(SCRIPT, items, timeout=900, what="the D=256 dK/dV kernel")
     for r in results:
         cfg = C(**r["config"])
-        where = f"{cfg.short()} {r['dtype']} causal={r['causal']} prefetch={r['prefetch']}"
+        where = f"{cfg.short()} {r['dtype']} causal={r['causal']}"
         assert r["shared"] <= wide.wide_shared_memory(cfg, getattr(torch, r["dtype"])) <= SM90_SHARED_MEMORY, where
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, where
         # the wgmmas pipelined: one completion wait a chain, not one an HGMMA (ptxas serializes them all,
-        # silently, where a wgmma left in flight crosses a runtime branch: PREFETCH=2's first draft)
+        # silently, where a wgmma left in flight crosses a runtime branch)
         assert 0 < r["hgmma_waited"] * 4 <= r["hgmma"], where
         assert r["registers"] <= cfg.CONSUMER_REGS, where
         assert r["maxnreg"] == cfg.maxnreg(), where

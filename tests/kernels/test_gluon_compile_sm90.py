@@ -1,12 +1,12 @@
 """The Gluon forward compiles for sm_90 (H100/H200) without a GPU, within its budgets.
 
-triton compiles kernels/gluon_forward.py's kernel for sm_90 in a child process
+triton compiles kernels/gluon/forward.py's kernel for sm_90 in a child process
 (gluon_compile_sm90.py, TRITON_INTERPRET unset; ptxas assembles it) for head dims 64 and
 128, causal and full, bf16 and fp16, several configs; each must compile, need no more
 shared memory than the device's 232448 bytes and than GluonFwdConfig.shared_memory()
 estimates, and carry the warp specialisation (setmaxnreg to the config's register
 split). Skipped where this triton cannot compile Gluon for sm_90. Nothing here runs the
-kernel: its numbers are checked by test_gluon_gpu.py on an H200.
+kernel: its numbers are checked by test_gluon_gpu.py on a GPU.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import pytest
 import torch
 from kernel_checks import compile_for_sm90
 
-gluon_forward = pytest.importorskip("flashtune.kernels.gluon_forward", reason="this triton has no Gluon")
-GluonFwdConfig = gluon_forward.GluonFwdConfig
+pytest.importorskip("flashtune.kernels.gluon.forward_launch", reason="this triton has no Gluon")
+from flashtune.configs.gluon import GluonFwdConfig  # noqa: E402
+from flashtune.kernels.gluon.persistent import persistent_o_tile, persistent_v_buffers  # noqa: E402
 
 SCRIPT = pathlib.Path(__file__).with_name("gluon_compile_sm90.py")
 SM90_SHARED_MEMORY = 232448
@@ -45,45 +46,30 @@ ITEMS = (
 # the sliding-window variant (WINDOW: its own block range and edge masks) of the two default
 # configs, causal (Mistral's window) and not
 WINDOW_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )))
-# the fp8 variant (FP8: V^T tiles; P through shared memory with the overlap, in registers without)
+# the fp8 variant (FP8: V^T tiles; P through shared memory with the overlap, in registers without;
+# the last: the long fp8 calls' default)
 FP8_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(NUM_BUFFERS=4), (128, )), (C(OVERLAP=0), (64, 128)),
-             (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )))
-# the traced kernel (TRACE: the kernel's own instrumentation, kernels/kernel_trace.py), bf16, both
+             (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )), (C(PINGPONG=0, OVERLAP=0), (128, )))
+# the traced kernel (TRACE: the kernel's own instrumentation, kernels/gluon/trace.py), bf16, both
 # loops, persistent, a window
 TRACE_ITEMS = ((C(NUM_BUFFERS=3), (128, ), False), (C(OVERLAP=0), (64, ), False),
                (C(NUM_BUFFERS=3, PERSISTENT=1), (128, ), False), (C(NUM_BUFFERS=3), (128, ), True))
-# the softmax with one multiply-add a score (FMA_SOFTMAX: SCALE_POSITIVE), both loops, bf16 and fp8
-FMA_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )))
-# the persistent kernel's other tile order than the module's (PERSISTENT_SNAKE), D 128 and 64
-OTHER_ORDER_ITEMS = ((C(NUM_BUFFERS=3, PERSISTENT=1), (128, )), (C(OVERLAP=0, PERSISTENT=1), (64, )))
-# the output's other store than the module's (TMA_STORE_O: through its Q tile and a TMA bulk store, or
-# from registers), 16-bit: both loops, persistent
-OTHER_STORE_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )))
+# the softmax of a negative sm_scale (SCALE_POSITIVE off: every score scaled before the row max; the
+# other items take one multiply-add a score), both loops, bf16 and fp8
+NEGATIVE_SCALE_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )))
+# the output stored from registers (an output the copy engine cannot address; the other 16-bit items
+# store it through TMA), 16-bit: both loops, persistent
+REGISTER_STORE_ITEMS = ((C(NUM_BUFFERS=3), (128, )), (C(OVERLAP=0), (64, )), (C(NUM_BUFFERS=3, PERSISTENT=1), (128, )))
 # the persistent kernel's O tiles (O_TILE 1: O tiles of its own where they fit, the Q tile released
 # before the last P V): D=128 with 2 buffers (fits) and 3 (fits with V's ring a slot shorter than
-# K's: persistent_v_buffers), D=64 without the overlap; (config, head dims, tma_store)
+# K's: persistent_v_buffers), with 64-key blocks (the short causal calls'), D=64 without the overlap;
+# (config, head dims, tma_store)
 O_TILE_ITEMS = ((C(NUM_BUFFERS=2, PERSISTENT=1, O_TILE=1), (128, ), None),
                 (C(NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1), (128, ), None),
+                (C(BLOCK_N=64, NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1), (128, ), None),
                 (C(OVERLAP=0, PERSISTENT=1, O_TILE=1), (64, ), None),
                 (C(NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1), (128, ), False),
                 (C(NUM_BUFFERS=3, OVERLAP=0, PERSISTENT=1, O_TILE=1), (128, ), None))
-
-
-# the causal mask as one compare a score against each row's limit (ROW_LIMIT_MASK, on by default),
-# bf16 causal: both loops, persistent with O tiles, 64-key blocks, fp8, a window (which keeps the
-# two-test mask)
-ROW_LIMIT_ITEMS = ((C(NUM_BUFFERS=3), (128, ), "bfloat16", False), (C(OVERLAP=0), (64, ), "bfloat16", False),
-                   (C(NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1), (128, ), "bfloat16", False),
-                   (C(BLOCK_N=64, NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1), (128, ), "bfloat16", False),
-                   (C(PINGPONG=0, OVERLAP=0), (128, ), "float8_e4m3fn", False),
-                   (C(NUM_BUFFERS=3), (128, ), "bfloat16", True))
-
-# the softmax's exponentials partly by the polynomial (POLY_EXP2, of every 8), 16-bit: both loops, the
-# persistent kernel with O tiles, D=256, fp8 (which never takes it); (config, head dims, dtype, POLY_EXP2)
-POLY_ITEMS = ((C(OVERLAP=0), (64, ), "bfloat16", 1), (C(NUM_BUFFERS=3), (128, ), "float16", 2),
-              (C(OVERLAP=0, PERSISTENT=1, O_TILE=1), (64, ), "bfloat16", 4),
-              (C(BLOCK_N=64, NUM_BUFFERS=3, PERSISTENT=1), (256, ), "bfloat16", 1),
-              (C(PINGPONG=0, OVERLAP=0), (128, ), "float8_e4m3fn", 1))
 
 
 def _request():
@@ -96,25 +82,17 @@ def _request():
          for causal in (False, True)] + \
         [{"config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": causal, "window": window,
           "trace": True} for cfg, dims, window in TRACE_ITEMS for d in dims for causal in (False, True)] + \
-        [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal, "fma_softmax": True}
-         for cfg, dims in FMA_ITEMS for d in dims for dt in ("bfloat16", "float8_e4m3fn")
+        [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal, "scale_positive": False}
+         for cfg, dims in NEGATIVE_SCALE_ITEMS for d in dims for dt in ("bfloat16", "float8_e4m3fn")
          for causal in (False, True)] + \
-        [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal,
-          "tma_store": not gluon_forward.TMA_STORE_O}
-         for cfg, dims in OTHER_STORE_ITEMS for d in dims for dt in ("bfloat16", "float16")
+        [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal, "tma_store": False}
+         for cfg, dims in REGISTER_STORE_ITEMS for d in dims for dt in ("bfloat16", "float16")
          for causal in (False, True)] + \
-        [{"config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": causal,
-          "snake": not gluon_forward.PERSISTENT_SNAKE}
-         for cfg, dims in OTHER_ORDER_ITEMS for d in dims for causal in (False, True)] + \
         [{"config": cfg.to_dict(), "head_dim": d, "dtype": "bfloat16", "causal": causal,
           **({} if tma is None else {"tma_store": tma})}
          for cfg, dims, tma in O_TILE_ITEMS for d in dims for causal in (False, True)] + \
         [{"config": C(NUM_BUFFERS=3).to_dict(), "head_dim": 128, "dtype": "bfloat16", "causal": True, "window": True,
-          "tma_store": not gluon_forward.TMA_STORE_O}] + \
-        [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": True, "window": window,
-          "row_limit": not gluon_forward.ROW_LIMIT_MASK} for cfg, dims, dt, window in ROW_LIMIT_ITEMS for d in dims] + \
-        [{"config": cfg.to_dict(), "head_dim": d, "dtype": dt, "causal": causal, "fwd_poly_exp2": poly}
-         for cfg, dims, dt, poly in POLY_ITEMS for d in dims for causal in (False, True)]
+          "tma_store": False}]
 
 
 def _compile_for_sm90(request: list[dict]) -> list[dict]:
@@ -129,19 +107,16 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
     for res in _compile_for_sm90(request):
         cfg = GluonFwdConfig(**res["config"])
         d, dtype = res["head_dim"], getattr(torch, res["dtype"])
-        tma_store = res.get("tma_store", gluon_forward.TMA_STORE_O) and "float8" not in res["dtype"]
-        o_tile, early_q = gluon_forward.persistent_o_tile(cfg, d, dtype, tma_store)
-        v_buffers = gluon_forward.persistent_v_buffers(cfg, d, dtype, tma_store)
+        tma_store = res.get("tma_store", True) and "float8" not in res["dtype"]
+        o_tile, early_q = persistent_o_tile(cfg, d, dtype, tma_store)
+        v_buffers = persistent_v_buffers(cfg, d, dtype, tma_store)
         estimate = cfg.shared_memory(d, dtype, o_tile=o_tile, v_buffers=v_buffers)
         where = (f"{cfg.short()} D={d} {res['dtype']} causal={res['causal']}{' window' if res.get('window') else ''}"
-                 f"{' traced' if res.get('trace') else ''}{' fma-softmax' if res.get('fma_softmax') else ''}"
-                 f"{' tma-store' if res.get('tma_store') else ''}"
+                 f"{' traced' if res.get('trace') else ''}"
+                 f"{' negative scale' if res.get('scale_positive') is False else ''}"
                  f"{' register-store' if res.get('tma_store') is False else ''}"
-                 f"{'' if 'snake' not in res else ' snake' if res['snake'] else ' strided'}"
                  f"{' o-tile' if o_tile else ''}{' early-q' if early_q else ''}"
-                 f"{'' if 'row_limit' not in res else ' row-limit' if res['row_limit'] else ' two-test mask'}"
-                 f"{' v%d' % v_buffers if v_buffers != cfg.NUM_BUFFERS else ''}"
-                 f"{' poly-exp2 %d' % res['fwd_poly_exp2'] if res.get('fwd_poly_exp2') else ''}")
+                 f"{' v%d' % v_buffers if v_buffers != cfg.NUM_BUFFERS else ''}")
         print(f"{where}: shared {res['shared']} (estimate {estimate}), maxnreg {res['maxnreg']}, "
               f"setmaxnreg {res['setmaxnreg']}, {res['wgmma']} wgmma, {res['tma_loads']} TMA copies")
         if res["shared"] > SM90_SHARED_MEMORY:
@@ -157,7 +132,7 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
         # the trace's stamps are in the traced kernel only: the untraced one reads no cycle counter
         if bool(res["clock_reads"]) != bool(res.get("trace")):
             problems.append(f"{where}: {res['clock_reads']} cycle-counter reads")
-        # TMA_STORE_O: one bulk store of O a consumer; else none (the items leave the switch as it is)
+        # the TMA store: one bulk store of O a consumer; else none
         if res["tma_stores"] != (2 if tma_store else 0):
             problems.append(f"{where}: {res['tma_stores']} TMA bulk stores")
         # a wait for the bulk store a consumer: after it (O through Q), or before the next tile's
@@ -167,22 +142,18 @@ def test_gluon_forward_compiles_for_sm90_within_budgets():
         if not res["wgmma"] or not res["tma_loads"]:
             problems.append(f"{where}: expected wgmma and TMA instructions, got {res['wgmma']} and "
                             f"{res['tma_loads']}")
-        # POLY_EXP2: polynomial exponentials in 16-bit kernels that ask for them, in no other
-        poly = res.get("fwd_poly_exp2", 0) if "float8" not in res["dtype"] else 0
-        if bool(res["poly_exp2s"]) != bool(poly):
+        # every exponential of the forward by the SFU: no polynomial ones
+        if res["poly_exp2s"]:
             problems.append(f"{where}: {res['poly_exp2s']} polynomial exponentials")
     assert not problems, "\n".join(problems)
 
 
 def _long_default_items() -> list[tuple[str, dict]]:
     """Each Gluon entry of the sm_90 tables (16-bit; the long calls' defaults, forward and backward, D=64,
-    128 and 256) for each masking it serves, with the kernel modules' switches as they ship."""
-    from flashtune.kernels import config as config_mod, gluon_backward
+    128 and 256) for each masking it serves."""
+    from flashtune.heuristics.tables import HEURISTICS
 
-    fwd_table, bwd_table = config_mod.HEURISTICS[(9, 0)]
-    bwd_switches = dict(compact_stats=gluon_backward.COMPACT_STATS, turns=gluon_backward.CONSUMER_TURNS,
-                        scale_in_p=gluon_backward.SCALE_IN_P, step_counters=gluon_backward.STEP_COUNTERS,
-                        skip_dead=gluon_backward.SKIP_DEAD_STEPS, tma_dkdv=gluon_backward.TMA_STORE_DKDV)
+    fwd_table, bwd_table = HEURISTICS[(9, 0)]
     items = []
     for pass_, table in (("fwd", fwd_table), ("bwd", bwd_table)):
         for (dtype, d, *rest), cfg in table.items():
@@ -195,16 +166,16 @@ def _long_default_items() -> list[tuple[str, dict]]:
                 if pass_ == "bwd" and d == 256:
                     item.update(kernel="bwd", bwd_kernel="wide")
                 elif pass_ == "bwd":
-                    item.update(kernel="bwd", poly_exp2=gluon_backward._poly_exp2(d, causal), **bwd_switches)
+                    item.update(kernel="bwd")
                 items.append((f"{pass_} {cfg.label()} D={d} causal={causal}", item))
     return items
 
 
 def test_the_long_defaults_keep_their_wgmmas_pipelined():
     """ptxas serializes a kernel's wgmmas without a word where it cannot prove a pipelined one safe
-    (every HGMMA then waits for its own completion: gsb0 on each): the D=256 backward's first late
-    prefetch did (2026-12-06, docs/gluon.md). Every Gluon default of the sm_90 tables compiles with one
-    completion wait a chain of HGMMAs, not one each."""
+    (every HGMMA then waits for its own completion: gsb0 on each), as a wgmma left in flight across a
+    branch makes it do. Every Gluon default of the sm_90 tables compiles with one completion wait a
+    chain of HGMMAs, not one each."""
     named = _long_default_items()
     assert len(named) >= 9 and {item["head_dim"] for _, item in named} == {64, 128, 256}
     results = compile_for_sm90(SCRIPT, [item for _, item in named], timeout=1800, what="the Gluon defaults")

@@ -1,24 +1,30 @@
-"""GluonFwdConfig.validate on CPU: each rule raises ConfigError naming its field."""
+"""The Gluon forward's configs on the CPU: GluonFwdConfig.validate (each rule raises ConfigError
+naming its field), FwdConfig's Gluon family, the heuristic defaults that serve it, the calls that
+go to it and those that fall back, and its persistent schedule."""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 import torch
 
-gluon_forward = pytest.importorskip("flashtune.kernels.gluon_forward", reason="this triton has no Gluon")
-from flashtune.kernels.config import ConfigError  # noqa: E402
-
-GluonFwdConfig = gluon_forward.GluonFwdConfig
+forward_launch = pytest.importorskip("flashtune.kernels.gluon.forward_launch", reason="this triton has no Gluon")
+from flashtune import device as device_mod  # noqa: E402
+from flashtune.configs import base as configs_base  # noqa: E402
+from flashtune.configs import gluon as configs_gluon  # noqa: E402
+from flashtune.configs.base import ConfigError  # noqa: E402
+from flashtune.configs.gluon import GluonFwdConfig, default_gluon_config  # noqa: E402
+from flashtune.kernels.gluon import persistent as gluon_persistent  # noqa: E402
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_defaults_validate(head_dim, dtype):
-    cfg = gluon_forward.default_gluon_config(head_dim)
+    cfg = default_gluon_config(head_dim)
     assert cfg.validate(head_dim, dtype) is cfg
-    assert cfg.shared_memory(head_dim, dtype) <= gluon_forward.SM90_SHARED_MEMORY
+    assert cfg.shared_memory(head_dim, dtype) <= device_mod.SM90_SHARED_MEMORY
 
 
 @pytest.mark.parametrize("kwargs, head_dim, dtype, field", [
@@ -82,7 +88,7 @@ def test_programs_per_sm_counts_registers_and_shared_memory():
     bf16 = torch.bfloat16
     # the defaults: maxnreg 168 over 3 warp groups of 128 threads take 64512 of 65536 registers
     for d in (64, 128, 256):
-        assert gluon_forward.default_gluon_config(d).programs_per_sm(d, bf16) == 1
+        assert default_gluon_config(d).programs_per_sm(d, bf16) == 1
     # CONSUMER_REGS 104: maxnreg 80, 30720 registers a CTA; D=64 64x64 blocks take 50-99 KB
     small = GluonFwdConfig(BLOCK_N=64, OVERLAP=0, CONSUMER_REGS=104)
     assert small.maxnreg() == 80 and small.validate(64, bf16) is small
@@ -94,7 +100,7 @@ def test_programs_per_sm_counts_registers_and_shared_memory():
     assert dataclasses.replace(small, CONSUMER_REGS=112).programs_per_sm(64, bf16) == 1
     # registers for two but not the shared memory: 4 K/V slots of 128 keys at D=128 (over 114 KB)
     wide = GluonFwdConfig(BLOCK_N=128, NUM_BUFFERS=2, CONSUMER_REGS=104)
-    assert wide.shared_memory(128, bf16) > gluon_forward.SM90_SM_SHARED_MEMORY // 2
+    assert wide.shared_memory(128, bf16) > device_mod.SM90_SM_SHARED_MEMORY // 2
     assert wide.programs_per_sm(128, bf16) == 1
     # the overlap's second P tile does not fit 104 registers: validate refuses it, naming BLOCK_M
     with pytest.raises(ConfigError, match=r"^BLOCK_M:"):
@@ -104,10 +110,29 @@ def test_programs_per_sm_counts_registers_and_shared_memory():
 # ----------------------------------------------------------------------------------
 # The Gluon kernel as a family of FwdConfig (family=1): the search's tunable
 # ----------------------------------------------------------------------------------
-from flashtune.kernels import config as config_mod  # noqa: E402
-from flashtune.kernels import forward, reference_attention  # noqa: E402
-from flashtune.kernels.config import FwdConfig, family_defaults  # noqa: E402
-from flashtune.kernels.space import candidates, valid_candidates  # noqa: E402
+from flashtune.configs.forward import FwdConfig  # noqa: E402
+from flashtune.configs.space import candidates, valid_candidates  # noqa: E402
+from flashtune.heuristics import bands, defaults, tables  # noqa: E402
+from flashtune.heuristics.defaults import default_config, family_defaults  # noqa: E402
+from flashtune.kernels import launch, passes, reference_attention  # noqa: E402
+from flashtune.kernels.triton import forward as triton_forward  # noqa: E402
+
+
+@pytest.fixture
+def sm(monkeypatch):
+    """sm(capability): make the CPU look like a CUDA device of that capability (the H200's
+    shared memory, an H100's SMs) to the configs' checks and the heuristic tables; the cached
+    Triton fallback is cleared around it."""
+    def set_capability(capability):
+        for module in (configs_base, configs_gluon, defaults):
+            monkeypatch.setattr(module, "device_capability", lambda device: capability)
+        monkeypatch.setattr(configs_base, "shared_memory_limit", lambda device: 232448)
+        monkeypatch.setattr(bands, "schedule_sm_count", lambda device: 132)
+        for module in (passes, sys.modules["flashtune.configs.forward"], sys.modules["flashtune.configs.backward"]):
+            monkeypatch.setattr(module, "resolve_device", lambda device=None: torch.device("cuda", 0))
+    defaults.triton_default.cache_clear()
+    yield set_capability
+    defaults.triton_default.cache_clear()
 
 
 def test_a_gluon_fwd_config_round_trips_and_labels_itself():
@@ -204,12 +229,10 @@ def test_the_search_space_has_both_families_and_the_cpu_only_the_triton_one():
     assert family_defaults("fwd", 128, torch.float16, "cpu") == []
 
 
-def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
-    monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
-    monkeypatch.setattr(gluon_forward, "device_capability", lambda device: (9, 0))
-    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)  # the H200's
+def test_on_sm90_the_gluon_default_validates_and_is_offered_first(sm):
+    sm((9, 0))
     cfg, persistent, o_tiles, short_causal = family_defaults("fwd", 128, torch.bfloat16, "cuda")
-    assert cfg.family == 1 and cfg.gluon() == gluon_forward.default_gluon_config(128)
+    assert cfg.family == 1 and cfg.gluon() == default_gluon_config(128)
     # then the same with the persistent grid, then that with its O tiles (the search chooses per key)
     assert persistent == dataclasses.replace(cfg, persistent=1) and persistent.gluon().PERSISTENT == 1
     assert o_tiles == dataclasses.replace(persistent, o_tile=1) and o_tiles.gluon().O_TILE == 1
@@ -219,29 +242,28 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     # D=64: the same four, then two CTAs per SM on the grid and on the persistent kernel (the middle band's entries)
     d64 = family_defaults("fwd", 64, torch.bfloat16, "cuda")
     assert len(d64) == 6 and [c.occupancy for c in d64] == [1, 1, 1, 1, 2, 2]
-    assert d64[-2:] == [config_mod.default_config("fwd", 64, torch.bfloat16, "cuda", causal=c, seq_q=512)
+    assert d64[-2:] == [default_config("fwd", 64, torch.bfloat16, "cuda", causal=c, seq_q=512)
                         for c in (False, True)]
     # D=256: 64-key blocks in 2 slots or 3 (V's ring then 2: what shared memory holds), grid and persistent, with
     # and without the overlap
     d256 = family_defaults("fwd", 256, torch.bfloat16, "cuda")
     assert [(c.BLOCK_N, c.num_stages, c.persistent, c.overlap, c.o_tile) for c in d256] == \
         [(64, n, p, o, 0) for n in (2, 3) for o in (1, 0) for p in (0, 1)]
-    assert d256[0].gluon() == gluon_forward.default_gluon_config(256)
-    # the Gluon backward at D=256 (gluon_backward_wide): dQ fused with 3 and 2 slots, then the Triton dQ kernel
+    assert d256[0].gluon() == default_gluon_config(256)
+    # the Gluon backward at D=256 (gluon/backward_wide.py): dQ fused with 3 and 2 slots, then the Triton dQ kernel
     fused3, fused2, wide1 = family_defaults("bwd", 256, torch.bfloat16, "cuda")
     assert [(c.family, c.BLOCK_M1, c.BLOCK_N1, c.num_stages) for c in (fused3, fused2, wide1)] == \
         [(3, 32, 64, 3), (3, 32, 64, 2), (1, 32, 64, 3)]
-    assert fused3 == config_mod.default_config("bwd", 256, torch.bfloat16, "cuda", causal=True, seq_q=4096)
-    triton_256 = config_mod.default_config("bwd", 256, torch.bfloat16, "cuda", triton_only=True)
+    assert fused3 == default_config("bwd", 256, torch.bfloat16, "cuda", causal=True, seq_q=4096)
+    triton_256 = default_config("bwd", 256, torch.bfloat16, "cuda", triton_only=True)
     assert (wide1.BLOCK_M2, wide1.BLOCK_N2, wide1.dq_num_warps, wide1.dq_num_stages) == \
         (triton_256.BLOCK_M2, triton_256.BLOCK_N2, triton_256.dq_num_warps, triton_256.dq_num_stages)
     assert family_defaults("bwd", 96, torch.bfloat16, "cuda") == []  # the Gluon backward: D 64, 128 and 256
     with pytest.raises(ConfigError, match=r"^NUM_BUFFERS:.*shared memory"):  # 4 K and 3 V slots of 64 keys
         FwdConfig(64, 64, 4, 4, family=1).validate(256, torch.bfloat16, "cuda")
     with pytest.raises(ConfigError, match=r"^dtype:.*256"):
-        gluon_forward.GluonFwdConfig(BLOCK_N=64).validate(256, torch.float8_e4m3fn)
+        GluonFwdConfig(BLOCK_N=64).validate(256, torch.float8_e4m3fn)
     assert family_defaults("fwd", 128, torch.float32, "cuda") == []
-    gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward")
     # Gluon dK/dV with the Triton dQ half; both Gluon; dQ fused into the Gluon dK/dV kernel
     bwd, both, fused, fused_first, late, late_first = family_defaults("bwd", 128, torch.bfloat16, "cuda")
     assert both.family == 2 and both.gluon().DQ_BUFFERS == 3 and both.gluon().NUM_BUFFERS == 3
@@ -251,8 +273,8 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
     for cfg, first in ((fused, fused_first), (late, late_first)):
         assert first == dataclasses.replace(cfg, dq_first=1) and first.gluon() == dataclasses.replace(
             cfg.gluon(), DQ_FIRST=1) and cfg.gluon().DQ_FIRST == 0
-    triton_bwd = config_mod.default_config("bwd", 128, torch.bfloat16, "cuda", triton_only=True)
-    assert bwd.family == 1 and bwd.gluon() == gluon_backward.default_gluon_bwd_config(128)
+    triton_bwd = default_config("bwd", 128, torch.bfloat16, "cuda", triton_only=True)
+    assert bwd.family == 1 and bwd.gluon() == configs_gluon.default_gluon_bwd_config(128)
     assert (bwd.BLOCK_M2, bwd.BLOCK_N2, bwd.dq_num_warps, bwd.dq_num_stages) == \
         (triton_bwd.BLOCK_M2, triton_bwd.BLOCK_N2, triton_bwd.dq_num_warps, triton_bwd.dq_num_stages)
     valid = valid_candidates("fwd", 64, torch.bfloat16, "cuda")
@@ -261,17 +283,14 @@ def test_on_sm90_the_gluon_default_validates_and_is_offered_first(monkeypatch):
         FwdConfig(64, 128, 4, 2, family=1).validate(96, torch.bfloat16, "cuda")
 
 
-def test_on_sm90_long_d128_backward_calls_default_to_the_gluon_families(monkeypatch):
+def test_on_sm90_long_d128_backward_calls_default_to_the_gluon_families(sm):
     """From LONG_MIN_Q_BWD queries at D=128: dQ fused, under causal masking a step late (4), without
     masking in its step with the share ahead of dV and dK (3, dq_first); at D=64 a step late (4) from its own
     bounds, the share first without masking; shorter calls, other head dims and fp32 keep the Triton entries."""
-    monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
-    monkeypatch.setattr(gluon_forward, "device_capability", lambda device: (9, 0))
-    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)
-    pytest.importorskip("flashtune.kernels.gluon_backward")
-    default = config_mod.default_config
-    long_q = config_mod.LONG_MIN_Q_BWD
-    assert config_mod.is_long("bwd", long_q) and not config_mod.is_long("bwd", long_q - 1)
+    sm((9, 0))
+    default = default_config
+    long_q = bands.LONG_MIN_Q_BWD
+    assert bands.is_long("bwd", long_q) and not bands.is_long("bwd", long_q - 1)
     causal = default("bwd", 128, torch.bfloat16, "cuda", causal=True, seq_q=long_q)
     assert (causal.family, causal.dq_first) == (4, 0) and causal.gluon().DQ_FUSED == 2
     full = default("bwd", 128, torch.float16, "cuda", causal=False, seq_q=4 * long_q)
@@ -280,17 +299,17 @@ def test_on_sm90_long_d128_backward_calls_default_to_the_gluon_families(monkeypa
     # D=64: the fused family a step late from its own bounds, without masking the share first (256 queries),
     # causal in the usual order (4096); the Triton default below them; a head dim the tables pad to 64 (48)
     # shares them
-    bounds = config_mod.LONG_MIN_Q_BWD_BY_HEAD_DIM
+    bounds = bands.LONG_MIN_Q_BWD_BY_HEAD_DIM
     full_q, causal_q = bounds[(64, False)], bounds[(64, True)]
     assert full_q < long_q < causal_q
-    assert config_mod.long_bounds("bwd", torch.bfloat16, 48, causal=False) == (full_q, None)
-    assert config_mod.long_bounds("bwd", torch.bfloat16, 48, causal=True) == (causal_q, None)
-    assert config_mod.long_bounds("bwd", torch.bfloat16, 64) == (full_q, None)  # either masking: the lower
-    assert config_mod.long_bounds("bwd", torch.bfloat16, 128, causal=True) == (long_q, None)
+    assert bands.long_bounds("bwd", torch.bfloat16, 48, causal=False) == (full_q, None)
+    assert bands.long_bounds("bwd", torch.bfloat16, 48, causal=True) == (causal_q, None)
+    assert bands.long_bounds("bwd", torch.bfloat16, 64) == (full_q, None)  # either masking: the lower
+    assert bands.long_bounds("bwd", torch.bfloat16, 128, causal=True) == (long_q, None)
     for causal_, q in ((False, full_q), (True, causal_q)):
-        assert config_mod.is_long("bwd", q, head_dim=64, causal=causal_)
-        assert not config_mod.is_long("bwd", q - 1, head_dim=64, causal=causal_)
-    assert config_mod.is_long("bwd", causal_q - 1, head_dim=128, causal=True)
+        assert bands.is_long("bwd", q, head_dim=64, causal=causal_)
+        assert not bands.is_long("bwd", q - 1, head_dim=64, causal=causal_)
+    assert bands.is_long("bwd", causal_q - 1, head_dim=128, causal=True)
     d64 = default("bwd", 64, torch.bfloat16, "cuda", causal=False, seq_q=full_q)
     assert (d64.family, d64.dq_first) == (4, 1) and d64.gluon().DQ_FIRST == 1
     assert default("bwd", 64, torch.float16, "cuda", causal=False, seq_q=full_q - 1).family == 0
@@ -306,21 +325,22 @@ def test_a_call_the_gluon_kernel_cannot_run_runs_the_triton_default(monkeypatch,
     if torch.cuda.is_available():
         pytest.skip("the CPU interpreter's check: on a GPU the Triton kernel would compile")
     launched = []
-    real = forward._attn_fwd_kernel.run
+    real = triton_forward._attn_fwd_kernel.run
 
     def spy(*args, **kwargs):
         launched.append((kwargs["BLOCK_M"], kwargs["BLOCK_N"]))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(forward._attn_fwd_kernel, "run", spy)
-    monkeypatch.setattr(forward, "_gluon_forward", lambda *a, **k: pytest.fail("the Gluon kernel has no " + str(variant)))
+    monkeypatch.setattr(triton_forward._attn_fwd_kernel, "run", spy)
+    monkeypatch.setattr(passes, "_gluon_forward",
+                        lambda *a, **k: pytest.fail("the Gluon kernel has no " + str(variant)))
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 37, 64, generator=gen) for _ in range(3))
-    o, _ = forward.attention_forward(q, k, v, FwdConfig(16, 32, 4, 2, family=1), causal=True, sm_scale=0.125,
+    o, _ = passes.attention_forward(q, k, v, FwdConfig(16, 32, 4, 2, family=1), causal=True, sm_scale=0.125,
                                      **variant)
     ref, _ = reference_attention(q, k, v, causal=True, sm_scale=0.125, dtype=torch.float64, **variant)
     torch.testing.assert_close(o.double(), ref, atol=1e-4, rtol=0)
-    triton = config_mod.default_config("fwd", 64, torch.float32, "cpu", causal=True)
+    triton = default_config("fwd", 64, torch.float32, "cpu", causal=True)
     assert triton.family == 0 and launched == [(triton.BLOCK_M, triton.BLOCK_N)]
 
 
@@ -334,9 +354,9 @@ def test_a_window_at_d256_runs_the_gluon_kernel(monkeypatch):
         seen.append((q.shape[-1], kw["window_size"]))
         return torch.zeros_like(q), torch.zeros(q.shape[:3])
 
-    monkeypatch.setattr(forward, "_gluon_forward", gluon)
+    monkeypatch.setattr(passes, "_gluon_forward", gluon)
     q, k, v = (torch.randn(1, 2, 33, 256) for _ in range(3))
-    forward.attention_forward(q, k, v, FwdConfig(64, 64, 4, 3, family=1, persistent=1), causal=True,
+    passes.attention_forward(q, k, v, FwdConfig(64, 64, 4, 3, family=1, persistent=1), causal=True,
                               sm_scale=0.0625, window_size=(7, 0))
     assert seen == [(256, (7, 0))]
 
@@ -347,11 +367,11 @@ def test_a_q_with_its_head_dim_strided_runs_the_triton_default_with_o_in_its_lay
     of that layout failed on o's strides once the defaults sent 1000-row calls to the Gluon kernel)."""
     if torch.cuda.is_available():
         pytest.skip("the CPU interpreter's check: on a GPU the Triton kernel would compile")
-    monkeypatch.setattr(forward, "_gluon_forward", lambda *a, **k: pytest.fail("o's layout: the Triton kernel's"))
+    monkeypatch.setattr(passes, "_gluon_forward", lambda *a, **k: pytest.fail("o's layout: the Triton kernel's"))
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 64, 37, generator=gen).transpose(-1, -2)
     k, v = (torch.randn(1, 2, 37, 64, generator=gen) for _ in range(2))
-    o, _ = forward.attention_forward(q, k, v, FwdConfig(16, 32, 4, 2, family=1), causal=True, sm_scale=0.125)
+    o, _ = passes.attention_forward(q, k, v, FwdConfig(16, 32, 4, 2, family=1), causal=True, sm_scale=0.125)
     assert o.stride() == q.stride()
     ref, _ = reference_attention(q, k, v, causal=True, sm_scale=0.125, dtype=torch.float64)
     torch.testing.assert_close(o.double(), ref, atol=1e-4, rtol=0)
@@ -359,10 +379,10 @@ def test_a_q_with_its_head_dim_strided_runs_the_triton_default_with_o_in_its_lay
 
 def test_a_gluon_config_goes_to_the_gluon_kernel(monkeypatch):
     seen = []
-    monkeypatch.setattr(forward, "_gluon_forward", lambda q, k, v, config, **kw: seen.append((config, kw)) or "o")
+    monkeypatch.setattr(passes, "_gluon_forward", lambda q, k, v, config, **kw: seen.append((config, kw)) or "o")
     q = torch.randn(1, 2, 8, 64)
     cfg = FwdConfig(64, 128, 4, 2, family=1)
-    assert forward.attention_forward(q, q, q, cfg, causal=True, sm_scale=0.5, causal_align="bottom_right") == "o"
+    assert passes.attention_forward(q, q, q, cfg, causal=True, sm_scale=0.5, causal_align="bottom_right") == "o"
     assert seen == [(cfg, dict(causal=True, sm_scale=0.5, compile_only=False, causal_align="bottom_right",
                                window_size=None, v_descale=1.0, out_dtype=None))]
 
@@ -371,10 +391,10 @@ def test_a_window_goes_to_the_gluon_kernel_with_its_sides(monkeypatch):
     """The Gluon kernel runs sliding windows (its WINDOW variant): a window call with a
     Gluon config goes to it, the checked (left, right) passed on."""
     seen = []
-    monkeypatch.setattr(forward, "_gluon_forward", lambda q, k, v, config, **kw: seen.append((config, kw)) or "o")
+    monkeypatch.setattr(passes, "_gluon_forward", lambda q, k, v, config, **kw: seen.append((config, kw)) or "o")
     q = torch.randn(1, 2, 8, 64)
     cfg = FwdConfig(64, 128, 4, 2, family=1)
-    assert forward.attention_forward(q, q, q, cfg, causal=True, sm_scale=0.5, window_size=(4, 0)) == "o"
+    assert passes.attention_forward(q, q, q, cfg, causal=True, sm_scale=0.5, window_size=(4, 0)) == "o"
     assert seen == [(cfg, dict(causal=True, sm_scale=0.5, compile_only=False, causal_align="top_left",
                                window_size=(4, 0), v_descale=1.0, out_dtype=None))]
 
@@ -386,38 +406,36 @@ def test_fp8_goes_to_the_gluon_kernel_when_v_has_its_keys_contiguous(monkeypatch
     from flashtune.kernels.fp8 import keys_contiguous as relayout
 
     seen = []
-    monkeypatch.setattr(forward, "_gluon_forward", lambda q, k, v, config, **kw: seen.append(kw) or ("o", None))
+    monkeypatch.setattr(passes, "_gluon_forward", lambda q, k, v, config, **kw: seen.append(kw) or ("o", None))
     q = torch.randn(1, 2, 40, 64).to(torch.float8_e4m3fn)
     v = relayout(q) if keys_contiguous else q
     cfg = FwdConfig(64, 128, 4, 2, family=1)
     if keys_contiguous:
-        forward.attention_forward(q, q, v, cfg, causal=False, sm_scale=0.5, v_descale=0.25,
+        passes.attention_forward(q, q, v, cfg, causal=False, sm_scale=0.5, v_descale=0.25,
                                   out_dtype=torch.float16)
         assert seen == [dict(causal=False, sm_scale=0.5, compile_only=False, causal_align="top_left",
                              window_size=None, v_descale=0.25, out_dtype=torch.float16)]
     else:
         launched = []
-        monkeypatch.setattr(forward.launch, "launch", lambda kernel, *a, **kw: launched.append(kw["BLOCK_M"]))
-        forward.attention_forward(q, q, v, cfg, causal=False, sm_scale=0.5, v_descale=0.25,
+        monkeypatch.setattr(launch, "launch", lambda kernel, *a, **kw: launched.append(kw["BLOCK_M"]))
+        passes.attention_forward(q, q, v, cfg, causal=False, sm_scale=0.5, v_descale=0.25,
                                   out_dtype=torch.float16)
         assert seen == [] and len(launched) == 1
 
 
 @pytest.mark.parametrize("capability", [(9, 0), (10, 0)])
-def test_long_d128_forward_calls_default_to_the_gluon_kernel_on_sm90_only(monkeypatch, capability):
+def test_long_d128_forward_calls_default_to_the_gluon_kernel_on_sm90_only(sm, capability):
     """Long forward calls: at least LONG_MIN_Q queries against at least LONG_MIN_K keys (a
     square call from LONG_MIN_K, a chunk of 1024 queries over 16k keys)."""
-    from flashtune.kernels.config import LONG_MIN_K, LONG_MIN_Q, default_config
+    from flashtune.heuristics.bands import LONG_MIN_K, LONG_MIN_Q
 
-    monkeypatch.setattr(config_mod, "device_capability", lambda device: capability)
-    monkeypatch.setattr(gluon_forward, "device_capability", lambda device: capability)
-    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)
+    sm(capability)
     bf16 = torch.bfloat16
     for seq_q, seq_k in ((LONG_MIN_K, None), (LONG_MIN_Q, 16 * LONG_MIN_Q), (16384, 16384)):
         long = default_config("fwd", 128, bf16, "cuda", causal=True, seq_q=seq_q, seq_k=seq_k)
         assert long.family == (capability == (9, 0)), (seq_q, seq_k)
         if long.family:  # the default's shape with the persistent grid (its snake order) and O tiles, both maskings
-            assert long.gluon() == dataclasses.replace(gluon_forward.default_gluon_config(128), PERSISTENT=1,
+            assert long.gluon() == dataclasses.replace(default_gluon_config(128), PERSISTENT=1,
                                                        O_TILE=1)
             full = default_config("fwd", 128, bf16, "cuda", causal=False, seq_q=seq_q, seq_k=seq_k)
             assert full == long
@@ -433,17 +451,15 @@ def test_long_d128_forward_calls_default_to_the_gluon_kernel_on_sm90_only(monkey
 
 @pytest.mark.parametrize("capability", [(9, 0), (10, 0)])
 def test_the_d64_forward_defaults_by_masking_and_length(sm, monkeypatch, capability):
-    """D=64 (measured on an H100, 2026-12-06; config.py's D=64 entries), three bands on sm_90: from 192 queries
+    """D=64 (the sm_90 table's D=64 entries), three bands on sm_90: from 192 queries
     against 192 keys (the middle band) two CTAs per SM (the grid kernel without masking, the persistent one with
     O tiles causal, where its tiles fill the SMs), from 4096 queries against 512 keys (the long band, both
     maskings) the one-CTA persistent kernel; below, and on other devices, the Triton entries (128x64 w8 s3,
     causal 64x64 w4 s3, causal from 4096 128x64 again)."""
-    from flashtune.kernels import decode
-    from flashtune.kernels.config import (LONG_MIN_K, MID_MIN_TILES_PER_SM_CAUSAL, default_config, is_long, is_mid,
-                                          long_bounds, mid_bounds)
+    from flashtune.heuristics.bands import (LONG_MIN_K, MID_MIN_TILES_PER_SM_CAUSAL, is_long, is_mid, long_bounds,
+                                            mid_bounds)
 
-    sm(capability)
-    monkeypatch.setattr(decode, "sm_count", lambda device: 132)  # an H100's
+    sm(capability)  # (an H100's 132 SMs)
     bf16 = torch.bfloat16
     for causal in (True, False, None):
         assert long_bounds("fwd", bf16, 64, causal=causal) == long_bounds("fwd", bf16, 48, causal=causal) == \
@@ -489,19 +505,17 @@ def test_the_d64_forward_defaults_by_masking_and_length(sm, monkeypatch, capabil
         assert few == short_causal
         assert default_config("fwd", 64, bf16, "cuda", causal=True, seq_q=seq_q, batch_heads=heads) == \
             (mid_causal if sm90 else short_causal)
-    # the launch path (function.resolve_configs) reads the same band's entries (CPU tensors: the Gluon ones do not
+    # the launch path (passes.resolve_configs) reads the same band's entries (CPU tensors: the Gluon ones do not
     # validate there, the Triton ones serve)
-    from flashtune.kernels import function
-
     buckets = []
-    default = function._default
+    default = passes._default
 
     def recording(pass_, head_dim, dtype, device, causal, bucket=None):
         buckets.append((pass_, bucket))
         return default(pass_, head_dim, dtype, device, causal, bucket)
 
-    function._default.cache_clear()
-    monkeypatch.setattr(function, "_default", recording)
+    passes._default.cache_clear()
+    monkeypatch.setattr(passes, "_default", recording)
     try:
         for n, heads, causal, bucket, want in ((191, 2, True, None, short_causal),
                                                (512, fill // 4, True, "mid", short_causal),
@@ -509,29 +523,15 @@ def test_the_d64_forward_defaults_by_masking_and_length(sm, monkeypatch, capabil
                                                (512, 2, False, "mid", triton_d64), (4095, 2, False, "mid", triton_d64),
                                                (4096, 2, True, "long", triton_d64), (8, 2, True, "decode", None)):
             buckets.clear()
-            got = function.resolve_configs(torch.empty(1, heads, n, 64, dtype=bf16), None, None, causal=causal)[0]
+            got = passes.resolve_configs(torch.empty(1, heads, n, 64, dtype=bf16), None, None, causal=causal)[0]
             assert ("fwd", bucket) in buckets, (n, buckets)
             assert want is None or got == want.validate(64, bf16, "cpu"), n
     finally:
         default.cache_clear()
     # a call the Gluon kernels cannot run: the Triton default of its masking
     for cfg in (mid_full, mid_causal, long_gluon):
-        assert cfg.as_triton(64, bf16, "cuda", causal=False) == triton_d64
-        assert cfg.as_triton(64, bf16, "cuda", causal=True) == short_causal
-
-
-@pytest.fixture
-def sm(monkeypatch):
-    """sm(capability): make the CPU look like a CUDA device of that capability (the H200's
-    shared memory) to the heuristic tables; the cached Triton fallback is cleared around it."""
-    def set_capability(capability):
-        monkeypatch.setattr(config_mod, "device_capability", lambda device: capability)
-        monkeypatch.setattr(gluon_forward, "device_capability", lambda device: capability)
-        monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 232448)
-        monkeypatch.setattr(config_mod, "resolve_device", lambda device=None: torch.device("cuda", 0))
-    config_mod._triton_default.cache_clear()
-    yield set_capability
-    config_mod._triton_default.cache_clear()
+        assert passes.as_triton(cfg, 64, bf16, "cuda", causal=False) == triton_d64
+        assert passes.as_triton(cfg, 64, bf16, "cuda", causal=True) == short_causal
 
 
 @pytest.mark.parametrize("capability", [(9, 0), (10, 0)])
@@ -540,7 +540,7 @@ def test_long_d128_fp8_calls_default_to_the_gluon_kernel_on_sm90_only(sm, capabi
     """fp8 at D=128 on long calls: the Gluon kernel's FP8 variant on sm_90 (measured,
     docs/fp8.md); its fallback (V with the head dim contiguous, a softcap) and every other
     fp8 call: the Triton fp8 default of the sm_90 table (not the generic table's)."""
-    from flashtune.kernels.config import LONG_MIN_K, LONG_MIN_K_FP8, default_config
+    from flashtune.heuristics.bands import LONG_MIN_K, LONG_MIN_K_FP8
 
     sm(capability)
     triton = FwdConfig(128, 128, 8, 3)
@@ -550,7 +550,7 @@ def test_long_d128_fp8_calls_default_to_the_gluon_kernel_on_sm90_only(sm, capabi
             assert long == FwdConfig(64, 128, 4, 2, family=1, pingpong=0, overlap=0)
         else:
             assert long == triton
-        assert FwdConfig(64, 128, 4, 2, family=1).as_triton(128, dtype, "cuda", causal) == triton
+        assert passes.as_triton(FwdConfig(64, 128, 4, 2, family=1), 128, dtype, "cuda", causal) == triton
         # fp8 has longer bounds than 16-bit calls: a call long for bf16 is not for fp8
         for cfg in (default_config("fwd", 128, dtype, "cuda", causal=causal, seq_q=LONG_MIN_K_FP8 // 2),
                     default_config("fwd", 128, dtype, "cuda", causal=causal, seq_q=LONG_MIN_K),
@@ -565,13 +565,13 @@ def test_the_triton_fallback_passes_over_a_gluon_entry_at_any_key(sm, monkeypatc
     sm((9, 0))
     e4m3 = torch.float8_e4m3fn
     gluon = FwdConfig(64, 128, 4, 3, family=1, overlap=0)
-    monkeypatch.setitem(config_mod._SM90_FWD, (e4m3, 128, True), gluon)
-    assert config_mod.default_config("fwd", 128, e4m3, "cuda", causal=True) == gluon
-    assert gluon.as_triton(128, e4m3, "cuda", True) == FwdConfig(128, 128, 8, 3)
+    monkeypatch.setitem(tables.HEURISTICS[(9, 0)][0], (e4m3, 128, True), gluon)
+    assert default_config("fwd", 128, e4m3, "cuda", causal=True) == gluon
+    assert passes.as_triton(gluon, 128, e4m3, "cuda", True) == FwdConfig(128, 128, 8, 3)
 
 
 def test_fp8_forward_calls_have_longer_bounds_than_16_bit_ones():
-    from flashtune.kernels.config import LONG_MIN_K_FP8, LONG_MIN_Q, LONG_MIN_Q_FP8, is_long, long_bounds
+    from flashtune.heuristics.bands import LONG_MIN_K_FP8, LONG_MIN_Q, LONG_MIN_Q_FP8, is_long, long_bounds
 
     assert long_bounds("fwd", torch.float8_e5m2) == (LONG_MIN_Q_FP8, LONG_MIN_K_FP8) != long_bounds("fwd")
     for dtype in (None, torch.bfloat16, torch.float16):
@@ -598,16 +598,16 @@ def test_attention_fp8_reads_the_long_entry_for_long_calls_only(monkeypatch, n, 
 
 def test_attention_defaults_read_the_long_entry_for_long_calls_only(monkeypatch):
     """flashtune.attention()'s heuristic configs: the long bucket (the Gluon kernel's forward
-    entry on sm_90) for long calls (config.is_long: queries and keys), unless packed or with
+    entry on sm_90) for long calls (bands.is_long: queries and keys), unless packed or with
     dropout; the backward's long bucket from LONG_MIN_Q_BWD queries, never its decode one."""
-    from flashtune.kernels import function
-    from flashtune.kernels.config import DECODE_MAX_Q, LONG_MIN_K, LONG_MIN_Q, LONG_MIN_Q_BWD
+    from flashtune.configs.base import DECODE_MAX_Q
+    from flashtune.heuristics.bands import LONG_MIN_K, LONG_MIN_Q, LONG_MIN_Q_BWD
 
     asked = []
-    monkeypatch.setattr(function, "default_config",
+    monkeypatch.setattr(passes, "default_config",
                         lambda pass_, *a, seq_q=None, seq_k=None, **kw: asked.append((pass_, seq_q, seq_k))
                         or FwdConfig(16, 16, 4, 1))
-    function._default.cache_clear()
+    passes._default.cache_clear()
     fwd_long, bwd_long, decode = ("fwd", LONG_MIN_Q, LONG_MIN_K), ("bwd", LONG_MIN_Q_BWD, None), ("fwd", 1, None)
     neither = {p: (p, None, None) for p in ("fwd", "bwd")}
     # the cases below take the bounds as they are: one for the queries of both passes, the keys' no longer
@@ -623,12 +623,12 @@ def test_attention_defaults_read_the_long_entry_for_long_calls_only(monkeypatch)
                                     (DECODE_MAX_Q, {"seq_k": 65536}, decode, neither["bwd"]),
                                     (100, {}, neither["fwd"], neither["bwd"])):
             asked.clear()
-            function._default.cache_clear()
-            function.resolve_configs(torch.empty(1, 2, n, 16), None, None, **kwargs)
+            passes._default.cache_clear()
+            passes.resolve_configs(torch.empty(1, 2, n, 16), None, None, **kwargs)
             # the backward reads the long bucket only
             assert asked == [fwd, bwd], (n, kwargs)
     finally:
-        function._default.cache_clear()
+        passes._default.cache_clear()
 
 
 def test_the_drop_in_reads_a_head_dims_own_backward_bound(monkeypatch):
@@ -636,11 +636,10 @@ def test_the_drop_in_reads_a_head_dims_own_backward_bound(monkeypatch):
     (LONG_MIN_Q_BWD_BY_HEAD_DIM): a D=64 call below its masking's bound reads no long entry, one at
     it reads the long entry at that bound (asked with its masking); a D=128 call of the same length
     reads the long entry at LONG_MIN_Q_BWD."""
-    from flashtune.kernels import function
-    from flashtune.kernels.config import LONG_MIN_Q_BWD, LONG_MIN_Q_BWD_BY_HEAD_DIM
+    from flashtune.heuristics.bands import LONG_MIN_Q_BWD, LONG_MIN_Q_BWD_BY_HEAD_DIM
 
     asked = []
-    monkeypatch.setattr(function, "default_config",
+    monkeypatch.setattr(passes, "default_config",
                         lambda pass_, *a, causal=None, seq_q=None, seq_k=None, **kw:
                         asked.append((pass_, seq_q, causal)) or FwdConfig(16, 16, 4, 1))
     try:
@@ -649,11 +648,11 @@ def test_the_drop_in_reads_a_head_dims_own_backward_bound(monkeypatch):
             for n, d, bwd in ((d64_q - 1, 64, None), (d64_q, 64, d64_q), (d64_q, 48, d64_q),
                               (max(d64_q - 1, LONG_MIN_Q_BWD), 128, LONG_MIN_Q_BWD)):
                 asked.clear()
-                function._default.cache_clear()
-                function.resolve_configs(torch.empty(1, 2, n, d), None, None, causal=causal)
+                passes._default.cache_clear()
+                passes.resolve_configs(torch.empty(1, 2, n, d), None, None, causal=causal)
                 assert asked[1] == ("bwd", bwd, causal), (n, d, causal)
     finally:
-        function._default.cache_clear()
+        passes._default.cache_clear()
 
 
 def test_persistent_config_counts_its_q_barriers():
@@ -683,19 +682,19 @@ def test_persistent_config_counts_its_q_barriers():
 def test_persistent_o_tiles_where_shared_memory_holds_them(cfg, head_dim, dtype, tma_store, expected):
     without = cfg
     cfg = dataclasses.replace(cfg, O_TILE=1)
-    assert gluon_forward.persistent_o_tile(cfg, head_dim, dtype, tma_store) == expected
-    assert gluon_forward.persistent_o_tile(without, head_dim, dtype, tma_store) == (False, False)
+    assert gluon_persistent.persistent_o_tile(cfg, head_dim, dtype, tma_store) == expected
+    assert gluon_persistent.persistent_o_tile(without, head_dim, dtype, tma_store) == (False, False)
     o_tile, _early = expected
     e = torch.empty((), dtype=dtype).element_size()
     assert cfg.shared_memory(head_dim, dtype, o_tile=True) == \
         cfg.shared_memory(head_dim, dtype) + 2 * cfg.BLOCK_M * head_dim * e
-    v_buffers = gluon_forward.persistent_v_buffers(cfg, head_dim, dtype, tma_store)
-    assert gluon_forward.persistent_v_buffers(without, head_dim, dtype, tma_store) == cfg.NUM_BUFFERS
+    v_buffers = gluon_persistent.persistent_v_buffers(cfg, head_dim, dtype, tma_store)
+    assert gluon_persistent.persistent_v_buffers(without, head_dim, dtype, tma_store) == cfg.NUM_BUFFERS
     # V's ring is shortened only for the O tiles, by one slot, and only where the full ring has no room
     assert v_buffers == cfg.NUM_BUFFERS or (o_tile and v_buffers == cfg.NUM_BUFFERS - 1 and cfg.shared_memory(
-        head_dim, dtype, o_tile=True) > gluon_forward.SM90_SHARED_MEMORY)
+        head_dim, dtype, o_tile=True) > device_mod.SM90_SHARED_MEMORY)
     assert (cfg.shared_memory(head_dim, dtype, o_tile=True, v_buffers=v_buffers)
-            <= gluon_forward.SM90_SHARED_MEMORY) >= o_tile
+            <= device_mod.SM90_SHARED_MEMORY) >= o_tile
 
 
 def test_a_shorter_v_ring_counts_its_slots_and_barriers():
@@ -703,27 +702,40 @@ def test_a_shorter_v_ring_counts_its_slots_and_barriers():
     e, d, block = 2, 128, 128 * 128 * 2
     assert cfg.shared_memory(d, torch.bfloat16, v_buffers=3) == cfg.shared_memory(d, torch.bfloat16)
     assert cfg.shared_memory(d, torch.bfloat16, v_buffers=2) == \
-        cfg.shared_memory(d, torch.bfloat16) - block - gluon_forward._BARRIER_BYTES
+        cfg.shared_memory(d, torch.bfloat16) - block - configs_gluon.BARRIER_BYTES
     assert cfg.shared_memory(d, torch.bfloat16, o_tile=True, v_buffers=2) == \
-        cfg.shared_memory(d, torch.bfloat16) + 2 * 64 * d * e - block - gluon_forward._BARRIER_BYTES
-    assert cfg.shared_memory(d, torch.bfloat16, o_tile=True, v_buffers=2) <= gluon_forward.SM90_SHARED_MEMORY
+        cfg.shared_memory(d, torch.bfloat16) + 2 * 64 * d * e - block - configs_gluon.BARRIER_BYTES
+    assert cfg.shared_memory(d, torch.bfloat16, o_tile=True, v_buffers=2) <= device_mod.SM90_SHARED_MEMORY
 
 
-@pytest.mark.parametrize("snake", [False, True], ids=["strided", "snake"])
 @pytest.mark.parametrize("total, n_prog", [(t, p) for t in (1, 6, 131, 132, 133, 264, 265, 1000)
                                            for p in (1, 2, 7, 132) if p <= t])  # min(tiles, SMs) CTAs
-def test_persistent_ctas_take_every_tile_once(total, n_prog, snake):
-    taken = [gluon_forward.persistent_tiles(p, n_prog, total, snake) for p in range(n_prog)]
+def test_persistent_ctas_take_every_tile_once(total, n_prog):
+    taken = [gluon_persistent.persistent_tiles(p, n_prog, total) for p in range(n_prog)]
     flat = sorted(t for tiles in taken for t in tiles)
     assert flat == list(range(total))
     for tiles in taken:  # one tile a round, in round order; CTAs differ by at most one tile
         assert [t // n_prog for t in tiles] == list(range(len(tiles)))
     assert max(map(len, taken)) - min(map(len, taken)) <= 1
+    # in a snake: each odd round's tiles in reverse CTA order
+    if total >= 2 * n_prog:
+        assert [taken[p][1] for p in range(n_prog)] == list(range(2 * n_prog - 1, n_prog - 1, -1))
+
+
+def _strided_loads(n: int, units: int, cfg: GluonFwdConfig, n_prog: int) -> list[int]:
+    """Key blocks per CTA of the plain strided order (CTA p takes tiles p, p + n_prog, ... of the
+    unit-major order, each unit's last query block first): what the snake order is measured against."""
+    n_m = -(-n // (2 * cfg.BLOCK_M))
+    loads = [0] * n_prog
+    for t in range(n_m * units):
+        pid_m = n_m - 1 - t % n_m
+        loads[t % n_prog] += -(-min((pid_m + 1) * 2 * cfg.BLOCK_M, n) // cfg.BLOCK_N)
+    return loads
 
 
 def test_the_snake_order_balances_the_causal_rows():
-    """The schedule's model (persistent_cta_blocks): with PERSISTENT_SNAKE's order (unit-major
-    or block-major, as persistent_lpt_units picks) the busiest CTA walks within 3.5 % of the mean
+    """The schedule's model (persistent_cta_blocks): with the snake order (unit-major or
+    block-major, as persistent_lpt_units picks) the busiest CTA walks within 3.5 % of the mean
     key blocks on every causal D=128 grid row and on the grouped-query rows of few units, where
     the strided order gives CTA p the same query block of every unit (1.5x at N=512 and 16k);
     the grid rows up to 8k keep the unit-major order (a unit's tiles together: the K/V they
@@ -734,11 +746,11 @@ def test_the_snake_order_balances_the_causal_rows():
     worst, orders = {}, {}
     rows = [(n, b * h) for n in GRID_SEQ_LENS for b, h in [grid_shape(128, n)]] + [(4096, 2 * 8), (4096, 28)]
     for n, units in rows:
-        lpt = gluon_forward.persistent_lpt_units(n, n, units, cfg, 132, causal=True, plain=True)
+        lpt = gluon_persistent.persistent_lpt_units(n, n, units, cfg, 132, causal=True, plain=True)
         orders[n, units] = lpt
         for snake in (False, True):
-            loads = gluon_forward.persistent_cta_blocks(n, n, units, cfg, 132, causal=True, snake=snake,
-                                                        lpt_units=lpt if snake else 0)
+            loads = gluon_persistent.persistent_cta_blocks(n, n, units, cfg, 132, causal=True, lpt_units=lpt) \
+                if snake else _strided_loads(n, units, cfg, 132)
             assert sum(loads) == units * sum(-(-min((m + 1) * 128, n) // 128) for m in range(-(-n // 128)))
             worst[n, units, snake] = max(loads) / (sum(loads) / len(loads))
     assert all(worst[n, units, True] < 1.035 for n, units in rows), worst
@@ -748,7 +760,7 @@ def test_the_snake_order_balances_the_causal_rows():
 
 
 def test_the_snake_order_is_heaviest_first_for_causal_calls_only():
-    lpt = gluon_forward.persistent_lpt_units
+    lpt = gluon_persistent.persistent_lpt_units
     cfg = GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1)
     assert lpt(4096, 4096, 16, cfg, 132, causal=True, plain=True) == 16
     assert lpt(4096, 4096, 16, cfg, 132, causal=False, plain=True) == 0
@@ -759,59 +771,27 @@ def test_the_snake_order_is_heaviest_first_for_causal_calls_only():
 def test_a_trace_of_the_wrong_shape_or_dtype_is_refused_by_name():
     q, k, v = (torch.zeros(1, 4, 300, 64, dtype=torch.bfloat16) for _ in range(3))
     cfg = GluonFwdConfig()
-    good = gluon_forward.trace_buffer(q, k, cfg)
+    good = forward_launch.trace_buffer(q, k, cfg)
     # 3 tiles of 128 rows x 4 heads; 3 partitions; the header and 8 stamps for each of 3 key blocks
     assert tuple(good.shape) == (12, 3, 16 + 8 * 3) and good.dtype == torch.int64
     expected = r"^trace: expected a contiguous int64 tensor of shape \(12, 3, 40\)"
     for bad in (good[:, :, :-1], good.to(torch.int32), good.transpose(0, 1)):
         with pytest.raises(ValueError, match=expected):
-            gluon_forward.gluon_attention_forward(q, k, v, cfg, causal=False, trace=bad)
+            forward_launch.gluon_attention_forward(q, k, v, cfg, causal=False, trace=bad)
     with pytest.raises(ConfigError, match=r"^device:"):  # a good trace: the config's device check is next
-        gluon_forward.gluon_attention_forward(q, k, v, cfg, causal=False, trace=good)
+        forward_launch.gluon_attention_forward(q, k, v, cfg, causal=False, trace=good)
 
 
 def test_the_v_ring_is_one_slot_shorter_only_where_the_full_ring_does_not_fit():
     # D=256, 3 x 64-key slots: 3 K and 2 V slots fit (229 KB), 3 and 3 do not (261 KB)
     cfg = GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=3)
-    assert cfg.shared_memory(256, torch.bfloat16) > gluon_forward.SM90_SHARED_MEMORY
+    assert cfg.shared_memory(256, torch.bfloat16) > device_mod.SM90_SHARED_MEMORY
     assert cfg.ring_v_buffers(256, torch.bfloat16) == 2
     assert cfg.validate(256, torch.bfloat16) is cfg
-    assert gluon_forward.persistent_v_buffers(cfg, 256, torch.bfloat16, True) == 2
-    assert gluon_forward.kernel_constexprs(cfg, 256, torch.bfloat16, False)["V_BUFFERS"] == 2
+    assert gluon_persistent.persistent_v_buffers(cfg, 256, torch.bfloat16, True) == 2
+    assert forward_launch.kernel_constexprs(cfg, 256, torch.bfloat16, False)["V_BUFFERS"] == 2
     # where the whole ring fits, V has as many slots as K
     for d, c in ((128, GluonFwdConfig(NUM_BUFFERS=3)), (64, GluonFwdConfig(NUM_BUFFERS=4)),
                  (256, GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=2))):
         assert c.ring_v_buffers(d, torch.bfloat16) == c.NUM_BUFFERS
-        assert gluon_forward.kernel_constexprs(c, d, torch.bfloat16, False)["V_BUFFERS"] == c.NUM_BUFFERS
-
-
-def test_the_forward_poly_exp2_by_head_dim_and_masking(monkeypatch):
-    """gluon_forward.POLY_EXP2: 0-4 of every 8 exponentials by the polynomial, one value for every
-    launch or a dict by (head dim, causal); never for fp8 (its P is rounded to 8 bits the other way)."""
-    cfg = gluon_forward.GluonFwdConfig()
-
-    def poly(d, causal, dtype=torch.bfloat16):
-        return gluon_forward.kernel_constexprs(cfg, d, dtype, causal)["POLY"]
-
-    monkeypatch.setattr(gluon_forward, "POLY_EXP2", {(64, False): 1, (64, True): 4})
-    assert [poly(64, False), poly(64, True), poly(128, False), poly(64, False, torch.float16)] == [1, 4, 0, 1]
-    assert poly(64, False, torch.float8_e4m3fn) == 0
-    monkeypatch.setattr(gluon_forward, "POLY_EXP2", 2)
-    assert [poly(64, True), poly(128, False), poly(256, True)] == [2, 2, 2]
-    for bad in (5, -1, True, {(64, False): 8}):
-        monkeypatch.setattr(gluon_forward, "POLY_EXP2", bad)
-        with pytest.raises(ValueError, match=r"gluon_forward.POLY_EXP2: expected 0, 1, 2, 3 or 4"):
-            poly(64, False)
-
-
-@pytest.mark.parametrize("lanes", [4, 8])
-def test_the_exp2_split_asm_of_eight_lanes(lanes):
-    for poly in range(lanes // 2 + 1):
-        asm = gluon_forward.exp2_split_asm(poly, lanes)
-        assert asm.count("ex2.approx.ftz.f32") == lanes - poly and asm.count("shl.b32") == poly
-        assert all(f"ex2.approx.ftz.f32 ${i}, ${i + lanes};" in asm for i in range(lanes - poly))
-        assert all(f"mov.b32 ${i}, %pi;" in asm for i in range(lanes - poly, lanes))
-    with pytest.raises(ValueError, match="POLY_EXP2: expected"):
-        gluon_forward.exp2_split_asm(lanes // 2 + 1, lanes)
-    with pytest.raises(ValueError, match="lanes must be 4 or 8"):
-        gluon_forward.exp2_split_asm(1, 2)
+        assert forward_launch.kernel_constexprs(c, d, torch.bfloat16, False)["V_BUFFERS"] == c.NUM_BUFFERS

@@ -1,5 +1,5 @@
-"""kernel_trace.account on synthetic traces: the Gluon forward's trace layout read back into
-where the time went (CPU; the kernel that writes real traces is checked on an H200 by
+"""kernels/gluon/trace.py's account on synthetic traces: the Gluon kernels' trace layouts read back
+into where the time went (CPU; the kernels that write real traces are checked on a GPU by
 test_gluon_trace_gpu.py)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flashtune.kernels import kernel_trace as kt
+from flashtune.kernels.gluon import trace as kt
 
-# cycles of each consumer block interval (kernel_trace.FORWARD.consumer's order), between two
+# cycles of each consumer block interval (trace.FORWARD.consumer's order), between two
 # blocks, waiting for Q, the epilogue; the producer's wait and issue per block
 BLOCK = (10, 20, 30, 40, 50, 60, 70)
 BETWEEN, WAIT_Q, EPILOGUE, LAST_V, LAST_PV = 5, 100, 200, 7, 9
@@ -186,7 +186,7 @@ def test_the_dkdv_kernels_layout_is_read_with_its_own_intervals():
     (["--pass", "bwd", "--bwd-configs", "f2"], "--bwd-configs: 'f2' is not one of"),
 ])
 def test_the_profile_script_names_a_bad_option(load_benchmark, monkeypatch, capsys, argv, message):
-    pytest.importorskip("flashtune.kernels.gluon_backward", reason="this triton has no Gluon")
+    pytest.importorskip("flashtune.kernels.gluon.backward_launch", reason="this triton has no Gluon")
     script = load_benchmark("gluon_profile")
     monkeypatch.setattr("sys.argv", ["gluon_profile.py", *argv])
     with pytest.raises(SystemExit) as exit_:
@@ -237,47 +237,6 @@ def test_gluon_sass_names_a_bad_setting(load_benchmark, capsys):
     assert exit_.value.code == 2 and "expected NAME=INTEGER" in capsys.readouterr().err
 
 
-def test_gluon_sass_sets_a_switch_at_its_type(load_benchmark, monkeypatch, capsys):
-    # an int switch keeps its value (CONSUMER_TURNS 2 was set as True, which the launch refuses);
-    # a bool one takes 0 or 1 only
-    script = load_benchmark("gluon_sass")
-    seen = []
-
-    def compile_kernel(args, switches):
-        seen.append(switches)
-        raise SystemExit(0)
-
-    monkeypatch.setattr(script, "compile_kernel", compile_kernel)
-    for argv in (["--kernel", "bwd", "--switch", "CONSUMER_TURNS=2"], ["--switch", "ROW_LIMIT_MASK=1"]):
-        with pytest.raises(SystemExit):
-            script.main(argv)
-    assert seen == [{"CONSUMER_TURNS": 2}, {"ROW_LIMIT_MASK": True}]
-    assert type(seen[0]["CONSUMER_TURNS"]) is int
-    with pytest.raises(SystemExit) as exit_:
-        script.main(["--switch", "ROW_LIMIT_MASK=2"])
-    assert exit_.value.code == 2 and "expected values of 0 and 1" in capsys.readouterr().err
-
-
-def test_the_benchmarks_switch_option_gives_every_combination_and_names_a_bad_one(load_benchmark, capsys):
-    import argparse
-
-    from flashtune.kernels import gluon_backward
-
-    bench = load_benchmark("gluon_bench")
-    ap = argparse.ArgumentParser(prog="gluon_bwd.py")
-    combos = bench.switch_values(ap, gluon_backward, ["CONSUMER_TURNS=0,2", "COMPACT_STATS=1"])
-    assert combos == [{"CONSUMER_TURNS": 0, "COMPACT_STATS": True}, {"CONSUMER_TURNS": 2, "COMPACT_STATS": True}]
-    assert bench.switch_values(ap, gluon_backward, []) == [{}]
-    # only the switches given several values name a runner
-    assert bench.switch_tag(combos[1], ["CONSUMER_TURNS=0,2", "COMPACT_STATS=1"]) == " CONSUMER_TURNS=2"
-    for bad, message in (("NO_SUCH=1", "has no switch 'NO_SUCH'"), ("COMPACT_STATS=on", "integer values"),
-                         ("compact_stats=1", "has no switch"), ("COMPACT_STATS=0,2", "expected values of 0 and 1"),
-                         ("DQ_FIRST=1", "has no switch")):  # DQ_FIRST is a config field (GluonBwdConfig)
-        with pytest.raises(SystemExit):
-            bench.switch_values(ap, gluon_backward, [bad])
-        assert message in capsys.readouterr().err
-
-
 def test_the_forward_benchmarks_config_option_gives_every_combination_and_names_a_bad_one(load_benchmark, capsys):
     import argparse
 
@@ -287,7 +246,7 @@ def test_the_forward_benchmarks_config_option_gives_every_combination_and_names_
         {"CONSUMER_REGS": 104, "PERSISTENT": 1}, {"CONSUMER_REGS": 240, "PERSISTENT": 1}]
     assert bench.config_fields(ap, []) == []
     for bad, message in (("NO_SUCH=1", "expected one of"), ("OVERLAP=on", "integer values"),
-                         ("FMA_SOFTMAX=1", "expected one of")):  # FMA_SOFTMAX is a switch (--switch)
+                         ("DQ_FUSED=1", "expected one of")):  # DQ_FUSED is a backward config's field
         with pytest.raises(SystemExit):
             bench.config_fields(ap, [bad])
         assert message in capsys.readouterr().err

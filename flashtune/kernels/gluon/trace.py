@@ -1,6 +1,6 @@
 """The Gluon kernels' own instrumentation: the layout of their traces and where the time goes.
 
-``gluon_attention_forward(..., trace=buf)`` (buf from ``gluon_forward.trace_buffer``) and
+``gluon_attention_forward(..., trace=buf)`` (buf from ``forward_launch.trace_buffer``) and
 ``gluon_attention_backward(..., trace=[])`` (the dK/dV kernel's trace appended to the list) run
 the kernel compiled with ``TRACE``: each of a CTA's three partitions (consumer 0, consumer 1,
 the TMA producer) stamps the SM's cycle counter (``%clock64``) at fixed points of every block
@@ -73,7 +73,7 @@ class Layout:
 PRODUCER_PHASES = ("wait slot", "issue", "the rest")
 _PRODUCER = (("wait slot", 0, 1), ("issue", 1, 2))
 
-# the forward (gluon_forward.py), per key block; variant: OVERLAP (0: the sequential loop; 1:
+# the forward (gluon/forward.py), per key block; variant: OVERLAP (0: the sequential loop; 1:
 # block j's S issued with block j-1's P V)
 FORWARD = Layout("forward", 8, {
     0: (("wait K", 0, 1), ("wait turn", 1, 2), ("wait S", 2, 3), ("softmax", 3, 4), ("wait V", 4, 5),
@@ -82,7 +82,7 @@ FORWARD = Layout("forward", 8, {
         ("wait PV", 5, 6), ("rescale, stage P", 6, 7)),
 }, _PRODUCER, "Q", last={1: ("wait V", "wait PV")})
 
-# the dK/dV kernel (gluon_backward.py), per step (query block of a query head); one variant:
+# the dK/dV kernel (gluon/backward.py), per step (query block of a query head); one variant:
 # without the fused dQ its four dQ intervals are empty; with DQ_FUSED 2 they are the previous
 # step's share (the last share runs after the loop: "between blocks")
 BACKWARD = Layout("backward dK/dV", 14, {
@@ -90,6 +90,7 @@ BACKWARD = Layout("backward dK/dV", 14, {
         ("issue dV, dK", 6, 7), ("dQ: wait dS", 7, 8), ("dQ: wgmma", 8, 9), ("dQ: wait reduce", 9, 10),
         ("dQ: store, reduce", 10, 11), ("wait dV, dK", 11, 12), ("release", 12, 13)),
 }, _PRODUCER, "K, V")
+
 
 class TraceError(ValueError):
     """The trace is not one a traced kernel wrote (a tile or a partition never stamped)."""
@@ -176,7 +177,7 @@ def _grid(trace: torch.Tensor, sms: int | None) -> tuple[dict[str, float], float
 
 
 def account(trace, variant: int, sms: int | None = None, layout: Layout = FORWARD) -> Account:
-    """Read a trace of ``layout``'s kernel (the forward's: ``gluon_forward.trace_buffer``'s
+    """Read a trace of ``layout``'s kernel (the forward's: ``forward_launch.trace_buffer``'s
     tensor after a traced call, or a copy) run as ``variant`` (the forward's: its config's
     OVERLAP; the dK/dV kernel's: 0); ``sms``: the GPU's SM count (the SMs that ran no tile
     count as idle). TraceError if it is not a complete trace."""
