@@ -1,5 +1,5 @@
-"""On an H100/H200: the Gluon backward (kernels/gluon_backward.py: the Gluon dK/dV kernel with
-the Triton preprocess and dQ kernel) against the references.
+"""On an H100/H200: the Gluon backward (kernels/gluon/: the Gluon dK/dV kernel with the Triton
+preprocess and dQ kernel, the Gluon dQ kernel, or dQ fused) against the references.
 
 Marked ``gpu``; skipped without CUDA and on any GPU but compute capability 9.0. The forward
 is the Gluon forward (o and the base-2 log-sum-exp the backward reads); dQ, dK and dV are
@@ -19,10 +19,9 @@ import torch
 from kernel_checks import (assert_close_to_reference, make_tensor, reference_outputs, sdpa_outputs,
                            smoke_in_subprocess, tolerance)
 
-gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward", reason="this triton has no Gluon")
-from flashtune.kernels import gluon_forward  # noqa: E402  (after the skip: it needs Gluon too)
-
-GluonBwdConfig = gluon_backward.GluonBwdConfig
+gluon_backward = pytest.importorskip("flashtune.kernels.gluon.backward_launch", reason="this triton has no Gluon")
+from flashtune.configs.gluon import GluonBwdConfig, default_gluon_config  # noqa: E402
+from flashtune.kernels.gluon import forward_launch as gluon_forward  # noqa: E402  (after the skip: it needs Gluon)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -33,10 +32,11 @@ pytestmark = [
 # One small call of each kernel first, in a process of its own (kernel_checks.smoke_in_subprocess).
 SMOKE = """
 import torch
-from flashtune.kernels import gluon_backward as g, gluon_forward as f
+from flashtune.configs.gluon import GluonBwdConfig, default_gluon_config
+from flashtune.kernels.gluon import backward_launch as g, forward_launch as f
 q, k, v, do = (torch.randn(1, 2, 200, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-o, lse2 = f.gluon_attention_forward(q, k, v, f.default_gluon_config(64), causal=True)
-for cfg in (g.GluonBwdConfig(BLOCK_M=32), g.GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3)):
+o, lse2 = f.gluon_attention_forward(q, k, v, default_gluon_config(64), causal=True)
+for cfg in (GluonBwdConfig(BLOCK_M=32), GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3)):
     g.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=True)
 torch.cuda.synchronize()
 """
@@ -53,21 +53,15 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 CONFIGS = {"m32": (GluonBwdConfig(BLOCK_M=32), False, 0), "m64": (GluonBwdConfig(BLOCK_M=64), False, 0),
            "m64-unsplit": (GluonBwdConfig(BLOCK_M=64), False, 1),
            "m64-gdq": (GluonBwdConfig(BLOCK_M=64), True, 0),
-           "m64b3dv": (GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DV_EARLY=1), False, 0),
-           "m32-gdq128b2seq": (GluonBwdConfig(BLOCK_M=32, DQ_BLOCK_N=128, DQ_BUFFERS=2, DQ_OVERLAP=0), True, 1),
-           "m64-gdqseq": (GluonBwdConfig(BLOCK_M=64, DQ_OVERLAP=0), True, 0),
+           "m64b3": (GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3), False, 0),
+           "m32-gdqb3": (GluonBwdConfig(BLOCK_M=32, DQ_BUFFERS=3), True, 1),
            "m64-fused": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1), False, 0),
            "m64-fused-late": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2), False, 0),
            "m64b3-fused-unsplit": (GluonBwdConfig(BLOCK_M=64, NUM_BUFFERS=3, DQ_FUSED=1), False, 1),
            # the fused dQ share's wgmmas ahead of dV's and dK's (DQ_FIRST)
            "m64-fused-first": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1, DQ_FIRST=1), False, 0),
-           "m64-fused-late-first": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2, DQ_FIRST=1), False, 0),
-           # the persistent walk (PERSISTENT): at most one CTA per SM, walking the tiles
-           "m64-fused-P": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=1, PERSISTENT=1), False, 0),
-           "m64-fused-late-first-P": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2, DQ_FIRST=1, PERSISTENT=1), False, 0),
-           "m32-P": (GluonBwdConfig(BLOCK_M=32, PERSISTENT=1), False, 0)}
-SOME_LENGTHS_ONLY = ("m64b3dv", "m32-gdq128b2seq", "m64-gdqseq", "m64b3-fused-unsplit", "m64-fused-first",
-                     "m64-fused-late-first-P", "m32-P")
+           "m64-fused-late-first": (GluonBwdConfig(BLOCK_M=64, DQ_FUSED=2, DQ_FIRST=1), False, 0)}
+SOME_LENGTHS_ONLY = ("m64b3", "m32-gdqb3", "m64b3-fused-unsplit", "m64-fused-first")
 
 
 def check_gluon_backward(n_q, n_k, d, *, dtype_name="bf16", causal=True, heads=(8, 2), batch=2, config="m64",
@@ -79,7 +73,7 @@ def check_gluon_backward(n_q, n_k, d, *, dtype_name="bf16", causal=True, heads=(
     k = make_tensor((batch, hkv, n_k, d), layout=layout, dtype=dtype, device="cuda", gen=gen)
     v = make_tensor((batch, hkv, n_k, d), layout=layout, dtype=dtype, device="cuda", gen=gen)
     do = make_tensor((batch, hq, n_q, d), layout=layout, dtype=dtype, device="cuda", gen=gen)
-    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(d), causal=causal,
+    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, default_gluon_config(d), causal=causal,
                                                     causal_align=causal_align)
     cfg, gluon_dq, config_split = CONFIGS[config]
     dq, dk, dv = gluon_backward.gluon_attention_backward(
@@ -156,34 +150,8 @@ def causal_inputs(batch, hq, hkv, n, *, seed):
              for _ in range(2))
     k, v = (make_tensor((batch, hkv, n, 128), layout="bhnd", dtype=torch.bfloat16, device="cuda", gen=gen)
             for _ in range(2))
-    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128), causal=True)
+    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, default_gluon_config(128), causal=True)
     return q, k, v, do, o, lse2
-
-
-# (batch, Hq, Hkv, N, dkdv_split): tiles over several rounds of the SMs (4 x 8 x 8 key blocks is
-# 256 tiles, about two rounds on 132 SMs; 2 x 16 x 16 = 512 on the split), a grouped split, and
-# fewer tiles than SMs
-PERSISTENT_SHAPES = [(4, 16, 8, 1000, 1), (8, 16, 8, 1024, 1), (2, 16, 2, 2000, 0), (1, 2, 1, 17, 1)]
-
-
-@pytest.mark.parametrize("config", ["m64-fused", "m64-fused-late", "m64-fused-late-first", "m64"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("batch,hq,hkv,n,split", PERSISTENT_SHAPES, ids=lambda x: str(x))
-def test_the_persistent_walk_computes_what_the_grid_does(batch, hq, hkv, n, split, causal, config):
-    """PERSISTENT: every tile walked by at most one CTA per SM (rounds in a snake, K and V handed
-    back after each tile, the rings and dS^T slots running on across tiles) computes what the
-    one-CTA-a-tile grid computes: dK and dV bit for bit (the same steps in the same order), dQ
-    within the fused reduce-adds' reordering, and against the reference."""
-    cfg, _gdq, _split = CONFIGS[config]
-    q, k, v, do, o, lse2 = causal_inputs(batch, hq, hkv, n, seed=17)
-    if not causal:
-        o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128),
-                                                        causal=False)
-    runs = [gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, dataclasses.replace(cfg, PERSISTENT=on),
-                                                    causal=causal, dkdv_split=split) for on in (0, 1)]
-    torch.cuda.synchronize()
-    assert_the_same_gradients(cfg, *runs)
-    assert_gradients_match_the_reference(q, k, v, do, runs[1], causal=causal)
 
 
 def test_the_fused_dq_gives_way_to_a_dq_kernel_under_deterministic_algorithms():
@@ -216,80 +184,35 @@ def test_the_heaviest_first_order_changes_no_bit():
             assert torch.equal(dk, runs[0][0]) and torch.equal(dv, runs[0][1])
 
 
-@pytest.mark.parametrize("config", ["m64", "m64b3dv", "m64-fused", "m64-fused-late"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_the_compact_row_statistics_change_no_bit(causal, config, monkeypatch):
-    """gluon_backward.COMPACT_STATS moves lse and Delta to S^T's column layout where they are
-    used instead of loading them there: the same values in the same arithmetic, so dK and dV
-    (and dQ, but for the fused dQ's reduce-adds, which land in any order) agree exactly with
-    the wide load's, on lengths that end inside a block, and against the reference."""
-    cfg, _gdq, split = CONFIGS[config]
-    q, k, v, do, o, lse2 = causal_inputs(2, 8, 2, 1000, seed=7)
-    if not causal:
-        o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128),
-                                                        causal=False)
-    runs = []
-    for compact in (False, True):
-        monkeypatch.setattr(gluon_backward, "COMPACT_STATS", compact)
-        runs.append(gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=causal,
-                                                            dkdv_split=split))
-    torch.cuda.synchronize()
-    assert_the_same_gradients(cfg, *runs)
-    check_gluon_backward(1000, 1000, 128, causal=causal, config=config)
-
-
-# what only orders work (no data passes through it): gluon_backward.CONSUMER_TURNS and
-# STEP_COUNTERS (module switches) and GluonBwdConfig.DQ_FIRST (the fused dQ's configs only); and
-# SKIP_DEAD_STEPS, which leaves out products that are all zeros (same bits but for zeros' signs)
-ORDER_SWITCHES = [({"CONSUMER_TURNS": 1}, ("m64", "m64-fused", "m64-fused-late")),
-                  ({"CONSUMER_TURNS": 2}, ("m64", "m64-fused", "m64-fused-late")),
-                  ({"DQ_FIRST": 1}, ("m64-fused", "m64-fused-late")),
-                  ({"DQ_FIRST": 1, "CONSUMER_TURNS": 2}, ("m64-fused", "m64-fused-late")),
-                  ({"STEP_COUNTERS": True}, ("m64", "m64-fused", "m64-fused-late")),
-                  ({"DQ_FIRST": 1, "STEP_COUNTERS": True}, ("m64-fused", "m64-fused-late")),
-                  ({"SKIP_DEAD_STEPS": True}, ("m64", "m64-fused", "m64-fused-late")),
-                  ({"DQ_FIRST": 1, "SKIP_DEAD_STEPS": True}, ("m64-fused", "m64-fused-late"))]
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("flags,config", [(f, c) for f, configs in ORDER_SWITCHES for c in configs],
-                         ids=lambda x: x if isinstance(x, str) else "-".join(f"{k}={int(v)}" for k, v in x.items()))
-def test_the_order_switches_change_no_bit(flags, causal, config, monkeypatch):
-    """gluon_backward.CONSUMER_TURNS (the consumers' issues in turns) and the config's DQ_FIRST (the
-    fused dQ share's wgmmas ahead of dV's and dK's) only order the same work: dK and dV agree
-    exactly with them off, dQ too but for the fused dQ's reduce-adds (any order), on grouped heads,
-    a split and lengths that end inside a block (and Nq != Nk, with a CTA of no query block under
-    causal masking), and against the reference."""
+@pytest.mark.parametrize("config", ["m64-fused", "m64-fused-late"])
+def test_the_dq_share_first_changes_no_bit(causal, config):
+    """The config's DQ_FIRST (the fused dQ share's wgmmas ahead of dV's and dK's) only orders the
+    same work: dK and dV agree exactly with it off, dQ too but for the fused dQ's reduce-adds (any
+    order), on grouped heads, a split and lengths that end inside a block (and Nq != Nk, with a CTA
+    of no query block under causal masking), and against the reference."""
     cfg, _gdq, split = CONFIGS[config]
     for hq, hkv, n_q, n_k, dkdv_split in ((8, 2, 1000, 1000, split), (4, 1, 333, 1000, 4), (8, 8, 130, 130, split)):
         q, k, v, do, o, lse2 = causal_inputs(2, hq, hkv, n_q, seed=11)
         if n_k != n_q:
             k, v = (torch.randn(2, hkv, n_k, 128, device="cuda", dtype=q.dtype) for _ in range(2))
-        o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128),
-                                                        causal=causal)
-        runs = []
-        for on in (False, True):
-            run_cfg = dataclasses.replace(cfg, DQ_FIRST=int(on and "DQ_FIRST" in flags))
-            for name, value in flags.items():
-                if name != "DQ_FIRST":
-                    monkeypatch.setattr(gluon_backward, name, value if on else type(value)(0))
-            runs.append(gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, run_cfg, causal=causal,
-                                                                dkdv_split=dkdv_split))
+        o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, default_gluon_config(128), causal=causal)
+        runs = [gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, dataclasses.replace(cfg, DQ_FIRST=on),
+                                                        causal=causal, dkdv_split=dkdv_split) for on in (0, 1)]
         torch.cuda.synchronize()
         assert_the_same_gradients(cfg, *runs, where=(hq, hkv, n_q, n_k))
-    config += "-first" if "DQ_FIRST" in flags else ""
-    check_gluon_backward(1000, 1000, 128, causal=causal, config=config)
-    check_gluon_backward(777, 777, 64, causal=causal, config=config, heads=(4, 1))
+    check_gluon_backward(1000, 1000, 128, causal=causal, config=config + "-first")
+    check_gluon_backward(777, 777, 64, causal=causal, config=config + "-first", heads=(4, 1))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("config", ["m64", "m64-fused", "m64-fused-late", "m64-fused-first", "m64-fused-late-first"])
 def test_the_tma_store_of_dk_dv_gives_the_register_stores_bits(causal, config, monkeypatch):
-    """gluon_backward.TMA_STORE_DKDV: dK and dV out through the groups' K and V tiles and TMA bulk
-    stores (rows past Nk clipped by the descriptors) give the register stores' bits, dQ too but for
-    the fused dQ's reduce-adds (any order): grouped heads, lengths that end inside a block, Nq !=
-    Nk (a CTA of no query block under causal masking), a split (which keeps the register stores),
-    fp16; and against the reference."""
+    """dK and dV out through the groups' K and V tiles and TMA bulk stores (rows past Nk clipped by
+    the descriptors) give the register stores' bits (what a split launch and outputs the copy engine
+    cannot address take; forced here), dQ too but for the fused dQ's reduce-adds (any order):
+    grouped heads, lengths that end inside a block, Nq != Nk (a CTA of no query block under causal
+    masking), a split (the register stores either way), fp16; and against the reference."""
     cfg = CONFIGS[config][0]
     # unsplit (1) where the TMA store is taken; a split (4) keeps the register stores
     for hq, hkv, n_q, n_k, dkdv_split, dtype in ((8, 2, 1000, 1000, 1, torch.bfloat16),
@@ -299,57 +222,19 @@ def test_the_tma_store_of_dk_dv_gives_the_register_stores_bits(causal, config, m
         q, k, v, do, o, lse2 = causal_inputs(2, hq, hkv, n_q, seed=13)
         q, do = q.to(dtype), do.to(dtype)
         k, v = (torch.randn(2, hkv, n_k, 128, device="cuda", dtype=dtype) for _ in range(2))
-        o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(128),
+        o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, default_gluon_config(128),
                                                         causal=causal)
         runs = []
         for on in (False, True):
-            monkeypatch.setattr(gluon_backward, "TMA_STORE_DKDV", on)
-            runs.append(gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=causal,
-                                                                dkdv_split=dkdv_split))
+            with monkeypatch.context() as patch:
+                if not on:
+                    patch.setattr(gluon_backward, "_tma_dkdv", lambda *a, **kw: False)
+                runs.append(gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=causal,
+                                                                    dkdv_split=dkdv_split))
         torch.cuda.synchronize()
         assert_the_same_gradients(cfg, *runs, where=(hq, hkv, n_q, n_k, dtype))
-    monkeypatch.setattr(gluon_backward, "TMA_STORE_DKDV", True)
     check_gluon_backward(1000, 1000, 128, causal=causal, config=config, split=1)
     check_gluon_backward(777, 777, 64, causal=causal, config=config, heads=(4, 1), split=1)
-
-
-# switches that change the arithmetic (other bits than off, so checked against the reference):
-# gluon_backward.SCALE_IN_P (sm_scale carried in P^T), POLY_EXP2 (some of P^T's exponentials
-# by a polynomial) and DQ_SCALE_AT_CAST (the fused dQ shares unscaled, the cast scales the sum)
-NUMERIC_SWITCHES = [{"SCALE_IN_P": True}, {"POLY_EXP2": 1}, {"POLY_EXP2": 2, "SCALE_IN_P": True},
-                    {"DQ_SCALE_AT_CAST": True}, {"DQ_SCALE_AT_CAST": True, "SCALE_IN_P": True}]
-
-
-@pytest.mark.parametrize("config", ["m64", "m64-fused", "m64-fused-late", "m64-fused-first", "m64-fused-late-first"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("flags", NUMERIC_SWITCHES, ids=lambda f: "-".join(f"{k}={int(v)}" for k, v in f.items()))
-def test_the_numeric_switches_match_the_reference(flags, causal, config, monkeypatch):
-    """SCALE_IN_P: P^T (and with it dS^T) comes out of its exp2 already scaled by sm_scale, dV is
-    divided by it at the end, dK and the fused dQ share take no scale; POLY_EXP2: 1 or 2 of every
-    4 of P^T's exponentials by a degree-3 polynomial; DQ_SCALE_AT_CAST: the fused dQ shares go unscaled
-    and the buffer's cast scales them (beside SCALE_IN_P, only where SCALE_IN_P does not run). Checked
-    against the reference: odd lengths, Nq != Nk, grouped heads, a split, fp16, bottom-right alignment;
-    and with SCALE_IN_P a scale above 1 falls back to the kernel without it (dK and dV the same bits as
-    the switch off)."""
-    for name, value in flags.items():
-        monkeypatch.setattr(gluon_backward, name, value)
-    check_gluon_backward(1000, 1000, 128, causal=causal, config=config)
-    check_gluon_backward(333, 1000, 128, causal=causal, config=config, heads=(8, 1), split=4)
-    check_gluon_backward(777, 777, 64, causal=causal, config=config, heads=(4, 1))
-    check_gluon_backward(1000, 300, 64, dtype_name="fp16", causal=causal, config=config,
-                         causal_align="bottom_right" if causal else "top_left")
-    if "SCALE_IN_P" not in flags:
-        return
-    cfg, _gdq, split = CONFIGS[config]
-    q, k, v, do, o, lse2 = causal_inputs(1, 4, 2, 500, seed=13)
-    runs = []
-    for on in (True, False):
-        monkeypatch.setattr(gluon_backward, "SCALE_IN_P", on)
-        runs.append(gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=True, sm_scale=1.5,
-                                                            dkdv_split=split))
-    torch.cuda.synchronize()
-    (dq0, dk0, dv0), (dq1, dk1, dv1) = runs
-    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
 
 
 @pytest.mark.parametrize("config", ["m64", "m64-gdq", "m64-fused"])
@@ -375,7 +260,7 @@ def test_attention_trains_through_a_gluon_bwd_config(n, d, heads, causal, family
     o, lse, every gradient, the gradients' layouts)."""
     from kernel_checks import check_attention
 
-    from flashtune.kernels.config import BwdConfig
+    from flashtune.configs.backward import BwdConfig
 
     gen = torch.Generator().manual_seed(n * 31 + d + family)
     hq, hkv = heads

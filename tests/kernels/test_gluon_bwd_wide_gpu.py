@@ -1,5 +1,5 @@
-"""On an H100/H200: the D=256 Gluon dK/dV kernel (kernels/gluon_backward_wide.py, with its fused
-dQ or the Triton dQ kernel) against the references, through gluon_backward.gluon_attention_backward.
+"""On an H100/H200: the D=256 Gluon dK/dV kernel (kernels/gluon/backward_wide.py, with its fused
+dQ or the Triton dQ kernel) against the references, through backward_launch.gluon_attention_backward.
 
 Marked ``gpu``; skipped without CUDA and on any GPU but compute capability 9.0. The forward is the
 Gluon forward at D=256 (o and the base-2 log-sum-exp the backward reads); dQ, dK and dV are
@@ -19,8 +19,9 @@ import torch
 from kernel_checks import smoke_in_subprocess
 from test_gluon_bwd_gpu import DTYPES, assert_gradients_match_the_reference, assert_the_same_gradients
 
-wide = pytest.importorskip("flashtune.kernels.gluon_backward_wide", reason="this triton has no Gluon")
-from flashtune.kernels import gluon_backward, gluon_forward  # noqa: E402
+gluon_backward = pytest.importorskip("flashtune.kernels.gluon.backward_launch", reason="this triton has no Gluon")
+from flashtune.configs.gluon import default_gluon_config, default_wide_config  # noqa: E402
+from flashtune.kernels.gluon import forward_launch as gluon_forward  # noqa: E402
 from kernel_checks import make_tensor  # noqa: E402
 
 pytestmark = [
@@ -31,10 +32,11 @@ pytestmark = [
 
 SMOKE = """
 import torch
-from flashtune.kernels import gluon_backward as g, gluon_backward_wide as w, gluon_forward as f
+from flashtune.configs.gluon import default_gluon_config, default_wide_config
+from flashtune.kernels.gluon import backward_launch as g, forward_launch as f
 q, k, v, do = (torch.randn(1, 2, 200, 256, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-o, lse2 = f.gluon_attention_forward(q, k, v, f.default_gluon_config(256), causal=True)
-g.gluon_attention_backward(do, q, k, v, o, lse2, w.default_wide_config(), causal=True)
+o, lse2 = f.gluon_attention_forward(q, k, v, default_gluon_config(256), causal=True)
+g.gluon_attention_backward(do, q, k, v, o, lse2, default_wide_config(), causal=True)
 torch.cuda.synchronize()
 """
 
@@ -45,7 +47,7 @@ def _the_kernel_comes_back():
                         "1x2x200x256 call")
 
 
-W = wide.default_wide_config()
+W = default_wide_config()
 # name -> (config, dkdv_split: 0 chosen from the shape, which on these small shapes splits the key blocks' work)
 CONFIGS = {"b3-fused": (W, 0), "b3-fused-unsplit": (W, 1), "b2-fused": (dataclasses.replace(W, NUM_BUFFERS=2), 0),
            "b3-triton-dq": (dataclasses.replace(W, DQ_FUSED=0), 0),
@@ -61,7 +63,7 @@ def check_wide(n_q, n_k, *, dtype_name="bf16", causal=True, heads=(4, 2), batch=
     k = make_tensor((batch, hkv, n_k, 256), layout=layout, dtype=dtype, device="cuda", gen=gen)
     v = make_tensor((batch, hkv, n_k, 256), layout=layout, dtype=dtype, device="cuda", gen=gen)
     do = make_tensor((batch, hq, n_q, 256), layout=layout, dtype=dtype, device="cuda", gen=gen)
-    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(256), causal=causal,
+    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, default_gluon_config(256), causal=causal,
                                                     causal_align=causal_align)
     cfg, split = CONFIGS[config]
     grads = gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=causal,
@@ -124,18 +126,3 @@ def test_the_wide_backward_is_repeatable_and_deterministic_where_asked():
 def test_a_realistic_gemma2_step():
     """gemma2-d256-train-4k's heads at 1024 queries (16 query heads, 8 K/V heads, causal)."""
     check_wide(1024, 1024, heads=(16, 8), batch=1, causal=True, config="b3-fused-unsplit")
-
-
-@pytest.mark.parametrize("config", ["b3-fused", "b2-triton-dq-unsplit"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("n_q,n_k", [(130, 130), (1000, 2048), (2048, 1000)], ids=["130", "1000x2048", "2048x1000"])
-@pytest.mark.parametrize("prefetch", [1, 2], ids=["early", "late"])
-def test_the_prefetch_switch_changes_no_bit(n_q, n_k, causal, config, prefetch, monkeypatch):
-    """PREFETCH off against the reference, then against PREFETCH early (1) or late (2): dK and dV bit
-    for bit (the same matmuls in another order of issue), dQ too but for the fused reduce-adds' order."""
-    monkeypatch.setattr(wide, "PREFETCH", 0)
-    (q, k, v, do, o, lse2), off = check_wide(n_q, n_k, causal=causal, config=config)
-    monkeypatch.setattr(wide, "PREFETCH", prefetch)
-    cfg, split = CONFIGS[config]
-    on = gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, cfg, causal=causal, dkdv_split=split)
-    assert_the_same_gradients(cfg, off, on, where=f"{config} {n_q}x{n_k} causal={causal} prefetch={prefetch}")

@@ -346,8 +346,7 @@ def test_a_call_the_gluon_kernel_cannot_run_runs_the_triton_default(monkeypatch,
 
 def test_a_window_at_d256_runs_the_gluon_kernel(monkeypatch):
     """A D=256 call with a window and a Gluon config goes to the Gluon forward's WINDOW variant
-    (until 2026-12-06 it ran the Triton kernel: test_gluon_gpu.py -k d256_window had not run on a
-    GPU; it passed on an H100 that day)."""
+    (test_gluon_gpu.py -k d256_window checks it on a GPU)."""
     seen = []
 
     def gluon(q, k, v, config, **kw):

@@ -1,4 +1,4 @@
-"""On an H100/H200: the Gluon forward (kernels/gluon_forward.py) against the references.
+"""On an H100/H200: the Gluon forward (kernels/gluon/forward.py) against the references.
 
 Marked ``gpu``; skipped without CUDA and on any GPU but compute capability 9.0 (the
 kernel is sm_90 only). Forward only: o and the base-2 log-sum-exp, checked by
@@ -22,8 +22,9 @@ from kernel_checks import assert_close_to_reference, make_tensor, smoke_in_subpr
 from flashtune.kernels import reference_attention
 from flashtune.kernels.common import LN2
 
-gluon_forward = pytest.importorskip("flashtune.kernels.gluon_forward", reason="this triton has no Gluon")
-GluonFwdConfig = gluon_forward.GluonFwdConfig
+gluon_forward = pytest.importorskip("flashtune.kernels.gluon.forward_launch", reason="this triton has no Gluon")
+from flashtune.configs.gluon import GluonFwdConfig, default_gluon_config  # noqa: E402
+from flashtune.kernels import passes  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -36,10 +37,11 @@ pytestmark = [
 # here fails at once with that said, instead of holding the GPU run until its limit.
 SMOKE = """
 import torch
-from flashtune.kernels import gluon_forward as g
+from flashtune.configs.gluon import GluonFwdConfig
+from flashtune.kernels.gluon import forward_launch as g
 for pingpong in (0, 1):
     q, k, v = (torch.randn(1, 2, 200, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    g.gluon_attention_forward(q, k, v, g.GluonFwdConfig(PINGPONG=pingpong), causal=True, sm_scale=None)
+    g.gluon_attention_forward(q, k, v, GluonFwdConfig(PINGPONG=pingpong), causal=True, sm_scale=None)
     torch.cuda.synchronize()
 """
 
@@ -66,7 +68,7 @@ def _inputs(n_q, n_k, d, dtype, *, heads=(8, 2), batch=2, layout="bhnd", seed=0)
 def check_gluon_forward(q, k, v, *, dtype_name, causal, config=None, sm_scale=None, same_strides=True):
     """Run the Gluon forward and check o and lse against the float64 reference; returns errors."""
     B, H, n_q, d = q.shape
-    config = config or gluon_forward.default_gluon_config(d, causal)
+    config = config or default_gluon_config(d)
     o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, config, causal=causal, sm_scale=sm_scale)
     torch.cuda.synchronize()
     assert o.shape == q.shape and o.dtype == q.dtype
@@ -137,7 +139,7 @@ D256_CONFIGS = [GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=n, PERSISTENT=p, OVERLAP=
 @pytest.mark.parametrize("n_q, n_k", [(1, 1), (129, 77), (1000, 1000), (777, 2048), (2048, 1000)],
                          ids=lambda n: str(n))
 def test_d256(n_q, n_k, causal, dtype_name, config):
-    """Head dim 256 (64-key blocks in 2 slots: gluon_forward.HEAD_DIMS): GQA, odd lengths, Nq != Nk
+    """Head dim 256 (64-key blocks in 2 or 3 slots: configs.gluon.GLUON_FWD_HEAD_DIMS): GQA, odd lengths, Nq != Nk
     both ways, the grid and the persistent kernel, with and without the overlap and the ping-pong."""
     q, k, v = _inputs(n_q, n_k, 256, DTYPES[dtype_name], heads=(4, 2), seed=n_q + n_k)
     check_gluon_forward(q, k, v, dtype_name=dtype_name, causal=causal, config=config.validate(256, q.dtype))
@@ -149,7 +151,7 @@ def test_d256_trains_through_attention(causal, monkeypatch):
     its output and LSE): the output, LSE and every gradient against the reference."""
     from kernel_checks import check_attention
 
-    from flashtune.kernels.config import family_defaults
+    from flashtune.heuristics.defaults import family_defaults
 
     q, k, v = (t.requires_grad_() for t in _inputs(777, 1000, 256, torch.bfloat16, heads=(4, 2), seed=9))
     do = torch.randn_like(q)
@@ -157,7 +159,7 @@ def test_d256_trains_through_attention(causal, monkeypatch):
     assert len(configs) == 8 and all(c.family == 1 for c in configs)
     seen = []
     real = gluon_forward.gluon_attention_forward
-    monkeypatch.setattr(gluon_forward, "gluon_attention_forward", lambda *a, **kw: seen.append(1) or real(*a, **kw))
+    monkeypatch.setattr(passes, "gluon_attention_forward", lambda *a, **kw: seen.append(1) or real(*a, **kw))
     for cfg in configs:
         check_attention(q, k, v, do, dtype_name="bf16", causal=causal, fwd_config=cfg)
     assert seen == [1] * len(configs)
@@ -172,16 +174,13 @@ def test_d64_128_row_tiles():
 
 @pytest.mark.parametrize("causal_align", ["top_left", "bottom_right"])
 def test_heaviest_first_order_across_heads_gives_the_grid_order_bits(causal_align, monkeypatch):
-    """The forward's 1-D heaviest-first grid (common.LPT_ON["fwd"], off until measured):
-    each CTA computes the same rows whatever the order, so o and the LSE are bitwise those of
-    the 3-D grid, for groups of 1, 5 (a short last group) and every unit."""
-    from flashtune.kernels import common
-
+    """The forward's 1-D heaviest-first grid (schedule.query_lpt_units): each CTA computes the same
+    rows whatever the order, so o and the LSE are bitwise those of the 3-D grid, for groups of 1, 5
+    (a short last group) and every unit."""
     q, k, v = _inputs(1000, 1300, 128, torch.bfloat16, heads=(6, 2), batch=2, seed=5)
     outs = {}
     for units in (0, 1, 5, 12):
-        monkeypatch.setitem(common.LPT_ON, "fwd", bool(units))
-        monkeypatch.setattr(common, "query_lpt_units", lambda *a, units=units, **kw: units)
+        monkeypatch.setattr(gluon_forward, "query_lpt_units", lambda *a, units=units, **kw: units)
         outs[units] = gluon_forward.gluon_attention_forward(q, k, v, GluonFwdConfig(), causal=True, sm_scale=None,
                                                             causal_align=causal_align)
     for units in (1, 5, 12):
@@ -208,22 +207,15 @@ FMA_CASES = [(1, 1, 64), (17, 17, 128), (1000, 1000, 128), (1000, 4096, 64), (40
 @pytest.mark.parametrize("overlap", [0, 1])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("n_q,n_k,d", FMA_CASES, ids=[f"{a}x{b}-d{c}" for a, b, c in FMA_CASES])
-def test_the_fma_softmax_matches_the_reference(n_q, n_k, d, causal, overlap, monkeypatch):
-    """gluon_forward.FMA_SOFTMAX (on since it passed here, 2026-12-05): the row max of the raw
-    scores scaled once, one multiply-add a score; against float64, and within bf16 rounding
-    of the kernel without it."""
+def test_the_fma_softmax_matches_the_reference(n_q, n_k, d, causal, overlap):
+    """A positive sm_scale: the row max of the raw scores scaled once, one multiply-add a score;
+    against float64."""
     q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, seed=6)
     cfg = GluonFwdConfig(NUM_BUFFERS=3 if d == 128 else 2, OVERLAP=overlap)
-    o_off, lse_off = gluon_forward.gluon_attention_forward(q, k, v, cfg, causal=causal)
-    monkeypatch.setattr(gluon_forward, "FMA_SOFTMAX", True)
     check_gluon_forward(q, k, v, dtype_name="bf16", causal=causal, config=cfg)
-    o_on, lse_on = gluon_forward.gluon_attention_forward(q, k, v, cfg, causal=causal)
-    torch.cuda.synchronize()
-    torch.testing.assert_close(o_on, o_off, atol=2e-2, rtol=0)
-    torch.testing.assert_close(lse_on, lse_off, atol=1e-4, rtol=0, equal_nan=True)
 
 
-# the output through its Q tile and one TMA bulk store a consumer (gluon_forward.TMA_STORE_O): rows
+# the output through its Q tile and one TMA bulk store a consumer (16-bit, an addressable o): rows
 # that end inside a tile (the descriptor clips them), Nq != Nk both ways, grouped heads, the
 # (B, N, H, D) layout, bottom-right rows that see no key, fp16
 TMA_STORE_CASES = [  # n_q, n_k, d, heads, layout, causal_align
@@ -239,17 +231,17 @@ TMA_STORE_CASES = [  # n_q, n_k, d, heads, layout, causal_align
                                     GluonFwdConfig(NUM_BUFFERS=3, PERSISTENT=1)], ids=lambda c: c.short())
 @pytest.mark.parametrize("case", TMA_STORE_CASES, ids=lambda c: f"q{c[0]}k{c[1]}d{c[2]}h{c[3][0]}-{c[3][1]}{c[4]}")
 def test_the_tma_store_of_o_gives_the_register_stores_bits(case, config, causal, monkeypatch):
-    """TMA_STORE_O: o and the LSE bit for bit the register store's (the same values, stored
-    another way), and nothing written past the rows: o is compared whole, padding rows included
-    where q's storage has them (the (B, N, H, D) layout interleaves heads)."""
+    """The TMA store: o and the LSE bit for bit the register store's (the same values, stored
+    another way; the register store is what an output the copy engine cannot address takes, forced
+    here), and nothing written past the rows: o is compared whole, padding rows included where q's
+    storage has them (the (B, N, H, D) layout interleaves heads)."""
     n_q, n_k, d, heads, layout, align = case
     dtype = torch.float16 if d == 64 else torch.bfloat16
     q, k, v = _inputs(n_q, n_k, d, dtype, heads=heads, layout=layout, seed=9)
     kw = dict(causal=causal, causal_align=align)
-    monkeypatch.setattr(gluon_forward, "TMA_STORE_O", False)
-    o_reg, lse_reg = gluon_forward.gluon_attention_forward(q, k, v, config, **kw)
-    monkeypatch.setattr(gluon_forward, "TMA_STORE_O", True)
     o_tma, lse_tma = gluon_forward.gluon_attention_forward(q, k, v, config, **kw)
+    monkeypatch.setattr(gluon_forward, "_tma_store", lambda dtype: False)
+    o_reg, lse_reg = gluon_forward.gluon_attention_forward(q, k, v, config, **kw)
     torch.cuda.synchronize()
     assert o_tma.stride() == o_reg.stride() == q.stride()
     assert torch.equal(o_tma, o_reg)
@@ -267,86 +259,30 @@ ROW_LIMIT_CASES = [(1000, 1000, 128, "top_left"), (777, 1100, 128, "bottom_right
                                     GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1)],
                          ids=lambda c: c.short())
 @pytest.mark.parametrize("case", ROW_LIMIT_CASES, ids=lambda c: f"q{c[0]}k{c[1]}d{c[2]}-{c[3]}")
-def test_the_row_limit_mask_gives_the_same_bits(case, config, monkeypatch):
-    """ROW_LIMIT_MASK: a diagonal block's causal mask as one compare a score against its row's
-    limit masks the same scores as the two tests it replaces: o and the LSE bit for bit; and
-    against the reference."""
+def test_the_diagonal_blocks_causal_mask_matches_the_reference(case, config):
+    """A diagonal block's causal mask (one compare a score against its row's limit): o and the LSE
+    against float64 (rows that see no key: o exactly 0, lse -inf)."""
     n_q, n_k, d, align = case
     q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, seed=12)
-    runs = []
-    for on in (False, True):
-        monkeypatch.setattr(gluon_forward, "ROW_LIMIT_MASK", on)
-        runs.append(gluon_forward.gluon_attention_forward(q, k, v, config, causal=True, causal_align=align))
+    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, config, causal=True, causal_align=align)
     torch.cuda.synchronize()
-    (o0, lse0), (o1, lse1) = runs
-    assert torch.equal(o0, o1) and torch.equal(lse0, lse1)
-    if align == "top_left":  # check_gluon_forward's reference is top-left
-        check_gluon_forward(q, k, v, dtype_name="bf16", causal=True, config=config)
-
-
-# the softmax's exponentials partly by a polynomial (gluon_forward.POLY_EXP2, 1-4 of every 8 in the
-# blocks without a mask): masked tails (1000 and 333 keys), bottom-right rows that see no key, a
-# window, grouped heads, fp16, D 64/128/256, the configs that serve (grid, persistent, O tiles)
-POLY_CASES = [  # n_q, n_k, d, heads, causal, causal_align, window, dtype
-    (1000, 1000, 64, (8, 2), False, "top_left", None, "bf16"),
-    (1000, 333, 64, (4, 4), True, "bottom_right", None, "bf16"),
-    (2048, 2048, 64, (8, 8), True, "top_left", None, "fp16"),
-    (777, 4096, 128, (8, 1), False, "top_left", None, "bf16"),
-    (2048, 2048, 128, (4, 2), True, "top_left", (300, 0), "bf16"),
-    (1000, 1000, 256, (4, 2), True, "top_left", None, "bf16"),
-]
-
-
-def _poly_config(d, kind):
-    if d == 256:
-        return GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=2 if kind == "grid" else 3, PERSISTENT=int(kind != "grid"))
-    if kind == "grid":
-        return gluon_forward.default_gluon_config(d)
-    return GluonFwdConfig(NUM_BUFFERS=2 if d == 64 else 3, PERSISTENT=1, O_TILE=int(kind == "otile"))
-
-
-@pytest.mark.parametrize("poly", [1, 2, 4])
-@pytest.mark.parametrize("kind", ["grid", "persistent", "otile"])
-@pytest.mark.parametrize("case", POLY_CASES, ids=lambda c: f"q{c[0]}k{c[1]}d{c[2]}h{c[3][0]}-{c[3][1]}"
-                         f"{'-causal' if c[4] else ''}{'-br' if c[5] != 'top_left' else ''}{'-win' if c[6] else ''}-{c[7]}")
-def test_the_poly_exp2_matches_the_reference(case, kind, poly, monkeypatch):
-    """POLY_EXP2: o and the LSE against float64 (rows that see no key: o exactly 0, lse -inf, as
-    without it), and within 16-bit rounding of the kernel without it."""
-    n_q, n_k, d, heads, causal, align, window, dtype_name = case
-    if d == 256 and kind == "otile":
-        pytest.skip("D=256 has no O tiles")
-    q, k, v = _inputs(n_q, n_k, d, DTYPES[dtype_name], heads=heads, seed=14)
-    config = _poly_config(d, kind)
-    kw = dict(causal=causal, causal_align=align, window_size=window)
-    monkeypatch.setattr(gluon_forward, "POLY_EXP2", 0)
-    o_off, lse_off = gluon_forward.gluon_attention_forward(q, k, v, config, **kw)
-    monkeypatch.setattr(gluon_forward, "POLY_EXP2", {(d, causal): poly})
-    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, config, **kw)
-    torch.cuda.synchronize()
-    assert not torch.equal(o, o_off), "POLY_EXP2 changed no bit: the polynomial did not run"
-    o_true, lse_true = reference_attention(q, k, v, causal=causal, causal_align=align, window_size=window,
-                                           dtype=torch.float64)
+    o_true, lse_true = reference_attention(q, k, v, causal=True, causal_align=align, dtype=torch.float64)
     rows = torch.isfinite(lse_true)
     assert (o[~rows[..., None].expand_as(o)] == 0).all() and torch.isneginf(lse2[~rows]).all()
     torch.testing.assert_close(o.double(), o_true, atol=2e-2, rtol=0)
     torch.testing.assert_close((lse2.double() * LN2)[rows], lse_true[rows], atol=2e-3, rtol=0)
-    torch.testing.assert_close(o, o_off, atol=2e-2, rtol=0)
-    torch.testing.assert_close(lse2, lse_off, atol=1e-3, rtol=0, equal_nan=True)
 
 
-def test_the_tma_store_of_o_matches_the_reference(monkeypatch):
-    monkeypatch.setattr(gluon_forward, "TMA_STORE_O", True)
+def test_the_tma_store_of_o_matches_the_reference():
     for d, causal in ((128, True), (64, False)):
         q, k, v = _inputs(1000, 1100, d, torch.bfloat16, seed=10)
         check_gluon_forward(q, k, v, dtype_name="bf16", causal=causal)
 
 
-@pytest.mark.parametrize("fma", [False, True])
 @pytest.mark.parametrize("overlap", [0, 1])
-def test_a_negative_sm_scale_takes_the_row_max_of_the_scaled_scores(overlap, fma, monkeypatch):
-    # a positive scale commutes with the row max (FMA_SOFTMAX's SCALE_POSITIVE: raw max, scaled
-    # once, one multiply-add a score); a negative one does not, and runs the other way
-    monkeypatch.setattr(gluon_forward, "FMA_SOFTMAX", fma)
+def test_a_negative_sm_scale_takes_the_row_max_of_the_scaled_scores(overlap):
+    # a positive scale commutes with the row max (SCALE_POSITIVE: raw max, scaled once, one
+    # multiply-add a score); a negative one does not, and runs the other way
     q, k, v = _inputs(300, 500, 64, torch.bfloat16, seed=4)
     for causal in (False, True):
         check_gluon_forward(q, k, v, dtype_name="bf16", causal=causal, sm_scale=-0.2,
@@ -375,16 +311,16 @@ def test_a_gluon_fwd_config_trains_through_attention(causal, head_dim, persisten
     LSE; the output, LSE and every gradient against the reference."""
     from kernel_checks import check_attention
 
-    from flashtune.kernels.config import family_defaults
+    from flashtune.heuristics.defaults import family_defaults
 
     q, k, v = (t.requires_grad_() for t in _inputs(777, 1000, head_dim, torch.bfloat16, seed=5))
     do = torch.randn_like(q)
     cfg = family_defaults("fwd", head_dim, q.dtype, q.device)[persistent]  # the grid's, then the persistent
-    assert cfg.family == 1 and cfg.gluon() == dataclasses.replace(gluon_forward.default_gluon_config(head_dim),
+    assert cfg.family == 1 and cfg.gluon() == dataclasses.replace(default_gluon_config(head_dim),
                                                                   PERSISTENT=persistent)
     seen = []
     real = gluon_forward.gluon_attention_forward
-    monkeypatch.setattr(gluon_forward, "gluon_attention_forward", lambda *a, **kw: seen.append(1) or real(*a, **kw))
+    monkeypatch.setattr(passes, "gluon_attention_forward", lambda *a, **kw: seen.append(1) or real(*a, **kw))
     check_attention(q, k, v, do, dtype_name="bf16", causal=causal, fwd_config=cfg)
     assert seen == [1]
 
@@ -417,7 +353,7 @@ def test_window_trains_through_attention(case, overlap, monkeypatch):
     cfg = FwdConfig(64, 128, 4, 3 if d == 128 and overlap else 2, family=1, overlap=overlap)
     seen = []
     real = gluon_forward.gluon_attention_forward
-    monkeypatch.setattr(gluon_forward, "gluon_attention_forward", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    monkeypatch.setattr(passes, "gluon_attention_forward", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
     check_attention(q, k, v, do, dtype_name="bf16", causal=causal, fwd_config=cfg, causal_align=align,
                     window=window)
     assert [kw["window_size"] for kw in seen] == [window]
@@ -449,8 +385,7 @@ def test_window_never_loads_keys_outside_it(overlap):
 @pytest.mark.parametrize("config", [GluonFwdConfig(BLOCK_N=64, NUM_BUFFERS=3, PERSISTENT=1),
                                     GluonFwdConfig(BLOCK_N=64, OVERLAP=0)], ids=lambda c: c.short())
 def test_d256_window(config):
-    """The WINDOW variant at head dim 256 (the drop-in sent D=256 windows to the Triton kernel until
-    this passed on an H100, 2026-12-06): o and the LSE against float64."""
+    """The WINDOW variant at head dim 256: o and the LSE against float64."""
     q, k, v = _inputs(1000, 2048, 256, torch.bfloat16, heads=(4, 2), seed=12)
     for causal, align, window in ((True, "top_left", (300, 0)), (True, "bottom_right", (500, -1)),
                                   (False, "top_left", (-1, 100)), (False, "top_left", (64, 64))):
@@ -493,6 +428,6 @@ def test_fp8_gluon_matches_the_dequantized_reference(case, monkeypatch):
 
     seen = []
     real = gluon_forward.gluon_attention_forward
-    monkeypatch.setattr(gluon_forward, "gluon_attention_forward", lambda *a, **kw: seen.append(1) or real(*a, **kw))
+    monkeypatch.setattr(passes, "gluon_attention_forward", lambda *a, **kw: seen.append(1) or real(*a, **kw))
     check_fp8(case, "cuda")
     assert seen == [1]

@@ -22,32 +22,36 @@ import torch
 from kernel_checks import smoke_in_subprocess
 from test_gluon_gpu import _inputs, check_gluon_forward
 
-from flashtune.kernels.common import sm_count
+from flashtune.configs.gluon import GluonFwdConfig
+from flashtune.device import sm_count
+from flashtune.kernels.gluon.persistent import persistent_v_buffers
 
-gluon_forward = test_gluon_gpu.gluon_forward
-GluonFwdConfig = gluon_forward.GluonFwdConfig
+gluon_forward = test_gluon_gpu.gluon_forward  # kernels/gluon/forward_launch.py
 pytestmark = test_gluon_gpu.pytestmark  # gpu, and sm_90 only
 
 # 4 x 8 heads x 8 tiles of 128 rows = 256 tiles: every CTA of a 132-SM GPU runs one or two
 SMOKE = """
 import torch
-from flashtune.kernels import gluon_forward as g
+from flashtune.configs.gluon import GluonFwdConfig
+from flashtune.kernels.gluon import forward_launch as g
 q, k, v = (torch.randn(4, 8, 1000, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-tma_store = g.TMA_STORE_O
-# without the O tiles, then with them with either store (O_TILE)
-for o_tile, g.TMA_STORE_O in ((0, tma_store), (1, True), (1, False)):
+tma_store = g._tma_store
+# without the O tiles, then with them with either store (O_TILE; the register store of an output the
+# copy engine cannot address)
+for o_tile, registers in ((0, False), (1, False), (1, True)):
+    g._tma_store = (lambda dtype: False) if registers else tma_store
     for overlap in (0, 1):
         for pingpong in (0, 1):
             for causal in (False, True):
-                cfg = g.GluonFwdConfig(NUM_BUFFERS=2, OVERLAP=overlap, PINGPONG=pingpong, PERSISTENT=1, O_TILE=o_tile)
+                cfg = GluonFwdConfig(NUM_BUFFERS=2, OVERLAP=overlap, PINGPONG=pingpong, PERSISTENT=1, O_TILE=o_tile)
                 g.gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=None)
                 torch.cuda.synchronize()
 # D=128 with 3 slots: the O tiles with V's ring a slot shorter than K's (persistent_v_buffers)
 q, k, v = (torch.randn(4, 8, 1000, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-g.TMA_STORE_O = True
+g._tma_store = tma_store
 for overlap in (0, 1):
     for causal in (False, True):
-        cfg = g.GluonFwdConfig(NUM_BUFFERS=3, OVERLAP=overlap, PERSISTENT=1, O_TILE=1)
+        cfg = GluonFwdConfig(NUM_BUFFERS=3, OVERLAP=overlap, PERSISTENT=1, O_TILE=1)
         g.gluon_attention_forward(q, k, v, cfg, causal=causal, sm_scale=None)
         torch.cuda.synchronize()
 """
@@ -152,12 +156,10 @@ def test_two_ctas_per_sm_against_the_reference(config, causal):
 
 @pytest.mark.parametrize("units", [1, 5])
 def test_persistent_heaviest_first_order_gives_the_same_bits(units, monkeypatch):
-    """Causal calls with the heaviest-first 1-D order (LPT_UNITS > 0): the persistent CTAs
-    walk that order; each tile's rows are still computed as the grid kernel's."""
-    from flashtune.kernels import common
-
-    monkeypatch.setitem(common.LPT_ON, "fwd", True)
-    monkeypatch.setattr(common, "query_lpt_units", lambda *a, **kw: units)
+    """Causal calls with the heaviest-first 1-D order (LPT_UNITS > 0, the grid's and the persistent
+    CTAs'): each tile's rows are still computed as the grid kernel's."""
+    monkeypatch.setattr(gluon_forward, "query_lpt_units", lambda *a, **kw: units)
+    monkeypatch.setattr(gluon_forward, "persistent_lpt_units", lambda *a, **kw: units)
     q, k, v = _inputs(3000, 3000, 128, torch.bfloat16, heads=(12, 4), batch=2, seed=13)
     (o_grid, lse_grid), (o, lse) = _both(q, k, v, C(NUM_BUFFERS=3, PERSISTENT=1), causal=True, sm_scale=None)
     assert torch.equal(o, o_grid) and torch.equal(lse, lse_grid)
@@ -177,14 +179,16 @@ def test_persistent_fp8_gives_the_grid_kernels_bits(o_tile, monkeypatch):
             assert torch.equal(o, o_grid) and torch.equal(lse, lse_grid), (cfg.short(), causal)
 
 
+@pytest.mark.parametrize("block_major", [False, True], ids=["unit-major", "block-major"])
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("config", [C(NUM_BUFFERS=3, PERSISTENT=1), C(OVERLAP=0, PERSISTENT=1)],
                          ids=lambda c: c.short())
-def test_the_other_tile_order_gives_the_grid_kernels_bits(config, case, monkeypatch):
-    """The persistent tile order the module does not take (PERSISTENT_SNAKE: the snake over the
-    unit-major or block-major order, persistent_lpt_units's pick, or the strided order); every
-    tile's rows still as the grid kernel computes them."""
-    monkeypatch.setattr(gluon_forward, "PERSISTENT_SNAKE", not gluon_forward.PERSISTENT_SNAKE)
+def test_either_snake_order_gives_the_grid_kernels_bits(config, case, block_major, monkeypatch):
+    """The snake over the unit-major order and over the block-major one (persistent_lpt_units picks
+    one per call; both forced here, causal or not): every tile's rows still as the grid kernel
+    computes them."""
+    monkeypatch.setattr(gluon_forward, "persistent_lpt_units",
+                        lambda n_q, n_k, units, *a, **kw: units if block_major else 0)
     _assert_the_grid_kernels_bits(config, case, seed=15)
 
 
@@ -197,9 +201,11 @@ def test_the_other_tile_order_gives_the_grid_kernels_bits(config, case, monkeypa
 def test_the_o_tiles_give_the_grid_kernels_bits(config, tma_store, case, monkeypatch):
     """O_TILE: each consumer's O through a tile of its own (D=64; D=128 with 2 buffers,
     and with 3 beside V's ring a slot shorter than K's) and its Q tile released before the last
-    P V, reloaded under it while the bulk store of the previous tile may still read its O tile;
+    P V, reloaded under it while the bulk store of the previous tile may still read its O tile
+    (``tma_store`` False: the register store of an output the copy engine cannot address, forced);
     every tile's rows still as the grid kernel computes them."""
-    monkeypatch.setattr(gluon_forward, "TMA_STORE_O", tma_store)
+    if not tma_store:
+        monkeypatch.setattr(gluon_forward, "_tma_store", lambda dtype: False)
     _assert_the_grid_kernels_bits(config, case, seed=16)
 
 
@@ -216,7 +222,6 @@ SHORT_V_CASES = [
 @pytest.mark.parametrize("case", SHORT_V_CASES, ids=_case_id)
 @pytest.mark.parametrize("config", [C(NUM_BUFFERS=3, PERSISTENT=1, O_TILE=1),
                                     C(NUM_BUFFERS=3, OVERLAP=0, PERSISTENT=1, O_TILE=1)], ids=lambda c: c.short())
-def test_the_shorter_v_ring_gives_the_grid_kernels_bits(config, case, monkeypatch):
-    monkeypatch.setattr(gluon_forward, "TMA_STORE_O", True)
-    assert gluon_forward.persistent_v_buffers(config, 128, torch.bfloat16, True) == 2
+def test_the_shorter_v_ring_gives_the_grid_kernels_bits(config, case):
+    assert persistent_v_buffers(config, 128, torch.bfloat16, True) == 2
     _assert_the_grid_kernels_bits(config, case, seed=17)

@@ -1,4 +1,4 @@
-"""On an H100/H200: the Gluon forward's own instrumentation (``trace=``, kernels/kernel_trace.py).
+"""On an H100/H200: the Gluon kernels' own instrumentation (``trace=``, kernels/gluon/trace.py).
 
 A traced call must give the untraced call's o and LSE **bit for bit** (the stamps only read
 the cycle counter and store it), and its trace must be one the kernel's schedule explains:
@@ -20,11 +20,13 @@ import test_gluon_gpu
 import torch
 from test_gluon_gpu import _inputs
 
-from flashtune.kernels import kernel_trace as kt
-from flashtune.kernels.common import causal_offset, cdiv, sm_count
+from flashtune.configs.gluon import GluonBwdConfig, GluonFwdConfig, default_gluon_config
+from flashtune.device import sm_count
+from flashtune.kernels.common import causal_offset, cdiv
+from flashtune.kernels.gluon import backward_launch as gluon_backward
+from flashtune.kernels.gluon import trace as kt
 
-gluon_forward = test_gluon_gpu.gluon_forward
-GluonFwdConfig = gluon_forward.GluonFwdConfig
+gluon_forward = test_gluon_gpu.gluon_forward  # kernels/gluon/forward_launch.py
 pytestmark = test_gluon_gpu.pytestmark  # gpu, and sm_90 only
 
 C = GluonFwdConfig
@@ -49,7 +51,7 @@ def _case_id(c):
 
 
 def _blocks_per_tile(cfg, n_q, n_k, causal, off):
-    """Each query tile's key block count (gluon_forward._key_blocks without a window), in
+    """Each query tile's key block count (gluon/forward.py's _key_blocks without a window), in
     query-tile order."""
     rows = 2 * cfg.BLOCK_M
     out = []
@@ -104,11 +106,10 @@ def test_a_traced_call_gives_the_untraced_bits_and_a_consistent_trace(config, ca
 
 
 # ----------------------------------------------------------------------------------
-# The dK/dV kernel (gluon_backward.py, kernel_trace.BACKWARD)
+# The dK/dV kernel (gluon/backward.py, trace.BACKWARD)
 # ----------------------------------------------------------------------------------
-gluon_backward = pytest.importorskip("flashtune.kernels.gluon_backward")
-B_ = gluon_backward.GluonBwdConfig
-BWD_CONFIGS = [B_(), B_(DQ_FUSED=1), B_(DQ_FUSED=2), B_(NUM_BUFFERS=3, DV_EARLY=1)]
+B_ = GluonBwdConfig
+BWD_CONFIGS = [B_(), B_(DQ_FUSED=1), B_(DQ_FUSED=2), B_(NUM_BUFFERS=3)]
 BWD_CASES = [  # batch, (Hq, Hkv), n_q, n_k, head_dim, causal, dkdv_split
     (2, (8, 2), 1000, 1100, 128, True, 0),
     (1, (8, 1), 2048, 2048, 128, True, 4),  # a split: its CTAs' partials summed afterwards
@@ -138,7 +139,7 @@ def _check_traced_backward(config, case):
     b, heads, n_q, n_k, d, causal, split = case
     q, k, v = _inputs(n_q, n_k, d, torch.bfloat16, heads=heads, batch=b, seed=9)
     do = torch.randn_like(q)
-    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, gluon_forward.default_gluon_config(d), causal=causal)
+    o, lse2 = gluon_forward.gluon_attention_forward(q, k, v, default_gluon_config(d), causal=causal)
     kw = dict(causal=causal, dkdv_split=split)
     plain = gluon_backward.gluon_attention_backward(do, q, k, v, o, lse2, config, **kw)
     sink = []
@@ -157,8 +158,8 @@ def _check_traced_backward(config, case):
     assert sum(acc.consumer.values()) == pytest.approx(1.0)
     if not config.DQ_FUSED:
         # no dQ share: its four stamps back to back, each interval one clock read and one
-        # store (25-40 cycles a block on the H200, 2026-12-05; their share of a consumer's
-        # time rose to 8 % on the short split rows there, so the bound is per block)
+        # store (25-40 cycles a block; their share of a consumer's time reaches 8 % on short
+        # split rows, so the bound is per block)
         dq = {name: c for name, c in acc.block_phases.items() if name.startswith("dQ")}
         assert len(dq) == 4 and all(c < 150 for c in dq.values()), acc.block_phases
         assert sum(dq.values()) < 0.15 * acc.cycles_per_block, acc.block_phases

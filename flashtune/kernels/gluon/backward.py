@@ -278,9 +278,10 @@ def _consumer(which, k_smem, v_smem, q_bufs, do_bufs, kv_ready, q_ready, do_read
     stamp(trace, T_CLK_Q, TRACE)
     k = k_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
     v = v_smem.index(which).reshape([BLOCK_N, HEAD_DIM])
-    # the walk's position counted step by step (a division by the blocks per head each step costs
-    # about 25 instructions), the previous step's one step back from it: carried beside the next
-    # one, the late dQ shares (FUSED_DQ 2) went to wrong rows on the GPU
+    # the walk's position counted step by step: a division by the blocks per head each step costs
+    # about 25 instructions a step (benchmarks/results: h100-gluon-bwd-persistent-d256-fwd). The
+    # previous step's position is derived one step back from it, not carried beside it: carried, the
+    # late dQ shares (FUSED_DQ 2) went to wrong rows
     h_next = head0
     qb_next = first_qb
     it0 = 0
