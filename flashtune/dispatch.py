@@ -76,9 +76,10 @@ from flashtune.kernels import (
     check_inputs,
     default_config,
 )
-from flashtune.kernels.config import resolve_device
+from flashtune.device import resolve_device
 from flashtune.kernels.common import Dropout, torch_fp32_precision
-from flashtune.kernels.function import check_dropout, check_dropout_p, draw_rng, dropout_fwd_config
+from flashtune.kernels.api import check_dropout, check_dropout_p, draw_rng
+from flashtune.kernels.passes import dropout_fwd_config
 from flashtune.keys import GpuInfo, TuningKey, dtype_name, key_distance
 from flashtune.provenance import is_current, kernel_source_hash
 from flashtune.store import ENV_VAR, Store, default_path, resolve_url

@@ -53,7 +53,7 @@ def attention_flops(pass_: str, batch: int, heads: int, seq_len: int, head_dim: 
 
 def flops(key, batch: int, heads: int) -> float:
     """FLOPs of one call of a tuning key's pass at (batch, query heads): 4·B·H·Nq·Nk·D
-    forward, halved for causal with Nq = Nk (as ../shared/design/SHAPES.md counts), 2.5
+    forward, halved for causal with Nq = Nk (as docs/performance.md counts), 2.5
     times that backward."""
     return attention_flops(key.pass_, batch, heads, key.seq_q, key.head_dim, key.causal and key.seq_q == key.seq_k,
                            seq_k=key.seq_k)
@@ -64,9 +64,9 @@ _WARM: set = set()
 
 def warm_up_gpu(device, seconds: float = 1.0) -> None:
     """Keep ``device`` busy with matmuls for about ``seconds``, once per process and device,
-    so its clocks have left idle before the first timed call (nothing off CUDA). On the H200
-    a process that started timing at once, the GPU idle at 345 MHz, timed two identical
-    launches 0.905x apart on its first row (2026-12-03, docs/shapes.md)."""
+    so its clocks have left idle before the first timed call (nothing off CUDA): a process that
+    starts timing at once, the GPU idle at its lowest clock, times two identical launches up to
+    10 % apart on its first row."""
     import torch
 
     device = torch.device(device)
@@ -108,14 +108,13 @@ def time_clean_l2(fn, device, *, rep: float = 20.0, cushion_cycles: int = 0) -> 
     """Median ms of ``fn`` over about ``rep`` ms of calls, each after the L2 is emptied by
     reading a 256 MiB buffer. triton's do_bench empties it by zero-filling one, which leaves
     the L2 full of dirty lines: a call that reads more than the L2 holds then also writes
-    them back (about 12 us of a 50 us decode step on the H200, 2026-12-03). After a read the
+    them back (about 12 us of a 50 us decode step on an H200). After a read the
     lines are clean, as after a model's weight-streaming matmuls.
 
     ``cushion_cycles`` > 0: a device sleep of that many cycles is queued after the read, before
     the start event, so the host has enqueued ``fn``'s launches before the GPU reaches them and
     the figure is GPU time only. Without it a launcher's host time beyond the read's GPU time is
-    counted (a bare Gluon launch, 160-880 us of host time, read 0.29 ms for a 0.15 ms kernel on
-    the H200, 2026-12-05; benchmarks/gluon_bench.py)."""
+    counted (a bare Gluon launch's 160-880 us of host time read 0.29 ms for a 0.15 ms kernel)."""
     import torch
 
     buf = _CLEAN_L2.get(device)
@@ -170,8 +169,8 @@ def graph_time_ms(fn, device, *, quick: bool = False) -> float:
     host's. The autotuner times configs this way: a config decides the GPU's work, not the
     host's, and an eager timing of a short call adds the host's cost of the launch, which
     differs by kernel family (the Gluon forward's eager call took 0.150 ms against 0.090
-    from a graph on an H200 row of 0.07 ms) and jitters (the H200 run of 2026-12-02 re-timed
-    a key eagerly and kept a config 10 % slower on the GPU). A call that cannot be captured
+    from a graph on an H200 row of 0.07 ms) and jitters (an eager re-timing once kept a config
+    10 % slower on the GPU). A call that cannot be captured
     (``capture_graph``) is timed eagerly, as is everything under the interpreter."""
     if device.type != "cuda":
         return time_ms(fn, device, quick=quick)

@@ -10,27 +10,31 @@ from pathlib import Path
 from flashtune._version import __version__
 from flashtune.keys import GpuInfo
 
-_KERNEL_DIR = Path(__file__).parent / "kernels"
-# The files whose code runs on the GPU (the @triton.jit functions and their launchers). The
-# heuristic tables, search space, input checks and reference live beside them and may
-# change without making stored results stale. (A change to how a stored config maps to
-# a launch, e.g. a config field's default in config.py, shows in the launchers too.)
-KERNEL_FILES = ("common.py", "forward.py", "backward.py", "decode.py", "gluon_forward.py", "gluon_backward.py",
-                "gluon_backward_wide.py")
-# GPU code that no stored result configures, so a change to it makes nothing stale: the
-# forward-mode JVP kernel (never tuned; it runs its own defaults or a config given per call).
-# A file moves to KERNEL_FILES once the search tunes its kernel (gluon_backward_wide.py did when
-# gluon_backward.WIDE_HEAD_DIM opened it to BwdConfig's families, 2026-12-06).
-UNTUNED_KERNEL_FILES = ("jvp.py",)
+_PACKAGE = Path(__file__).parent
+# The sources whose code runs on the GPU or decides how a stored config maps to a launch: the
+# kernels of both families, their shared pieces, the one module that picks a family, and the
+# config types. The heuristic tables, search space, input checks and reference may change without
+# making stored results stale. The forward-mode JVP kernel is left out: no stored result configures it.
+KERNEL_SOURCES = ("kernels/common.py", "kernels/schedule.py", "kernels/passes.py", "kernels/triton/*.py",
+                  "kernels/gluon/*.py", "configs/base.py", "configs/forward.py", "configs/backward.py",
+                  "configs/gluon.py")
+UNTUNED_KERNEL_SOURCES = ("kernels/triton/jvp.py",)
+
+
+def kernel_files() -> list[Path]:
+    """The files kernel_source_hash reads, in a fixed order."""
+    files = {f for pattern in KERNEL_SOURCES for f in _PACKAGE.glob(pattern)}
+    files -= {_PACKAGE / name for name in UNTUNED_KERNEL_SOURCES}
+    return sorted(files)
 
 
 @functools.lru_cache(maxsize=1)
 def kernel_source_hash() -> str:
     """sha256 (first 16 hex digits) over the kernel sources: changes when a kernel does."""
     h = hashlib.sha256()
-    for name in KERNEL_FILES:
-        h.update(name.encode())
-        h.update((_KERNEL_DIR / name).read_bytes())
+    for path in kernel_files():
+        h.update(path.relative_to(_PACKAGE).as_posix().encode())
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -259,7 +259,7 @@ def model_shapes(name: str, *, tp: int = 1, batch_sizes: Iterable[int] | None = 
     return model.shapes(tp=tp, batch_sizes=batch_sizes, seq_lens=seq_lens, dtype=dtype)
 
 
-# ../shared/design/SHAPES.md, in its order: the shapes models run, measured by benchmarks/shapes.py
+# docs/performance.md's rows, in its order: the shapes models run
 _FB, _F = ("fwd", "bwd"), ("fwd",)
 REALISTIC_GRID: tuple[Shape, ...] = tuple(Shape(b, hq, hkv, nq, nk, d, causal, "bfloat16", passes, name) for
                                           name, b, hq, hkv, nq, nk, d, causal, passes in (

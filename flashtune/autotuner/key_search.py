@@ -9,8 +9,9 @@ import time
 
 from flashtune.autotuner.ledger import Ledger
 from flashtune.autotuner.study import KeyStudy
-from flashtune.kernels.config import DECODE_MAX_Q, ConfigError, default_config, family_defaults, portfolio
-from flashtune.kernels.space import default_neighbours, valid_candidates
+from flashtune.configs.base import ConfigError, DECODE_MAX_Q
+from flashtune.heuristics.defaults import default_config, family_defaults, portfolio
+from flashtune.configs.space import default_neighbours, valid_candidates
 from flashtune.keys import GpuInfo, TuningKey, key_distance
 from flashtune.outcome import Outcome
 from flashtune.protocol import trial_shape
@@ -230,7 +231,7 @@ class KeySearch:
         """Whether --timeout ran out. A run's first batch of configs for a key is always
         measured: on a cold compile cache building the inputs and compiling that batch (in
         parallel) can take longer than a short timeout, and a key left with no trial had nothing
-        to show for the time (two of nine keys of the H200 run of 2026-12-02 at --timeout 9); once
+        to show for the time (two of nine keys of an H200 run at --timeout 9); once
         compiled, a config costs its timing alone (under a second), so the whole batch is
         measured (the first key of the next run got one trial of eight compiled: the Gluon
         kernel's compile took its 10 s). So is a resumed key's (trials of an earlier run in its

@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from flashtune.autotuner.key_search import Bench, Budget, KeyResult, KeySearch
 from flashtune.autotuner.study import journal_path, open_storage, study_name
 from flashtune.keys import GpuInfo, TuningKey
-from flashtune.kernels.config import MAX_HEAD_DIM
+from flashtune.configs.base import MAX_HEAD_DIM
 
 __all__ = ["KeyResult", "Progress", "SearchSummary", "build_keys", "search", "study_name"]
 
@@ -158,7 +158,7 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
 
     from flashtune.autotuner.devices import worker_device
     from flashtune.autotuner.scheduler import Device, DeviceWorker, Plan, run_keys
-    from flashtune.kernels.config import resolve_device
+    from flashtune.device import resolve_device
     from flashtune.provenance import current_provenance
     from flashtune.store import ResultFilter, Store
     from flashtune.store.claims import new_holder
@@ -252,7 +252,7 @@ def _not_in_a_starting_worker() -> None:
 def _device_names(device, devices) -> list[str]:
     """The names of the devices to search on ("cuda:0", "cpu"; "cpu:N" for pretend devices)."""
     from flashtune.autotuner.devices import resolve_devices
-    from flashtune.kernels.config import resolve_device
+    from flashtune.device import resolve_device
 
     if devices is None:
         return [str(resolve_device(device))]

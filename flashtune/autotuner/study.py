@@ -69,11 +69,12 @@ class KeyStudy:
                  store_id: str | None = None):
         import optuna
 
-        from flashtune.kernels.config import config_class
+        from flashtune.configs import config_class
+        from flashtune.configs.space import search_space
 
         self.cls = config_class(key.pass_)
         self.dists = {name: optuna.distributions.CategoricalDistribution(values)
-                      for name, values in self.cls.search_space().items()}
+                      for name, values in search_space(key.pass_).items()}
         sampler = optuna.samplers.TPESampler(multivariate=True, seed=seed, constant_liar=True,
                                              n_startup_trials=max(4, min(10, trials // 3)))
         self.study = optuna.create_study(study_name=study_name(key, kernel_hash, store_id), storage=storage,

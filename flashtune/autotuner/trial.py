@@ -19,9 +19,11 @@ from flashtune.keys import TuningKey
 from flashtune.outcome import Outcome
 from flashtune.protocol import flops, graph_time_ms, trial_shape
 from flashtune.kernels import attention_backward, attention_forward, reference_with_grads
-from flashtune.kernels.backward import dq_kernel_alone
-from flashtune.kernels.common import INTERPRETER, LOG2E, LN2
-from flashtune.kernels.config import BwdConfig, FwdConfig
+from flashtune.kernels.triton.backward import dq_kernel_alone
+from flashtune.device import INTERPRETER
+from flashtune.kernels.common import LN2, LOG2E
+from flashtune.configs.backward import BwdConfig
+from flashtune.configs.forward import FwdConfig
 from flashtune.tolerance import baseline_dtype, error_ratio, max_error, tolerance, uses_tf32
 
 

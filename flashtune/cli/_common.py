@@ -222,7 +222,7 @@ def choose_device(command: str, device: str | None, interpreter: bool) -> tuple[
             f"no CUDA GPU found (torch {torch.__version__} sees none): `flashtune {command}` {_NEEDS_GPU[command]}; "
             f"run `flashtune {command} --interpreter` for a tiny demo under the Triton interpreter on the CPU"
         )
-    from flashtune.kernels.config import resolve_device
+    from flashtune.device import resolve_device
 
     return str(resolve_device(device or "cuda")), False
 

@@ -19,9 +19,12 @@ import numbers
 import torch
 
 from flashtune.kernels.common import LN2
-from flashtune.kernels.config import FP8_DTYPES, FwdConfig, is_long
-from flashtune.kernels.forward import attention_forward
-from flashtune.kernels.function import _default, _validated, check_inputs, check_softcap, check_window
+from flashtune.configs.base import FP8_DTYPES
+from flashtune.configs.forward import FwdConfig
+from flashtune.heuristics.bands import is_long
+from flashtune.kernels.passes import attention_forward
+from flashtune.kernels.api import check_inputs, check_softcap, check_window
+from flashtune.kernels.passes import _default, _validated
 
 OUT_DTYPES = (torch.float16, torch.bfloat16)
 # fp8 tensor cores: Ada (8.9) and Hopper (9.0) and newer
@@ -114,7 +117,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_descal
 
     Accuracy: the probabilities P are cast to V's fp8 type for the P V dot (e4m3: 3 mantissa
     bits, a relative error up to 2^-4 per probability; e5m2: 2^-3), so expect errors of about
-    a percent of |v| against attention on the dequantized inputs (docs/shapes.md, fp8).
+    a percent of |v| against attention on the dequantized inputs (docs/performance.md, fp8).
 
     ``causal``, ``causal_align``, ``softcap``, ``window_size``: as ``attention()``.
     ``config``: a FwdConfig (BLOCK_N >= 32, tma=0; num_splits and pack_gqa are ignored: the

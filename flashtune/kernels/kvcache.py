@@ -7,7 +7,7 @@ pages addressed through a block table (vLLM's paged layout). It runs the split-K
 of kernels/decode.py in its SEQLENS variant (each program reads its sequence's length)
 and, for pages, its PAGED variant (tiles gathered through the block table); grouped-query
 packing, split-KV chunks and the combine kernel work as for ``attention``'s decode calls.
-Layouts, limits and tests: docs/shapes.md ("K/V cache").
+Layouts, limits and tests: docs/performance.md ("K/V cache").
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import numbers
 import torch
 
 from flashtune.kernels.common import LN2, dot_precision, torch_fp32_precision, window_bounds
-from flashtune.kernels.config import FwdConfig
-from flashtune.kernels.decode import kvcache_schedule, split_forward
-from flashtune.kernels.function import check_inputs, check_softcap, check_window, resolve_configs
+from flashtune.configs.forward import FwdConfig
+from flashtune.kernels.triton.decode import kvcache_schedule, split_forward
+from flashtune.kernels.api import check_inputs, check_softcap, check_window
+from flashtune.kernels.passes import resolve_configs
 from flashtune.kernels.launch import planned, tensor_key
 
 # key positions are int32 in the kernels

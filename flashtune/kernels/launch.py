@@ -5,7 +5,7 @@ A launcher (forward.attention_forward, backward.attention_backward) spends most 
 small call's host time computing what does not change between calls of one signature
 (shapes, strides, dtypes, configs, flags): the geometry, the schedule, the argument list of
 40-60 values, and triton's binding and specialisation of that list, before the launch
-itself (docs/dispatch-overhead.md: 97 us of host time for a forward whose launch is 13 us
+itself (docs/design.md: 97 us of host time for a forward whose launch is 13 us
 on the H200). ``planned()`` runs a launcher under a recorder the first time it sees a
 signature: the launcher allocates through ``empty``/``empty_like``/``zeros`` here, launches
 through ``launch`` here (Triton or Gluon kernels) and copies through ``copy_`` here, and the
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashtune.kernels.common import INTERPRETER
+from flashtune.device import INTERPRETER
 
 try:
     from triton import knobs as _knobs

@@ -27,10 +27,10 @@ import json
 
 import torch
 
-from flashtune.kernels.backward import attention_backward
+from flashtune.configs.backward import BwdConfig
+from flashtune.configs.forward import FwdConfig
 from flashtune.kernels.common import Dropout, torch_fp32_precision
-from flashtune.kernels.config import BwdConfig, FwdConfig
-from flashtune.kernels.forward import attention_forward
+from flashtune.kernels.passes import attention_backward, attention_forward, dropout_fwd_config, resolve_configs
 
 
 @torch.compiler.assume_constant_result
@@ -49,8 +49,6 @@ def _configs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm
              table: str, dropout: bool = False) -> tuple[FwdConfig, BwdConfig]:
     """The configs a call runs: the given ones, else the table's choice for this shape (with
     ``dropout`` one whose DROPOUT kernel fits), else the defaults."""
-    from flashtune.kernels.function import dropout_fwd_config, resolve_configs
-
     fwd = _parse(FwdConfig, fwd_config) if fwd_config else None
     bwd = _parse(BwdConfig, bwd_config) if bwd_config else None
     attention = _TABLES.get(table) if table else None  # absent: a graph from another process; defaults

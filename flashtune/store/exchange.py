@@ -140,7 +140,7 @@ class _Entry(_Strict):
         return self
 
     def parsed_config(self):
-        from flashtune.kernels.config import config_class
+        from flashtune.configs.base import config_class
 
         return config_class(self.pass_).from_dict(self.config)
 

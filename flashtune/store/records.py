@@ -14,7 +14,8 @@ from flashtune.provenance import Provenance
 from flashtune.store.errors import StoreError
 
 if TYPE_CHECKING:
-    from flashtune.kernels.config import BwdConfig, FwdConfig
+    from flashtune.configs.backward import BwdConfig
+    from flashtune.configs.forward import FwdConfig
 
 Config = Union["FwdConfig", "BwdConfig"]
 
@@ -150,7 +151,7 @@ class ResultFilter:
 
 def check_config(key: TuningKey, config: Any) -> None:
     """Raise ValueError unless ``config`` is a valid config object for the key's pass."""
-    from flashtune.kernels.config import ConfigError, config_class
+    from flashtune.configs.base import ConfigError, config_class
 
     expected = config_class(key.pass_)
     if not isinstance(config, expected):
@@ -163,7 +164,7 @@ def check_config(key: TuningKey, config: Any) -> None:
 
 def load_config(pass_: str, data: Mapping[str, Any], where: str) -> Config:
     """Rebuild a stored config; a row whose config is invalid raises ``StoreError`` naming it."""
-    from flashtune.kernels.config import ConfigError, config_class
+    from flashtune.configs.base import ConfigError, config_class
 
     try:
         return config_class(pass_).from_dict(data)
@@ -201,7 +202,7 @@ def check_count(name: str, value: Any, *, maximum: int = MAX_INT) -> None:
 
 def check_key(key: TuningKey) -> None:
     """A key the kernels can run (head_dim within their limit) and the store can hold."""
-    from flashtune.kernels.config import MAX_HEAD_DIM
+    from flashtune.configs.base import MAX_HEAD_DIM
 
     if not key.head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim: the kernels run head dims up to {MAX_HEAD_DIM}, got {short_value(key.head_dim)}")
@@ -235,7 +236,7 @@ def check_runs(key: TuningKey, config: Any) -> None:
     ``validate()``: tma only for 16-bit dtypes, atomic dQ head dims, ...)."""
     import torch
 
-    from flashtune.kernels.config import ConfigError
+    from flashtune.configs.base import ConfigError
 
     try:
         config.validate_anywhere(key.head_dim, getattr(torch, key.dtype))

@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 
 from flashtune.autotuner.worker import TrialWorker
-from flashtune.kernels.config import BwdConfig, FwdConfig
+from flashtune.configs.backward import BwdConfig
+from flashtune.configs.forward import FwdConfig
 from flashtune.keys import GpuInfo, TuningKey
 from flashtune.store import Store
 
@@ -29,7 +30,7 @@ def cid(cfg):
 
 def tiny_space(monkeypatch, pass_: str, space: dict[str, list[int]]) -> list:
     """Replace a pass's search space (in this process) and return its configs in order."""
-    from flashtune.kernels import space as space_mod
+    from flashtune.configs import space as space_mod
 
     cls = FwdConfig if pass_ == "fwd" else BwdConfig
     monkeypatch.setitem(space_mod.SPACES, pass_, (cls, space))

@@ -9,7 +9,8 @@ import torch
 from autotuner_helpers import key
 
 from flashtune.autotuner.trial import KeyBench
-from flashtune.kernels.config import BwdConfig, FwdConfig
+from flashtune.configs.backward import BwdConfig
+from flashtune.configs.forward import FwdConfig
 from flashtune.protocol import graph_time_ms
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -17,7 +17,8 @@ from autotuner_helpers import FAULT_TRAP, FAULT_WRONG, key
 from flashtune.autotuner import trial
 from flashtune.autotuner.trial import KeyBench
 from flashtune.protocol import trial_shape
-from flashtune.kernels.config import BwdConfig, FwdConfig
+from flashtune.configs.backward import BwdConfig
+from flashtune.configs.forward import FwdConfig
 
 CPU = torch.device("cpu")
 
@@ -52,7 +53,8 @@ def test_a_correct_backward_config_passes():
 
 
 def test_the_dq_kernel_alone_computes_what_the_whole_backward_does():
-    from flashtune.kernels.backward import attention_backward, dq_kernel_alone
+    from flashtune.kernels.passes import attention_backward
+    from flashtune.kernels.triton.backward import dq_kernel_alone
 
     bench = KeyBench(key("bwd", "float32", seq_len=24, causal=True), CPU)
     cfg = BwdConfig(16, 32, 32, 16, 4, 1)

@@ -14,7 +14,7 @@ from autotuner_helpers import key, tiny_space
 from flashtune import runners
 from flashtune.autotuner import search
 from flashtune.autotuner.trial import KeyBench
-from flashtune.kernels.config import FwdConfig
+from flashtune.configs.forward import FwdConfig
 from flashtune.store import Store
 
 CPU = torch.device("cpu")
@@ -80,7 +80,7 @@ def test_race_times_the_backends_that_run_and_pass_the_check(pass_):
     bench = KeyBench(k, CPU)
     winner = FwdConfig(16, 16, 4, 1) if pass_ == "fwd" else None
     if winner is None:
-        from flashtune.kernels.config import BwdConfig
+        from flashtune.configs.backward import BwdConfig
 
         winner = BwdConfig(16, 16, 16, 16, 4, 1)
     times = bench.race(winner, FwdConfig(16, 16, 4, 1) if pass_ == "bwd" else None, rounds=2)

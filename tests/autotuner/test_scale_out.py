@@ -92,8 +92,8 @@ DRIVER = textwrap.dedent('''
     from flashtune.autotuner import search
     from flashtune.autotuner.devices import resolve_devices
     from flashtune.keys import GpuInfo, TuningKey
-    from flashtune.kernels import space
-    from flashtune.kernels.config import FwdConfig
+    from flashtune.configs import space
+    from flashtune.configs import FwdConfig
 
     if __name__ == "__main__":
         db, host, lease, ndev = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])

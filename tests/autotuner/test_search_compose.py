@@ -14,7 +14,7 @@ from autotuner_helpers import Spy, cid, key, stored_result, tiny_space
 from flashtune.autotuner import search
 from flashtune.autotuner.outcome import Outcome
 from flashtune.autotuner.worker import TrialWorker
-from flashtune.kernels.config import BwdConfig
+from flashtune.configs.backward import BwdConfig
 
 FAST = dict(device="cpu", trial_timeout=120, finalists=2, rounds=1)
 SPACE = {"BLOCK_M1": [16, 32], "BLOCK_N1": [16, 64], "BLOCK_M2": [16, 64], "BLOCK_N2": [16], "num_warps": [4],

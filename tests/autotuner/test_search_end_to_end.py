@@ -14,8 +14,8 @@ from flashtune.autotuner import build_keys, search, study_name
 from flashtune.autotuner.study import default_storage_path
 from flashtune.cli._progress import ProgressBar
 from flashtune.protocol import flops, trial_shape
-from flashtune.kernels.config import default_config
-from flashtune.kernels.space import SPACES
+from flashtune.heuristics.defaults import default_config
+from flashtune.configs.space import SPACES
 from flashtune.keys import TuningKey
 from flashtune.provenance import kernel_source_hash
 from flashtune.store import TRIAL_STATUSES, Store

@@ -1,6 +1,6 @@
 """Injected faults: crash, hang, wrong result, trap; and failures while setting up a key.
 
-Faults go into the forward kernel (flashtune.kernels.forward's test-only switch), so
+Faults go in around a forward trial's launch (flashtune.autotuner.faults, test-only), so
 these tests tune forward keys. A tiny search space (patched in this process, where
 the search runs) makes the search exhaustive, so every config is tried exactly once.
 """
@@ -29,7 +29,8 @@ from autotuner_helpers import (
 
 from flashtune.autotuner import search, study_name
 from flashtune.autotuner.worker import TrialWorker
-from flashtune.kernels.config import FwdConfig, default_config
+from flashtune.configs.forward import FwdConfig
+from flashtune.heuristics.defaults import default_config
 from flashtune.keys import GpuInfo
 from flashtune.provenance import current_provenance, kernel_source_hash
 from flashtune.store import Store, StoredResult

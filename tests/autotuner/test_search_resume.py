@@ -28,8 +28,9 @@ from autotuner_helpers import (
 
 from flashtune.autotuner import search, study_name
 from flashtune.protocol import flops, trial_shape
-from flashtune.kernels.config import FwdConfig, default_config
-from flashtune.kernels.space import default_neighbours
+from flashtune.configs.forward import FwdConfig
+from flashtune.heuristics.defaults import default_config
+from flashtune.configs.space import default_neighbours
 from flashtune.provenance import kernel_source_hash
 from flashtune.store import Store
 
@@ -144,8 +145,8 @@ SCRIPT = textwrap.dedent('''
 
     from flashtune.autotuner import search
     from flashtune.keys import GpuInfo, TuningKey
-    from flashtune.kernels import space
-    from flashtune.kernels.config import FwdConfig
+    from flashtune.configs import space
+    from flashtune.configs import FwdConfig
 
     SPACE = {"BLOCK_M": [16, 32], "BLOCK_N": [32], "num_warps": [4], "num_stages": [1, 2]}
 

@@ -13,9 +13,12 @@ from autotuner_helpers import Spy, cid, journal_study, key, rows_per_config, sto
 
 from flashtune.autotuner import key_search, search, study_name
 from flashtune.autotuner.worker import TrialWorker
-from flashtune.kernels import config as config_mod
-from flashtune.kernels.config import ConfigError, FwdConfig, default_config
-from flashtune.kernels.space import candidates, default_neighbours
+from flashtune.configs import base as configs_base
+from flashtune.heuristics import tables as config_mod
+from flashtune.configs.base import ConfigError
+from flashtune.configs.forward import FwdConfig
+from flashtune.heuristics.defaults import default_config
+from flashtune.configs.space import candidates, default_neighbours
 from flashtune.keys import TuningKey
 from flashtune.provenance import kernel_source_hash
 from flashtune.store import Store
@@ -38,7 +41,7 @@ def _starts(monkeypatch) -> list:
 
 
 def test_nothing_valid_means_no_compile_and_no_worker(tmp_path, monkeypatch):
-    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 1)
+    monkeypatch.setattr(configs_base, "shared_memory_limit", lambda device: 1)
     started = _starts(monkeypatch)
     k = key("bwd", "float32")
     (r,) = search([k], db=tmp_path / "t.db", trials=3, **FAST).results
@@ -50,7 +53,7 @@ def test_configs_validate_rejects_never_reach_the_worker(tmp_path, monkeypatch):
     """A small shared-memory limit (in this process, where validate() runs) rejects most of
     the space; the sampler still proposes rejected configs, which cost no trial."""
     limit = 64 * (32 + 2 * 2 * 32)  # exactly the default's estimate (fwd, fp32, d16)
-    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: limit)
+    monkeypatch.setattr(configs_base, "shared_memory_limit", lambda device: limit)
     space = candidates("fwd")
     valid = {cid(c) for c in space if _valid(c)}
     assert 3 < len(valid) < len(space) // 2
@@ -105,10 +108,10 @@ def test_the_default_and_its_other_dq_mode_are_measured_first(tmp_path, monkeypa
 
 
 def test_a_fresh_search_measures_the_heuristic_portfolio_right_after_the_default(tmp_path, monkeypatch):
-    """The architecture's heuristic entries for other shapes (kernels.config.portfolio) are
+    """The architecture's heuristic entries for other shapes (heuristics.defaults.portfolio) are
     queued right after the default and its neighbours: only those that validate for the
     key, nearest head dim first, at most a quarter of the budget."""
-    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 16384)  # in this process
+    monkeypatch.setattr(configs_base, "shared_memory_limit", lambda device: 16384)  # in this process
     bf16, fp16 = torch.bfloat16, torch.float16
     fwd, bwd = config_mod.HEURISTICS[(0, 0)]  # the interpreter's table; fp16 keys read bf16's entries
     table = {k: v for k, v in fwd.items() if k[0] != bf16}
@@ -198,7 +201,7 @@ def test_repeated_or_rejected_proposals_are_never_measured_and_the_search_still_
     if proposals == "duplicates":
         repeated = [default, *default_neighbours(default)]  # all of them measured by the warm start
     else:
-        monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 2 * 16 * (64 + 2 * 3 * 32))
+        monkeypatch.setattr(configs_base, "shared_memory_limit", lambda device: 2 * 16 * (64 + 2 * 3 * 32))
         repeated = [FwdConfig(256, 128, 8, 4)]
         assert not _valid(repeated[0], dtype=torch.float16) and _valid(default, dtype=torch.float16)
     # no heuristic portfolio in the warm start: with it (the other table entries) the queue

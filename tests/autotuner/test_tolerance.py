@@ -14,7 +14,7 @@ from autotuner_helpers import key
 
 from flashtune.autotuner.trial import KeyBench
 from flashtune.kernels.common import LN2
-from flashtune.kernels.config import FwdConfig
+from flashtune.configs.forward import FwdConfig
 from flashtune.tolerance import max_error, tolerance
 
 CPU = torch.device("cpu")

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from flashtune.kernels.config import BwdConfig
-from flashtune.kernels.space import BWD_SPACE
+from flashtune.configs.backward import BwdConfig
+from flashtune.configs.space import BWD_SPACE
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "tuning_bound.py"
 

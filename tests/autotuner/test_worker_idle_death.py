@@ -10,7 +10,7 @@ import time
 from autotuner_helpers import key
 
 from flashtune.autotuner.worker import TrialWorker
-from flashtune.kernels.config import FwdConfig
+from flashtune.configs.forward import FwdConfig
 
 
 def test_a_child_killed_while_idle_is_replaced_before_the_next_trial():

@@ -17,7 +17,7 @@ import torch
 from click.testing import CliRunner
 
 from flashtune.cli import cli
-from flashtune.kernels import common
+from flashtune import device as common
 from flashtune.keys import GpuInfo, TuningKey
 from flashtune.store import Store
 

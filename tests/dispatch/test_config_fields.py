@@ -13,7 +13,7 @@ import torch
 
 from flashtune import dispatch
 from flashtune.kernels import FwdConfig
-from flashtune.kernels import config as config_mod
+from flashtune.configs import base as config_mod
 from flashtune.store import ResultFilter, Store
 from flashtune.store.exchange import dump_export, import_export, parse_export
 

@@ -131,7 +131,7 @@ def test_rows_of_another_gpu_are_not_served(write, db_path):
 
 
 def test_a_stored_config_too_big_for_this_device_is_skipped_for_the_heuristic(write, db_path, monkeypatch):
-    from flashtune.kernels import config as kernel_config
+    from flashtune.configs import base as kernel_config
 
     big = FwdConfig(128, 128, 4, 4)  # about 73 KB of shared memory at D=16 fp32; the default needs 10 KB
     write(16, "fwd", big)
@@ -150,7 +150,7 @@ def test_a_stored_config_too_big_for_this_device_is_skipped_for_the_heuristic(wr
 
 
 def test_a_stored_config_that_does_not_fit_gives_way_to_the_next_nearest_that_does(write, db_path, monkeypatch):
-    from flashtune.kernels import config as kernel_config
+    from flashtune.configs import base as kernel_config
 
     write(16, "fwd", FwdConfig(128, 128, 4, 4))  # about 73 KB of shared memory at D=16 fp32
     write(64, "fwd", FWD_B)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from flashtune.kernels.config import BwdConfig, FwdConfig
+from flashtune.configs.backward import BwdConfig
+from flashtune.configs.forward import FwdConfig
 from flashtune.keys import GpuInfo, TuningKey
 from flashtune.provenance import Provenance, kernel_source_hash
 from flashtune.store import StoredResult

@@ -17,7 +17,7 @@ from exchange_samples import (
     without_timestamps,
 )
 
-from flashtune.kernels.config import FwdConfig
+from flashtune.configs.forward import FwdConfig
 from flashtune.provenance import kernel_source_hash
 from flashtune.store import ImportSummary, Store, StoreError
 from flashtune.store.exchange import (

@@ -54,8 +54,10 @@ def compile_shared(item: dict) -> tuple[list[int], list[int], list[int]]:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from flashtune.kernels import backward, forward
-    from flashtune.kernels.config import FP8_DTYPES, BwdConfig, FwdConfig, padded_head_dim
+    from flashtune.kernels.triton import backward, forward
+    from flashtune.configs.backward import BwdConfig
+    from flashtune.configs.base import FP8_DTYPES, padded_head_dim
+    from flashtune.configs.forward import FwdConfig
 
     p = POINTER_TYPES[item["dtype"]]
     D = item["head_dim"]

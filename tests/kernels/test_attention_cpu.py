@@ -186,7 +186,7 @@ def test_tma_loads(case, kernel_device):
 def test_tma_configs_load_through_descriptors_where_the_tensors_allow(kernel_device, monkeypatch):
     """A tma=1 config hands descriptors to all three kernels for contiguous inputs, and
     none (pointer loads) for a head dim that is not unit-stride; tma=0 never does."""
-    from flashtune.kernels import backward, forward
+    from flashtune.kernels.triton import backward, forward
 
     made = []
 
@@ -379,7 +379,7 @@ def test_the_preprocess_zeroes_the_fused_dq_accumulator_beside_delta(d, kernel_d
     tensor of o's shape (the fused dQ's accumulator, which then needs no fill kernel): every
     row, a length that ends inside a block, a head dim the kernel pads (80 -> 128), Delta as
     without it; a tensor of another shape, dtype or layout is refused before any launch."""
-    from flashtune.kernels import backward
+    from flashtune.kernels.triton import backward
 
     gen = torch.Generator().manual_seed(d)
     o, do = (torch.randn(2, 3, 77, d, generator=gen).to(kernel_device) for _ in range(2))

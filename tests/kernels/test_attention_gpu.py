@@ -37,8 +37,8 @@ from kernel_checks import (
 from flashtune.kernels import (BwdConfig, ConfigError, FwdConfig, attention, attention_backward, attention_forward,
                                default_config)
 from flashtune.kernels.common import LN2
-from flashtune.kernels.decode import plan_schedule
-from flashtune.kernels.space import candidates
+from flashtune.kernels.triton.decode import plan_schedule
+from flashtune.configs.space import candidates
 
 pytestmark = pytest.mark.gpu
 
@@ -137,7 +137,7 @@ def test_deterministic(dtype, deterministic):
     where the default backward adds it up in any order (the Gluon fused dQ's TMA reduce-adds, the
     sm_90 D=128 default from config.LONG_MIN_Q_BWD queries); under torch.use_deterministic_algorithms
     that too is bit for bit (a dQ kernel runs instead)."""
-    from flashtune.kernels.function import resolve_configs
+    from flashtune.kernels.passes import resolve_configs
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(2, 8, 1000, 128, device="cuda", dtype=dtype, generator=gen).requires_grad_()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashtune.kernels.common import INTERPRETER
+from flashtune.device import INTERPRETER
 
 pytestmark = pytest.mark.skipif(not INTERPRETER, reason="the interpreter's behaviour (no CUDA here)")
 

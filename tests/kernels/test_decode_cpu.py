@@ -13,12 +13,17 @@ import itertools
 
 import pytest
 import torch
+
+import flashtune.device
 from kernel_checks import Case, case_inputs, run_case
 
-from flashtune.kernels import BwdConfig, FwdConfig, attention, backward, decode, forward
+from flashtune.kernels import BwdConfig, FwdConfig, attention, passes
+from flashtune.kernels.triton import backward, decode, forward
 from flashtune.kernels.common import ACCURATE_FP32
-from flashtune.kernels.config import DECODE_MAX_Q, HEURISTICS, ConfigError, default_config
-from flashtune.kernels.decode import plan_schedule
+from flashtune.configs.base import ConfigError, DECODE_MAX_Q
+from flashtune.heuristics.defaults import default_config
+from flashtune.heuristics.tables import HEURISTICS
+from flashtune.kernels.triton.decode import plan_schedule
 
 F, B = FwdConfig, BwdConfig
 BWD = B(16, 16, 16, 16, 4, 1)
@@ -188,7 +193,7 @@ SHAPES_DECODE = [  # (B, Hq, Hkv, Nk, D) of ../shared/design/SHAPES.md's decode 
 
 @pytest.fixture
 def h200(monkeypatch):
-    monkeypatch.setattr(decode, "sm_count", lambda device: 132)
+    monkeypatch.setattr(flashtune.device, "INTERPRETER_SCHEDULE_SMS", 132)
 
 
 @pytest.mark.parametrize("shape", SHAPES_DECODE, ids=str)
@@ -263,7 +268,7 @@ def test_old_stored_configs_load_with_the_auto_schedule():
 
 
 def test_the_space_holds_the_schedule_fields():
-    from flashtune.kernels.space import FWD_SPACE, candidates
+    from flashtune.configs.space import FWD_SPACE, candidates
     assert 0 in FWD_SPACE["num_splits"] and 1 in FWD_SPACE["num_splits"] and max(FWD_SPACE["num_splits"]) > 1
     assert set(FWD_SPACE["pack_gqa"]) == {-1, 0, 1}
     assert {(c.num_splits, c.pack_gqa) for c in candidates("fwd")} >= {(0, -1), (1, 0), (4, 1)}
@@ -317,10 +322,12 @@ def test_fp32_precision_follows_torch(kernel_device, launched_precisions, settin
 def test_decode_fills_reads_the_current_cuda_device_when_none_is_given(monkeypatch):
     """device None means the current CUDA device where there is one (as default_config reads
     the architecture), not the CPU's interpreter count."""
-    from flashtune.kernels import config as config_mod
+    from flashtune.device import INTERPRETER_SCHEDULE_SMS
+    from flashtune.heuristics import bands as config_mod
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(decode, "sm_count", lambda device: 132 if device.type == "cuda" else decode.INTERPRETER_SMS)
+    monkeypatch.setattr(config_mod, "schedule_sm_count",
+                        lambda device: 132 if device.type == "cuda" else INTERPRETER_SCHEDULE_SMS)
     assert not config_mod.decode_fills(64, None) and config_mod.decode_fills(132, None)
     assert config_mod.decode_fills(64, "cpu") and not config_mod.decode_fills(None, None)
 
@@ -330,10 +337,10 @@ def test_decode_calls_that_fill_the_sms_read_the_full_entry(h200, monkeypatch):
     combine: decode-b32-4k, decode-b128-2k-70b) takes the two-stage "decode full" entry; one
     that the auto schedule splits (decode-b1-64k) keeps the one-stage decode entry, and so does
     a caller that does not say its K/V heads."""
-    from flashtune.kernels import config as config_mod, function
+    from flashtune.heuristics import defaults as config_mod
 
     monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
-    function._default.cache_clear()
+    passes._default.cache_clear()
     try:
         table = HEURISTICS[(9, 0)][0]
         full, split = table[(torch.bfloat16, 128, "decode", "full")], table[(torch.bfloat16, 128, "decode")]
@@ -348,11 +355,11 @@ def test_decode_calls_that_fill_the_sms_read_the_full_entry(h200, monkeypatch):
         # the launch path: resolve_configs reads the K/V heads
         for (b, hq, hkv, n_k, d), want in zip(SHAPES_DECODE[:3], (split, full, full)):
             q = torch.empty(b, hq, 1, d, dtype=torch.bfloat16)
-            fwd, _ = function.resolve_configs(q, None, None, False, seq_k=n_k, heads_kv=hkv)
+            fwd, _ = passes.resolve_configs(q, None, None, False, seq_k=n_k, heads_kv=hkv)
             assert fwd == want.validate(d, torch.bfloat16, "cpu"), (b, hkv)
-            fwd, _ = function.resolve_configs(q, None, None, False, seq_k=n_k)
+            fwd, _ = passes.resolve_configs(q, None, None, False, seq_k=n_k)
             assert fwd == split.validate(d, torch.bfloat16, "cpu")
             plan = plan_schedule(fwd, b, hq, hkv, 1, n_k, torch.device("cpu"))
             assert plan.splits == (1 if want is full else 64)
     finally:
-        function._default.cache_clear()
+        passes._default.cache_clear()

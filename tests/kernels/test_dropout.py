@@ -24,7 +24,8 @@ from kernel_checks import Case, VarlenCase, case_inputs, check_varlen, run_case
 from philox_reference import dropout_mask, philox4x32_10
 
 from flashtune.dispatch import get_tuned_attention
-from flashtune.kernels import BwdConfig, FwdConfig, attention, backward, forward, reference_attention
+from flashtune.kernels import BwdConfig, FwdConfig, attention, reference_attention
+from flashtune.kernels.triton import backward, forward
 
 F, B = FwdConfig, BwdConfig
 CONFIGS = [
@@ -206,7 +207,7 @@ def test_dropout_p_0_is_the_kernel_without_dropout(kernel_device, monkeypatch):
 
 
 def test_dropout_runs_the_plain_forward_for_decode_sized_calls(kernel_device, monkeypatch):
-    from flashtune.kernels import decode
+    from flashtune.kernels.triton import decode
 
     calls = []
     monkeypatch.setattr(decode._split_fwd_kernel, "run", lambda *a, **kw: calls.append(1))
@@ -238,16 +239,16 @@ def test_a_config_whose_dropout_kernel_does_not_fit_is_refused_or_replaced(monke
     """The mask's layout conversion takes BLOCK_M * BLOCK_N bytes more shared memory
     (FwdConfig.shared_memory, as compiled for sm_90): validate(dropout=True) counts them; a
     config given for the call is refused, a tuned one replaced by the default."""
-    from flashtune.kernels import config as config_mod
-    from flashtune.kernels.config import ConfigError
-    from flashtune.kernels.function import dropout_fwd_config
+    from flashtune import device as config_mod
+    from flashtune.configs.base import ConfigError
+    from flashtune.kernels.passes import dropout_fwd_config
 
     tight = F(128, 64, 8, 3, tma=1)  # compiled for sm_90: 132096 bytes, 140288 with dropout
     assert tight.shared_memory(128, torch.bfloat16) == 132096
     assert tight.shared_memory(128, torch.bfloat16, dropout=True) == 132096 + 128 * 64
     if kernel_device.type == "cuda":
         pytest.skip("the limit is the interpreter's, patched to the H200's")
-    monkeypatch.setattr(config_mod, "_INTERPRETER_SMEM", 232448)
+    monkeypatch.setattr(config_mod, "INTERPRETER_SHARED_MEMORY", 232448)
     edge = F(128, 128, 8, 3)  # 229376 bytes at D=128 16-bit; with dropout 245760
     edge.validate(128, torch.float16, kernel_device)
     with pytest.raises(ConfigError, match="FwdConfig: needs about 245760 bytes"):

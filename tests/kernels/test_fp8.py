@@ -41,8 +41,11 @@ import triton.runtime.interpreter as interpreter
 from kernel_checks import compile_for_sm90
 
 import flashtune
-from flashtune.kernels import FwdConfig, attention, attention_fp8, common
-from flashtune.kernels.config import ConfigError, default_config, padded_head_dim
+from flashtune import device
+from flashtune.heuristics import tables
+from flashtune.kernels import FwdConfig, attention, attention_fp8
+from flashtune.configs.base import ConfigError, padded_head_dim
+from flashtune.heuristics.defaults import default_config
 from flashtune.kernels.reference import attention_mask, reference_attention
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -57,7 +60,7 @@ UNPATCHED_CONVERT = interpreter._convert_float  # before exact_fp8_casts replace
 @pytest.fixture(autouse=True)
 def exact_fp8_casts(monkeypatch):
     """Under the interpreter: fp32/fp16 -> fp8 conversions rounded as torch (and the GPU) do."""
-    if not common.INTERPRETER:
+    if not device.INTERPRETER:
         return
     import triton.language as tl
 
@@ -434,7 +437,7 @@ def test_fp8_kernels_compile_for_sm90_with_wgmma_and_within_the_estimate():
     relayout_v makes) V's tiles are pipelined by async copies like K's; with V's head dim
     contiguous fewer async copies are left (triton loads V through registers to feed the
     fp8 tensor cores K-major): why attention_fp8 re-lays V out by default."""
-    fwd_table = flashtune.kernels.config.HEURISTICS[(9, 0)][0]
+    fwd_table = tables.HEURISTICS[(9, 0)][0]
     # the Triton kernel's entries (a Gluon one, family=1, is the Gluon compile test's)
     items = [(cfg, d, "float8_e4m3fn", causal, True) for (dtype, d, *rest), cfg in fwd_table.items()
              if dtype == E4M3 and d >= 64 and not cfg.family for causal in (False, True)]

@@ -10,9 +10,10 @@ import re
 import pytest
 import torch
 
-from flashtune.kernels import BwdConfig, ConfigError, FwdConfig, attention, default_config, function
-from flashtune.kernels import config as config_mod
-from flashtune.kernels.config import dkdv_split
+from flashtune.configs import base as configs_base
+from flashtune.heuristics import defaults as heuristics_defaults, tables
+from flashtune.kernels import BwdConfig, ConfigError, FwdConfig, api, attention, default_config, passes
+from flashtune.configs.backward import dkdv_split
 
 F, B = FwdConfig, BwdConfig
 
@@ -34,15 +35,15 @@ def _no_launch(monkeypatch):
     def launched(*args, **kwargs):
         raise AssertionError("a kernel was launched for an input that should have been rejected")
 
-    monkeypatch.setattr(function, "attention_forward", launched)
-    monkeypatch.setattr(function, "attention_backward", launched)
+    monkeypatch.setattr(api, "attention_forward", launched)
+    monkeypatch.setattr(api, "attention_backward", launched)
     # validated configs are cached: start and end with an empty cache, so a test that
     # shrinks the shared-memory limit sees its own verdict
-    function._validated.cache_clear()
-    function._default.cache_clear()
+    passes._validated.cache_clear()
+    passes._default.cache_clear()
     yield
-    function._validated.cache_clear()
-    function._default.cache_clear()
+    passes._validated.cache_clear()
+    passes._default.cache_clear()
 
 
 # ----------------------------------------------------------------------------------
@@ -96,7 +97,7 @@ def test_unsupported_device():
 
 
 def test_cpu_tensors_without_interpreter(monkeypatch):
-    monkeypatch.setattr(function, "INTERPRETER", False)
+    monkeypatch.setattr(api, "INTERPRETER", False)
     with raises(ValueError, "q:", "CPU", "TRITON_INTERPRET=1"):
         attention(*qkv())
 
@@ -178,7 +179,7 @@ def test_bad_sm_scale(scale):
 def test_numpy_scalar_sm_scale_is_a_number():
     import numpy as np
 
-    scale = function.check_inputs(*qkv(), sm_scale=np.float32(0.5))
+    scale = api.check_inputs(*qkv(), sm_scale=np.float32(0.5))
     assert scale == 0.5 and type(scale) is float
 
 
@@ -266,13 +267,13 @@ def test_shared_memory_rejected(cfg, monkeypatch):
     head_dim, dtype = 128, torch.bfloat16
     need = cfg.shared_memory(head_dim, dtype)
     cfg.validate(head_dim, dtype, "cpu")  # the interpreter has no limit
-    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: need - 1)
+    monkeypatch.setattr(configs_base, "shared_memory_limit", lambda device: need - 1)
     with raises(ConfigError, "shared memory", str(need), str(need - 1)):
         cfg.validate(head_dim, dtype, "cpu")
     kw = {"fwd_config" if isinstance(cfg, FwdConfig) else "bwd_config": cfg}
     with raises(ConfigError, "shared memory"):
         attention(*qkv((1, 2, 17, head_dim), dtype=torch.float16), **kw)
-    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: need)
+    monkeypatch.setattr(configs_base, "shared_memory_limit", lambda device: need)
     assert cfg.validate(head_dim, dtype, "cpu") is cfg
 
 
@@ -357,7 +358,8 @@ def test_tma_is_limited_to_what_ran_on_the_gpu(cfg, monkeypatch):
         cfg.validate(129, torch.float16, "cpu")
     with raises(ConfigError, "tma:", "float32", "tma=0"):
         cfg.validate(64, torch.float32, "cpu")
-    monkeypatch.setattr(config_mod, "device_capability", lambda device: (8, 0))
+    monkeypatch.setattr(configs_base, "device_capability", lambda device: (8, 0))
+    monkeypatch.setattr(heuristics_defaults, "device_capability", lambda device: (8, 0))
     with raises(ConfigError, "tma:", "compute capability 9.0", "8.0"):
         cfg.validate(64, torch.float16, "cuda")
     kw = {"fwd_config" if isinstance(cfg, FwdConfig) else "bwd_config": cfg}
@@ -432,14 +434,14 @@ def test_default_config_valid_for_every_head_dim(pass_, dtype):
 def test_default_config_respects_a_small_device(pass_, dtype, monkeypatch):
     # with an sm_86-sized shared memory (99 KiB) the lookup falls back to configs that fit
     limit = 101376
-    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: limit)
+    monkeypatch.setattr(configs_base, "shared_memory_limit", lambda device: limit)
     for head_dim in (16, 64, 80, 128, 256):
         cfg = default_config(pass_, head_dim, dtype, "cpu")
         assert cfg.shared_memory(head_dim, dtype) <= limit, (head_dim, cfg)
 
 
 def test_default_config_no_fit(monkeypatch):
-    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: 1024)
+    monkeypatch.setattr(configs_base, "shared_memory_limit", lambda device: 1024)
     with raises(ConfigError, "no valid default fwd config", "head_dim=64"):
         default_config("fwd", 64, torch.float16, "cpu")
 
@@ -452,15 +454,16 @@ def test_default_config_bad_pass():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_default_config_prefers_an_entry_for_the_masking(dtype, monkeypatch):
     # sm_90's table has a non-causal entry for bf16 (and so fp16) D=128
-    monkeypatch.setattr(config_mod, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(configs_base, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(heuristics_defaults, "device_capability", lambda device: (9, 0))
     full = default_config("fwd", 128, dtype, "cpu", causal=False)
     either = default_config("fwd", 128, dtype, "cpu")
-    assert full == config_mod.HEURISTICS[(9, 0)][0][(torch.bfloat16, 128, False)]
+    assert full == tables.HEURISTICS[(9, 0)][0][(torch.bfloat16, 128, False)]
     assert default_config("fwd", 128, dtype, "cpu", causal=True) == either != full
     assert default_config("fwd", 100, dtype, "cpu", causal=False) == full  # padded to 128
     # one that does not fit the device gives way to the entry for both maskings
     big = FwdConfig(256, 128, 8, 4)
-    monkeypatch.setitem(config_mod.HEURISTICS[(9, 0)][0], (torch.bfloat16, 128, False), big)
-    monkeypatch.setattr(config_mod, "shared_memory_limit", lambda device: either.shared_memory(128, dtype))
+    monkeypatch.setitem(tables.HEURISTICS[(9, 0)][0], (torch.bfloat16, 128, False), big)
+    monkeypatch.setattr(configs_base, "shared_memory_limit", lambda device: either.shared_memory(128, dtype))
     assert big.shared_memory(128, dtype) > either.shared_memory(128, dtype)
     assert default_config("fwd", 128, dtype, "cpu", causal=False) == either

@@ -22,8 +22,8 @@ import torch.autograd.forward_ad as fwAD
 from kernel_checks import DTYPES, MIXED, assert_close_to_reference, make_tensor, tolerance
 
 from flashtune.kernels import FwdConfig, attention, attention_jvp, attention_varlen, reference_attention
-from flashtune.kernels import jvp as jvp_module
-from flashtune.kernels.config import ConfigError
+from flashtune.kernels.triton import jvp as jvp_module
+from flashtune.configs.base import ConfigError
 from flashtune.tolerance import baseline_dtype, uses_tf32
 
 F = FwdConfig
@@ -226,7 +226,7 @@ def test_without_a_dual_level_nothing_changes(kernel_device, monkeypatch):
         raise AssertionError("the JVP path ran outside a dual level")
 
     monkeypatch.setattr(jvp_module, "_jvp", refuse)
-    monkeypatch.setattr("flashtune.kernels.function.FlashAttentionJvpFunction.apply", refuse)
+    monkeypatch.setattr("flashtune.kernels.api.FlashAttentionJvpFunction.apply", refuse)
     primal, _ = _inputs("fp32-ieee", 20, 20, 16, device=kernel_device)
     for _ in range(2):  # the second call takes the _CHECKED fast path
         attention(*primal, causal=True)

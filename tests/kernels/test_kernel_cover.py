@@ -9,7 +9,7 @@ import types
 import torch
 from test_attention_gpu import SPACE_DTYPE, _bwd_kernels, _valid, kernel_cover
 
-from flashtune.kernels.space import candidates
+from flashtune.configs.space import candidates
 
 H200 = types.SimpleNamespace(shared_memory_per_block_optin=232448, major=9, minor=0, multi_processor_count=132,
                              name="NVIDIA H200")

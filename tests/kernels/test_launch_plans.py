@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from flashtune.kernels import BwdConfig, FwdConfig, attention, attention_backward, attention_forward
-from flashtune.kernels import backward as bw
-from flashtune.kernels import forward as fw
+from flashtune.kernels import passes as bw
+from flashtune.kernels import passes as fw
 from flashtune.kernels import launch
 from flashtune.kernels.launch import Plan
 
@@ -102,7 +102,7 @@ def _gluon_cases(n: int, d: int) -> list:
          dict(causal=True, fwd_config=gf, bwd_config=B(64, 64, 64, 64, 4, 2, family=3))),
         ("gluon fused dQ late", (1, 4, n, d), (1, 4, n, d),
          dict(causal=False, fwd_config=gf, bwd_config=B(64, 64, 64, 64, 4, 2, family=4))),
-        # head dim 256: the D=256 Gluon dK/dV kernel (gluon_backward_wide), dQ fused, and with the Triton dQ
+        # head dim 256: the D=256 Gluon dK/dV kernel (gluon/backward_wide.py), dQ fused, and with the Triton dQ
         # kernel and the split's partials
         ("gluon D=256 fused dQ", (1, 4, n, 256), (1, 2, n, 256),
          dict(causal=True, fwd_config=F(64, 64, 4, 2, family=1), bwd_config=B(32, 64, 64, 64, 4, 3, family=3))),
@@ -152,16 +152,6 @@ def test_replay_matches_launchers(monkeypatch):
 
 @pytest.mark.gpu
 def test_replay_matches_launchers_gpu(monkeypatch):
-    _check_cases(monkeypatch, gpu=True)
-
-
-@pytest.mark.gpu
-def test_replay_matches_launchers_with_the_tma_store_of_dk_dv_gpu(monkeypatch):
-    """The same with gluon_backward.TMA_STORE_DKDV on: the Gluon dK/dV kernel's outputs as TMA
-    descriptors over the plan's own dK and dV (a split keeps its pointers)."""
-    from flashtune.kernels import gluon_backward
-
-    monkeypatch.setattr(gluon_backward, "TMA_STORE_DKDV", True)
     _check_cases(monkeypatch, gpu=True)
 
 
@@ -244,9 +234,9 @@ def test_aliased_inputs_are_not_recorded(monkeypatch):
 def test_zero_fills_copies_and_gluon_descriptors_are_replayed():
     """``launch.zeros`` and ``launch.copy_`` are steps of a plan, replayed in the recorded
     order between the launches (the fused-dQ Gluon backward zeroes an fp32 buffer, its
-    kernel adds into it, a copy casts it, scaled by a factor where DQ_SCALE_AT_CAST left the
-    shares unscaled); a Gluon TensorDescriptor argument is recorded by its class and rebuilt
-    over the replay's tensor."""
+    kernel adds into it, a copy casts it; a copy may scale too); a Gluon TensorDescriptor
+    argument (the Gluon kernels' tiles, dK and dV through TMA over the plan's own outputs) is
+    recorded by its class and rebuilt over the replay's tensor."""
     import triton
     import triton.language as tl
 
@@ -278,7 +268,7 @@ def test_zero_fills_copies_and_gluon_descriptors_are_replayed():
     pytest.importorskip("triton.experimental.gluon")
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
-    from flashtune.kernels.gluon_forward import tile_layout
+    from flashtune.kernels.gluon.sm90 import tile_layout
 
     x = torch.zeros(2, 32, 16, dtype=torch.float16)
     desc = GluonDescriptor(x, list(x.shape), list(x.stride()), [1, 16, 16], tile_layout(16, 16, torch.float16))

@@ -1,5 +1,5 @@
-"""The causal backward's heaviest-first launch order (config.lpt_group): the rule's group
-sizes, and the Triton dK/dV and dQ kernels' 1-D grids in that order computing what their
+"""The heaviest-first launch order of causal calls (schedule.lpt_group): the rule's group
+sizes, and the Triton dQ and forward kernels' 1-D grids in that order computing what their
 3-D grids do.
 
 The order only decides which program starts when; every program still computes one fixed
@@ -14,9 +14,10 @@ import math
 import pytest
 import torch
 
-from flashtune.kernels import BwdConfig, FwdConfig, attention_forward, backward, common, forward, launch
-from flashtune.kernels import config
-from flashtune.kernels.config import LPT_L2_BYTES, LPT_WAVES, lpt_group, lpt_waves
+from flashtune.heuristics import tables
+from flashtune.kernels import BwdConfig, FwdConfig, attention_backward, attention_forward, launch, schedule
+from flashtune.kernels.schedule import LPT_L2_BYTES, LPT_WAVES, lpt_group, lpt_waves
+from flashtune.kernels.triton import backward, forward
 
 
 @pytest.mark.parametrize("units", [1, 2, 7, 8, 28, 64, 200])
@@ -60,26 +61,25 @@ _MOVED_WITHIN_NOISE = {"llama3-8b-train-8k": (1, 32, 8, 8192, 128), "mistral-7b-
 def test_the_cap_serves_the_order_where_it_was_measured_to_pay():
     # the query blocks of the measured D=128 launches on sm_90: the Gluon forward's CTA covers
     # two warp groups of BLOCK_M rows, the Triton dQ kernel's program BLOCK_M2 rows
-    fwd = config._SM90_FWD[(torch.bfloat16, 128, "long")]
-    # the Triton dQ kernel of the D=128 entry (family 1's dQ half: the causal long entry's when
-    # the order was measured, 2026-12-03; the dQ is fused into the Gluon kernel there since)
-    bwd = config._SM90_BWD[(torch.bfloat16, 128)]
+    fwd = tables.HEURISTICS[(9, 0)][0][(torch.bfloat16, 128, "long")]
+    # the Triton dQ kernel of the D=128 entry (the dQ half of the Gluon dK/dV kernel's family 1)
+    bwd = tables.HEURISTICS[(9, 0)][1][(torch.bfloat16, 128)]
     assert fwd.family == 1 and bwd.family == 0 and bwd.BLOCK_M2 == 128
     for rows_per_program in (2 * fwd.BLOCK_M, bwd.BLOCK_M2):
         for name, (B, H, _, N, _) in {**_GAINED, **_MOVED_WITHIN_NOISE}.items():
             waves = lpt_waves(B * H, -(-N // rows_per_program), 132)
-            assert (waves <= config.LPT_MAX_WAVES) == (name in _GAINED), (name, rows_per_program, waves)
+            assert (waves <= schedule.LPT_MAX_WAVES) == (name in _GAINED), (name, rows_per_program, waves)
 
 
 def test_the_query_kernels_take_the_order_only_under_the_cap(monkeypatch):
-    # a CPU tensor stands for the H200 (common.sm_count: 132); only shapes are read
+    # a CPU tensor stands for the H200 (device.sm_count: 132); only shapes are read
     long_ = torch.empty(1, 16, 16384, 8, dtype=torch.float16), torch.empty(1, 16, 16384, 8, dtype=torch.float16)
     short = torch.empty(2, 8, 4096, 8, dtype=torch.float16), torch.empty(2, 1, 4096, 8, dtype=torch.float16)
-    assert lpt_waves(16, 256, 132) > config.LPT_MAX_WAVES >= lpt_waves(16, 64, 132)
-    assert common.query_lpt_units(*long_, 256, causal=True, plain=True) == 0
-    assert common.query_lpt_units(*short, 64, causal=True, plain=True) == 16  # one group: all units
-    monkeypatch.setattr(config, "LPT_MAX_WAVES", math.inf)  # benchmarks/lpt_order.py --uncapped
-    assert common.query_lpt_units(*long_, 256, causal=True, plain=True) > 0
+    assert lpt_waves(16, 256, 132) > schedule.LPT_MAX_WAVES >= lpt_waves(16, 64, 132)
+    assert schedule.query_lpt_units(*long_, 256, causal=True, plain=True) == 0
+    assert schedule.query_lpt_units(*short, 64, causal=True, plain=True) == 16  # one group: all units
+    monkeypatch.setattr(schedule, "LPT_MAX_WAVES", math.inf)
+    assert schedule.query_lpt_units(*long_, 256, causal=True, plain=True) > 0
 
 
 def test_bad_counts_are_named():
@@ -103,13 +103,10 @@ def test_the_kernels_in_heaviest_first_order_give_the_grid_order_bits(monkeypatc
     config = BwdConfig(16, 16, 16, 16, 4, 1, dkdv_split=split)
     # every call below runs its launcher (a launch plan would replay the first call's grid)
     monkeypatch.setattr(launch, "ENABLED", False)
-    monkeypatch.setitem(common.LPT_ON, "triton_dkdv", True)
     rule = backward.query_lpt_units
     assert rule(q, k, math.ceil(Nq / 16), causal=True, plain=True) > 0
     assert rule(q, k, math.ceil(Nq / 16), causal=False, plain=True) == 0
     assert rule(q, k, math.ceil(Nq / 16), causal=True, plain=False) == 0
-    assert backward.dkdv_lpt_units(q, 3, 4, math.ceil(Nk / 16), causal=True, plain=True) > 0
-    assert backward.dkdv_lpt_units(q, 3, 4, math.ceil(Nk / 16), causal=True, plain=False) == 0
     launched = []
     real_launch = launch.launch
     monkeypatch.setattr(launch, "launch", lambda fn, *a, **kw: (launched.append((fn, kw["grid"])),
@@ -117,15 +114,14 @@ def test_the_kernels_in_heaviest_first_order_give_the_grid_order_bits(monkeypatc
     grads = {}
     for units in (0, 1, 5, 12):  # 0: the 3-D grids; 5 leaves a last group of 2 (dQ: 12 units)
         monkeypatch.setattr(backward, "query_lpt_units", lambda *a, units=units, **kw: units)
-        monkeypatch.setattr(backward, "dkdv_lpt_units", lambda *a, units=units, **kw: units)
-        grads[units] = backward.attention_backward(do, q, k, v, o, lse2, config, causal=True, sm_scale=scale,
-                                                   fp32_precision="ieee", causal_align=causal_align)
+        grads[units] = attention_backward(do, q, k, v, o, lse2, config, causal=True, sm_scale=scale,
+                                          fp32_precision="ieee", causal_align=causal_align)
     for units in (1, 5, 12):
         for a, b in zip(grads[units], grads[0]):
             assert torch.equal(a, b), units
-    # the 1-D grids did run: 2 kernels with 3-D grids for units 0, 1-D ones after
+    # the dQ kernel's 1-D grids did run (units 0: its 3-D grid); the dK/dV kernel keeps its 3-D grid
     grids = [grid for fn, grid in launched if fn in (backward._bwd_dkdv_kernel, backward._bwd_dq_kernel)]
-    assert [len(g) for g in grids] == [3, 3] + [1, 1] * 3
+    assert [len(g) for g in grids] == [3, 3] + [3, 1] * 3
     # and the grid order's dQ is the right one (a float64 reference's, within fp32 rounding)
     ref = q.double().detach().requires_grad_()
     kk, vv = (x.double().repeat_interleave(Hq // Hkv, dim=1) for x in (k, v))
@@ -146,80 +142,18 @@ def test_the_forward_in_heaviest_first_order_gives_the_grid_order_bits(monkeypat
     q = torch.randn(B, Hq, Nq, D, device=kernel_device, dtype=dtype, generator=g)
     k, v = (torch.randn(B, Hkv, Nk, D, device=kernel_device, dtype=dtype, generator=g) for _ in range(2))
     monkeypatch.setattr(launch, "ENABLED", False)
-    monkeypatch.setitem(common.LPT_ON, "fwd", False)
-    assert common.fwd_lpt_units(q, k, 5, causal=True, plain=True) == 0
-    monkeypatch.setitem(common.LPT_ON, "fwd", True)
-    assert common.fwd_lpt_units(q, k, 5, causal=True, plain=True) > 0
-    assert common.fwd_lpt_units(q, k, 5, causal=False, plain=True) == 0
+    assert schedule.query_lpt_units(q, k, 5, causal=True, plain=True) > 0
+    assert schedule.query_lpt_units(q, k, 5, causal=False, plain=True) == 0
     launched = []
     real_launch = launch.launch
     monkeypatch.setattr(launch, "launch", lambda fn, *a, **kw: (launched.append(kw["grid"]),
                                                                 real_launch(fn, *a, **kw))[1])
     outs = {}
     for units in (0, 1, 5, 12):
-        monkeypatch.setattr(forward, "fwd_lpt_units", lambda *a, units=units, **kw: units)
+        monkeypatch.setattr(forward, "query_lpt_units", lambda *a, units=units, **kw: units)
         outs[units] = attention_forward(q, k, v, FwdConfig(16, 16, 4, 1, num_splits=1), causal=True,
                                         sm_scale=0.2, fp32_precision="ieee", causal_align=causal_align)
     for units in (1, 5, 12):
         for a, b in zip(outs[units], outs[0]):
             assert torch.equal(a, b), units
     assert [len(grid) for grid in launched] == [3, 1, 1, 1]
-
-
-def _lpt_benchmark():
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "lpt_order.py"
-    spec = importlib.util.spec_from_file_location("lpt_order_bench", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_the_order_benchmark_lists_causal_rows_and_its_switches_change_the_grids(monkeypatch, kernel_device):
-    bench = _lpt_benchmark()
-    rows = bench.rows(512)
-    names = [r[0] for r in rows]
-    assert "llama3-70b-tp8-train-4k" in names and "grid-d128-16384" in names
-    causal = {s.name for s in bench.REALISTIC_GRID if s.causal}
-    assert all(n in causal or n.startswith("grid-") for n in names)
-    assert "bert-base-512" not in names  # not causal
-    dtype = torch.float32 if kernel_device.type == "cpu" else torch.float16
-    g = torch.Generator(device=kernel_device).manual_seed(3)
-    q = torch.randn(1, 4, 40, 32, device=kernel_device, dtype=dtype, generator=g)
-    k, v = (torch.randn(1, 2, 40, 32, device=kernel_device, dtype=dtype, generator=g) for _ in range(2))
-    do = torch.randn_like(q)
-    monkeypatch.setattr(launch, "ENABLED", False)
-    for name, value in common.LPT_ON.items():  # restored afterwards (the dict itself is imported by name)
-        monkeypatch.setitem(common.LPT_ON, name, value)
-    monkeypatch.setattr(backward, "query_lpt_units", backward.query_lpt_units)
-    real_launch = launch.launch
-    switched = {"fwd": forward._attn_fwd_kernel, "dkdv": backward._bwd_dkdv_kernel, "dq": backward._bwd_dq_kernel}
-    for kernel in bench.KERNELS:
-        fn, switch = bench.runner(kernel, q, k, v, do, 0.2)
-        grids = {}
-        for on in (False, True):
-            switch(on)
-            launched = []
-            monkeypatch.setattr(launch, "launch", lambda f, *a, **kw: (launched.append((f, len(kw["grid"]))),
-                                                                      real_launch(f, *a, **kw))[1])
-            out = fn()
-            monkeypatch.setattr(launch, "launch", real_launch)
-            grids[on] = (launched, [t.clone() for t in out])
-        dims = {on: [n for f, n in grids[on][0] if f is switched[kernel]] for on in (False, True)}
-        assert dims == {False: [3], True: [1]}, kernel
-        assert all(torch.equal(a, b) for a, b in zip(grids[True][1], grids[False][1])), kernel
-
-
-def test_the_benchmark_reports_the_waves_the_cap_reads():
-    bench = _lpt_benchmark()
-    # (the CPU's heuristic blocks are smaller than the H200's: a shorter call than 70b-tp8's)
-    q = torch.empty(2, 8, 512, 64, dtype=torch.float16)  # 16 units of at most 32 query blocks
-    k = torch.empty(2, 1, 512, 64, dtype=torch.float16)
-    assert bench.heavy_waves("dkdv", q, k) is None  # no cap on the dK/dV kernels
-    for kernel in ("fwd", "dq"):
-        waves = bench.heavy_waves(kernel, q, k)
-        assert 0 < waves <= config.LPT_MAX_WAVES  # served
-    wide = torch.empty(16, 16, 4096, 64, dtype=torch.float16)  # 256 units: over the cap
-    assert bench.heavy_waves("fwd", wide, wide) > config.LPT_MAX_WAVES

@@ -20,12 +20,15 @@ import zlib
 
 import pytest
 import torch
+
+import flashtune.device
 from kernel_checks import DTYPES, assert_close_to_reference, tolerance
 
 import flashtune
-from flashtune.kernels import FwdConfig, attention_kvcache, decode, launch, reference_attention
+from flashtune.kernels import FwdConfig, attention_kvcache, launch, reference_attention
+from flashtune.kernels.triton import decode
 from flashtune.kernels import kvcache
-from flashtune.kernels.decode import kvcache_schedule
+from flashtune.kernels.triton.decode import kvcache_schedule
 from flashtune.tolerance import baseline_dtype, uses_tf32
 
 F = FwdConfig
@@ -230,7 +233,7 @@ def test_the_cases_cover_what_they_claim():
 
 
 def test_max_seqlen_k_sizes_the_auto_chunks(monkeypatch):
-    monkeypatch.setattr(decode, "sm_count", lambda device: 132)
+    monkeypatch.setattr(flashtune.device, "INTERPRETER_SCHEDULE_SMS", 132)
     cpu, cfg = torch.device("cpu"), F(64, 128, 4, 2)
     full = kvcache_schedule(cfg, 1, 32, 8, 1, 131072, cpu)
     short = kvcache_schedule(cfg, 1, 32, 8, 1, 2048, cpu)

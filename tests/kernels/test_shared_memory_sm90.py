@@ -17,7 +17,7 @@ import torch
 from kernel_checks import compile_for_sm90
 
 from flashtune.kernels import BwdConfig, FwdConfig
-from flashtune.kernels import config as config_mod
+from flashtune.heuristics import tables
 
 SM90_SHARED_MEMORY = 232448  # bytes per block, opt-in maximum of the H100/H200
 SCRIPT = pathlib.Path(__file__).with_name("sm90_shared_memory.py")
@@ -25,7 +25,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def _items():
-    fwd_table, bwd_table = config_mod.HEURISTICS[(9, 0)]
+    fwd_table, bwd_table = tables.HEURISTICS[(9, 0)]
     items = []
     names = {v: k for k, v in DTYPES.items()}
     for pass_, table in (("fwd", fwd_table), ("bwd", bwd_table)):
@@ -81,7 +81,7 @@ def test_the_softcap_kernels_compile_for_sm90_within_the_estimate():
     """The softcap variants (a tanh per score, a derivative factor in the backward) of the
     sm_90 defaults at D=128/256 and of an atomic-dQ TMA config compile for the H200 without
     a GPU, and need no more shared memory than validate() allows for."""
-    fwd_table, bwd_table = config_mod.HEURISTICS[(9, 0)]
+    fwd_table, bwd_table = tables.HEURISTICS[(9, 0)]
     items = [(p, cfg, d) for p, table in (("fwd", fwd_table), ("bwd", bwd_table))
              for (dtype, d, *rest), cfg in table.items() if dtype == torch.bfloat16 and d in (128, 256) and not rest]
     items.append(("bwd", BwdConfig(64, 64, 64, 64, 8, 3, atomic_dq=1, tma=1), 128))
@@ -97,7 +97,7 @@ def test_the_window_kernels_compile_for_sm90_within_the_estimate():
     window's left edge, the edge masks) of the sm_90 defaults at D=128/256 and of an
     atomic-dQ TMA config compile for the H200 without a GPU, causal and not, with softcap
     too, and need no more shared memory than validate() allows for."""
-    fwd_table, bwd_table = config_mod.HEURISTICS[(9, 0)]
+    fwd_table, bwd_table = tables.HEURISTICS[(9, 0)]
     items = [(p, cfg, d) for p, table in (("fwd", fwd_table), ("bwd", bwd_table))
              for (dtype, d, *rest), cfg in table.items() if dtype == torch.bfloat16 and d in (128, 256) and not rest]
     items.append(("bwd", BwdConfig(64, 64, 64, 64, 8, 3, atomic_dq=1, tma=1), 128))
@@ -115,7 +115,7 @@ def test_the_varlen_kernels_compile_for_sm90_within_the_estimate():
     sm_90 defaults at D=64/128/256 and of an atomic-dQ config compile for the H200 without a
     GPU, causal and not, with a window and softcap on some, and need no more shared memory
     than validate() allows for."""
-    fwd_table, bwd_table = config_mod.HEURISTICS[(9, 0)]
+    fwd_table, bwd_table = tables.HEURISTICS[(9, 0)]
     items = [(p, cfg, d) for p, table in (("fwd", fwd_table), ("bwd", bwd_table))
              for (dtype, d, *rest), cfg in table.items() if dtype == torch.bfloat16 and d in (64, 128, 256)
              and not rest]
@@ -136,7 +136,7 @@ def test_the_dropout_kernels_compile_for_sm90_within_the_estimate():
     shared memory than validate(dropout=True) allows for, and the forward's estimate with
     dropout is exact where the one without is (stages >= 2: its mask tile, BLOCK_M x BLOCK_N
     bytes)."""
-    fwd_table, bwd_table = config_mod.HEURISTICS[(9, 0)]
+    fwd_table, bwd_table = tables.HEURISTICS[(9, 0)]
     items = [(p, cfg, d) for p, table in (("fwd", fwd_table), ("bwd", bwd_table))
              for (dtype, d, *rest), cfg in table.items() if dtype == torch.bfloat16 and d in (128, 256) and not rest]
     items += [("fwd", FwdConfig(128, 64, 8, 3, tma=1), 128),

@@ -28,7 +28,7 @@ import torch
 from kernel_checks import VarlenCase, check_varlen, loop_reference, offsets
 
 import flashtune
-from flashtune.kernels import BwdConfig, FwdConfig, attention, attention_varlen, function
+from flashtune.kernels import BwdConfig, FwdConfig, api, attention, attention_varlen
 
 F, B = FwdConfig, BwdConfig
 PLAIN = (F(16, 16, 4, 1), B(16, 16, 16, 16, 4, 1))
@@ -264,11 +264,11 @@ def no_launch(monkeypatch):
     def launched(*args, **kwargs):
         raise AssertionError("a kernel was launched for an input that should have been rejected")
 
-    monkeypatch.setattr(function, "attention_forward", launched)
-    monkeypatch.setattr(function.FlashAttentionFunction, "apply", launched)
+    monkeypatch.setattr(api, "attention_forward", launched)
+    monkeypatch.setattr(api.FlashAttentionFunction, "apply", launched)
     # the bad inputs are CPU tensors; with a GPU (interpreter off) they would all be
     # refused as CPU tensors first, before the check each case is about
-    monkeypatch.setattr(function, "INTERPRETER", True)
+    monkeypatch.setattr(api, "INTERPRETER", True)
 
 
 def _good():

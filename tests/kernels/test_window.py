@@ -18,13 +18,16 @@ import itertools
 
 import pytest
 import torch
+
+import flashtune.device
 import triton
 import triton.language as tl
 from kernel_checks import Case, case_inputs, run_case
 
 from flashtune.kernels import BwdConfig, FwdConfig, attention, reference_attention
-from flashtune.kernels.common import causal_offset, window_blocks, window_bounds, window_range
-from flashtune.kernels.decode import plan_schedule
+from flashtune.kernels.common import causal_offset, window_blocks, window_bounds
+from flashtune.kernels.triton.common import window_range
+from flashtune.kernels.triton.decode import plan_schedule
 from flashtune.kernels.reference import attention_mask
 
 F, B = FwdConfig, BwdConfig
@@ -299,8 +302,8 @@ def test_a_bad_window_is_named(window, error, message, kernel_device):
 def test_the_split_kernels_chunks_cut_only_the_window(monkeypatch):
     """Decode with a window short against the keys: the chunks start at the window's first
     key block and cover its blocks alone, auto (on the H200's 132 SMs) and explicit splits."""
-    from flashtune.kernels import decode
-    monkeypatch.setattr(decode, "sm_count", lambda device: 132)
+    from flashtune.kernels.triton import decode
+    monkeypatch.setattr(flashtune.device, "INTERPRETER_SCHEDULE_SMS", 132)
     n_k, left = 32768, 4096
     lo, _, _, hi = window_blocks(0, 0, n_k, 64, n_k - 1, left, 0)  # one query, bottom-right
     assert (lo, hi) == (447, 512)

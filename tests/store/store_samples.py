@@ -3,7 +3,8 @@ that worker processes can use them too)."""
 
 from __future__ import annotations
 
-from flashtune.kernels.config import BwdConfig, FwdConfig
+from flashtune.configs.backward import BwdConfig
+from flashtune.configs.forward import FwdConfig
 from flashtune.keys import GpuInfo, TuningKey
 from flashtune.provenance import Provenance
 from flashtune.store import StoredResult

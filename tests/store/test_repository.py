@@ -11,7 +11,8 @@ import sqlalchemy as sa
 from store_samples import A100, H200, config_for, key, provenance, result
 
 from flashtune.outcome import Outcome
-from flashtune.kernels.config import BwdConfig, FwdConfig
+from flashtune.configs.backward import BwdConfig
+from flashtune.configs.forward import FwdConfig
 from flashtune.store import ImportSummary, ResultFilter, Store, StoreError
 
 

@@ -12,7 +12,9 @@ import itertools
 
 import torch
 
-from flashtune.kernels.config import BwdConfig, ConfigError, FwdConfig
+from flashtune.configs.backward import BwdConfig
+from flashtune.configs.base import ConfigError
+from flashtune.configs.forward import FwdConfig
 
 FWD_SPACE: dict[str, list[int]] = {
     "BLOCK_M": [16, 32, 64, 128, 256],
@@ -20,8 +22,8 @@ FWD_SPACE: dict[str, list[int]] = {
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3, 4],
     "tma": [0, 1],
-    # the schedule (kernels/decode.py): 0 / -1 are "auto" (chosen at launch from the shape);
-    # the tuning key cannot tell decode shapes apart yet, so few explicit values
+    # the schedule (the split kernel): 0 / -1 are "auto" (chosen at launch from the shape), so
+    # few explicit values
     "num_splits": [0, 1, 4, 16],
     "pack_gqa": [-1, 0, 1],
     # the kernel family: 0 Triton, 1 the Gluon warp-specialised kernel (sm_90, D 64/128/256,
@@ -40,7 +42,7 @@ FWD_SPACE: dict[str, list[int]] = {
 # dK/dV holds keys (BLOCK_N1) and walks queries (BLOCK_M1); dQ holds queries (BLOCK_M2)
 # and walks keys (BLOCK_N2): the held block is the larger one in good configs. The dQ
 # kernel has its own warps and stages; atomic_dq=1 drops it for atomic adds of dQ in the
-# dK/dV kernel (which wins at D=128 and loses at D=64 on the H200: docs/tuning.md).
+# dK/dV kernel (the better of the two depends on the head dim: docs/tune-your-model.md).
 BWD_SPACE: dict[str, list[int]] = {
     "BLOCK_M1": [16, 32, 64],
     "BLOCK_N1": [32, 64, 128],
@@ -65,6 +67,13 @@ BWD_SPACE: dict[str, list[int]] = {
 }
 
 SPACES = {"fwd": (FwdConfig, FWD_SPACE), "bwd": (BwdConfig, BWD_SPACE)}
+
+
+def search_space(pass_: str) -> dict[str, list]:
+    """The values the autotuner samples for each field of the pass's config."""
+    if pass_ not in SPACES:
+        raise ValueError(f"pass_: expected 'fwd' or 'bwd', got {pass_!r}")
+    return SPACES[pass_][1]
 
 
 def candidates(pass_: str) -> list:
@@ -110,7 +119,7 @@ def default_neighbours(cfg) -> list:
     """Configs one structural step from a default that a sampler with a small budget is
     unlikely to try early, measured right after it: the same blocks with the tiles loaded
     the other way (TMA vs pointers) and, for the backward, with dQ computed the other way
-    (atomic vs dQ kernel); the better choice of each depends on the key (docs/tuning.md)."""
+    (atomic vs dQ kernel); the better choice of each depends on the key (docs/tune-your-model.md)."""
     out = [dataclasses.replace(cfg, tma=1 - cfg.tma)]
     if isinstance(cfg, BwdConfig):
         out.append(dataclasses.replace(cfg, atomic_dq=1 - cfg.atomic_dq))

@@ -32,38 +32,30 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (WINDOW_SIDES, block_offsets, key_range, needs_int64, on_device, score_scales,
-                                      tma_descriptors, window_range)
+from flashtune.configs.base import DECODE_MAX_Q, MAX_SPLITS, padded_head_dim
+from flashtune.configs.forward import FwdConfig
+from flashtune.device import schedule_sm_count
 from flashtune.kernels import launch
-from flashtune.kernels.config import DECODE_MAX_Q, MAX_SPLITS, FwdConfig, padded_head_dim
-from flashtune.kernels.forward import _fwd_inner
+from flashtune.kernels.common import WINDOW_SIDES, needs_int64, on_device, score_scales
+from flashtune.kernels.triton.common import block_offsets, key_range, tma_descriptors, window_range
+from flashtune.kernels.triton.forward import _fwd_inner
 
-# Auto splits aim at this many programs per SM: one program streams its keys with
-# num_stages tiles in flight; several per SM keep more loads in flight. On the H200
-# (2026-12-01, docs/shapes.md) decode with 8 programs per SM (B=128, Hkv=8) read K/V
-# at the copy bandwidth, with 2 per SM at 0.52-0.68 of it.
+# Auto splits aim at this many programs per SM: one program streams its keys with num_stages tiles
+# in flight, several per SM keep more loads in flight (decode at 8 programs per SM read K/V at the
+# copy bandwidth, at 2 per SM at 0.52-0.68 of it; docs/performance.md).
 AUTO_PROGRAMS_PER_SM = 4
-# Auto splits give each chunk at least this many keys: a short call split in two (128 keys
-# in two chunks of 64 at B=1, H=1) paid a second launch (the combine) and a partials buffer
-# on the host for a few microseconds of GPU time. 512 until 2026-12-03; 1024 since:
-# decode-mqa-d256-b16-8k (B=16, Hq=8, Hkv=1, Nk=8192, D=256) then runs 8 chunks (128
-# programs, one wave) instead of 16, 50.4 us against 53.7 with the same 3-stage config
-# (benchmarks/shapes.py --sweep, H200, docs/data/h200-2026-12-03-e2e/mqa_sweep.txt); the
-# other decode rows of SHAPES.md keep their schedules (decode-b1-64k's 64 chunks of 1024 keys;
-# b32 and b128 fill the GPU unsplit). Shorter caches get fewer, longer chunks than before.
+# Auto splits give each chunk at least this many keys: a short call split in two pays a second
+# launch (the combine) and a partials buffer for a few microseconds of GPU time, and at 1024
+# decode-mqa-d256-b16-8k runs one wave of 128 programs (1.07x its 16 chunks of 512 keys;
+# benchmarks/results: h200-shapes-gluon-bwd-defaults).
 MIN_CHUNK_KEYS = 1024
-# The combine kernel (combine_parts): one program per output row took 3.3 us for
-# decode-b1-64k's 32 rows of 64 chunks x 128 columns, 5 % of the step, a latency-bound tail
-# on 32 SMs; cut into 4 parts by columns, 2.1 us, the step 1.034x faster (1.045x at 128
-# chunks). decode-mqa-d256's 128 rows of 8 chunks x 256 columns went 1.6 -> 2.0 us in 4
-# parts (2048 partials a row: too little work to share), its 16-chunk variant 3.4 -> 2.3 us.
-# (H200, 2026-12-03, run/combine_probe.py with plans off, docs/data/h200-2026-12-03-lpt-cap/.)
+# The combine kernel (combine_parts) cuts a row's columns into parts where few rows would leave it a
+# latency-bound tail on few SMs (decode-b1-64k's step 1.03x faster in 4 parts), but not below
+# COMBINE_MIN_ELEMENTS partials or COMBINE_MIN_COLUMNS columns a part (benchmarks/results:
+# h200-lpt-cap-decode-combine).
 COMBINE_PROGRAMS_PER_SM = 2
 COMBINE_MIN_COLUMNS = 32
 COMBINE_MIN_ELEMENTS = 2048
-# SMs assumed by the auto schedule off the GPU (the interpreter): few, so that the small
-# test shapes keep the plain kernel unless they are decode-sized or tiny
-INTERPRETER_SMS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,12 +70,6 @@ class Schedule:
     chunk: int
     start: int = 0
 
-
-@functools.lru_cache(maxsize=None)
-def sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return INTERPRETER_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def combine_parts(rows: int, splits: int, block_d: int, sms: int) -> int:
@@ -129,7 +115,7 @@ def plan_schedule(config: FwdConfig, batch: int, heads_q: int, heads_kv: int, n_
     Remembered per (config, shape, SM count): every forward launch asks (about 6 us of host
     time per call on the build machine's CPU otherwise).
     """
-    return _schedule(config, batch, heads_q, heads_kv, n_q, n_k, sm_count(device), key_blocks)
+    return _schedule(config, batch, heads_q, heads_kv, n_q, n_k, schedule_sm_count(device), key_blocks)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -369,7 +355,7 @@ def split_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: Fwd
             num_warps=config.num_warps, num_stages=config.num_stages, grid=grid, warmup=compile_only)
         if S > 1:
             block_s = max(2, 1 << (S - 1).bit_length())
-            parts = combine_parts(B * H * N_Q, S, BLOCK_D, sm_count(q.device))
+            parts = combine_parts(B * H * N_Q, S, BLOCK_D, schedule_sm_count(q.device))
             block_dc = BLOCK_D // parts
             launch.launch(
                 _combine_kernel, o_part, lse_part, o, lse2, S, H, N_Q, *o.stride(),

@@ -1,22 +1,23 @@
-"""The public kernel entry: input checks, the autograd Function, ``attention()``."""
+"""The public kernel entry: input checks, the autograd Functions, ``attention()``,
+``attention_varlen()`` and ``attention_jvp()``."""
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 
 import torch
 from torch.autograd import forward_ad as _forward_ad
 
-from flashtune.kernels.backward import attention_backward
-from flashtune.kernels.common import CAUSAL_ALIGNS, INTERPRETER, LN2, PRECISIONS, Dropout, Varlen, torch_fp32_precision
-from flashtune.kernels.config import (DECODE_MAX_Q, FP8_DTYPES, MAX_HEAD_DIM,
-                                      BwdConfig, ConfigError, FwdConfig, decode_fills, default_config, is_long,
-                                      is_mid, long_bounds, mid_bounds)
-from flashtune.kernels import decode
-from flashtune.kernels.forward import attention_forward, forward_key
-from flashtune.kernels.jvp import attention_jvp_forward, attention_jvp_op, default_jvp_config, validate_jvp_config
+from flashtune.configs.backward import BwdConfig
+from flashtune.configs.base import FP8_DTYPES, MAX_HEAD_DIM
+from flashtune.configs.forward import FwdConfig
+from flashtune.device import INTERPRETER
+from flashtune.kernels.common import CAUSAL_ALIGNS, Dropout, LN2, PRECISIONS, Varlen, torch_fp32_precision
+from flashtune.kernels.ops import compiled_attention
+from flashtune.kernels.passes import attention_backward, attention_forward, forward_key, resolve_configs
+from flashtune.kernels.triton.jvp import attention_jvp_forward, attention_jvp_op, default_jvp_config, validate_jvp_config
+
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -150,79 +151,6 @@ def check_inputs(q, k, v, *, causal=False, sm_scale=None, fp32_precision="tf32",
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale):
         raise ValueError(f"sm_scale: expected a finite number, got {sm_scale!r}")
     return float(sm_scale)
-
-
-@functools.lru_cache(maxsize=1024)
-def _validated(config, head_dim: int, dtype: torch.dtype, device: torch.device, dropout: bool = False):
-    return config.validate(head_dim, dtype, device, dropout=dropout)
-
-
-@functools.lru_cache(maxsize=1024)
-def dropout_fwd_config(config: FwdConfig, head_dim: int, dtype: torch.dtype, device: torch.device,
-                       causal: bool) -> FwdConfig:
-    """A forward config (tuned for the call without dropout) whose DROPOUT kernel fits the
-    device: ``config`` itself, or the heuristic default where the mask's extra shared memory
-    (FwdConfig.shared_memory) would not fit."""
-    try:
-        return config.validate(head_dim, dtype, device, dropout=True)
-    except ConfigError:
-        return _default("fwd", head_dim, dtype, device, causal)
-
-
-@functools.lru_cache(maxsize=1024)
-def _default(pass_: str, head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool,
-             bucket: str | None = None):
-    """The heuristic config of a bucket: "decode", "decode-full" (a decode call that fills
-    the SMs, config.decode_fills), "long", "mid" (the forward's middle band, config.is_mid) or
-    None (none of them)."""
-    lengths = {"decode": (1, None), "decode-full": (1, None), None: (None, None)}
-    seq_q, seq_k = (long_bounds(pass_, dtype, head_dim, causal) if bucket == "long"
-                    else mid_bounds(dtype, head_dim) if bucket == "mid" else lengths[bucket])
-    fills = decode.sm_count(device) if bucket == "decode-full" else None  # batch x K/V heads that fill the SMs
-    return default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=seq_q, seq_k=seq_k,
-                          batch_heads_kv=fills)
-
-
-def resolve_configs(q: torch.Tensor, fwd_config, bwd_config, causal: bool = False, *, varlen: bool = False,
-                    dropout: bool = False, seq_k: int | None = None,
-                    heads_kv: int | None = None) -> tuple[FwdConfig, BwdConfig]:
-    """The configs to launch with: the given ones, validated (the forward's for its DROPOUT
-    kernel with ``dropout``), or the heuristic defaults (the forward's decode entry for at
-    most DECODE_MAX_Q queries, its "decode full" entry first where the batch x ``heads_kv``
-    K/V heads fill the SMs (None: unknown, never), its long entry for ``config.is_long``
-    calls of ``seq_k`` keys (None: as many as queries), its middle band's for ``config.is_mid``
-    ones (a causal one's by q's batch x heads); none of them for a packed ``varlen`` q or
-    with dropout, which run the plain Triton forward kernel); the backward's long entry from
-    LONG_MIN_Q_BWD queries (LONG_MIN_Q_BWD_BY_HEAD_DIM where its head dim and masking have a bound of their own;
-    no decode entry: its decode-sized calls are few)."""
-    D, dtype, device = q.shape[-1], q.dtype, q.device
-    n_q = q.shape[2]
-    buckets = {"fwd": None, "bwd": None}
-    if not varlen and not dropout:
-        if n_q <= DECODE_MAX_Q:
-            # asked only where the default is read (a given config, as the tuned drop-in's, skips it)
-            fills = fwd_config is None and heads_kv is not None and decode_fills(q.shape[0] * heads_kv, device)
-            buckets["fwd"] = "decode-full" if fills else "decode"
-        elif is_long("fwd", n_q, seq_k, dtype, head_dim=D, causal=bool(causal)):
-            buckets["fwd"] = "long"
-        elif fwd_config is None and is_mid("fwd", n_q, seq_k, dtype, head_dim=D, causal=bool(causal),
-                                           batch_heads=q.shape[0] * q.shape[1], device=device):
-            buckets["fwd"] = "mid"  # asked only where the default is read (a causal call's asks the SMs)
-        buckets["bwd"] = "long" if is_long("bwd", n_q, dtype=dtype, head_dim=D, causal=bool(causal)) else None
-    resolved = []
-    for name, cfg, cls, pass_ in (("fwd_config", fwd_config, FwdConfig, "fwd"),
-                                  ("bwd_config", bwd_config, BwdConfig, "bwd")):
-        if cfg is None:
-            resolved.append(_default(pass_, D, dtype, device, bool(causal), buckets[pass_]))
-        elif not isinstance(cfg, cls):
-            raise TypeError(f"{name}: expected a {cls.__name__} or None, got {type(cfg).__name__}")
-        else:
-            drop = bool(dropout)
-            try:
-                resolved.append(_validated(cfg, D, dtype, device, drop))
-            except TypeError:  # an unhashable field: validate() names it
-                resolved.append(cfg.validate(D, dtype, device, dropout=drop))
-    return resolved[0], resolved[1]
 
 
 class FlashAttentionFunction(torch.autograd.Function):
@@ -474,8 +402,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     window = check_window(window_size)
     dropout = check_dropout(dropout_p, dropout_seed, q.device)
     if compiling:  # one traceable operator per pass, configs resolved in it on the real shapes (kernels/ops.py)
-        from flashtune.kernels.ops import compiled_attention
-
         o, lse2 = compiled_attention(q, k, v, causal=causal, sm_scale=scale, fwd_config=fwd_config,
                                      bwd_config=bwd_config, fp32_precision="" if fp32_precision is None else fp32_precision,
                                      causal_align=causal_align, softcap=cap, window_size=window, dropout=dropout)

@@ -1,4 +1,4 @@
-"""FlashAttention backward: recompute P from the saved log-sum-exp.
+"""The Triton backward kernels: recompute P from the saved log-sum-exp.
 
 Three launches: a preprocess for Delta = rowsum(dO * O); a dK/dV kernel that holds a
 block of keys and walks the queries of every query head sharing that key head
@@ -13,9 +13,6 @@ dV = P^T dO, dK = sm_scale * dS^T Q, dQ = sm_scale * dS K.
 With dropout (DROPOUT, common.Dropout) the forward's output is (Z * P) V, Z = mask / (1 - p),
 the mask regenerated here from its seed: dV = (Z * P)^T dO, dP = Z * (dO V^T), dS = P * (dP -
 Delta), and Delta = rowsum(P * dP) = rowsum(dO * (Z * P) V) = rowsum(dO * O) as without it.
-
-(Over 400 lines on purpose: the backward's kernels and their launchers are one operation,
-kept in one file as the forward's are, STYLE.md's "one file per operation".)
 
 The walked tiles (Q and dO in the dK/dV kernel, K and V in the dQ kernel) load through
 pointers or, with ``config.tma``, through TMA descriptors (common.tma_descriptors).
@@ -32,16 +29,16 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (DROPOUT_ARGS, LPT_ON, VARLEN_SIZES, WINDOW_SIDES, Dropout, Varlen,
-                                      block_offsets, call_geometry, cdiv, dot_precision, dropout_args,
-                                      dropout_keep, dropout_rows, kernel_strides, key_block_lpt_units, key_range,
-                                      load_tile, lpt_tile, needs_int64, on_device, packed_sequence,
-                                      query_block_program, query_lpt_units, score_scales, sm_count,
-                                      softcap_log2_scores, store_tile, stride_align, tma_descriptors, tma_tile,
-                                      window_range, aligned)
+from flashtune.configs.backward import BwdConfig, dkdv_split
+from flashtune.configs.base import padded_head_dim
+from flashtune.device import sm_count
 from flashtune.kernels import launch
-from flashtune.kernels.launch import planned, tensor_key
-from flashtune.kernels.config import DKDV_PROGRAMS_PER_SM, BwdConfig, dkdv_split, padded_head_dim
+from flashtune.kernels.common import (DROPOUT_ARGS, Dropout, VARLEN_SIZES, Varlen, WINDOW_SIDES, call_geometry, cdiv, dot_precision, dropout_args, kernel_strides, needs_int64, on_device, score_scales, stride_align)
+from flashtune.kernels.schedule import query_lpt_units
+from flashtune.kernels.triton.common import (aligned, block_offsets, dropout_keep, dropout_rows, key_range,
+                                             load_tile, packed_sequence, query_block_program,
+                                             softcap_log2_scores, store_tile, tma_descriptors, tma_tile,
+                                             window_range)
 
 
 @triton.jit
@@ -160,7 +157,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
                      stride_dob, stride_doh, stride_don, stride_dod,
                      stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                      stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                     H, GROUP, N_Q, N_K, causal_off, win_left, win_right, SPLIT_H, SPLIT_Q, TOTAL_Q, LPT_UNITS,
+                     H, GROUP, N_Q, N_K, causal_off, win_left, win_right, SPLIT_H, SPLIT_Q, TOTAL_Q,
                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, INT64: tl.constexpr,
                      ATOMIC_DQ: tl.constexpr, TMA: tl.constexpr, TMA_DQ: tl.constexpr, PARTIAL: tl.constexpr,
@@ -175,20 +172,10 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, DQA, DescQ, DescDO, DescDQ
     # axis 1 runs over (K/V head, split): split s of a key block takes the query heads
     # [s_h * GROUP / SPLIT_H, ...) of the group and the s_q-th of SPLIT_Q chunks of its
     # query blocks; with PARTIAL its dK/dV go to fp32 slot s of DK/DV, summed afterwards
-    # (LPT_UNITS > 0, causal: a 1-D grid in heaviest-first order, the first key blocks, which
-    # the most queries see, first; common.lpt_tile)
-    if LPT_UNITS > 0:
-        n_n = tl.cdiv(N_K, BLOCK_N)
-        per_batch = (H // GROUP) * SPLIT_H * SPLIT_Q  # (K/V head, split) units of a batch element
-        block_n, unit = lpt_tile(tl.program_id(0), n_n, tl.num_programs(0) // n_n, LPT_UNITS)
-        hk_split = unit % per_batch
-        off_b = (unit // per_batch).to(tl.int64)
-        n_batch = tl.num_programs(0) // n_n // per_batch
-    else:
-        block_n = tl.program_id(0)
-        hk_split = tl.program_id(1)
-        off_b = tl.program_id(2).to(tl.int64)
-        n_batch = tl.num_programs(2)
+    block_n = tl.program_id(0)
+    hk_split = tl.program_id(1)
+    off_b = tl.program_id(2).to(tl.int64)
+    n_batch = tl.num_programs(2)
     split = hk_split % (SPLIT_H * SPLIT_Q)
     off_hk = (hk_split // (SPLIT_H * SPLIT_Q)).to(tl.int64)
     start_n = block_n * BLOCK_N
@@ -461,61 +448,10 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, DescK, DescV, CU_Q, CU_K, RNG, s
                + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D)
 
 
-def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                       lse2: torch.Tensor, config: BwdConfig, *, causal: bool, sm_scale: float,
-                       fp32_precision: str = "tf32", compile_only: bool = False, causal_align: str = "top_left",
-                       softcap: float = 0.0, window_size: tuple[int, int] | None = None,
-                       varlen: Varlen | None = None, dropout: Dropout | None = None,
-                       plan_key: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the backward kernels with an explicit config on already-checked inputs
-    (``softcap``, ``window_size``, ``varlen`` and ``dropout`` as the forward had them: the
-    dropout mask is regenerated from its seed, common.Dropout).
-
-    ``varlen`` (common.Varlen): packed (total, heads, D) tensors as forward.attention_forward
-    takes them, lse2 (Hq, total_q); pointer loads only (the config's tma is ignored) and
-    one program per key block (dkdv_split is ignored); atomic dQ works as without it.
-
-    ``compile_only``: compile (or queue in triton's AsyncCompileMode) without launching.
-
-    ``lse2`` is the forward's base-2 log-sum-exp. Returns (dq, dk, dv) in the layouts
-    and dtypes of q, k and v.
-
-    With ``config.atomic_dq`` the dK/dV kernel also accumulates dQ (fp32 atomic adds into
-    a zeroed buffer, cast at the end; with ``config.tma`` on sm_90+ one TMA bulk reduce-add
-    per tile) and the dQ kernel does not run, unless torch's deterministic algorithms are on.
-
-    ``plan_key``: forward.forward_key() of the forward that made ``o`` and ``lse2`` from these
-    q, k, v with these arguments (autograd's backward has it): it fixes every tensor's layout
-    but dO's, so the launch plan's signature need not read them again.
-    """
-    if compile_only or varlen is not None or dropout is not None:
-        return _backward(do, q, k, v, o, lse2, config, causal, sm_scale, fp32_precision, compile_only, causal_align,
-                         softcap, window_size, varlen, dropout)
-    # one launch plan per call signature (kernels/launch.py): what follows runs once per signature
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    if plan_key is not None:
-        key = ("after forward", plan_key, config, deterministic, tensor_key(do))
-    else:
-        key = (config, causal, sm_scale, fp32_precision, causal_align, softcap, window_size, deterministic,
-               tensor_key(do), tensor_key(q), tensor_key(k), tensor_key(v), tensor_key(o), tensor_key(lse2))
-    return planned(_BWD_PLANS, key, (do, q, k, v, o, lse2),
-                   lambda: _backward(do, q, k, v, o, lse2, config, causal, sm_scale, fp32_precision, False,
-                                     causal_align, softcap, window_size, None, None))
-
-
-_BWD_PLANS: dict = {}
-
-
-def _backward(do, q, k, v, o, lse2, config: BwdConfig, causal, sm_scale, fp32_precision, compile_only, causal_align,
-              softcap, window_size, varlen, dropout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """attention_backward's launches."""
-    if config.family:
-        if not softcap and window_size is None and varlen is None and dropout is None \
-                and q.dtype in (torch.float16, torch.bfloat16):
-            return _gluon_backward(do, q, k, v, o, lse2, config, causal=causal, sm_scale=sm_scale,
-                                   compile_only=compile_only, causal_align=causal_align)
-        # what the Gluon kernel lacks (softcap, window, varlen, dropout): the Triton default
-        config = config.as_triton(q.shape[-1], q.dtype, q.device, bool(causal))
+def triton_backward(do, q, k, v, o, lse2, config: BwdConfig, causal, sm_scale, fp32_precision, compile_only,
+                    causal_align, softcap, window_size, varlen, dropout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Triton kernels' launches with a Triton ``config`` on checked inputs
+    (passes.attention_backward's arguments)."""
     B, H, H_KV, N_Q, N_K, D, window, off = call_geometry(q, k, varlen, causal, causal_align, window_size)
     BLOCK_D = padded_head_dim(D)
     precision = dot_precision(q.dtype, fp32_precision)
@@ -557,16 +493,16 @@ def _backward(do, q, k, v, o, lse2, config: BwdConfig, causal, sm_scale, fp32_pr
         parts = (launch.empty((2, split, B, H_KV, N_K, BLOCK_D), device=q.device, dtype=torch.float32)
                  if split > 1 else (dk, dv))
         n_n = cdiv(N_K, config.BLOCK_N1)
-        lpt = dkdv_lpt_units(q, H // H_KV // split_h, B * H_KV * split, n_n, causal=causal,
-                             plain=window is None and varlen is None)
         launch.launch(
             _bwd_dkdv_kernel, q, k, v, do, parts[0], parts[1], lse2, delta, dq_acc, *(descs_dkdv or (q, do)),
             *(desc_dqa or (dq_acc,)), *cu, rng, sm_scale, *score_scales(sm_scale, softcap), drop_threshold,
             drop_scale, *kernel_strides(q, varlen), *kernel_strides(k, varlen), *kernel_strides(v, varlen),
             *kernel_strides(do, varlen), *kernel_strides(dk, varlen), *kernel_strides(dv, varlen),
-            H, H // H_KV, N_Q, N_K, off, *(window or (0, 0)), split_h, split_q, rows[-1], lpt,
+            H, H // H_KV, N_Q, N_K, off, *(window or (0, 0)), split_h, split_q, rows[-1],
             BLOCK_M=config.BLOCK_M1, BLOCK_N=config.BLOCK_N1,
-            grid=(n_n * H_KV * split * B, ) if lpt else (n_n, H_KV * split, B),
+            # grid order: the heaviest-first order gains only on the grouped-query D=128 rows, which the
+            # Gluon backward serves on sm_90 (benchmarks/results: h200-lpt-cap-decode-combine)
+            grid=(n_n, H_KV * split, B),
             ATOMIC_DQ=atomic_dq, TMA=descs_dkdv is not None, TMA_DQ=desc_dqa is not None, PARTIAL=split > 1,
             SOFTCAP=bool(softcap), WINDOW=window is not None, VARLEN=varlen is not None,
             DROPOUT=dropout is not None, STRIDE_ALIGN=stride_align(q, k, v, do, dk, dv), **options)
@@ -580,22 +516,6 @@ def _backward(do, q, k, v, o, lse2, config: BwdConfig, causal, sm_scale, fp32_pr
                    int64=int64, compile_only=compile_only, causal_off=off, softcap=softcap, window=window,
                    varlen=varlen, dropout=dropout)
     return dq, dk, dv
-
-
-def _gluon_backward(do, q, k, v, o, lse2, config: BwdConfig, *, causal: bool, sm_scale: float, compile_only: bool,
-                    causal_align: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A Gluon config's backward (kernels/gluon_backward.py, imported on first use: it loads
-    triton's Gluon): the Gluon dK/dV kernel with this config's dQ half (family 2: the Gluon dQ
-    kernel, else the Triton one). ``compile_only``
-    leaves the compile to the first launch (Gluon's launcher has no warmup entry)."""
-    from flashtune.kernels.gluon_backward import gluon_attention_backward
-
-    if compile_only:
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    return gluon_attention_backward(do, q, k, v, o, lse2, config.gluon(), causal=causal, sm_scale=sm_scale,
-                                    causal_align=causal_align, dq_config=None if config.family >= 3 else config,
-                                    gluon_dq=config.family == 2,
-                                    dkdv_split=config.dkdv_split)
 
 
 def _preprocess(o, do, delta, *, int64: bool, compile_only: bool = False, zero: torch.Tensor | None = None) -> None:
@@ -658,17 +578,6 @@ def _launch_dq(q, k, v, do, dq, lse2, delta, config: BwdConfig, *, causal: bool,
         DROPOUT=dropout is not None, STRIDE_ALIGN=stride_align(q, k, v, do, dq),
         num_warps=config.dq_num_warps, num_stages=config.dq_num_stages,
         warmup=compile_only)
-
-
-def dkdv_lpt_units(q: torch.Tensor, heads_per_unit: int, units: int, key_blocks: int, *, causal: bool,
-                   plain: bool) -> int:
-    """The Triton dK/dV kernel's LPT_UNITS (0: its 3-D grid in per-unit order):
-    common.key_block_lpt_units for a causal call without a window or packed sequences, at
-    DKDV_PROGRAMS_PER_SM programs per SM; 0 while common.LPT_ON["triton_dkdv"] is off."""
-    if not (plain and LPT_ON["triton_dkdv"]):
-        return 0
-    return key_block_lpt_units(q, heads_per_unit=heads_per_unit, units=units, key_blocks=key_blocks,
-                               programs_per_sm=DKDV_PROGRAMS_PER_SM, causal=causal)
 
 
 def dq_kernel_alone(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,

@@ -1,21 +1,6 @@
-"""FlashAttention forward: online softmax in base 2, saving the log-sum-exp.
-
-Layout is torch SDPA's: q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D), any strides.
-Query head h reads key/value head h // (Hq // Hkv) (grouped-query attention).
-Causal follows torch SDPA's ``is_causal`` by default: query i sees keys j <= i (the mask
-is aligned to the top-left corner, also when Nq != Nk); ``causal_align="bottom_right"``
-aligns it to the bottom-right corner (common.causal_offset). The K and V tiles load
-through pointers or, with ``config.tma``, through TMA descriptors (common.tma_descriptors).
-Shapes whose query blocks do not fill the GPU (decode) run the split kernel of
-kernels/decode.py instead (FwdConfig's num_splits and pack_gqa). A sliding window
-(``window_size``, the WINDOW variants) walks only the key blocks inside it, masking its
-edge blocks as causal masks its diagonal (common.window_blocks). Packed variable-length
-sequences (the VARLEN variant, ``varlen``: q (total_q, Hq, D), k and v (total_k, Hkv, D))
-run one program per (query block, head, sequence), each reading its sequence's rows from
-the cumulative offsets (common.Varlen) and stopping at once past its end. fp8 inputs (the
-FP8 variant, kernels/fp8.py): both dots in fp8 with fp32 accumulation, P cast to V's fp8
-type, the descales of Q and K folded into qk_scale and V's applied once to the output.
-"""
+"""The Triton forward kernel: one program per block of queries walking the keys, with a launcher
+that takes an explicit config (``triton_forward``). The split-KV kernel for decode-sized calls is
+in decode.py; which of them, or the Gluon kernel, runs a call is decided in kernels/passes.py."""
 
 from __future__ import annotations
 
@@ -23,15 +8,15 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtune.kernels.common import (DROPOUT_ARGS, VARLEN_SIZES, WINDOW_SIDES, Dropout, Varlen, block_offsets,
-                                      call_geometry, dot_precision, dropout_args, dropout_keep, dropout_rows,
-                                      fwd_lpt_units, kernel_strides, key_range, load_tile, needs_int64, on_device,
-                                      packed_sequence, query_block_program, score_scales, softcap_log2_scores,
-                                      store_tile, stride_align, tma_descriptors, tma_tile, window_blocks,
-                                      window_range, aligned)
+from flashtune.configs.base import FP8_DTYPES, padded_head_dim
+from flashtune.configs.forward import FwdConfig
 from flashtune.kernels import launch
-from flashtune.kernels.launch import planned, tensor_key
-from flashtune.kernels.config import FP8_DTYPES, FwdConfig, padded_head_dim
+from flashtune.kernels.common import (DROPOUT_ARGS, VARLEN_SIZES, WINDOW_SIDES, call_geometry, dot_precision, dropout_args, kernel_strides, needs_int64, on_device, score_scales, stride_align)
+from flashtune.kernels.schedule import query_lpt_units
+from flashtune.kernels.triton.common import (aligned, block_offsets, dropout_keep, dropout_rows, key_range,
+                                             load_tile, packed_sequence, query_block_program,
+                                             softcap_log2_scores, store_tile, tma_descriptors, tma_tile,
+                                             window_range)
 
 
 @triton.jit
@@ -216,103 +201,12 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, DescK, DescV, CU_Q, CU_K, RNG, qk_scale, s
     tl.store(lse_ptrs, m_i + tl.math.log2(l_i), mask=offs_m < N_Q)
 
 
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: FwdConfig, *,
-                      causal: bool, sm_scale: float, fp32_precision: str = "tf32",
-                      compile_only: bool = False, causal_align: str = "top_left",
-                      softcap: float = 0.0, window_size: tuple[int, int] | None = None,
-                      varlen: Varlen | None = None, v_descale: float = 1.0,
-                      out_dtype: torch.dtype | None = None, dropout: Dropout | None = None,
-                      plan_key: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the forward kernel with an explicit config on already-checked inputs.
-
-    ``softcap`` > 0 caps the scaled scores at ``softcap * tanh(scores / softcap)`` (Gemma-2);
-    0 leaves them as they are. ``window_size`` (left, right), FlashAttention's sliding window
-    (-1: unbounded; None: none), in causal_align's frame (common.window_bounds): the key
-    blocks outside it are skipped.
-
-    ``causal_align``: "top_left" (SDPA's is_causal) or "bottom_right" (common.causal_offset).
-    The split kernel of kernels/decode.py runs instead when the config's schedule asks
-    for it on this shape (decode.plan_schedule).
-
-    ``varlen`` (common.Varlen): q is a packed (total_q, Hq, D) batch of sequences, k and v
-    (total_k, Hkv, D); causal and the window align bottom-right in each sequence
-    (``causal_align`` is ignored); always the plain kernel through pointer loads (the
-    config's num_splits, pack_gqa and tma are ignored).
-
-    fp8 inputs (float8_e4m3fn or float8_e5m2, checked by fp8.check_fp8_inputs): ``sm_scale``
-    already carries q_descale * k_descale, ``v_descale`` multiplies the output, which comes in
-    ``out_dtype`` (fp16 or bf16); always the plain kernel (the config's num_splits and pack_gqa
-    are ignored), never varlen. P @ V reads V fastest with the keys contiguous on Hopper
-    (fp8.attention_fp8's ``relayout_v``); any strides work.
-
-    ``dropout`` (common.Dropout; None: none) drops elements of P by its seeded mask, which
-    the backward regenerates; always the plain kernel (the split kernel of a decode step has
-    no dropout: one is not trained).
-
-    ``compile_only`` compiles (or, inside triton's AsyncCompileMode, queues the compile
-    of) the kernel without launching it; the outputs are then left uninitialised.
-
-    ``plan_key``: forward_key() of this call, where the caller has it already.
-
-    Returns ``(o, lse2)``: o in q's layout and dtype (``out_dtype`` if given), lse2 (B, Hq,
-    Nq) float32 holding the log-sum-exp of the scaled scores in base 2 (multiply by ln 2 for
-    natural log); with ``varlen``, (Hq, total_q).
-    """
-    if compile_only or varlen is not None or dropout is not None:
-        return _forward(q, k, v, config, causal, sm_scale, fp32_precision, compile_only, causal_align, softcap,
-                        window_size, varlen, v_descale, out_dtype, dropout)
-    # one launch plan per call signature (kernels/launch.py): what follows runs once per signature
-    if plan_key is None:
-        plan_key = forward_key(q, k, v, config, causal, sm_scale, fp32_precision, causal_align, softcap, window_size,
-                               v_descale, out_dtype)
-    return planned(_FWD_PLANS, plan_key, (q, k, v),
-                   lambda: _forward(q, k, v, config, causal, sm_scale, fp32_precision, False, causal_align, softcap,
-                                    window_size, None, v_descale, out_dtype, None))
-
-
-_FWD_PLANS: dict = {}
-
-
-def forward_key(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision="tf32", causal_align="top_left",
-                softcap=0.0, window_size=None, v_descale=1.0, out_dtype=None) -> tuple:
-    """The launch-plan signature of an attention_forward call (without varlen or dropout):
-    everything its launches depend on but the data. It also fixes the layouts of the
-    outputs (o, lse2), so a backward of the same call keys its plan on it
-    (backward.attention_backward's ``plan_key``)."""
-    return (config, causal, sm_scale, fp32_precision, causal_align, softcap, window_size, v_descale, out_dtype,
-            tensor_key(q), tensor_key(k), tensor_key(v))
-
-
-def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compile_only, causal_align, softcap,
-             window_size, varlen, v_descale, out_dtype, dropout) -> tuple[torch.Tensor, torch.Tensor]:
-    """attention_forward's launches."""
-    if config.family:
-        # fp8: V with its keys contiguous (attention_fp8's default re-layout), the operand the
-        # Gluon kernel's fp8 P V wgmma reads (gluon_forward.fp8_v_runs)
-        fp8_v = q.dtype not in FP8_DTYPES or v.stride(2) == 1 or v.shape[2] == 1
-        # o takes q's layout; the Gluon kernel writes it with its head dim contiguous, so a q whose head
-        # dim is strided (a (B, H, D, N) tensor viewed as (B, H, N, D)) runs the Triton kernel
-        o_layout = q.stride(-1) == 1 or q.shape[-1] == 1
-        if not softcap and varlen is None and dropout is None and fp8_v and o_layout:
-            return _gluon_forward(q, k, v, config, causal=causal, sm_scale=sm_scale, compile_only=compile_only,
-                                  causal_align=causal_align, window_size=window_size, v_descale=v_descale,
-                                  out_dtype=out_dtype)
-        # what the Gluon kernel lacks (softcap, varlen, dropout, an fp8 V with the head dim
-        # contiguous, an o with its head dim strided): the Triton kernel's default
-        config = config.as_triton(q.shape[-1], q.dtype, q.device, bool(causal))
+def triton_forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compile_only, causal_align,
+                   softcap, window_size, varlen, v_descale, out_dtype, dropout) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain kernel's launch with a Triton ``config`` on checked inputs (passes.attention_forward's
+    arguments)."""
     B, H, _, N_Q, N_K, D, window, off = call_geometry(q, k, varlen, causal, causal_align, window_size)
-    key_blocks = None
-    if window and varlen is None:  # the split kernel chunks only the key blocks some query reaches
-        lo, _, _, hi = window_blocks(0, N_Q - 1, N_K, config.BLOCK_N, off, *window)
-        key_blocks = (lo, hi)
     fp8 = q.dtype in FP8_DTYPES
-    # the split kernel has no dropout (a decode step does not train) nor fp8: those run the plain kernel
-    schedule = (plan_schedule(config, B, H, k.shape[1], N_Q, N_K, q.device, key_blocks)
-                if varlen is None and dropout is None and not fp8 else None)
-    if schedule is not None:
-        return split_forward(q, k, v, config, schedule, causal=causal, causal_off=off, sm_scale=sm_scale,
-                             precision=dot_precision(q.dtype, fp32_precision), compile_only=compile_only,
-                             softcap=softcap, window=window)
     o = launch.empty_like(q, dtype=out_dtype or q.dtype)
     lse_shape = (B, H, N_Q) if varlen is None else (H, q.shape[0])
     lse2 = launch.empty(lse_shape, device=q.device, dtype=torch.float32)
@@ -324,7 +218,7 @@ def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compi
     # CUDA caps grid y and z at 65535; plain int division: triton.cdiv is a jit function,
     # ~10 us of host time per call through its wrapper
     n_m = -(-N_Q // config.BLOCK_M)
-    lpt = fwd_lpt_units(q, k, n_m, causal=causal, plain=window is None and varlen is None)
+    lpt = query_lpt_units(q, k, n_m, causal=causal, plain=window is None and varlen is None)
     grid = (n_m * H * B, ) if lpt else (n_m, H, B)
     rng, drop_threshold, drop_scale = dropout_args(dropout, lse2)
     with on_device(q):
@@ -343,23 +237,3 @@ def _forward(q, k, v, config: FwdConfig, causal, sm_scale, fp32_precision, compi
             grid=grid, warmup=compile_only,
         )
     return o, lse2
-
-
-def _gluon_forward(q, k, v, config: FwdConfig, *, causal: bool, sm_scale: float, compile_only: bool,
-                   causal_align: str, window_size=None, v_descale: float = 1.0,
-                   out_dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Gluon config's launch (kernels/gluon_forward.py, imported on first use: it loads
-    triton's Gluon). ``compile_only`` leaves the compile to the first launch: Gluon's
-    launcher has no warmup entry (the outputs are uninitialised either way)."""
-    from flashtune.kernels.gluon_forward import gluon_attention_forward
-
-    if compile_only:
-        return (torch.empty_like(q, dtype=out_dtype or q.dtype),
-                torch.empty(q.shape[:3], device=q.device, dtype=torch.float32))
-    return gluon_attention_forward(q, k, v, config.gluon(), causal=causal, sm_scale=sm_scale,
-                                   causal_align=causal_align, window_size=window_size, v_descale=v_descale,
-                                   out_dtype=out_dtype)
-
-
-# The split kernel walks the keys with _fwd_inner above: imported once this module is whole.
-from flashtune.kernels.decode import plan_schedule, split_forward  # noqa: E402

@@ -38,9 +38,11 @@ import triton
 import triton.language as tl
 
 from flashtune.kernels import launch
-from flashtune.kernels.common import (LOG2E, block_offsets, causal_offset, dot_precision, key_range, load_tile,
-                                      needs_int64, on_device, store_tile)
-from flashtune.kernels.config import ConfigError, FwdConfig, padded_head_dim, shared_memory_limit
+from flashtune.kernels.common import LOG2E, causal_offset, dot_precision, needs_int64, on_device
+from flashtune.kernels.triton.common import block_offsets, key_range, load_tile, store_tile
+from flashtune.configs.base import ConfigError, padded_head_dim
+from flashtune.configs.forward import FwdConfig
+from flashtune.device import shared_memory_limit
 from flashtune.kernels.launch import planned, tensor_key
 
 
