@@ -50,7 +50,7 @@ def test_the_measured_rows_get_one_even_group_each():
     assert lpt_group(32, 16, 4 << 20, slots=132) == 16
 
 
-# (B, Hq, Hkv, N, D) of the causal rows benchmarks/lpt_order.py measured on the H200 (2026-12-03)
+# (B, Hq, Hkv, N, D) of the causal rows the heaviest-first order was measured on (H200, 2026-12-03)
 _GAINED = {"llama3-70b-tp8-train-4k": (2, 8, 1, 4096, 128), "qwen-28h-train-4k": (1, 28, 4, 4096, 128),
            "llama3-8b-prefill-2k": (1, 32, 8, 2048, 128)}
 _MOVED_WITHIN_NOISE = {"llama3-8b-train-8k": (1, 32, 8, 8192, 128), "mistral-7b-train-2k": (4, 32, 8, 2048, 128),
@@ -78,7 +78,7 @@ def test_the_query_kernels_take_the_order_only_under_the_cap(monkeypatch):
     assert lpt_waves(16, 256, 132) > config.LPT_MAX_WAVES >= lpt_waves(16, 64, 132)
     assert common.query_lpt_units(*long_, 256, causal=True, plain=True) == 0
     assert common.query_lpt_units(*short, 64, causal=True, plain=True) == 16  # one group: all units
-    monkeypatch.setattr(config, "LPT_MAX_WAVES", math.inf)  # benchmarks/lpt_order.py --uncapped
+    monkeypatch.setattr(config, "LPT_MAX_WAVES", math.inf)  # the cap lifted
     assert common.query_lpt_units(*long_, 256, causal=True, plain=True) > 0
 
 
@@ -164,62 +164,3 @@ def test_the_forward_in_heaviest_first_order_gives_the_grid_order_bits(monkeypat
         for a, b in zip(outs[units], outs[0]):
             assert torch.equal(a, b), units
     assert [len(grid) for grid in launched] == [3, 1, 1, 1]
-
-
-def _lpt_benchmark():
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "lpt_order.py"
-    spec = importlib.util.spec_from_file_location("lpt_order_bench", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_the_order_benchmark_lists_causal_rows_and_its_switches_change_the_grids(monkeypatch, kernel_device):
-    bench = _lpt_benchmark()
-    rows = bench.rows(512)
-    names = [r[0] for r in rows]
-    assert "llama3-70b-tp8-train-4k" in names and "grid-d128-16384" in names
-    causal = {s.name for s in bench.REALISTIC_GRID if s.causal}
-    assert all(n in causal or n.startswith("grid-") for n in names)
-    assert "bert-base-512" not in names  # not causal
-    dtype = torch.float32 if kernel_device.type == "cpu" else torch.float16
-    g = torch.Generator(device=kernel_device).manual_seed(3)
-    q = torch.randn(1, 4, 40, 32, device=kernel_device, dtype=dtype, generator=g)
-    k, v = (torch.randn(1, 2, 40, 32, device=kernel_device, dtype=dtype, generator=g) for _ in range(2))
-    do = torch.randn_like(q)
-    monkeypatch.setattr(launch, "ENABLED", False)
-    for name, value in common.LPT_ON.items():  # restored afterwards (the dict itself is imported by name)
-        monkeypatch.setitem(common.LPT_ON, name, value)
-    monkeypatch.setattr(backward, "query_lpt_units", backward.query_lpt_units)
-    real_launch = launch.launch
-    switched = {"fwd": forward._attn_fwd_kernel, "dkdv": backward._bwd_dkdv_kernel, "dq": backward._bwd_dq_kernel}
-    for kernel in bench.KERNELS:
-        fn, switch = bench.runner(kernel, q, k, v, do, 0.2)
-        grids = {}
-        for on in (False, True):
-            switch(on)
-            launched = []
-            monkeypatch.setattr(launch, "launch", lambda f, *a, **kw: (launched.append((f, len(kw["grid"]))),
-                                                                      real_launch(f, *a, **kw))[1])
-            out = fn()
-            monkeypatch.setattr(launch, "launch", real_launch)
-            grids[on] = (launched, [t.clone() for t in out])
-        dims = {on: [n for f, n in grids[on][0] if f is switched[kernel]] for on in (False, True)}
-        assert dims == {False: [3], True: [1]}, kernel
-        assert all(torch.equal(a, b) for a, b in zip(grids[True][1], grids[False][1])), kernel
-
-
-def test_the_benchmark_reports_the_waves_the_cap_reads():
-    bench = _lpt_benchmark()
-    # (the CPU's heuristic blocks are smaller than the H200's: a shorter call than 70b-tp8's)
-    q = torch.empty(2, 8, 512, 64, dtype=torch.float16)  # 16 units of at most 32 query blocks
-    k = torch.empty(2, 1, 512, 64, dtype=torch.float16)
-    assert bench.heavy_waves("dkdv", q, k) is None  # no cap on the dK/dV kernels
-    for kernel in ("fwd", "dq"):
-        waves = bench.heavy_waves(kernel, q, k)
-        assert 0 < waves <= config.LPT_MAX_WAVES  # served
-    wide = torch.empty(16, 16, 4096, 64, dtype=torch.float16)  # 256 units: over the cap
-    assert bench.heavy_waves("fwd", wide, wide) > config.LPT_MAX_WAVES

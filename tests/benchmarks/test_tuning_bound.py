@@ -11,15 +11,16 @@ import sys
 import pytest
 import torch
 
-from flashtune.kernels.config import BwdConfig
-from flashtune.kernels.space import BWD_SPACE
+import harness
+
+BwdConfig, BWD_SPACE = harness.kernels().BwdConfig, harness.kernels().space.BWD_SPACE
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "tuning_bound.py"
 
 
 @pytest.fixture(scope="module")
-def bound(load_benchmark):
-    return load_benchmark("tuning_bound")
+def bound(script):
+    return script("tuning_bound")
 
 
 class AdditiveTimes:
