@@ -337,7 +337,7 @@ def timing_from_args(ap: argparse.ArgumentParser, args: argparse.Namespace):
         args.max_rounds = args.rounds if device.type == "cpu" else 2 * args.rounds + 1
     if args.max_rounds < args.rounds:
         ap.error(f"--max-rounds: expected at least --rounds ({args.rounds}), got {args.max_rounds}")
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     return device
 

@@ -99,10 +99,13 @@ def compare_row(args, device, shape, layout: str, trees: dict) -> list[dict]:
     """One row: the trees' outputs compared, then their passes timed; one result per pass."""
     import torch
 
-    q, k, v, do = harness.make_inputs(shape, device, layout)
+    base = {"name": shape.name, "shape": shape.as_dict(), "layout": layout}
+    try:
+        q, k, v, do = harness.make_inputs(shape, device, layout)
+    except Exception as e:  # noqa: BLE001 - out of memory, say: the row says so, the run goes on
+        return [dict(base, pass_=p, error=f"inputs: {harness.first_line(e)}") for p in shape.passes]
     tolerance = args.tolerance if args.tolerance is not None else (
         1e-5 if q.dtype == torch.float32 else 2 * torch.finfo(q.dtype).eps)
-    base = {"name": shape.name, "shape": shape.as_dict(), "layout": layout}
     runs = {tree: (lambda q, k, v, c, fn=fn: fn(q, k, v, causal=c)) for tree, fn in trees.items()}
     results, agreed = {}, []
     for p in shape.passes:
