@@ -18,7 +18,7 @@ def compare(script):
 def test_a_run_writes_every_row_checked_timed_and_its_ratios(compare, tmp_path, capsys):
     out = tmp_path / "compare.json"
     code = compare.main(["--device", "cpu", "--rows", "", "--shape", ROW, "--layout", "both",
-                         "--anchors", "math,cudnn", "--out", str(out)])
+                         "--anchors", "math,flash,cudnn", "--out", str(out)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     result = json.loads(out.read_text())
@@ -29,15 +29,19 @@ def test_a_run_writes_every_row_checked_timed_and_its_ratios(compare, tmp_path, 
     assert set(rows) == {(train, layout, p) for layout in ("contiguous", "transformers") for p in ("fwd", "bwd")}
     for row in rows.values():
         assert row["error"] is None and not row["failed"]
-        assert set(row["check"]) == {"math", "flashtune"} and row["check"]["math"]["anchor"]
-        assert all(row["ms"][name] > 0 and len(row["rounds_ms"][name]) == 1 for name in ("math", "flashtune"))
-        # the speed ratio: time(anchor) / time(flashtune)
-        assert row["ratios"]["flashtune"]["math"] == pytest.approx(row["ms"]["math"] / row["ms"]["flashtune"])
+        assert set(row["check"]) == {"math", "flash", "flashtune"} and row["check"]["math"]["anchor"]
+        assert all(row["ms"][name] > 0 and len(row["rounds_ms"][name]) == 1 for name in row["check"])
+        # the speed ratio: time(anchor) / time(flashtune); "best": against the row's fastest anchor
+        ratios = row["ratios"]["flashtune"]
+        assert ratios["math"] == pytest.approx(row["ms"]["math"] / row["ms"]["flashtune"])
+        assert row["best_anchor"] == min(("math", "flash"), key=row["ms"].get)
+        assert ratios["best"] == min(ratios["math"], ratios["flash"])
     for key, by_variant in result["summary"].items():  # one row each: its ratio
         p, layout, group = key.split()
-        assert group == "all" and by_variant["flashtune"]["math"]["rows"] == 1
-        assert by_variant["flashtune"]["math"]["geomean"] == pytest.approx(
-            rows[train, layout, p]["ratios"]["flashtune"]["math"])
+        assert group == "all" and set(by_variant["flashtune"]) == {"math", "flash", "best"}
+        for anchor, mean in by_variant["flashtune"].items():
+            assert mean["rows"] == 1
+            assert mean["geomean"] == pytest.approx(rows[train, layout, p]["ratios"]["flashtune"][anchor])
     assert "geometric mean of time(anchor) / time(flashtune)" in printed and "anchor cudnn skipped" in printed
 
 
