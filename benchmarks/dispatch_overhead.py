@@ -42,13 +42,13 @@ kernels under the Triton interpreter: its timings say nothing about the GPU.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime
-import json
 import os
+import pathlib
 import statistics
 import sys
-import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import harness  # noqa: E402  (benchmarks/harness.py)
 
 VARIANTS = ("direct", "attention", "tuned", "sdpa")
 RUNNER_VARIANTS = ("served", "backend")
@@ -76,12 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def per_call_us(call, iters: int, sync) -> float:
     """Microseconds per call of ``iters`` back-to-back calls, synchronized around the loop."""
-    sync()
-    start = time.perf_counter()
-    for _ in range(iters):
-        call()
-    sync()
-    return (time.perf_counter() - start) / iters * 1e6
+    return harness.host_us_per_call(call, iters, repeats=1, sync=sync, warmup=0)
 
 
 def make_calls(args, device):
@@ -90,9 +85,9 @@ def make_calls(args, device):
     import torch.nn.functional as F
 
     import flashtune
-    from flashtune.kernels import attention_backward, attention_forward
-    from flashtune.kernels.common import torch_fp32_precision
 
+    kern = harness.kernels()
+    attention_forward, attention_backward = kern.attention_forward, kern.attention_backward
     dtype = getattr(torch, args.dtype)
     shape = (args.batch, args.heads, args.seq_len, args.head_dim)
     q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
@@ -104,7 +99,7 @@ def make_calls(args, device):
     fwd, bwd = choice.fwd_config, choice.bwd_config
     if fwd is None:
         raise SystemExit(f"the tuned callable would not run flashtune's kernels here: {choice.fwd_source}")
-    precision = torch_fp32_precision(dtype)  # what the tuned callable picks
+    precision = kern.torch_fp32_precision(dtype)  # what the tuned callable picks
 
     def grads(attend):
         def call():
@@ -174,14 +169,14 @@ def diagnose(args, device, sync) -> dict:
     import torch
 
     import flashtune
-    from flashtune.kernels import attention_backward, attention_forward
-    from flashtune.kernels.common import torch_fp32_precision
 
+    kern = harness.kernels()
+    attention_forward, attention_backward = kern.attention_forward, kern.attention_backward
     dtype = getattr(torch, args.dtype)
     shape = (args.batch, args.heads, args.seq_len, args.head_dim)
     q, k, v, do = (torch.randn(shape, device=device, dtype=dtype) for _ in range(4))
     choice = flashtune.get_tuned_attention(args.db, device=device).explain(q, k, v, is_causal=args.causal)
-    fwd, bwd, precision = choice.fwd_config, choice.bwd_config, torch_fp32_precision(dtype)
+    fwd, bwd, precision = choice.fwd_config, choice.bwd_config, kern.torch_fp32_precision(dtype)
     o, lse2 = attention_forward(q, k, v, fwd, causal=args.causal, sm_scale=args.head_dim ** -0.5,
                                 fp32_precision=precision)
 
@@ -226,8 +221,6 @@ def diagnose(args, device, sync) -> dict:
 def run(args) -> dict:
     import torch
 
-    from flashtune.provenance import current_provenance
-
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this benchmark measures GPU launches (use --device cpu for a smoke run "
@@ -248,9 +241,10 @@ def run(args) -> dict:
         for variant, base in pairs:
             t, b = us[f"{variant} {mode}"], us[f"{base} {mode}"]
             overhead[f"{variant} vs {base} {mode}"] = {"extra_us": t - b, "ratio": t / b}
+    env = harness.environment(device)
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
+        "date": env["date"],
+        "command": env["command"],
         "interpreter": device.type != "cuda",
         "shape": {"batch": args.batch, "heads": args.heads, "seq_len": args.seq_len, "head_dim": args.head_dim,
                   "dtype": args.dtype, "causal": args.causal},
@@ -260,7 +254,7 @@ def run(args) -> dict:
         "us_per_call": us,
         "overhead": overhead,
         **({"diagnose_us_per_call": pieces} if pieces is not None else {}),
-        "environment": dataclasses.asdict(current_provenance(device)),
+        "environment": env,
     }
 
 
@@ -289,16 +283,10 @@ def format_report(result: dict) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.device.startswith("cpu"):  # before triton is imported
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    harness.use_interpreter_for_cpu(["--device", args.device])  # before triton is imported
     result = run(args)
     print(format_report(result))
-    if args.out == "-":
-        print(json.dumps(result, indent=2))
-    elif args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+    harness.write_json(args.out, result)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,16 @@ served wrong or a call of the model found no tuned key.
 from __future__ import annotations
 
 import argparse
-import json
+import pathlib
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from flashtune import get_tuned_attention
-from flashtune.shapes import model_shapes
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import harness  # noqa: E402  (benchmarks/harness.py)
+from flashtune import get_tuned_attention  # noqa: E402
+from flashtune.shapes import ShapeError, model_shapes  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -33,18 +35,18 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("explain_model.py needs a CUDA GPU", file=sys.stderr)
         return 2
+    try:
+        shapes = model_shapes(args.model, tp=args.tp)
+    except ShapeError as e:
+        ap.error(f"--model/--tp: {e}")
     fn = get_tuned_attention(args.db)
+    env = harness.environment(torch.device("cuda"))
+    print(harness.environment_line(env))
     rows, bad = [], 0
-    for s in model_shapes(args.model, tp=args.tp):
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        dtype = getattr(torch, s.dtype)
-
-        def rand(h, n):
-            return torch.randn(s.batch, h, n, s.head_dim, device="cuda", dtype=dtype, generator=gen)
-
+    for s in shapes:
         train = "bwd" in s.passes
-        q, k, v = (x.requires_grad_(train) for x in (rand(s.heads_q, s.seq_q), rand(s.heads_kv, s.seq_k),
-                                                      rand(s.heads_kv, s.seq_k)))
+        q, k, v, _ = harness.make_inputs(s, "cuda")
+        q, k, v = (x.requires_grad_(train) for x in (q, k, v))
         gqa = s.heads_q != s.heads_kv
         choice = fn.explain(q, k, v, is_causal=s.causal, enable_gqa=gqa)
         out = fn(q, k, v, is_causal=s.causal, enable_gqa=gqa)
@@ -61,9 +63,7 @@ def main(argv=None) -> int:
               + str(choice).replace("\n", "\n  "), flush=True)
         rows.append({"shape": s.as_dict(), "served": served, "choice": str(choice), "rel_err": err, "ok": ok})
     print(f"{len(rows) - bad} of {len(rows)} calls of {args.model} served a tuned key exactly and correctly")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+    harness.write_json(args.out, {"environment": env, "rows": rows})
     return 1 if bad else 0
 
 

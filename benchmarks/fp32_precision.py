@@ -1,10 +1,9 @@
 """fp32 attention: flashtune's dot precisions against each other and SDPA's fp32 math.
 
-For fp32 inputs each precision ("tf32", "tf32x3", "ieee") is timed (do_bench median,
-forward and backward) and its error against a float64 reference is compared with the
-error of SDPA's math backend in fp32 (true fp32 matmuls): the default under torch's
-"highest" matmul precision must stay within 2x of it (issue 12), and be the faster of
-the fp32-accurate ones.
+For fp32 inputs each precision ("tf32", "tf32x3", "ieee") is timed (forward, and the backward
+alone) and its error against a float64 reference (batch 0, head 0) is compared with the error of
+SDPA's math backend in fp32 (true fp32 matmuls): the default under torch's "highest" matmul
+precision must stay within 2x of it, and be the faster of the fp32-accurate ones.
 
     python benchmarks/fp32_precision.py --out fp32.json
 """
@@ -12,69 +11,70 @@ the fp32-accurate ones.
 from __future__ import annotations
 
 import argparse
-import json
+import pathlib
 import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import harness  # noqa: E402  (benchmarks/harness.py)
+
+harness.use_interpreter_for_cpu()
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", type=int, nargs=4, default=[2, 16, 2048, 128], metavar=("B", "H", "N", "D"))
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--out")
+    harness.add_timing_args(ap, rounds=3)
+    ap.add_argument("--out", metavar="FILE.json", help="write the figures as JSON ('-': stdout)")
     args = ap.parse_args(argv)
+    device = harness.timing_from_args(ap, args)
     import torch
-    import triton
 
-    from flashtune.kernels import attention, reference_attention
+    import flashtune
 
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
-        return 2
     B, H, N, D = args.shape
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(B, H, N, D, device="cuda", generator=gen) for _ in range(4))
-    leaves64 = [x[:1, :2].double().requires_grad_() for x in (q, k, v)]
-    o64, _ = reference_attention(*leaves64, causal=args.causal, dtype=torch.float64)
-    truth = (o64, *torch.autograd.grad(o64, leaves64, do[:1, :2].double()))
+    shape = harness.Shape(B, H, H, N, N, D, args.causal, "float32", harness.PASSES, "fp32")
+    q, k, v, do = harness.make_inputs(shape, device)
+    truth = harness.reference(q, k, v, do, args.causal, grads=True, dtype=torch.float64)
 
-    def errors(fn):
-        leaves = [x[:1, :2].clone().requires_grad_() for x in (q, k, v)]
-        o = fn(*leaves)
-        got = (o, *torch.autograd.grad(o, leaves, do[:1, :2]))
-        return {n: (a.double() - t).abs().max().item() for n, a, t in zip(("o", "dq", "dk", "dv"), got, truth)}
+    def errors(run) -> dict:
+        got = harness.reference_slice(harness.outputs(run, q, k, v, do, args.causal, True), q, k)
+        return {n: (a.double() - t).abs().max().item() for n, a, t in zip(harness.NAMES, got, truth)}
 
     matmul = torch.backends.cuda.matmul
     setting = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
     before = getattr(matmul, setting)
     setattr(matmul, setting, "ieee" if setting == "fp32_precision" else False)
     try:
-        base = errors(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.causal))
+        base = errors(harness.anchor("math", device))
     finally:
         setattr(matmul, setting, before)
-    flops = 4.0 * B * H * N * N * D / (2 if args.causal else 1)
-    rows = {"sdpa-math-fp32": {"err": base}}
+    env = harness.environment(device)
+    print(harness.environment_line(env))
     print(f"B,H,N,D={args.shape} causal={args.causal}; SDPA math fp32 error: "
           + " ".join(f"{n}={e:.2e}" for n, e in base.items()))
-    for precision in ("tf32", "tf32x3", "ieee"):
-        def run(q, k, v, precision=precision):
-            return attention(q, k, v, causal=args.causal, fp32_precision=precision)
+    runs = {p: (lambda q, k, v, causal, p=p: flashtune.attention(q, k, v, causal=causal, fp32_precision=p))
+            for p in ("tf32", "tf32x3", "ieee")}
+    rows = {"sdpa-math-fp32": {"err": base}}
+    for name, run in runs.items():
         err = errors(run)
-        with torch.no_grad():
-            fwd = triton.testing.do_bench(lambda: run(q, k, v), return_mode="median")
-        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        o = run(*leaves)
-        bwd = triton.testing.do_bench(lambda: o.backward(do, retain_graph=True), grad_to_none=leaves,
-                                      return_mode="median")
-        rows[precision] = {"err": err, "ratio": {n: err[n] / base[n] for n in err}, "fwd_ms": fwd, "bwd_ms": bwd,
-                           "fwd_tflops": flops / fwd / 1e9, "bwd_tflops": 2.5 * flops / bwd / 1e9}
-        r = rows[precision]
-        print(f"{precision:<7} fwd {r['fwd_tflops']:6.1f} TFLOPS, bwd {r['bwd_tflops']:6.1f} TFLOPS; "
-              "error / SDPA fp32: "
-              + " ".join(f"{n}={x:.2f}" for n, x in r["ratio"].items()), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0
+        rows[name] = {"err": err, "ratio": {n: harness.ratio(err[n], base[n]) for n in err}}
+    times, failed = harness.time_rounds(runs, list(harness.PASSES), args.rounds, lambda run, p: harness.time_ms(
+        harness.pass_call(run, p, q, k, v, do, args.causal), device, args.timer, quick=args.quick)[0],
+        max_rounds=args.max_rounds)
+    for name, r in rows.items():
+        if name not in runs:
+            continue
+        for p in harness.PASSES:
+            r[f"{p}_ms"] = harness.median(times[name, p])
+            r[f"{p}_tflops"] = harness.tflops(shape.flops(p), r[f"{p}_ms"])
+        print(f"{name:<7} fwd {harness.fmt(r['fwd_tflops'], '6.1f')} TFLOPS, bwd {harness.fmt(r['bwd_tflops'], '6.1f')}"
+              " TFLOPS; error / SDPA fp32: " + " ".join(f"{n}={harness.fmt(x, '.2f')}" for n, x in r["ratio"].items()),
+              flush=True)
+    for (name, p), why in failed.items():
+        print(f"  {name} {p}: {why}")
+    harness.write_json(args.out, {"environment": env, "args": vars(args), "rows": rows})
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

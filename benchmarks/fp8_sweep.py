@@ -1,5 +1,6 @@
-"""Sweep the Gluon forward's fp8 configs against flashtune's own bf16 forward (issue 19,
-item 5: fp8 >= 1.3x flashtune bf16 at D=128), in one process on an H100/H200.
+"""Sweep the Gluon forward's fp8 configs against flashtune's own bf16 forward (the goal: fp8 at
+least 1.3x flashtune bf16 at D=128), in one process on an H100/H200: the evidence behind the
+fp8 forward's heuristic default, which the search does not tune.
 
     python benchmarks/fp8_sweep.py --out fp8_sweep.json              # 24 Gluon configs, full and causal
     python benchmarks/fp8_sweep.py --block-n 128 --buffers 3 --overlap 0 --rounds 5   # a subset
@@ -23,9 +24,9 @@ layout the fp8 kernels read P V's V in, so no copy is timed.
 Each fp8 output is first checked against cuDNN's bf16 output (relative Frobenius error
 below --max-rel, 0.1 by default, as variants.py does: P in e4m3 is off by up to 2^-4 per
 probability); a config that fails the check or raises is reported and not timed. Then every
-runner is timed with triton.testing.do_bench (median ms, L2 flushed) in --rounds interleaved
+runner is timed with triton.testing.do_bench (median ms, L2 flushed; benchmarks/harness.py) in --rounds interleaved
 rounds (more, up to --max-rounds, while a runner's rounds disagree by over 15 %: see
-benchmarks/attention.py time_rounds); each figure is the median of its rounds. "x bf16" is
+benchmarks/harness.py time_rounds); each figure is the median of its rounds. "x bf16" is
 time(flashtune-bf16) / time(runner): > 1 means faster than flashtune's bf16 forward. TFLOPS
 count 4 B H N^2 D (halved for causal).
 
@@ -42,14 +43,13 @@ import argparse
 import itertools
 import json
 import pathlib
-import statistics
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import attention as grid_bench  # noqa: E402  (benchmarks/attention.py: environment, time_rounds, tflops, _rel)
-from variants import _first_line  # noqa: E402  (benchmarks/variants.py: an exception's first line)
+import harness  # noqa: E402  (benchmarks/harness.py)
 
-GOAL = 1.3  # issue 19 item 5: fp8 forward / flashtune bf16 forward
+_first_line = harness.first_line
+GOAL = 1.3  # fp8 forward / flashtune bf16 forward
 BASELINE = "flashtune-bf16"
 MASKS = ("full", "causal")
 FP8_TYPES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
@@ -60,7 +60,7 @@ FP8_TYPES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 # ----------------------------------------------------------------------------------
 def gluon_configs(args) -> list:
     """The swept FwdConfigs (family=1), in a fixed order; not yet validated."""
-    from flashtune.kernels import FwdConfig
+    FwdConfig = harness.kernels().FwdConfig
 
     return [FwdConfig(m, n, 4, b, family=1, pingpong=p, overlap=o)
             for m, n, b, p, o in itertools.product(args.block_m, args.block_n, args.buffers, args.pingpong,
@@ -69,14 +69,14 @@ def gluon_configs(args) -> list:
 
 def fwd_flops(b: int, h: int, n: int, d: int, causal: bool) -> float:
     """4 B H N^2 D, halved for causal (the grid's count)."""
-    return grid_bench.attention_flops("fwd", b, h, n, d, causal)
+    return harness.Shape(b, h, h, n, n, d, causal).flops("fwd")
 
 
 def summarize(ms: dict, flops: float) -> dict:
     """{runner: {ms, tflops, x_bf16, x_cudnn}} from {runner: median ms or None}."""
     base, cudnn = ms.get(BASELINE), ms.get("cudnn-bf16")
-    return {name: {"ms": t, "tflops": grid_bench.tflops(flops, t), "x_bf16": grid_bench.ratio(base, t),
-                   "x_cudnn": grid_bench.ratio(cudnn, t)} for name, t in ms.items()}
+    return {name: {"ms": t, "tflops": harness.tflops(flops, t), "x_bf16": harness.ratio(base, t),
+                   "x_cudnn": harness.ratio(cudnn, t)} for name, t in ms.items()}
 
 
 def best_gluon(summary: dict) -> str | None:
@@ -91,8 +91,8 @@ def format_table(mask: str, summary: dict) -> str:
                                            summary[k]["ms"] if summary[k]["ms"] is not None else float("inf")))
     for name in order:
         s = summary[name]
-        lines.append(f"{name:<28} {grid_bench._fmt(s['ms'], '8.3f')} {grid_bench._fmt(s['tflops'], '7.0f')} "
-                     f"{grid_bench._fmt(s['x_bf16'], '7.3f')} {grid_bench._fmt(s['x_cudnn'], '8.3f')}")
+        lines.append(f"{name:<28} {harness.fmt(s['ms'], '8.3f')} {harness.fmt(s['tflops'], '7.0f')} "
+                     f"{harness.fmt(s['x_bf16'], '7.3f')} {harness.fmt(s['x_cudnn'], '8.3f')}")
     return "\n".join(lines)
 
 
@@ -130,8 +130,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--extra-seq", type=int, nargs="*", default=[], metavar="N",
                     help="also time the best Gluon configs and the Triton fp8 default at these lengths")
     ap.add_argument("--max-rel", type=float, default=0.1, help="relative error vs cuDNN bf16 allowed (0.1)")
-    ap.add_argument("--warmup", type=int, default=25, help="do_bench warmup (ms)")
-    ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
+    ap.add_argument("--quick", action="store_true", help="shorter do_bench runs (10 ms warm-up, 30 ms of calls)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median taken; default 3)")
     ap.add_argument("--max-rounds", type=int, default=5, help="rounds at most while rounds disagree (default 5)")
     ap.add_argument("--out", metavar="FILE.json", help="write the environment, checks and figures as JSON")
@@ -151,7 +150,7 @@ def make_inputs(b: int, h: int, n: int, d: int, fp8_dtype):
     max), V keys-contiguous, and the descales."""
     import torch
 
-    from flashtune.kernels.fp8 import keys_contiguous
+    keys_contiguous = harness.kernels().keys_contiguous
 
     gen = torch.Generator(device="cuda").manual_seed(2)
     q16, k16, v16 = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
@@ -191,8 +190,8 @@ def check_and_time(args, runners: dict, masks, flops_of) -> tuple[dict, dict, di
     interleaved rounds. Returns ({mask: summary}, {mask: {runner: check}}, {mask: {runner:
     [ms per round]}})."""
     import torch
-    import triton
 
+    device = torch.device("cuda", torch.cuda.current_device())
     results, checks, rounds = {}, {}, {}
     for mask in masks:
         causal = mask == "causal"
@@ -204,7 +203,7 @@ def check_and_time(args, runners: dict, masks, flops_of) -> tuple[dict, dict, di
             try:
                 o = run(causal)
                 torch.cuda.synchronize()
-                rel = grid_bench._rel(o, ref)
+                rel = harness._rel(o, ref)
             except Exception as e:  # noqa: BLE001 - a config that does not compile or run: report it
                 checks[mask][name] = {"error": _first_line(e)}
                 print(f"  {mask} {name}: FAILED {_first_line(e)}", flush=True)
@@ -221,19 +220,20 @@ def check_and_time(args, runners: dict, masks, flops_of) -> tuple[dict, dict, di
               flush=True)
 
         def time_one(run, _mask, c=causal):
-            return triton.testing.do_bench(lambda: run(c), warmup=args.warmup, rep=args.rep, return_mode="median")
+            return harness.time_ms(lambda: run(c), device, quick=args.quick)[0]
 
-        times = grid_bench.time_rounds(ok, [mask], args.rounds, time_one, max_rounds=args.max_rounds)
+        times, failed = harness.time_rounds(ok, [mask], args.rounds, time_one, max_rounds=args.max_rounds)
+        for (name, _), why in failed.items():
+            checks[mask][name] = {"error": why}
         rounds[mask] = {name: ms for (name, _), ms in times.items()}
-        ms = {name: (statistics.median(v) if v else None) for name, v in rounds[mask].items()}
+        ms = {name: harness.median(v) for name, v in rounds[mask].items()}
         results[mask] = summarize(ms, flops_of(causal))
         print(format_table(mask, results[mask]), flush=True)
     return results, checks, rounds
 
 
 def write(args, payload: dict) -> None:
-    if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(payload, indent=1, default=str))
+    harness.write_json(args.out, payload)
 
 
 def main(argv=None) -> int:
@@ -244,13 +244,11 @@ def main(argv=None) -> int:
         print("benchmarks/fp8_sweep.py needs a CUDA GPU (torch.cuda.is_available() is False); "
               "the Gluon fp8 forward runs on sm_90 only", file=sys.stderr)
         return 2
-    from flashtune.kernels import ConfigError, FwdConfig
-    from flashtune.kernels.config import default_config
+    kern = harness.kernels()
+    ConfigError, FwdConfig, default_config = kern.ConfigError, kern.FwdConfig, kern.default_config
 
-    env = grid_bench.environment()
-    print(f"# {env['gpu']} sm_{env['capability'][0]}{env['capability'][1]}, torch {env['torch']}, "
-          f"triton {env['triton']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, driver {env['driver']}, {env['date']}",
-          flush=True)
+    env = harness.environment(torch.device("cuda", torch.cuda.current_device()))
+    print(harness.environment_line(env), flush=True)
     b, h, n, d = args.shape
     fp8_dtype = getattr(torch, FP8_TYPES[args.fp8])
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -259,7 +257,7 @@ def main(argv=None) -> int:
     served = {mask: {name: default_config("fwd", d, dtype, dev, causal=mask == "causal", seq_q=n).label()
                      for name, dtype in (("flashtune-bf16", torch.bfloat16), ("fp8-default", fp8_dtype))}
               for mask in args.masks}
-    triton_cfg = {mask: FwdConfig(64, 128, 4, 2, family=1).as_triton(d, fp8_dtype, dev, mask == "causal")
+    triton_cfg = {mask: harness.kernels().as_triton(FwdConfig(64, 128, 4, 2, family=1), d, fp8_dtype, dev, mask == "causal")
                   for mask in MASKS}
     for mask in args.masks:
         served[mask]["fp8-triton"] = triton_cfg[mask].label()
@@ -286,7 +284,7 @@ def main(argv=None) -> int:
     write(args, payload)
     v = payload["verdict"]
     for mask, best in v["best"].items():
-        print(f"# best Gluon fp8 {mask}: {best['runner']} {grid_bench._fmt(best['x_bf16'], '.3f')}x flashtune bf16",
+        print(f"# best Gluon fp8 {mask}: {best['runner']} {harness.fmt(best['x_bf16'], '.3f')}x flashtune bf16",
               flush=True)
     if "best_on_all_masks" in v:
         print(f"# best on every mask: {v['best_on_all_masks']['runner']}, worst mask "
@@ -301,7 +299,7 @@ def main(argv=None) -> int:
             picks.add(v["best_on_all_masks"]["runner"])
         payload["extra"] = {}
         for n2 in args.extra_seq:
-            b2, h2 = grid_bench.grid_shape(d, n2)
+            b2, h2 = harness.grid_shape(d, n2)
             print(f"# extra: B{b2} H{h2} N{n2} D{d}, {sorted(picks)}", flush=True)
             bf16, fp8, descales = make_inputs(b2, h2, n2, d, fp8_dtype)
             runners = make_runners(bf16, fp8, descales, triton_cfg, {name: gluon[name] for name in sorted(picks)})

@@ -1,7 +1,7 @@
 """What the Gluon kernels' hot loops are made of, from their sm_90 machine code, on any host.
 
-Compiles a Gluon kernel for sm_90 without a GPU (gluon_forward.compile_for_sm90,
-gluon_backward.compile_for_sm90), assembles it with triton's ptxas (``-v``: registers, spill
+Compiles a Gluon kernel for sm_90 without a GPU (kernels/gluon forward_launch.compile_for_sm90,
+backward_launch.compile_for_sm90), assembles it with triton's ptxas (``-v``: registers, spill
 bytes) and disassembles it with nvdisasm, then finds the loops that issue wgmma (the
 consumers' block loops: a conditional branch back to a label before it, innermost first) and
 counts their instructions by class: HGMMA, MUFU (exp2), the fp32 ALU ops, integer and uniform
@@ -11,12 +11,11 @@ a branch inside it counted): for comparing two versions of a kernel, not for tim
 
     python benchmarks/gluon_sass.py                                  # the forward's D=128 default, causal
     python benchmarks/gluon_sass.py --kernel bwd --config DQ_FUSED=1 --head-dim 128
-    python benchmarks/gluon_sass.py --kernel bwd --switch COMPACT_STATS=1 --full
-    python benchmarks/gluon_sass.py --kernel fwd --switch FMA_SOFTMAX=1 --trace
+    python benchmarks/gluon_sass.py --kernel bwd --head-dim 256 --full
+    python benchmarks/gluon_sass.py --kernel fwd --trace
 
-``--config FIELD=VALUE`` (repeatable) changes the default config's fields; ``--switch
-NAME=V`` sets one of the kernel module's switches (gluon_forward.FMA_SOFTMAX,
-gluon_backward.CONSUMER_TURNS; a bool switch 0 or 1) for the compile; ``--trace`` compiles the instrumented kernel.
+``--config FIELD=VALUE`` (repeatable) changes the default config's fields; ``--trace`` compiles
+the instrumented kernel.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import gluon_bench  # noqa: E402  (benchmarks/gluon_bench.py: the --switch parsing)
+import harness  # noqa: E402  (benchmarks/harness.py)
 
 # ptxas's summary lines; nvdisasm's instruction lines ("/*0770*/  @!P1 HGMMA.64x128x16... ;")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -99,50 +98,40 @@ def wgmma_loops(instrs: list[tuple[str, str]], labels: dict[str, int]) -> list[L
     return loops
 
 
-def switch_module(args):
-    """The kernel module whose switches --switch sets: gluon_forward, gluon_backward, or at head dim 256
-    the D=256 backward's (gluon_backward_wide: PREFETCH)."""
-    from flashtune.kernels import gluon_backward, gluon_forward
-
-    if args.kernel == "fwd":
-        return gluon_forward
-    if args.head_dim == 256:
-        from flashtune.kernels import gluon_backward_wide
-
-        return gluon_backward_wide
-    return gluon_backward
+class FieldError(ValueError):
+    """A --config field the kernel's config does not have."""
 
 
-def compile_kernel(args, switches: dict) -> tuple[str, str]:
-    """(ptxas's -v output, nvdisasm's SASS) of the kernel the arguments name, with the kernel
-    module's ``switches`` set."""
+def configured(cfg, fields: dict):
+    """``cfg`` with the --config fields set."""
+    try:
+        return dataclasses.replace(cfg, **{k: int(v) for k, v in fields.items()})
+    except TypeError as e:
+        raise FieldError(f"{type(cfg).__name__} has no such field ({e})") from None
+
+
+def compile_kernel(args) -> tuple[str, str]:
+    """(ptxas's -v output, nvdisasm's SASS) of the kernel the arguments name."""
     import torch
     import triton
 
-    from flashtune.kernels import gluon_backward, gluon_forward
-
-    module = switch_module(args)
-    for name, value in switches.items():
-        setattr(module, name, value)
+    g = harness.gluon()
+    gluon_forward, gluon_backward, gluon_backward_wide = g.forward, g.backward, g.backward_wide
     fields = dict(item.split("=") for item in args.config)
     if args.kernel == "fwd":
-        cfg = dataclasses.replace(gluon_forward.default_gluon_config(args.head_dim, not args.full),
-                                  **{k: int(v) for k, v in fields.items()})
+        cfg = configured(gluon_forward.default_gluon_config(args.head_dim), fields)
         compiled = gluon_forward.compile_for_sm90(cfg, args.head_dim, torch.bfloat16, not args.full, trace=args.trace)
     elif args.head_dim == 256:  # the D=256 dK/dV kernel (gluon_backward_wide)
-        from flashtune.kernels import gluon_backward_wide
-
         if args.trace:
             raise SystemExit("--trace: the D=256 backward has no instrumentation")
-        cfg = dataclasses.replace(gluon_backward_wide.default_wide_config(), **{k: int(v) for k, v in fields.items()})
+        cfg = configured(gluon_backward_wide.default_wide_config(), fields)
         compiled = gluon_backward_wide.compile_wide_for_sm90(cfg, torch.bfloat16, not args.full)
     else:
-        cfg = dataclasses.replace(gluon_backward.default_gluon_bwd_config(args.head_dim),
-                                  **{k: int(v) for k, v in fields.items()})
+        cfg = configured(gluon_backward.default_gluon_bwd_config(args.head_dim), fields)
         compiled = gluon_backward.compile_for_sm90(cfg, args.head_dim, torch.bfloat16, not args.full,
                                                    trace=args.trace)
     print(f"{args.kernel} {cfg.short()} D={args.head_dim} {'full' if args.full else 'causal'} bf16"
-          f"{' traced' if args.trace else ''} {' '.join(args.switch)}")
+          f"{' traced' if args.trace else ''}")
     tools = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
@@ -160,18 +149,15 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, choices=(64, 128, 256), default=128)
     ap.add_argument("--full", action="store_true", help="no causal mask")
     ap.add_argument("--config", action="append", default=[], metavar="FIELD=VALUE")
-    ap.add_argument("--switch", action="append", default=[], metavar="NAME=V")
     ap.add_argument("--trace", action="store_true", help="the instrumented kernel (TRACE)")
     args = ap.parse_args(argv)
-    for item in args.config + args.switch:
+    for item in args.config:
         if not re.fullmatch(r"[A-Z][A-Z0-9_]*=-?\d+", item):
-            ap.error(f"--config/--switch: expected NAME=INTEGER, got {item!r}")
-    from flashtune.kernels import gluon_backward, gluon_forward
-
-    combos = gluon_bench.switch_values(ap, switch_module(args), args.switch)
-    if len(combos) != 1:
-        ap.error("--switch: one value per switch here")
-    info, sass = compile_kernel(args, combos[0])
+            ap.error(f"--config: expected NAME=INTEGER, got {item!r}")
+    try:
+        info, sass = compile_kernel(args)
+    except FieldError as e:
+        ap.error(f"--config: {e}")
     spill, regs = _SPILL.search(info), _REGS.search(info)
     instrs, labels = parse(sass)
     print(f"{len(instrs)} instructions, {regs.group(1) if regs else '?'} registers, spill stores/loads "

@@ -1,30 +1,29 @@
-"""Where a call's GPU time goes, kernel by kernel: flashtune's drop-in (its heuristic defaults, or
-the configs it is given) beside SDPA's cuDNN backend, from torch.profiler, for the forward and the
-backward of each shape.
+"""Where a call's GPU time goes, kernel by kernel: flashtune (its heuristic defaults) beside an
+anchor (SDPA's cuDNN backend unless --anchor), from torch.profiler, for the forward and the
+backward of each row.
 
-    python benchmarks/kernel_breakdown.py --grid --rows grid-d128-512,grid-d128-1024
-    python benchmarks/kernel_breakdown.py --realistic --rows mistral-7b-train-2k --calls 20
+    python benchmarks/kernel_breakdown.py --rows grid-d128-512,grid-d128-1024
+    python benchmarks/kernel_breakdown.py --rows mistral-7b-train-2k --calls 20 --layout transformers
 
-For every shape and pass, each runner is called ``--calls`` times under the profiler (after a
+For every row and pass, each runner is called ``--calls`` times under the profiler (after a
 warm-up that compiles and records the launch plans); the table lists its kernels with their
 launches and GPU microseconds per call and their share, then the GPU time per call (the kernels'
 sum), the wall time per call (CUDA events around the calls, the host's gaps included: a wall time
-well over the GPU time is a host-bound call) and, for flashtune, its GPU and wall time over
-cuDNN's. The backward runs from one fixed forward (autograd.grad with the graph kept), so its
-kernels are the backward's alone. Shapes as in gluon_fwd.py / gluon_bwd.py (--grid, --realistic,
---rows).
+well over the GPU time is a host-bound call) and, for flashtune, its GPU and wall time over the
+anchor's. The backward runs from one fixed forward (autograd.grad with the graph kept), so its
+kernels are the backward's alone. Rows as benchmarks/compare.py's (--rows, --shape, --pass).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import json
 import pathlib
 import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import harness  # noqa: E402  (benchmarks/harness.py)
 
 
 def short_name(kernel: str, width: int = 56) -> str:
@@ -75,95 +74,74 @@ def profile_calls(fn, calls: int) -> tuple[list[tuple[str, float]], float]:
     return kernels, start.elapsed_time(end) / calls
 
 
-def runners(B, Hq, Hkv, Nq, Nk, D, causal, dtype, pass_):
-    """{"flashtune": fn, "cudnn": fn} for one pass of one shape."""
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    import gluon_bench
-    from flashtune import attention
-
-    q, k, v, do = gluon_bench.row_inputs(B, Hq, Hkv, Nq, Nk, D, dtype, with_do=True)
-    gqa = Hq != Hkv
-
-    def ours(*x):
-        return attention(*x, causal=causal)
-
-    def cudnn(*x):
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            return F.scaled_dot_product_attention(*x, is_causal=causal, enable_gqa=gqa)
-
-    fns = {}
-    for name, run in (("flashtune", ours), ("cudnn", cudnn)):
-        if pass_ == "fwd":
-            fns[name] = lambda run=run: run(q, k, v)
-        else:
-            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-            o = run(*leaves)
-            fns[name] = lambda o=o, leaves=leaves: torch.autograd.grad(o, leaves, do, retain_graph=True)
-    return fns
+def runners(shape, layout: str, pass_: str, anchor: str, device) -> dict:
+    """{"flashtune": fn, anchor: fn} for one pass of one row."""
+    q, k, v, do = harness.make_inputs(shape, device, layout)
+    runs = {"flashtune": harness.flashtune_runner(), anchor: harness.anchor(anchor, device)}
+    return {name: harness.pass_call(run, pass_, q, k, v, do, shape.causal) for name, run in runs.items()}
 
 
-def print_table(name: str, mask: str, pass_: str, results: dict) -> None:
+def print_table(name: str, pass_: str, results: dict, anchor: str) -> None:
     for runner, (rows, gpu_us, wall_ms) in results.items():
-        print(f"{name} {mask} {pass_} {runner}: GPU {gpu_us:.1f} us/call, wall {wall_ms * 1e3:.1f} us/call")
+        print(f"{name} {pass_} {runner}: GPU {gpu_us:.1f} us/call, wall {wall_ms * 1e3:.1f} us/call")
         for r in rows:
             print(f"    {r['us']:9.1f} us {r['share']:6.1%}  x{r['launches']:g}  {r['kernel']}")
-    if "flashtune" in results and "cudnn" in results:
-        ours, theirs = results["flashtune"], results["cudnn"]
-        print(f"  flashtune / cudnn: GPU time {ours[1] / theirs[1]:.3f}, wall time {ours[2] / theirs[2]:.3f}"
+    if "flashtune" in results and anchor in results:
+        ours, theirs = results["flashtune"], results[anchor]
+        print(f"  flashtune / {anchor}: GPU time {ours[1] / theirs[1]:.3f}, wall time {ours[2] / theirs[2]:.3f}"
               " (above 1: flashtune slower)", flush=True)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
-    ap.add_argument("--grid", action="store_true", help="the standard grid, D 64 and 128, N 512..16k")
-    ap.add_argument("--realistic", action="store_true", help="SHAPES.md's rows with D 64/128 and Nq >= 1024")
-    ap.add_argument("--rows", metavar="NAMES", help="only the shapes of these names (comma-separated)")
-    ap.add_argument("--passes", default="fwd,bwd", help="fwd, bwd or both (comma-separated)")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    harness.add_row_args(ap, rows="grid-d128-4096")
+    ap.add_argument("--layout", default="contiguous", help="contiguous, transformers or both (default contiguous)")
+    ap.add_argument("--anchor", default="cudnn", help=f"what flashtune's kernels are set beside (default cudnn): "
+                                                      f"{harness.ANCHOR_HELP}")
     ap.add_argument("--calls", type=int, default=10, help="profiled calls per runner (at least 1)")
-    ap.add_argument("--out", metavar="FILE.json")
+    ap.add_argument("--out", metavar="FILE.json", help="write every row's kernels as JSON ('-': stdout)")
     args = ap.parse_args(argv)
-    passes = [p for p in args.passes.split(",") if p]
-    if not passes or any(p not in ("fwd", "bwd") for p in passes):
-        ap.error(f"--passes: expected fwd, bwd or both, got {args.passes!r}")
+    layouts = harness.parse_layouts(ap, args.layout)
+    names = harness.parse_anchors(ap, args.anchor)
+    if len(names) != 1:
+        ap.error(f"--anchor: expected one anchor, got {args.anchor!r}")
+    anchor = names[0]
     if args.calls < 1:
         ap.error(f"--calls: expected at least 1, got {args.calls}")
-
+    rows = harness.rows_from_args(ap, args)
     import torch
 
-    import gluon_bench
-
     if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
+        print("kernel_breakdown.py needs a CUDA GPU: it reads the CUDA kernels' times from torch.profiler",
+              file=sys.stderr)
         return 2
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    large = [("4x16x4k-d128", 4, 16, 16, 4096, 4096, 128, None)]
-    shapes = gluon_bench.shapes(args, large)
-    if args.rows:
-        wanted = set(args.rows.split(","))
-        shapes = [s for s in shapes if s[0] in wanted]
-        if not shapes:
-            ap.error(f"--rows: no shape named {sorted(wanted)}")
+    device = torch.device("cuda", torch.cuda.current_device())
+    env = harness.environment(device)
+    print(harness.environment_line(env))
     out = []
-    for name, B, Hq, Hkv, Nq, Nk, D, causal in shapes:
-        for c in ((False, True) if causal is None else (causal, )):
-            for pass_ in passes:
+    for shape in rows:
+        for layout in layouts:
+            for pass_ in shape.passes:
                 results = {}
-                for runner, fn in runners(B, Hq, Hkv, Nq, Nk, D, c, dtype, pass_).items():
-                    kernels, wall_ms = profile_calls(fn, args.calls)
-                    rows = breakdown(kernels, args.calls)
-                    results[runner] = (rows, sum(r["us"] for r in rows), wall_ms)
-                mask = "causal" if c else "full"
-                print_table(name, mask, pass_, results)
-                out.append({"name": name, "mask": mask, "pass": pass_, "shape": [B, Hq, Hkv, Nq, Nk, D],
-                            **{runner: {"gpu_us": g, "wall_ms": w, "kernels": rows}
-                               for runner, (rows, g, w) in results.items()}})
+                try:
+                    fns = runners(shape, layout, pass_, anchor, device)
+                except harness.Unavailable as e:
+                    ap.error(f"--anchor: {e}")
+                for runner, fn in fns.items():
+                    try:
+                        kernels, wall_ms = profile_calls(fn, args.calls)
+                    except Exception as e:  # noqa: BLE001 - a runner that cannot run the row says so
+                        print(f"{shape.name} {pass_} {runner}: {harness.first_line(e)}", flush=True)
+                        continue
+                    table = breakdown(kernels, args.calls)
+                    results[runner] = (table, sum(r["us"] for r in table), wall_ms)
+                print_table(f"{shape.name} {layout}", pass_, results, anchor)
+                out.append({"name": shape.name, "shape": shape.as_dict(), "layout": layout, "pass": pass_,
+                            **{runner: {"gpu_us": g, "wall_ms": w, "kernels": table}
+                               for runner, (table, g, w) in results.items()}})
+                del fns
                 torch.cuda.empty_cache()
-    if args.out:
-        pathlib.Path(args.out).write_text(json.dumps({"rows": out}, indent=1))
+    harness.write_json(args.out, {"environment": env, "rows": out})
     return 0
 
 

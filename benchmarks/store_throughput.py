@@ -31,14 +31,16 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flashtune.kernels.config import FwdConfig  # noqa: E402
+import harness  # noqa: E402  (benchmarks/harness.py)
 from flashtune.keys import GpuInfo, TuningKey  # noqa: E402
 from flashtune.outcome import Outcome  # noqa: E402
 from flashtune.provenance import Provenance  # noqa: E402
 
 GPU = GpuInfo("NVIDIA H200", (9, 0), 132, 150_754_820_096)
 PROVENANCE = Provenance("0", "0123456789abcdef", "3.6.0", "2.13.0", "12.8", "", GPU.name, "9.0", 132)
+FwdConfig = harness.kernels().FwdConfig
 CONFIG = FwdConfig(128, 64, 8, 3)
 
 

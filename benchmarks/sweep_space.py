@@ -13,21 +13,22 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import math
+import pathlib
+import sys
 import time
 
 import torch
-import triton
 from triton.runtime._async_compile import AsyncCompileMode
 
-from flashtune.kernels import ConfigError, attention_backward, attention_forward, reference_attention
-from flashtune.kernels import backward as bwd_mod
-from flashtune.kernels import forward as fwd_mod
-from flashtune.kernels.common import LN2
-from flashtune.kernels.space import candidates
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import harness  # noqa: E402  (benchmarks/harness.py)
 
-KERNELS = {"fwd": [fwd_mod._attn_fwd_kernel], "bwd": [bwd_mod._bwd_dkdv_kernel, bwd_mod._bwd_dq_kernel]}
+_k = harness.kernels()
+ConfigError, attention_backward, attention_forward = _k.ConfigError, _k.attention_backward, _k.attention_forward
+reference_attention, LN2, candidates = _k.reference_attention, _k.LN2, _k.space.candidates
+KERNELS = {"fwd": [_k.forward_module._attn_fwd_kernel],
+           "bwd": [_k.backward_module._bwd_dkdv_kernel, _k.backward_module._bwd_dq_kernel]}
 
 
 def _compiled(kernels):
@@ -38,7 +39,7 @@ def _compiled(kernels):
     return out
 
 
-def sweep(pass_, D, causal, dtype, n, tokens, width, reps):
+def sweep(pass_, D, causal, dtype, n, tokens, width):
     H = max(1, width // D)
     B = max(1, tokens // n)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -96,7 +97,7 @@ def sweep(pass_, D, causal, dtype, n, tokens, width, reps):
                 errs = [(a.float() - b).abs().max().item() for a, b in zip(g, grads_ref)]
                 row["err"] = errs
                 row["ok"] = all(math.isfinite(e) and e <= 2 * b + 1e-3 for e, b in zip(errs, budget_bwd))
-            row["ms"] = triton.testing.do_bench(fn, warmup=5, rep=reps, return_mode="median")
+            row["ms"] = harness.time_ms(fn, q.device, quick=True)[0]  # a screen, each config once
         except Exception as e:  # noqa: BLE001
             row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:200]}"
         rows.append(row)
@@ -120,8 +121,7 @@ def sweep(pass_, D, causal, dtype, n, tokens, width, reps):
 
 
 def _default_fwd(D, dtype):
-    from flashtune.kernels import default_config
-    return default_config("fwd", D, dtype, "cuda")
+    return _k.default_config("fwd", D, dtype, "cuda")
 
 
 def main():
@@ -133,7 +133,6 @@ def main():
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--passes", nargs="+", default=["fwd", "bwd"])
     ap.add_argument("--causal", nargs="+", default=["0", "1"])
-    ap.add_argument("--reps", type=int, default=40, help="do_bench rep (ms)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -142,7 +141,7 @@ def main():
         for D in args.head_dims:
             for c in args.causal:
                 t = time.time()
-                res = sweep(pass_, D, c == "1", dtype, args.seq_len, args.tokens, args.width, args.reps)
+                res = sweep(pass_, D, c == "1", dtype, args.seq_len, args.tokens, args.width)
                 ok = [r for r in res["rows"] if r.get("ok")]
                 bad = [r for r in res["rows"] if r.get("valid") and not r.get("ok")]
                 best = min(ok, key=lambda r: r["ms"]) if ok else None
@@ -152,9 +151,8 @@ def main():
                 for r in bad[:5]:
                     print("   FAILED", r["config"], r.get("error"), r.get("err"), flush=True)
                 results.append(res)
-                with open(args.out, "w") as f:
-                    json.dump({"dtype": args.dtype, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                               "triton": triton.__version__, "sweeps": results}, f)
+                harness.write_json(args.out, {"environment": harness.environment(torch.device("cuda")),
+                                              "dtype": args.dtype, "sweeps": results})
 
 
 if __name__ == "__main__":

@@ -35,23 +35,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import re
+import pathlib
 import statistics
 import sys
 
-# The interpreter is chosen when triton is imported: before flashtune's kernels are.
-if "--device" in sys.argv[:-1] and sys.argv[sys.argv.index("--device") + 1].startswith("cpu"):
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import harness  # noqa: E402  (benchmarks/harness.py)
+
+harness.use_interpreter_for_cpu()
 
 import torch  # noqa: E402
 
 from flashtune.autotuner.trial import KeyBench  # noqa: E402
-from flashtune.kernels import space as space_mod  # noqa: E402
-from flashtune.kernels.config import BwdConfig, ConfigError, FwdConfig, default_config  # noqa: E402
 from flashtune.keys import GpuInfo, TuningKey  # noqa: E402
-from flashtune.protocol import geomean  # noqa: E402
-from flashtune.provenance import current_provenance  # noqa: E402
+
+_k = harness.kernels()
+space_mod, BwdConfig, ConfigError, FwdConfig, default_config = (_k.space, _k.BwdConfig, _k.ConfigError, _k.FwdConfig,
+                                                                _k.default_config)
+geomean = harness.geomean
 
 DKDV = ("BLOCK_M1", "BLOCK_N1", "num_warps", "num_stages")
 DQ = BwdConfig.DQ_FIELDS
@@ -77,15 +78,11 @@ class Measured:
 
 
 def report_single(report: dict, pass_: str) -> dict:
-    """The best single config of ``pass_`` in a report: tuning_report.py's (its fields), or
-    benchmarks/shapes.py --singles' (a config's label, ``FwdConfig(BLOCK_M=64, ...)``)."""
-    summary = report["summary"]
-    if "best_single" in summary:  # benchmarks/shapes.py
-        best = (summary["best_single"] or {}).get(pass_)
-        if not best:
-            sys.exit(f"tuning_bound: --report: no best single {pass_} config in it (run shapes.py with --singles)")
-        return {k: int(v) for k, v in re.findall(r"(\w+)=(-?\d+)", best["config"])}
-    return summary[pass_]["best_single_config"]
+    """The best single config of ``pass_`` in tuning_report.py's report (its fields)."""
+    best = (report.get("summary", {}).get(pass_) or {}).get("best_single_config")
+    if not best:
+        sys.exit(f"tuning_bound: --report: no best single {pass_} config in it (tuning_report.py's --out)")
+    return best
 
 
 def fastest(times: dict):
@@ -229,11 +226,9 @@ def main() -> None:
                "single_vs_fastest": geomean([r["single_vs_fastest"] for r in rows]),
                "default_vs_fastest": geomean([r["default_vs_fastest"] for r in rows])}
     print(json.dumps(summary, indent=1))
-    if args.out:
-        prov = dataclasses.asdict(current_provenance(device)) if device.type == "cuda" else {"device": "interpreter"}
-        timer = "cuda-graph-replay" if device.type == "cuda" else "interpreter-wall-clock (not GPU performance)"
-        with open(args.out, "w") as f:
-            json.dump({"provenance": prov, "timer": timer, "rows": rows, "summary": summary}, f, indent=1)
+    timer = "cuda-graph-replay" if device.type == "cuda" else "interpreter-wall-clock (not GPU performance)"
+    harness.write_json(args.out, {"environment": harness.environment(device), "timer": timer, "rows": rows,
+                                  "summary": summary})
 
 
 if __name__ == "__main__":

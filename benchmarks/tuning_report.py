@@ -18,20 +18,22 @@ rounds in this process, so every ratio comes from one run. Needs a CUDA GPU.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime
 import json
+import pathlib
 import statistics
 import sys
 
 import torch
 
-from flashtune.autotuner.trial import KeyBench
-from flashtune.kernels.config import BwdConfig, ConfigError, FwdConfig, default_config
-from flashtune.keys import GpuInfo
-from flashtune.protocol import geomean
-from flashtune.provenance import current_provenance
-from flashtune.store import ResultFilter, Store
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import harness  # noqa: E402  (benchmarks/harness.py)
+from flashtune.autotuner.trial import KeyBench  # noqa: E402
+from flashtune.keys import GpuInfo  # noqa: E402
+from flashtune.store import ResultFilter, Store  # noqa: E402
+
+_k = harness.kernels()
+BwdConfig, ConfigError, FwdConfig, default_config = _k.BwdConfig, _k.ConfigError, _k.FwdConfig, _k.default_config
+geomean = harness.geomean
 
 SEED_CONFIGS = {"fwd": FwdConfig(16, 16, 4, 3), "bwd": BwdConfig(16, 32, 32, 16, 4, 3)}
 
@@ -122,20 +124,18 @@ def main() -> None:
         }
         for x in prow:
             x["best_single"] = x["times"][f"single{best}"] if best is not None else None
-    prov = dataclasses.asdict(current_provenance(dev))
-    report = {"date": datetime.date.today().isoformat(), "provenance": prov, "rows": rows, "summary": summary}
+    report = {"environment": harness.environment(dev), "rows": rows, "summary": summary}
     print(json.dumps(summary, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+    harness.write_json(args.out, report)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown(report))
 
 
 def markdown(report: dict) -> str:
-    lines = [f"Measured {report['date']} on {report['provenance']['gpu_name']} "
-             f"(torch {report['provenance']['torch_version']}, triton {report['provenance']['triton_version']}).", "",
+    env = report["environment"]
+    lines = [f"Measured {env['date']} on {env['gpu']} (torch {env['torch']}, triton {env['triton']}, flashtune "
+             f"{env['flashtune']} {env['flashtune_commit']}).", "",
              "| key | tuned config | trials | TFLOPS | vs seed | vs best single | vs default |",
              "|---|---|---|---|---|---|---|"]
     for x in report["rows"]:

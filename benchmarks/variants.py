@@ -1,13 +1,14 @@
-"""Issue 19's acceptance benchmark, in one process on the H200: varlen training, a sliding
-window, the fp8 forward; each row checked for correctness first, then timed.
+"""The attention variants beside plain attention, in one process on a GPU: varlen training, a
+sliding window, the fp8 forward; each row checked for correctness first, then timed.
 
-    python benchmarks/variants.py --out variants.json          # the full rows (< 4 min on an H200)
+    python benchmarks/variants.py --out variants.json          # the full rows (about 4 minutes on an H200)
     python benchmarks/variants.py --quick                      # shrunk shapes, one round
     python benchmarks/variants.py --only fp8 window            # some sections
 
-Times are triton.testing.do_bench medians (ms; L2 flushed), in --rounds interleaved rounds
-(the median of the rounds is reported). "speed-up vs X" is time(X) / time(flashtune): > 1
-means flashtune is faster. Goals (issue 19) are printed next to the measured ratios.
+Times are triton.testing.do_bench medians (ms; L2 flushed; benchmarks/harness.py), in --rounds
+interleaved rounds (the median of the rounds is reported). "speed-up vs X" is time(X) /
+time(flashtune): > 1 means flashtune is faster. Each section's goal is printed next to its
+measured ratio.
 
 (a) varlen training, forward + backward: documents of mixed lengths (a fixed seeded draw,
     128 to 4096 tokens, summing to 16384) packed through flashtune.attention_varlen, against
@@ -39,12 +40,11 @@ import json
 import math
 import pathlib
 import random
-import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import attention as grid_bench  # noqa: E402  (benchmarks/attention.py: environment, SDPA runners, rounds)
+import harness  # noqa: E402  (benchmarks/harness.py)
 
 SECTIONS = ("varlen", "window", "fp8")
 GOALS = {"varlen": ("padded", 0.9), "window": ("flex", 1.2), "fp8": ("flashtune-bf16", 1.3)}
@@ -82,7 +82,7 @@ def window_pairs(n: int, left: int) -> int:
 def speedups(ms: dict, ours: str) -> dict:
     """time(other) / time(ours) for every other backend with a time."""
     mine = ms.get(ours)
-    return {name: grid_bench.ratio(t, mine) for name, t in ms.items() if name != ours and t is not None}
+    return {name: harness.ratio(t, mine) for name, t in ms.items() if name != ours and t is not None}
 
 
 @dataclass
@@ -101,16 +101,16 @@ class Row:
         return speedups(self.ms, self.ours)
 
     def tflops(self) -> dict:
-        return {name: grid_bench.tflops(self.flops, t) for name, t in self.ms.items()}
+        return {name: harness.tflops(self.flops, t) for name, t in self.ms.items()}
 
 
 def format_row(row: Row) -> str:
     head = f"{row.section:<7} {row.case:<34} {row.pass_:<7}"
     if row.error:
         return f"{head} ABORTED: {row.error}"
-    times = " ".join(f"{name}=n/a" if t is None else f"{name}={t:.3f}ms({grid_bench._fmt(row.tflops()[name], '.0f')})"
+    times = " ".join(f"{name}=n/a" if t is None else f"{name}={t:.3f}ms({harness.fmt(row.tflops()[name], '.0f')})"
                      for name, t in row.ms.items())
-    ups = " ".join(f"{name}:{grid_bench._fmt(r, '.2f')}x" for name, r in row.speedups().items())
+    ups = " ".join(f"{name}:{harness.fmt(r, '.2f')}x" for name, r in row.speedups().items())
     goal = GOALS[row.section]
     reached = row.speedups().get(goal[0])
     verdict = "" if reached is None else \
@@ -118,7 +118,7 @@ def format_row(row: Row) -> str:
     # the other variants of ours (fp8: V re-laid out in the call, V as given) against the goal's baseline
     others = [name for name in row.ms if name.startswith(row.ours) and name != row.ours]
     extra = "".join(f"; {name} vs {goal[0]}: "
-                    f"{grid_bench._fmt(grid_bench.ratio(row.ms.get(goal[0]), row.ms[name]), '.2f')}x"
+                    f"{harness.fmt(harness.ratio(row.ms.get(goal[0]), row.ms[name]), '.2f')}x"
                     for name in others)
     return f"{head} {times} | {row.ours} speed-up vs {ups}{verdict}{extra}"
 
@@ -126,32 +126,30 @@ def format_row(row: Row) -> str:
 # ----------------------------------------------------------------------------------
 # The GPU part
 # ----------------------------------------------------------------------------------
-def _rel(a, b) -> float:
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
-def _first_line(e: Exception) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+_rel, _first_line = harness._rel, harness.first_line
 
 
 def _timed(args, rows: list[Row], runners: dict, make_fn) -> None:
     """Time every (runner, row) pair in interleaved rounds (rows of distinct passes):
     make_fn(run, row) -> (fn, grad_to_none)."""
-    import triton
+    import torch
+
+    from flashtune import protocol
 
     by_pass = {row.pass_: row for row in rows}
+    device = torch.device("cuda", torch.cuda.current_device())
 
     def time_one(run, pass_):
         fn, grads = make_fn(run, by_pass[pass_])
         fn()  # compile outside the timing
-        return triton.testing.do_bench(fn, warmup=args.warmup, rep=args.rep, grad_to_none=grads,
-                                       return_mode="median")
+        return protocol.time_ms(fn, device, quick=args.quick, grad_to_none=grads)
 
-    times = grid_bench.time_rounds(runners, list(by_pass), args.rounds, time_one)
+    times, failed = harness.time_rounds(runners, list(by_pass), args.rounds, time_one)
+    for (name, pass_), why in failed.items():
+        print(f"  {by_pass[pass_].section} {name} {pass_} failed: {why}", file=sys.stderr)
     for (name, pass_), ms in times.items():
         by_pass[pass_].rounds_ms[name] = ms
-        by_pass[pass_].ms[name] = statistics.median(ms) if ms else None
+        by_pass[pass_].ms[name] = harness.median(ms)
 
 
 def _training_step(run, q, k, v, do):
@@ -257,7 +255,8 @@ def bench_window(args) -> list[Row]:
     import torch
 
     import flashtune
-    from flashtune.kernels import default_config, reference_attention
+
+    default_config, reference_attention = harness.kernels().default_config, harness.kernels().reference_attention
 
     hq, hkv, d = LLAMA3_8B["heads_q"], LLAMA3_8B["heads_kv"], LLAMA3_8B["head_dim"]
     n, left = args.window_seq, args.window
@@ -274,7 +273,7 @@ def bench_window(args) -> list[Row]:
     # D=128 call is the Gluon kernel (which runs windows), "flashtune-triton" the Triton kernel's
     default = default_config("fwd", d, q.dtype, q.device, causal=True, seq_q=n)
     if default.family:
-        triton_cfg = default.as_triton(d, q.dtype, q.device, True)
+        triton_cfg = harness.kernels().as_triton(default, d, q.dtype, q.device, True)
         runners["flashtune-triton"] = lambda q_, k_, v_: flashtune.attention(  # noqa: E731
             q_, k_, v_, causal=True, window_size=(left, 0), fwd_config=triton_cfg)
     try:
@@ -328,10 +327,11 @@ def bench_fp8(args) -> list[Row]:
     import torch
 
     import flashtune
-    from flashtune.kernels import reference_attention
-    from flashtune.kernels import ConfigError, FwdConfig
-    from flashtune.kernels.fp8 import keys_contiguous
     from flashtune.runners import sdpa
+
+    kern = harness.kernels()
+    reference_attention, ConfigError, FwdConfig = kern.reference_attention, kern.ConfigError, kern.FwdConfig
+    keys_contiguous = kern.keys_contiguous
 
     b, h, n, d = args.fp8_shape
     e4m3 = torch.float8_e4m3fn
@@ -352,7 +352,7 @@ def bench_fp8(args) -> list[Row]:
     out_rows = []
     for causal in (False, True):
         row = Row("fp8", f"e4m3 B{b} H{h} N{n} D{d} {'causal' if causal else 'full'}", "fwd", "fp8",
-                  grid_bench.attention_flops("fwd", b, h, n, d, causal))
+                  harness.Shape(b, h, h, n, n, d, causal).flops("fwd"))
         fp8 = {"fp8": lambda c=causal: flashtune.attention_fp8(q8, k8, v8_keys, causal=c, **descales),
                "fp8+relayout": lambda c=causal: flashtune.attention_fp8(q8, k8, v8, causal=c, **descales),
                "fp8-v-as-given": lambda c=causal: flashtune.attention_fp8(q8, k8, v8, causal=c, relayout_v=False,
@@ -401,11 +401,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="shrunk shapes (4096 varlen tokens in documents of at most 1024, window 1024 over 4096, "
-                         "fp8 N=1024) and one round")
+                         "fp8 N=1024), shorter do_bench runs and one round")
     ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="the sections to run")
     ap.add_argument("--out", metavar="FILE.json", help="write the environment and every row as JSON")
-    ap.add_argument("--warmup", type=int, default=25, help="do_bench warmup (ms)")
-    ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per row (default 3; --quick 1)")
     args = ap.parse_args(argv)
     if args.rounds is None:
@@ -425,10 +423,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks/variants.py needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
-    env = grid_bench.environment()
-    print(f"# {env['gpu']} sm_{env['capability'][0]}{env['capability'][1]}, torch {env['torch']}, "
-          f"triton {env['triton']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, driver {env['driver']}, "
-          f"flashtune {env.get('flashtune')}, {env['date']}")
+    env = harness.environment(torch.device("cuda", torch.cuda.current_device()))
+    print(harness.environment_line(env))
     print("# ms per backend (TFLOPS in brackets), do_bench medians; speed-up vs X = time(X) / time(ours)", flush=True)
     benches = {"varlen": bench_varlen, "window": bench_window, "fp8": bench_fp8}
     rows: list[Row] = []
@@ -446,12 +442,8 @@ def main(argv=None) -> int:
     aborted = [r for r in rows if r.error]
     if aborted:
         print(f"WARNING: {len(aborted)} rows aborted", file=sys.stderr)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"environment": env, "args": vars(args),
-                       "rows": [{**asdict(r), "speedups": r.speedups(), "tflops": r.tflops()} for r in rows],
-                       "goals": GOALS}, f, indent=1, default=str)
-        print(f"# wrote {args.out}")
+    harness.write_json(args.out, {"environment": env, "args": vars(args), "goals": GOALS,
+                                  "rows": [{**asdict(r), "speedups": r.speedups(), "tflops": r.tflops()} for r in rows]})
     return 1 if aborted else 0
 
 

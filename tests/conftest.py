@@ -34,25 +34,6 @@ def operator_forward_configs(monkeypatch):
     return seen
 
 
-@pytest.fixture(scope="session")
-def load_benchmark():
-    """``load_benchmark("shapes")``: benchmarks/shapes.py as a module (registered under
-    ``bench_shapes``, as dataclasses look their module up)."""
-    import importlib.util
-    import pathlib
-    import sys
-
-    def load(name: str):
-        path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
-
-    return load
-
-
 @pytest.fixture(autouse=True)
 def _gpu_memory_back_after_gpu_tests(request):
     """After a GPU test, its cached GPU memory goes back to the driver: under pytest-xdist

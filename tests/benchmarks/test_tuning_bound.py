@@ -18,8 +18,8 @@ SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "tuning_bo
 
 
 @pytest.fixture(scope="module")
-def bound(load_benchmark):
-    return load_benchmark("tuning_bound")
+def bound(script):
+    return script("tuning_bound")
 
 
 class AdditiveTimes:
