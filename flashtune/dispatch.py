@@ -88,7 +88,7 @@ from flashtune.kernels.function import check_dropout, check_dropout_p, draw_rng,
 from flashtune.keys import GpuInfo, TuningKey, dtype_name, key_distance
 from flashtune.provenance import current_versions, staleness
 from flashtune.store import ENV_VAR, Store, default_path, resolve_url
-from flashtune.store.engine import show_url
+from flashtune.store.engine import show_url, sqlite_path
 
 __all__ = ["Choice", "DispatchWarning", "TunedAttention", "TunedTable", "call_key", "get_tuned_attention",
            "nearest_first"]
@@ -239,9 +239,12 @@ def merged(results, shipped=(), shipped_name: str | None = None) -> dict:
     return rows
 
 
-def _read_results(url, gpu: str) -> list:
-    """The GPU's stored results; on any failure to read, one warning and none."""
+def _read_results(url, gpu: str) -> list | None:
+    """The GPU's stored results; on any failure to read, one warning and None."""
     where, damaged = show_url(url), []
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        return []  # no store yet (a fresh install): the shipped table or the defaults serve, no warning of its own
     try:
         # create=False: never makes a database (and reads one it cannot write read-only);
         # a short lock timeout: a migration holding the tables must not stall the model
@@ -250,7 +253,7 @@ def _read_results(url, gpu: str) -> list:
     except Exception as e:  # noqa: BLE001 - whatever the database does, the model runs
         _warn_once(f"flashtune cannot read tuned configs from {where}: {e}; using the shipped table or the "
                    "heuristic default configs")
-        return []
+        return None
     for problem in damaged:  # the rest of the table is served
         _warn_once(f"flashtune skips a damaged row in {where}: {problem}")
     return results
@@ -268,15 +271,18 @@ def _shipped_results(device: torch.device) -> tuple[tuple, str | None]:
 
 
 def _load_table(url, device: torch.device, gpu: str, loaded_at: int) -> TunedTable:
-    table = TunedTable.from_results(gpu, _read_results(url, gpu), loaded_at, *_shipped_results(device))
+    stored = _read_results(url, gpu)
+    shipped, shipped_name = _shipped_results(device)
+    table = TunedTable.from_results(gpu, stored or [], loaded_at, shipped, shipped_name)
     rows, where = table.rows(), show_url(url)
-    if not rows:
+    sources = where if shipped_name is None else f"{where} and the shipped table {shipped_name}"
+    if not rows and stored is not None:  # (an unreadable store said so already)
         _warn_once(f"flashtune has no tuned configs for {gpu} in {where} (and ships none for it); using the "
                    f"heuristic default configs (run `flashtune search --db {where}` on this GPU to tune it)")
     stale = [row for row in rows if row.stale is not None]
     if stale:
         theirs = sorted({row.stale.split(";")[0] for row in stale})
-        _warn_once(f"{len(stale)} of {len(rows)} tuned configs for {gpu} ({where} and the shipped table) are "
+        _warn_once(f"{len(stale)} of {len(rows)} tuned configs for {gpu} ({sources}) are "
                    f"stale ({'; '.join(theirs)}; this flashtune has {current_versions()}): they are not served "
                    f"until `flashtune revalidate --db {where}` checks them again here")
     return table

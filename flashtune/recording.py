@@ -16,6 +16,8 @@ be written warns once and the model runs on.
 ``flashtune list --recorded`` shows the recorded buckets with their summed call counts
 (``buckets``; rows recorded before bucketing are bucketed as they are read); ``flashtune
 search --recorded`` tunes each bucket's key at the batch and heads of its most called signature.
+"""
+
 from __future__ import annotations
 
 import atexit

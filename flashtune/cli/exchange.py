@@ -146,8 +146,8 @@ def import_command(file, db, on_conflict, dry_run, force, as_json):
     else:
         click.echo(f"imported: {summary.inserted} added, {summary.replaced} replaced, {summary.kept} kept")
     if summary.kept:
-        why = {"keep-faster": "it was at least as fast, or current where the file's was stale",
-               "skip": "--on-conflict skip"}.get(on_conflict, "")
+        faster = "it was at least as fast" + (", or current where the file's is stale" if stale else "")
+        why = {"keep-faster": faster, "skip": "--on-conflict skip"}.get(on_conflict, "")
         click.echo(f"{plural(summary.kept, 'key')} {'would keep' if dry_run else 'kept'} the store's result ({why})")
     if stale:
         versions = "; ".join(sorted({stale_versions(r.provenance) for r in stale}))
