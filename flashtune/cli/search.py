@@ -88,7 +88,7 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, mod
       flashtune search --head-dim 128 --seq-len 4096,8192 --causal --trials 64
       flashtune search --model llama3-8b     # a model's prefill, decode and training calls
       flashtune search --shapes shapes.yaml  # the calls a team runs
-      flashtune search --revalidate          # after upgrading triton or flashtune
+      flashtune search --revalidate          # re-check every stored winner (flashtune revalidate: the stale ones)
       flashtune search --devices all         # every GPU of this host, one key per GPU at a time
       flashtune search --interpreter         # tiny CPU demo, no GPU needed
 
