@@ -10,12 +10,19 @@ How a call picks its configs, for each pass (fwd, bwd) on its own:
 - the lookup key is the call's ``TuningKey.for_call``: (this GPU, dtype, head_dim, seq_q,
   seq_k, causal, pass, group = query heads / key heads, batch x query heads bucketed to a
   power of two);
-- a stored winner for exactly that key is used ("tuned exact"); else the stored keys of the
+- the table is the user's store over the table shipped with flashtune for this GPU
+  (``flashtune.tables``: served where the store has no current row of a key);
+- a tuned winner for exactly that key is used ("tuned exact"); else the tuned keys of the
   same family (gpu, dtype, head_dim, causal, pass) nearest in log2 space over (seq_q, seq_k,
   group, batch_heads) (``keys.key_distance``), the larger on a tie ("tuned nearest (KEY)"),
   the first of them whose config validates for this call: a stored config that does not
   (say its shared memory exceeds this device's) is never served, and is passed over with a
-  warning; with none, the heuristic default table ("heuristic").
+  warning; with none, the heuristic default table ("heuristic"). A row of the shipped table
+  says so: "tuned exact (shipped table FILE)", "tuned nearest (KEY; shipped table FILE)";
+- a stale row (tuned under other kernel sources or another triton,
+  ``flashtune.provenance.staleness``) is never served: its correctness check ran on other
+  code. It is passed over like a config that does not fit, the source saying so and naming
+  ``flashtune revalidate``, which checks and re-times it here.
 
 An ``attn_mask`` made by ``torch.nn.attention.bias.causal_upper_left(Nq, Nk)`` or
 ``causal_lower_right(Nq, Nk)`` runs the kernels' causal mask, aligned top-left or
@@ -44,9 +51,8 @@ The tuned table of a (database, GPU) is read once and cached for the process: ca
 never touch the database, a call is one dict lookup plus the launch. Each
 ``get_tuned_attention()`` and each ``reload()`` re-reads it, so they see every row
 committed before they were called. A missing, locked or corrupt database gives one
-warning and the heuristic defaults; it never breaks the model. Rows tuned under
-another kernel source or Triton version are served, with one warning naming
-``flashtune search --revalidate``.
+warning and the shipped table or the heuristic defaults; it never breaks the model. Stale
+rows give one warning naming ``flashtune revalidate``.
 
 (Over 400 lines on purpose: the drop-in, its table, its per-signature plans and its traced
 form under torch.compile are one concept; the kernels, the store and the key live apart.)
@@ -64,9 +70,9 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-import triton
 
 from flashtune import recording, runners
+from flashtune.recording import bucket_key
 from flashtune.kernels import (
     BwdConfig,
     ConfigError,
@@ -81,11 +87,12 @@ from flashtune.kernels.common import Dropout, torch_fp32_precision
 from flashtune.kernels.api import check_dropout, check_dropout_p, draw_rng
 from flashtune.kernels.passes import dropout_fwd_config
 from flashtune.keys import GpuInfo, TuningKey, dtype_name, key_distance
-from flashtune.provenance import is_current, kernel_source_hash
+from flashtune.provenance import current_versions, staleness
 from flashtune.store import ENV_VAR, Store, default_path, resolve_url
-from flashtune.store.engine import show_url
+from flashtune.store.engine import show_url, sqlite_path
 
-__all__ = ["Choice", "DispatchWarning", "TunedAttention", "TunedTable", "call_key", "get_tuned_attention", "nearest_first"]
+__all__ = ["Choice", "DispatchWarning", "TunedAttention", "TunedTable", "call_key", "get_tuned_attention",
+           "nearest_first"]
 
 # How long loading the table waits for a lock (SQLite's busy timeout, PostgreSQL's
 # lock_timeout) before it warns and serves the heuristic configs.
@@ -101,8 +108,10 @@ class DispatchWarning(UserWarning):
 class Choice:
     """What a call runs, per pass: the config (None for SDPA) and where it came from.
 
-    ``*_source`` is "tuned exact", "tuned nearest (KEY LABEL)", "heuristic" (with the
-    reason in parentheses when a stored config was skipped) or "sdpa fallback: REASON".
+    ``*_source`` is "tuned exact", "tuned nearest (KEY LABEL)" (the user's store; a row of the
+    shipped table adds "shipped table FILE" in the parentheses), "heuristic" (with the reason in
+    parentheses when a tuned config was passed over: it does not fit the call, or it is stale)
+    or "sdpa fallback: REASON".
     ``runner`` runs a call that needs no gradient (its fwd key's runner), ``train_runner``
     one that does (its bwd key's): "triton" (the configs above) or an SDPA backend that the
     search measured faster for the key (``flashtune.runners``).
@@ -132,8 +141,10 @@ class Choice:
 
 def nearest_first(keys: Sequence[TuningKey], key: TuningKey) -> list[int]:
     """Indices of ``keys`` (one family) from the nearest to ``key`` to the farthest in log2
-    space (``key_distance``); of two at the same distance, the larger point first."""
+    space (``key_distance``); of two at the same distance, the larger point first. (Recording
+    buckets calls by this rule, ``recording.bucket_key``: change the two together.)"""
     return sorted(range(len(keys)), key=lambda i: (key_distance(keys[i], key), tuple(-x for x in keys[i].point)))
+
 
 
 # -- the tuned table of one (database, GPU), shared by the process -------------------
@@ -163,62 +174,119 @@ def _warn_once(message: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Row:
+    """A tuned result as the table holds it: where it came from, and why it is not served."""
+
+    result: object  # StoredResult
+    stale: str | None = None  # provenance.staleness: set, the row is never served
+    shipped: str | None = None  # the shipped table's file name; None: the user's store
+
+    def source(self, exact: bool, label: str) -> str:
+        """The ``Choice`` source of a call this row serves (``label``: its key's)."""
+        where = [] if exact else [label]
+        if self.shipped is not None:
+            where.append(f"shipped table {self.shipped}")
+        return ("tuned exact" if exact else "tuned nearest") + (f" ({'; '.join(where)})" if where else "")
+
+
+@dataclasses.dataclass(frozen=True)
 class TunedTable:
-    """The stored winners of one GPU, by key family (``TuningKey.family``) -> (its tuned
-    keys, their results). ``loaded_at`` is the ticket taken before the database was read."""
+    """The tuned winners of one GPU, by key family (``TuningKey.family``) -> (its tuned keys, their
+    ``Row``): the user's store over the shipped table (``merged``). ``loaded_at`` is the ticket taken
+    before the database was read; ``covered`` the ``bucket_key`` of every row that serves."""
 
     gpu: str
-    families: dict[tuple, tuple[tuple[TuningKey, ...], tuple]]
+    families: dict[tuple, tuple[tuple[TuningKey, ...], tuple[Row, ...]]]
     loaded_at: int
+    covered: frozenset = frozenset()
 
     @classmethod
-    def from_results(cls, gpu: str, results, loaded_at: int) -> TunedTable:
+    def from_results(cls, gpu: str, results, loaded_at: int, shipped=(), shipped_name: str | None = None) -> TunedTable:
+        return cls.from_rows(gpu, merged(results, shipped, shipped_name), loaded_at)
+
+    @classmethod
+    def from_rows(cls, gpu: str, rows: dict, loaded_at: int) -> TunedTable:
         grouped: dict[tuple, list] = {}
-        for result in sorted(results, key=lambda r: r.key):
-            grouped.setdefault(result.key.family, []).append((result.key, result))
-        families = {family: tuple(zip(*rows, strict=True)) for family, rows in grouped.items()}
-        return cls(gpu, families, loaded_at)
+        for key in sorted(rows):
+            grouped.setdefault(key.family, []).append((key, rows[key]))
+        families = {family: tuple(zip(*pairs, strict=True)) for family, pairs in grouped.items()}
+        covered = frozenset(bucket_key(key) for key, row in rows.items() if row.stale is None)
+        return cls(gpu, families, loaded_at, covered)
+
+    def rows(self) -> list[Row]:
+        return [row for _, rows in self.families.values() for row in rows]
 
     def candidates(self, key: TuningKey):
-        """(tuned key, its StoredResult) of ``key``'s family, nearest first (``nearest_first``)."""
-        keys, configs = self.families.get(key.family, ((), ()))
-        return [(keys[i], configs[i]) for i in nearest_first(keys, key)]
+        """(tuned key, its Row) of ``key``'s family, nearest first (``nearest_first``)."""
+        keys, rows = self.families.get(key.family, ((), ()))
+        return [(keys[i], rows[i]) for i in nearest_first(keys, key)]
 
     def lookup(self, key: TuningKey):
-        """(tuned key, its StoredResult) nearest ``key`` in its family, or None."""
+        """(tuned key, its Row) nearest ``key`` in its family, or None."""
         found = self.candidates(key)
         return found[0] if found else None
 
 
-def _read_results(url, gpu: str) -> list:
-    """The GPU's stored results; on any failure to read, one warning and none."""
+def merged(results, shipped=(), shipped_name: str | None = None) -> dict:
+    """Key -> ``Row``: the store's results over the shipped table's. Per key the first that exists
+    of: a current store row, a current shipped row, a stale store row, a stale shipped row (a
+    stale row serves nothing, but says in ``explain()`` what ``flashtune revalidate`` would bring
+    back)."""
+    rows: dict[TuningKey, Row] = {r.key: Row(r, staleness(r.provenance), shipped_name) for r in shipped}
+    for result in results:
+        row, there = Row(result, staleness(result.provenance)), rows.get(result.key)
+        if there is None or row.stale is None or there.stale is not None:
+            rows[result.key] = row
+    return rows
+
+
+def _read_results(url, gpu: str) -> list | None:
+    """The GPU's stored results; on any failure to read, one warning and None."""
     where, damaged = show_url(url), []
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        return []  # no store yet (a fresh install): the shipped table or the defaults serve, no warning of its own
     try:
         # create=False: never makes a database (and reads one it cannot write read-only);
         # a short lock timeout: a migration holding the tables must not stall the model
         with Store(url, create=False, lock_timeout_s=LOAD_LOCK_TIMEOUT_S) as store:
             results = list(store.load_table(gpu, damaged=damaged).values())
     except Exception as e:  # noqa: BLE001 - whatever the database does, the model runs
-        _warn_once(f"flashtune cannot read tuned configs from {where}: {e}; using the heuristic default configs")
-        return []
+        _warn_once(f"flashtune cannot read tuned configs from {where}: {e}; using the shipped table or the "
+                   "heuristic default configs")
+        return None
     for problem in damaged:  # the rest of the table is served
         _warn_once(f"flashtune skips a damaged row in {where}: {problem}")
-    if not results:
-        _warn_once(f"flashtune has no tuned configs for {gpu} in {where}; using the heuristic default configs "
-                   f"(run `flashtune search --db {where}` on this GPU to tune it)")
-    _warn_if_stale(results, where, gpu)
     return results
 
 
-def _warn_if_stale(results, where: str, gpu: str) -> None:
-    stale = [r for r in results if not is_current(r.provenance)]
+def _shipped_results(device: torch.device) -> tuple[tuple, str | None]:
+    """(the results of the table shipped for the device's GPU, as its results; the file's name)."""
+    from flashtune import tables
+
+    gpu = GpuInfo.from_device(device)
+    table, problems = tables.for_gpu(gpu)
+    for problem in problems:
+        _warn_once(f"flashtune: {problem}")
+    return (table.for_device(gpu), table.name) if table is not None else ((), None)
+
+
+def _load_table(url, device: torch.device, gpu: str, loaded_at: int) -> TunedTable:
+    stored = _read_results(url, gpu)
+    shipped, shipped_name = _shipped_results(device)
+    table = TunedTable.from_results(gpu, stored or [], loaded_at, shipped, shipped_name)
+    rows, where = table.rows(), show_url(url)
+    sources = where if shipped_name is None else f"{where} and the shipped table {shipped_name}"
+    if not rows and stored is not None:  # (an unreadable store said so already)
+        _warn_once(f"flashtune has no tuned configs for {gpu} in {where} (and ships none for it); using the "
+                   f"heuristic default configs (run `flashtune search --db {where}` on this GPU to tune it)")
+    stale = [row for row in rows if row.stale is not None]
     if stale:
-        theirs = sorted({f"kernel {r.provenance.kernel_hash} with triton {r.provenance.triton_version}"
-                         for r in stale})
-        _warn_once(f"{len(stale)} of {len(results)} tuned configs for {gpu} in {where} were tuned under another "
-                   f"kernel source or Triton version ({'; '.join(theirs)}; this flashtune: kernel "
-                   f"{kernel_source_hash()} with triton {triton.__version__}). They are served as they are; "
-                   f"re-time them with `flashtune search --revalidate --db {where}`")
+        theirs = sorted({row.stale.split(";")[0] for row in stale})
+        _warn_once(f"{len(stale)} of {len(rows)} tuned configs for {gpu} ({sources}) are "
+                   f"stale ({'; '.join(theirs)}; this flashtune has {current_versions()}): they are not served "
+                   f"until `flashtune revalidate --db {where}` checks them again here")
+    return table
 
 
 def _shared_table(url, device: torch.device, since: int) -> TunedTable:
@@ -230,8 +298,7 @@ def _shared_table(url, device: torch.device, since: int) -> TunedTable:
         table = _TABLES.get(cache_key)
         if table is None or table.loaded_at < since:
             loaded_at = _ticket()
-            table = TunedTable.from_results(gpu, _read_results(url, gpu), loaded_at)
-            _TABLES[cache_key] = table
+            table = _TABLES[cache_key] = _load_table(url, device, gpu, loaded_at)
         return table
 
 
@@ -287,6 +354,7 @@ class TunedAttention:
     """
 
     def __init__(self, db=None, *, device=None, strict: bool = False, record: bool | None = None) -> None:
+        default_location = db is None and not os.environ.get(ENV_VAR)
         if db is None:  # the store's default, without creating its directory
             db = os.environ.get(ENV_VAR) or default_path()
         self.url = resolve_url(db)
@@ -294,7 +362,8 @@ class TunedAttention:
         self.strict = strict
         if record is None:
             record = os.environ.get(recording.ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on")
-        self._recorder = recording.Recorder(self.url) if record else None
+        # the first write makes the store (at the default location, its directory too)
+        self._recorder = recording.Recorder(self.url, make_directory=default_location) if record else None
         self.reload()
 
     def flush_recorded(self) -> None:
@@ -418,14 +487,18 @@ class TunedAttention:
         return plan
 
     def _note(self, plan: _Plan, query, key) -> _Plan:
-        """Recording: the plan with its signature's counter; the passes without a tuned key of
-        their own are noted (the backward only for a call that needs gradients)."""
+        """Recording: the plan with its signature's counter; the passes whose ``bucket_key`` no
+        served row covers are noted under it (the backward only for a call that needs gradients),
+        so every call of a bucket adds to one count."""
         passes = [("fwd", plan.choice.fwd_source)]
         if query.requires_grad or key.requires_grad:
             passes.append(("bwd", plan.choice.bwd_source))
         gpu = GpuInfo.from_device(query.device)
-        keys = [call_key(gpu.key, pass_, query, key, plan.causal) for pass_, source in passes
-                if source != "tuned exact"]
+        table = self._snapshot.tables.get(query.device)
+        covered = table.covered if table is not None else frozenset()
+        keys = [bucket_key(call_key(gpu.key, pass_, query, key, plan.causal)) for pass_, source in passes
+                if not source.startswith("tuned exact")]
+        keys = [k for k in keys if k not in covered]
         if not keys:
             return plan
         counter = self._recorder.note(gpu, keys, query.shape[0], query.shape[1], key.shape[1])
@@ -462,24 +535,30 @@ def call_key(gpu: str, pass_: str, query: torch.Tensor, key: torch.Tensor, causa
 
 
 def _pick(table: TunedTable, pass_: str, query: torch.Tensor, key: torch.Tensor, causal: bool):
-    """(config, source, runner) of one pass: the nearest stored config that validates for the
-    call, and the runner stored with it ("triton" for the heuristic)."""
+    """(config, source, runner) of one pass: the nearest tuned config that is current and
+    validates for the call, and the runner tuned with it ("triton" for the heuristic)."""
     wanted = call_key(table.gpu, pass_, query, key, causal)
     head_dim, dtype, device = query.shape[3], query.dtype, query.device
-    source = "heuristic"
-    for tuned, result in table.candidates(wanted):
-        config = result.config
+    passed_over = None  # why the nearest tuned config does not serve, for the source
+    for tuned, row in table.candidates(wanted):
+        result = row.result
+        if row.stale is not None:
+            passed_over = passed_over or (f"the tuned {pass_} config of {tuned.label()} is stale, {row.stale}: "
+                                          "`flashtune revalidate` checks it again")
+            continue
         try:
-            config.validate(head_dim, dtype, device)
+            result.config.validate(head_dim, dtype, device)
         except ConfigError as e:
-            if source == "heuristic":
-                source = f"heuristic (the tuned {pass_} config of {tuned.label()} does not fit here: {e})"
+            passed_over = passed_over or f"the tuned {pass_} config of {tuned.label()} does not fit here: {e}"
             _warn_once(f"flashtune skips a stored config for {table.gpu} {tuned.label()}: {e}")
             continue
-        return config, "tuned exact" if tuned == wanted else f"tuned nearest ({tuned.label()})", result.runner
+        source = row.source(tuned == wanted, tuned.label())
+        if passed_over is not None and passed_over.startswith(f"the tuned {pass_} config of {wanted.label()} is "):
+            source += f"; {passed_over}"  # its own key's row is stale: say what would bring it back
+        return result.config, source, result.runner
     return (default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=wanted.seq_q, seq_k=wanted.seq_k,
                            batch_heads_kv=query.shape[0] * key.shape[1], batch_heads=query.shape[0] * query.shape[1]),
-            source, "triton")
+            "heuristic" if passed_over is None else f"heuristic ({passed_over})", "triton")
 
 
 def _causal_bias_align(attn_mask, query, key, is_causal: bool) -> str | None:

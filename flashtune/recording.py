@@ -1,16 +1,21 @@
 """Recording the calls a model makes, so that a search tunes exactly those.
 
 ``get_tuned_attention(record=True)`` (or ``FLASHTUNE_RECORD=1``) notes each call signature
-whose key has no tuned result of its own (``Choice`` sources other than "tuned exact"): its
-tuning keys (one per pass it needs) with the call's real batch and heads, once per process,
-and how many calls each made. The dispatcher notes a signature when it first plans it (a
-call seen before is its plan's dict hit plus one counter increment); a background thread
-writes the notes to the store, and the counts once more when the process exits (or on
+that no served row covers: its tuning keys (one per pass it needs) rounded to their bucket
+(``bucket_key``: each length to the nearest power of two in log2 space, as batch x heads
+already is, the point the dispatcher's nearest-key rule serves the call from once the bucket
+is tuned), with the call's real batch and heads, once per process, and how many calls each
+made. A decode loop's cache lengths 17 to 516 make six keys (16, 32, ..., 512), not 500; a
+call whose bucket a served row of the store or the shipped table falls in is not noted. The
+dispatcher notes a signature when it first plans it (a call seen before is its plan's dict hit
+plus one counter increment); a background thread writes the notes to the store, creating it
+on the first write, and the counts once more when the process exits (or on
 ``TunedAttention.flush_recorded()``), so no call waits for the database. A store that cannot
 be written warns once and the model runs on.
 
-``flashtune list --recorded`` shows the recorded calls with their counts; ``flashtune search
---recorded`` tunes their keys.
+``flashtune list --recorded`` shows the recorded buckets with their summed call counts
+(``buckets``; rows recorded before bucketing are bucketed as they are read); ``flashtune
+search --recorded`` tunes each bucket's key at the batch and heads of its most called signature.
 """
 
 from __future__ import annotations
@@ -22,9 +27,18 @@ import threading
 import warnings
 from datetime import datetime
 
-from flashtune.keys import GpuInfo, TuningKey
+from flashtune.keys import GpuInfo, TuningKey, batch_heads_bucket
 
 ENV_VAR = "FLASHTUNE_RECORD"
+
+
+def bucket_key(key: TuningKey) -> TuningKey:
+    """The key a call is recorded under: its lengths rounded to the nearest power of two in log2
+    space, the larger on a tie (``keys.batch_heads_bucket``'s rounding). It is the point of a family
+    tuned at powers of two that the dispatcher's nearest-key rule serves the call from
+    (``dispatch.nearest_first``: ``key_distance`` sums each dimension's squared log2 distance, so
+    the nearest lattice point rounds each one alone, and ties go to the larger point)."""
+    return dataclasses.replace(key, seq_q=batch_heads_bucket(key.seq_q), seq_k=batch_heads_bucket(key.seq_k))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +54,43 @@ class RecordedCall:
     last_seen: datetime | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class RecordedBucket:
+    """The recorded calls of one ``bucket_key``: their summed count, and the (batch, heads_q,
+    heads_kv) of the most called signature, at which ``search --recorded`` tunes the key."""
+
+    key: TuningKey
+    batch: int
+    heads_q: int
+    heads_kv: int
+    calls: int
+    signatures: int  # recorded signatures (batch, heads, lengths) in the bucket
+    first_seen: datetime | None = None
+    last_seen: datetime | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.batch, self.heads_q, self.heads_kv)
+
+
+def buckets(calls: list[RecordedCall]) -> list[RecordedBucket]:
+    """The recorded calls grouped by ``bucket_key``, the most called bucket first. A bucket is tuned
+    at its key (its lengths the bucket's powers of two) with the batch and heads of its most called
+    signature (every signature of a bucket has the key's group and batch x heads bucket)."""
+    grouped: dict[TuningKey, list[RecordedCall]] = {}
+    for call in calls:
+        grouped.setdefault(bucket_key(call.key), []).append(call)
+    out = []
+    for key, members in grouped.items():
+        top = max(members, key=lambda c: c.calls)
+        seen = [c.first_seen for c in members if c.first_seen is not None]
+        last = [c.last_seen for c in members if c.last_seen is not None]
+        out.append(RecordedBucket(key, top.batch, top.heads_q, top.heads_kv, sum(c.calls for c in members),
+                                  len({(c.key, c.batch, c.heads_q, c.heads_kv) for c in members}),
+                                  min(seen, default=None), max(last, default=None)))
+    return sorted(out, key=lambda b: (-b.calls, b.key))
+
+
 class Counter:
     """The calls of one recorded signature since its last flush (a plain int, bumped per call)."""
 
@@ -53,8 +104,9 @@ class Recorder:
     """Notes new call signatures and their call counts, and writes them to a store off the
     calling thread. One per drop-in callable."""
 
-    def __init__(self, url) -> None:
+    def __init__(self, url, *, make_directory: bool = False) -> None:
         self.url = url
+        self.make_directory = make_directory  # the default location's: made on the first write
         self._lock = threading.Lock()
         self._seen: dict[tuple, Counter] = {}  # (gpu, key, batch, heads_q, heads_kv) -> its counter
         self._gpus: dict[str, GpuInfo] = {}
@@ -116,6 +168,10 @@ class Recorder:
         if not rows:
             return
         try:
+            if self.make_directory:
+                from flashtune.store.engine import ensure_directory
+
+                ensure_directory(self.url)
             with Store(self.url, lock_timeout_s=2.0) as store:
                 for gpu in gpus.values():
                     store.upsert_gpu(gpu)

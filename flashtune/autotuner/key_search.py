@@ -28,7 +28,6 @@ class Budget:
     rounds: int
     seed: int
     batch: int
-    revalidate: bool = False
     sdpa: bool = False  # also time torch SDPA's backends as runners (flashtune.runners)
     faults: dict = dataclasses.field(default_factory=dict)  # tests only: canonical config -> fault code
 
@@ -81,7 +80,8 @@ class KeyResult:
 class KeySearch:
     """The search of one key; the study, the store and the worker are shared."""
 
-    def __init__(self, key: TuningKey, bench: Bench, budget: Budget, on_trial=None):
+    def __init__(self, key: TuningKey, bench: Bench, budget: Budget, on_trial=None, *, with_study: bool = True):
+        """``with_study=False``: no Optuna study (a revalidation measures given configs, it proposes none)."""
         import torch
 
         self.key, self.bench, self.budget = key, bench, budget
@@ -95,13 +95,16 @@ class KeySearch:
                                           batch_heads=batch * heads_q)
         except ConfigError:  # nothing runs on this device: the key ends as no_valid_config
             self.default = None
+        self._measured_before_run = 0  # set as each run starts (_out_of_time)
+        self.study = None
+        if not with_study:
+            return
         self.study = KeyStudy(key, storage=bench.storage, kernel_hash=bench.provenance.kernel_hash,
                               seed=budget.seed, trials=budget.trials, store_id=bench.store_id)
         for cfg, outcome in self.study.finished():
             if self.ledger.is_valid(cfg):
                 self.ledger.record(cfg, outcome)
         self._adopt_recorded_trials()
-        self._measured_before_run = 0  # set as each run starts (_out_of_time)
 
     def _adopt_recorded_trials(self) -> None:
         """Trials the store has (same key, same kernel) but the study does not: a search
@@ -283,64 +286,75 @@ class KeySearch:
         """Check and time ``cfg`` in the worker; the outcome goes to the store and the ledger."""
         outcome = self.bench.worker.run(self.key, cfg, self.budget.trial_timeout, self._fault(cfg))
         self.bench.store.record_trial(self.key, cfg, outcome, provenance=self.bench.provenance,
-                                      study=self.study.name)
+                                      study=self.study.name if self.study is not None else None)
         self.ledger.record(cfg, outcome)
         return outcome
 
     # -- the winner --------------------------------------------------------------------
 
     def result(self, status: str, started: float | None = None, **fields) -> KeyResult:
-        return KeyResult(self.key, status, n_trials=self.n_measured(), outcomes=self.ledger.counts(),
+        fields.setdefault("n_trials", self.n_measured())
+        return KeyResult(self.key, status, outcomes=self.ledger.counts(),
                          wall_s=0.0 if started is None else time.monotonic() - started, **fields)
+
+    def timing(self) -> dict:
+        """The shape and the timer the key's trials run with (a KeyResult's ``shape`` and ``timer``)."""
+        worker = self.bench.worker
+        return dict(shape=worker.shapes.get(self.key) or trial_shape(self.key, worker.interpreter),
+                    timer="interpreter-wall-clock" if worker.interpreter else "cuda-graph-replay")
 
     def finalize(self, started: float) -> KeyResult:
         """Re-time the best few with the default, interleaved, and store the winner."""
-        from flashtune.store import ResultFilter, StoredResult
+        from flashtune.store import ResultFilter
 
-        store, worker, budget, ledger = self.bench.store, self.bench.worker, self.budget, self.ledger
-        common = dict(shape=worker.shapes.get(self.key) or trial_shape(self.key, worker.interpreter),
-                      timer="interpreter-wall-clock" if worker.interpreter else "cuda-graph-replay")
-        finalists = ledger.fastest(budget.finalists)
+        common = self.timing()
+        finalists = self.ledger.fastest(self.budget.finalists)
         if not finalists:
             return self.result("no_valid_config", started, **common)
         # The stored winner must win again, in this run; it is a contender only if it
         # passed the correctness check here (it is queued early, right after the default).
-        stored = store.list_results(ResultFilter.for_key(self.key))
-        if stored and ledger.measured_ok(stored[0].config):
+        stored = self.bench.store.list_results(ResultFilter.for_key(self.key))
+        if stored and self.ledger.measured_ok(stored[0].config):
             finalists.append(stored[0].config)
-        if self.default is not None and ledger.measured_ok(self.default):
+        if self.default is not None and self.ledger.measured_ok(self.default):
             finalists.append(self.default)
+        result = self.store_winner(finalists, started, common)
+        self.study.finalized_trials = self.n_measured()
+        return result
+
+    def store_winner(self, finalists: list, started: float, common: dict, *, status: str = "tuned",
+                     n_trials: int | None = None) -> KeyResult:
+        """Re-time ``finalists`` (configs that passed the check in this run) interleaved, race the
+        fastest against SDPA's backends, and store it as the key's winner with this run's figures
+        (``n_trials``: the trials the stored row counts, default those measured here)."""
+        from flashtune.store import StoredResult
+
+        worker, budget, ledger = self.bench.worker, self.budget, self.ledger
         finalists = list({c.canonical(): c for c in finalists}.values())
-        if budget.revalidate:
-            # checked and timed again under the current versions; a config that is now
-            # wrong (or fails to build) drops out
-            for cfg in finalists:
-                self._trial(cfg)
-            finalists = [c for c in finalists if ledger.measured_ok(c)]
-            if not finalists:
-                return self.result("no_valid_config", started, **common)
         default_ok = self.default is not None and ledger.measured_ok(self.default)
         times = worker.retime(self.key, finalists, budget.rounds,
                               timeout=budget.trial_timeout * (1 + budget.rounds) * len(finalists))
         # after retime: the child has this key's inputs even when no trial ran in this
         # process (a search resumed after all its trials had finished)
         info = worker.info_for(self.key)
-        common["timer"] = info.get("timer", common["timer"])
+        common = {**common, "timer": info.get("timer", common["timer"])}
         medians = [statistics.median(t) for t in times]
         i = min(range(len(finalists)), key=medians.__getitem__)
         winner, best_ms = finalists[i], medians[i]
         ids = [c.canonical() for c in finalists]
-        default_ms = medians[ids.index(self.default.canonical())] if default_ok else None
+        default_ms = medians[ids.index(self.default.canonical())] if default_ok and \
+            self.default.canonical() in ids else None
         flops = info.get("flops") or 0.0
         runner, runner_times = self._race(winner, best_ms)
+        n_trials = self.n_measured() if n_trials is None else n_trials
         result = StoredResult(key=self.key, config=winner, time_ms=best_ms, tflops=flops / best_ms * 1e-9,
                               default_time_ms=default_ms, error=float(ledger.get(winner).error or 0.0),
-                              n_trials=self.n_measured(), gpu=self.bench.gpu, provenance=self.bench.provenance,
+                              n_trials=n_trials, gpu=self.bench.gpu, provenance=self.bench.provenance,
                               runner=runner, runner_times=runner_times)
-        store.save_result(result, replace=True)
-        self.study.finalized_trials = self.n_measured()
-        return self.result("tuned", started, winner=winner, time_ms=best_ms, tflops=result.tflops,
-                           default_time_ms=default_ms, runner=runner, runner_times=runner_times, **common)
+        self.bench.store.save_result(result, replace=True)
+        return self.result(status, started, winner=winner, time_ms=best_ms, tflops=result.tflops,
+                           default_time_ms=default_ms, runner=runner, runner_times=runner_times, n_trials=n_trials,
+                           **common)
 
     def _race(self, winner, best_ms: float) -> tuple[str, dict | None]:
         """(runner, each runner's ms) of the key: the Triton winner against SDPA's backends,

@@ -29,7 +29,7 @@ from flashtune.store.claims import holder_is_dead
 
 # what a key's result says about its claim: done (stored, never searched again unless
 # forced), or given back (another search may try again)
-DONE_STATUSES = ("tuned", "no_valid_config", "already_tuned")
+DONE_STATUSES = ("tuned", "no_valid_config", "already_tuned", "revalidated")
 STOP_WAIT_S = 60.0  # how long the driver waits for its devices to stop
 
 

@@ -31,6 +31,7 @@ import time
 from typing import Callable, Iterable, Mapping, Sequence
 
 from flashtune.autotuner.key_search import Bench, Budget, KeyResult, KeySearch
+from flashtune.autotuner.revalidate import DEFAULT_RUNNERS_UP, revalidate_key
 from flashtune.autotuner.study import journal_path, open_storage, study_name
 from flashtune.keys import GpuInfo, TuningKey
 from flashtune.configs.base import MAX_HEAD_DIM
@@ -113,17 +114,20 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
            progress: Callable[[Progress], None] | None = None, finalists: int = 3, rounds: int = 5, seed: int = 0,
            force: bool = False, faults: dict | None = None, batch: int | None = None,
            revalidate: bool = False, sdpa: bool | None = None, devices=None, lease: float = 60.0,
-           shapes: Mapping[TuningKey, tuple[int, int, int]] | None = None) -> SearchSummary:
+           shapes: Mapping[TuningKey, tuple[int, int, int]] | None = None, rows: Mapping | None = None,
+           runners_up: int = DEFAULT_RUNNERS_UP) -> SearchSummary:
     """Tune every key: ``trials`` measured configs and/or ``timeout`` seconds per key.
 
     ``db`` is the store (URL, path or None for the default); ``storage`` Optuna's (a
     journal file path or an RDB URL; default: a journal file next to the store).
     ``device`` is a CUDA device ("cuda:0"), or "cpu" to run under the Triton
     interpreter (tiny shapes, interpreter timings: a test and demo mode). A key whose
-    study already finished with this budget is skipped unless ``force`` or
-    ``revalidate``; ``revalidate`` also checks and times the finalists (the best few,
-    the stored winner, the default) again under the current versions before the
-    interleaved re-timing, so a config that became wrong cannot stay the winner.
+    study already finished with this budget is skipped unless ``force``.
+    ``revalidate``: search nothing; check and re-time each key's stored row (``rows``, a
+    mapping of key to StoredResult, e.g. the shipped table's; default the store's), its
+    ``runners_up`` and the default under the current versions, and store the fastest that
+    passes (``flashtune.autotuner.revalidate``: a handful of trials per key, not ``trials``);
+    its status is "revalidated".
     ``progress`` is called with a ``Progress`` as the search goes (the CLI draws a bar
     from it). ``faults`` (tests only) maps a config (its canonical form) to a fault the
     trial worker injects into its launch (``flashtune.autotuner.faults``).
@@ -178,6 +182,10 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     if progress is not None and not callable(progress):
         raise ValueError(f"progress: expected a callable taking a Progress, got {progress!r}")
     _check_seconds("lease", lease)
+    if not isinstance(runners_up, int) or isinstance(runners_up, bool) or runners_up < 0:
+        raise ValueError(f"runners_up: expected a non-negative integer, got {runners_up!r}")
+    if rows is not None and not revalidate:
+        raise ValueError("rows: only a revalidation takes the rows to check")
     shapes = _check_shapes(shapes, keys)
     names = _device_names(device, devices)
     interpreter = names[0].startswith("cpu")
@@ -197,7 +205,7 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     report = progress or (lambda p: None)
     budget = Budget(trials=trials, timeout=timeout, trial_timeout=trial_timeout, finalists=finalists, rounds=rounds,
-                    seed=seed, batch=batch, revalidate=revalidate, sdpa=(not interpreter) if sdpa is None else sdpa,
+                    seed=seed, batch=batch, sdpa=(not interpreter) if sdpa is None else sdpa,
                     faults={cfg.canonical(): code for cfg, code in (faults or {}).items()})
     store = Store(db)
     try:
@@ -225,8 +233,16 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
                              default_time_ms=won.default_time_ms, n_trials=won.n_trials)
 
         def search_key(key: TuningKey, bench: Bench, tell) -> KeyResult:
-            return _search_key(key, bench, budget, tell, force=force or revalidate)
+            if not revalidate:
+                return _search_key(key, bench, budget, tell, force=force)
+            row = (rows or {}).get(key) or next(iter(store.list_results(ResultFilter.for_key(key))), None)
+            if row is None:
+                return KeyResult(key, "failed: nothing stored", message="the store has no result of this key to "
+                                 "revalidate: tune it with `flashtune search`")
+            return revalidate_key(key, bench, budget, tell, row=row, n_runners_up=runners_up, progress=Progress)
 
+        if revalidate:  # what a key's progress counts: its candidates
+            trials = runners_up + 2
         plan = Plan(store=store, holder=new_holder(), lease_s=float(lease), kernel_hash=kernel_hash, trials=trials,
                     retake_done=force or revalidate, report=report, progress=Progress, already=already,
                     stop=plan_stop)

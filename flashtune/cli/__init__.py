@@ -1,4 +1,4 @@
-"""The ``flashtune`` command: search, list, show, export, import, bench, delete, db, info.
+"""The ``flashtune`` command: search, revalidate, list, show, export, import, bench, delete, db, info.
 
 One click group in the style of sqlite-utils: every command has help, tables by
 default and ``--json``/``--csv`` on request, user mistakes end in a one-line error with
@@ -18,6 +18,7 @@ from flashtune.cli.exchange import export_command, import_command
 from flashtune.cli.info import info_command
 from flashtune.cli.remove import delete_command, reset_command
 from flashtune.cli.results import list_command, show_command
+from flashtune.cli.revalidate import revalidate_command
 from flashtune.cli.search import search_command
 
 __all__ = ["cli", "main"]
@@ -35,12 +36,19 @@ def cli():
     Hand the tuned table to another team:
       flashtune export -o h200.json
       flashtune import h200.json
+    After upgrading flashtune or triton, check the tuned table again:
+      flashtune revalidate
     Without a GPU, `flashtune search --interpreter` runs a tiny CPU demo.
     """
+    from flashtune.compat import version_problems
+
+    errors, _ = version_problems()
+    if errors:  # `import flashtune` refused them; a command run in-process says the same
+        raise click.ClickException("; ".join(errors))
 
 
-for command in (search_command, list_command, show_command, export_command, import_command, bench_command,
-                delete_command, db_group, info_command):
+for command in (search_command, revalidate_command, list_command, show_command, export_command, import_command,
+                bench_command, delete_command, db_group, info_command):
     cli.add_command(command)
 db_group.add_command(reset_command)
 

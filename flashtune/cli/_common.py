@@ -79,8 +79,38 @@ class Command(click.Command):
 
 
 class Group(click.Group):
+    """The command group: with ``--json`` among the arguments, an error ends in a JSON object on
+    standard output (``{"error": {"message", "kind", "exit_code"}}``, ``kind`` one of "usage",
+    "error", "aborted") with the exit code it would have had, so a script reading the JSON reads
+    failures too."""
+
     command_class = Command
     group_class = type  # subgroups are Groups too
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        args = list(sys.argv[1:] if args is None else args)
+        if not standalone_mode or not wants_json(args):
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as e:
+            kind = "usage" if isinstance(e, click.UsageError) else "error"
+            _echo_json_error(e.format_message(), kind, e.exit_code)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            _echo_json_error("aborted", "aborted", 1)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def wants_json(args: Sequence[str]) -> bool:
+    """Whether the command line asks for JSON output (``--json`` before any ``--``)."""
+    args = list(args)
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
+
+
+def _echo_json_error(message: str, kind: str, exit_code: int) -> None:
+    click.echo(json.dumps({"error": {"message": message, "kind": kind, "exit_code": exit_code}}, indent=2))
 
 
 # -- options --------------------------------------------------------------------------------
@@ -99,7 +129,8 @@ def filter_options(f):
     options = [
         click.option("--gpu", metavar="KEY", help="GPU key, e.g. 'NVIDIA H200@sm90' (`flashtune info` shows this "
                      "GPU's)."),
-        click.option("--dtype", type=click.Choice(DTYPES), help="Only this dtype."),
+        click.option("--dtype", metavar="DTYPE", callback=dtype_callback,
+                     help=f"Only this dtype ({DTYPE_HELP})."),
         click.option("--head-dim", type=click.IntRange(min=1), help="Only this head dim."),
         click.option("--seq-len", "seq_q", type=click.IntRange(min=1), help="Only this query length."),
         click.option("--seq-k", type=click.IntRange(min=1), help="Only this key length."),
@@ -123,6 +154,11 @@ def filter_options(f):
     return command
 
 
+def matches(where, key) -> bool:
+    """Whether a key passes the filters (the store applies them to its rows; other rows here)."""
+    return all(getattr(where, name) is None or getattr(where, name) == getattr(key, name) for name in FILTER_OPTIONS)
+
+
 def _split(values: Sequence[str]) -> list[str]:
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
 
@@ -141,6 +177,31 @@ def ints_callback(ctx, param, values):
     return list(dict.fromkeys(out))
 
 
+# What --dtype takes: torch's names and their usual short forms.
+DTYPE_ALIASES = {"float16": "float16", "fp16": "float16", "half": "float16",
+                 "bfloat16": "bfloat16", "bf16": "bfloat16",
+                 "float32": "float32", "fp32": "float32"}
+DTYPE_HELP = "float16 (fp16, half), bfloat16 (bf16), float32 (fp32)"
+assert set(DTYPE_ALIASES.values()) == set(DTYPES)
+
+
+def dtype_of(text: str) -> str:
+    """The dtype a --dtype value names (an alias such as fp16 included); BadParameter otherwise."""
+    found = DTYPE_ALIASES.get(text.strip().lower())
+    if found is None:
+        raise click.BadParameter(f"{text!r} is not a dtype: expected one of {DTYPE_HELP}")
+    return found
+
+
+def dtype_callback(ctx, param, value):
+    return None if value is None else dtype_of(value)
+
+
+def dtypes_callback(ctx, param, values):
+    """``--dtype fp16,bf16 --dtype float32`` -> ["float16", "bfloat16", "float32"]."""
+    return list(dict.fromkeys(dtype_of(part) for part in _split(values)))
+
+
 def choices_callback(choices: Sequence[str]):
     def callback(ctx, param, values):
         out = _split(values)
@@ -157,8 +218,8 @@ def key_grid_options(f):
         click.option("--head-dim", "head_dims", multiple=True, callback=ints_callback, metavar="D[,D...]",
                      help=f"Head dims. [default: {','.join(map(str, GRID_HEAD_DIMS))}; interpreter: "
                      f"{','.join(map(str, DEMO_HEAD_DIMS))}]"),
-        click.option("--dtype", "dtypes", multiple=True, callback=choices_callback(DTYPES), metavar="DTYPE[,...]",
-                     help=f"Dtypes ({', '.join(DTYPES)}). [default: {','.join(GRID_DTYPES)}; interpreter: "
+        click.option("--dtype", "dtypes", multiple=True, callback=dtypes_callback, metavar="DTYPE[,...]",
+                     help=f"Dtypes ({DTYPE_HELP}). [default: {','.join(GRID_DTYPES)}; interpreter: "
                      f"{','.join(DEMO_DTYPES)}]"),
         click.option("--seq-len", "seq_lens", multiple=True, callback=ints_callback, metavar="N[,N...]",
                      help=f"Sequence lengths. [default: {','.join(map(str, GRID_SEQ_LENS))}; interpreter: "
@@ -194,7 +255,8 @@ def output_options(f):
 
 # -- devices --------------------------------------------------------------------------------
 
-_NEEDS_GPU = {"search": "tunes and times GPU kernels", "bench": "times GPU kernels"}
+_NEEDS_GPU = {"search": "tunes and times GPU kernels", "bench": "times GPU kernels",
+              "revalidate": "checks and times GPU kernels"}
 
 
 def interpreter_options(f):
@@ -207,7 +269,7 @@ def interpreter_options(f):
 def choose_device(command: str, device: str | None, interpreter: bool) -> tuple[str, bool]:
     """The torch device to run on and whether it is the interpreter; no GPU is an error.
 
-    ``command`` is "search" or "bench", for the message.
+    ``command`` is "search", "revalidate" or "bench", for the message.
     """
     import os
 
@@ -256,6 +318,14 @@ def open_store(db: str | None, *, create: bool = False):
     return Store(resolve_url(db), create=create, lock_timeout_s=None if create else LOCK_TIMEOUT_S)
 
 
+def stale_note(stale: int, total: int, db: str | None = None) -> str:
+    """What a listing says under its table when some results are stale, and the command that fixes it."""
+    one = stale == 1
+    return (f"note: {stale} of {plural(total, 'result')} {'is' if one else 'are'} stale (tuned under other kernel "
+            f"sources or another triton): get_tuned_attention() serves {'it' if one else 'them'} once "
+            f"`flashtune revalidate{f' --db {db}' if db else ''}` has checked {'it' if one else 'them'} again here")
+
+
 def read_results(store, where) -> list:
     """The results that match ``where``; a damaged row is skipped with a warning naming it."""
     damaged: list[str] = []
@@ -295,18 +365,39 @@ def plural(count: int, word: str, words: str | None = None) -> str:
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Plain aligned columns: numbers right, text left (stable for tests and pipes)."""
+    """A table drawn by rich: numbers right, text left, one rule under the header, no frame.
+
+    On a terminal it fits the terminal's width (bold header); elsewhere (a pipe, a log, a test) it
+    takes its natural width, so no cell is wrapped and each row stays one line of plain text."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
     cells = [[fmt(c) for c in row] for row in rows]
-    numeric = []
-    for i in range(len(headers)):
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, highlight=False,
+                  header_style="bold" if _terminal() else "")
+    for i, header in enumerate(headers):
         present = [row[i] for row in rows if row[i] not in (None, "-")]
-        numeric.append(bool(present) and all(_is_number(v) for v in present))
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+        numeric = bool(present) and all(_is_number(v) for v in present)
+        table.add_column(header, justify="right" if numeric else "left", no_wrap=not _terminal())
+    for row in cells:
+        table.add_row(*row)
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=_terminal(), color_system="standard" if _terminal() else None,
+                      highlight=False, width=100_000)
+    width = console.measure(table).maximum
+    if _terminal():
+        import shutil
 
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if n else v.ljust(w) for v, w, n in zip(values, widths, numeric)).rstrip()
+        width = min(width, shutil.get_terminal_size().columns)
+    console.width = width
+    console.print(table)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().rstrip("\n").split("\n"))
 
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+def _terminal() -> bool:
+    """Whether standard output is a terminal (tables are drawn for it)."""
+    return sys.stdout.isatty()
 
 
 def _is_number(value: Any) -> bool:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import click
 
-from flashtune.cli._common import FILTER_OPTIONS, Command, db_option, filter_options, open_store, plural
+from flashtune.cli._common import FILTER_OPTIONS, Command, db_option, echo_json, filter_options, open_store, plural
 
 YES_HELP = "Do not ask for confirmation."
+JSON_HELP = "Output the summary as JSON (the question, if asked, goes to stderr)."
 
 
 @click.command("delete", cls=Command)
 @filter_options
 @db_option
 @click.option("-y", "--yes", is_flag=True, help=YES_HELP)
-def delete_command(where, db, yes):
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def delete_command(where, db, yes, as_json):
     """Delete the tuned results that match the filters (at least one).
 
     The trials stay (the audit log, and what a new search of the key starts from);
@@ -38,6 +40,9 @@ def delete_command(where, db, yes):
             click.confirm(f"delete {plural(found, 'tuned result')} ({where.describe()}) from "
                           f"{show_url(store.url)}?", abort=True, err=True)
         deleted = store.delete_results(where)
+    if as_json:
+        echo_json({"deleted": deleted, "filters": where.describe(), "store": show_url(store.url)})
+        return
     click.echo(f"deleted {plural(deleted, 'tuned result')} ({where.describe()}); their trials stay, "
                "`flashtune search --force` tunes these keys again")
 
@@ -45,7 +50,8 @@ def delete_command(where, db, yes):
 @click.command("reset", cls=Command)
 @db_option
 @click.option("-y", "--yes", is_flag=True, help=YES_HELP)
-def reset_command(db, yes):
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+def reset_command(db, yes, as_json):
     """Delete every tuned result, trial and GPU from the store (the schema stays).
 
     Rather than removing the store's file: the Optuna journal next to it still
@@ -58,4 +64,7 @@ def reset_command(db, yes):
         if not yes:
             click.confirm(f"delete every tuned result and trial from {where}?", abort=True, err=True)
         deleted = store.clear()
+    if as_json:
+        echo_json({"emptied": where, "deleted": deleted})
+        return
     click.echo(f"emptied {where}: {plural(deleted, 'tuned result')} and every trial deleted")

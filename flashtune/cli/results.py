@@ -16,9 +16,11 @@ from flashtune.cli._common import (
     filter_options,
     fmt,
     format_table,
+    matches,
     open_store,
     read_results,
     output_options,
+    stale_note,
     plural,
     ratio,
     tflops,
@@ -27,7 +29,8 @@ from flashtune.cli._common import (
 CSV_COLUMNS = ("gpu", "dtype", "head_dim", "seq_q", "seq_k", "group", "batch_heads", "causal", "pass", "config",
                "time_ms", "tflops",
                "default_time_ms", "speedup", "error", "n_trials", "runner", "flashtune_version", "kernel_hash",
-               "triton_version", "torch_version", "cuda_version", "driver_version", "created_at", "updated_at")
+               "triton_version", "torch_version", "cuda_version", "driver_version", "created_at", "updated_at",
+               "stale", "table")
 TABLE_COLUMNS = ("gpu", "pass", "dtype", "d", "nq", "nk", "g", "bh", "mask", "config", "ms", "TFLOPS", "vs default",
                  "trials", "runner")
 
@@ -36,27 +39,30 @@ def key_cells(key) -> list[Any]:
     return [key.gpu, key.pass_, key.dtype, key.head_dim, key.seq_q, key.seq_k, key.group, key.batch_heads, key.mask]
 
 
-def result_record(result) -> dict[str, Any]:
-    """A stored result as JSON: its export entry plus the GPU, speed-up and timestamps."""
+def result_record(result, table: str | None = None) -> dict[str, Any]:
+    """A stored result as JSON: its export entry plus the GPU, speed-up, timestamps, what makes it
+    stale (``provenance.stale_versions``; null: current, it serves) and the shipped ``table`` it is of."""
+    from flashtune.provenance import stale_versions
     from flashtune.store.exchange import entry_dict
 
-    return {"gpu": result.key.gpu, **entry_dict(result), "speedup": result.speedup,
-            "created_at": _iso(result.created_at), "updated_at": _iso(result.updated_at)}
+    record = {"gpu": result.key.gpu, **entry_dict(result), "speedup": result.speedup,
+              "created_at": _iso(result.created_at), "updated_at": _iso(result.updated_at),
+              "stale": stale_versions(result.provenance)}
+    return {**record, "table": table} if table is not None else record
 
 
 def _iso(moment) -> str | None:
     return None if moment is None else moment.isoformat()
 
 
-def _stale_note(results) -> str | None:
-    from flashtune.provenance import is_current
+def _shipped_results(where) -> list[tuple]:
+    """(result, its file name) of the tables shipped with flashtune that match ``where``."""
+    from flashtune import tables
 
-    stale = sum(not is_current(r.provenance) for r in results)
-    if not stale:
-        return None
-    were = "was" if stale == 1 else "were"
-    return (f"note: {stale} of {plural(len(results), 'result')} {were} tuned with other kernel sources or another "
-            "triton; `flashtune search --revalidate` re-times them")
+    found, problems = tables.shipped_tables()
+    for problem in problems:
+        click.echo(f"warning: {problem}", err=True)
+    return [(r, t.name) for t in found for r in t.results if matches(where, r.key)]
 
 
 @click.command("list", cls=Command)
@@ -64,14 +70,18 @@ def _stale_note(results) -> str | None:
 @db_option
 @output_options
 @click.option("--recorded", is_flag=True, help="List the calls get_tuned_attention(record=True) recorded without a "
-              "tuned key of their own, with their call counts (`flashtune search --recorded` tunes them).")
-def list_command(where, db, as_json, as_csv, recorded):
+              "tuned key of their own, by bucket, with their call counts (`flashtune search --recorded` tunes them).")
+@click.option("--shipped", is_flag=True, help="List the tables shipped with flashtune (served where the store has no "
+              "current result of a key) instead of the store.")
+def list_command(where, db, as_json, as_csv, recorded, shipped):
     """List the tuned results, filtered by key fields.
 
     \b
     Columns: config is BLOCK_MxBLOCK_N (bwd: M1xN1/M2xN2), warps and stages;
     ms is the winner's median time, "vs default" its speed-up over the heuristic
-    default config measured in the same run.
+    default config measured in the same run; "stale" (shown when a result is)
+    what it was tuned with that this installation differs in: stale results
+    are not served until `flashtune revalidate` has checked them again.
 
     \b
     Examples:
@@ -82,52 +92,66 @@ def list_command(where, db, as_json, as_csv, recorded):
     if recorded:
         _list_recorded(where, db, as_json, as_csv)
         return
-    with open_store(db) as store:
-        results = read_results(store, where)
-    if as_json:
-        echo_json([result_record(r) for r in results])
-    elif as_csv:
-        records = [result_record(r) for r in results]
-        echo_csv(CSV_COLUMNS, [[_csv_value(rec, column) for column in CSV_COLUMNS] for rec in records])
-    elif not results:
-        click.echo(f"no tuned results ({where.describe()})", err=True)
+    from flashtune.provenance import stale_versions
+
+    if recorded and shipped:
+        raise click.UsageError("--recorded and --shipped exclude each other: choose one")
+    if shipped:
+        found = _shipped_results(where)
     else:
+        with open_store(db) as store:
+            found = [(r, None) for r in read_results(store, where)]
+    records = [result_record(r, table) for r, table in found]
+    if as_json:
+        echo_json(records)
+    elif as_csv:
+        echo_csv(CSV_COLUMNS, [[_csv_value(rec, column) for column in CSV_COLUMNS] for rec in records])
+    elif not found:
+        click.echo(f"no {'shipped' if shipped else 'tuned'} results ({where.describe()})", err=True)
+    else:
+        columns = [*TABLE_COLUMNS, *(["table"] if shipped else [])]
         rows = [[*key_cells(r.key), r.config.label(), r.time_ms, tflops(r.tflops), ratio(r.speedup), r.n_trials,
-                 _runner_cell(r)] for r in results]
-        click.echo(format_table(TABLE_COLUMNS, rows))
-        note = _stale_note(results)
-        if note:
-            click.echo(note, err=True)
+                 _runner_cell(r), *([table] if shipped else [])] for r, table in found]
+        stale = [stale_versions(r.provenance) for r, _ in found]
+        if any(stale):
+            columns.append("stale")
+            rows = [[*row, reason] for row, reason in zip(rows, stale)]
+        click.echo(format_table(columns, rows))
+        if any(stale):
+            click.echo(stale_note(sum(map(bool, stale)), len(found), db), err=True)
 
 
-RECORDED_COLUMNS = ("gpu", "pass", "dtype", "d", "nq", "nk", "g", "bh", "mask", "B", "Hq", "Hkv", "calls", "tuned")
+RECORDED_COLUMNS = ("gpu", "pass", "dtype", "d", "nq", "nk", "g", "bh", "mask", "B", "Hq", "Hkv", "calls",
+                    "signatures", "tuned")
 
 
 def _list_recorded(where, db, as_json: bool, as_csv: bool) -> None:
+    """The recorded buckets (``recording.buckets``: a bucket's key, its most called signature's
+    batch and heads, the summed calls) and whether a current result of the store tunes the key."""
+    from flashtune.provenance import is_current
+    from flashtune.recording import buckets
+
     with open_store(db) as store:
-        calls = [c for c in store.recorded_calls(where.gpu) if _matches(where, c.key)]
-        tuned = {key for gpu in {c.key.gpu for c in calls} for key in store.load_table(gpu, damaged=[])}
-    records = [{**c.key.as_dict(), "batch": c.batch, "heads_q": c.heads_q, "heads_kv": c.heads_kv, "calls": c.calls,
-                "tuned": c.key in tuned, "first_seen": _iso(c.first_seen), "last_seen": _iso(c.last_seen)}
-               for c in calls]
+        found = [b for b in buckets(store.recorded_calls(where.gpu)) if matches(where, b.key)]
+        tuned = {key for gpu in {b.key.gpu for b in found}
+                 for key, r in store.load_table(gpu, damaged=[]).items() if is_current(r.provenance)}
+    records = [{**b.key.as_dict(), "batch": b.batch, "heads_q": b.heads_q, "heads_kv": b.heads_kv, "calls": b.calls,
+                "signatures": b.signatures, "tuned": b.key in tuned, "first_seen": _iso(b.first_seen),
+                "last_seen": _iso(b.last_seen)} for b in found]
     if as_json:
         echo_json(records)
     elif as_csv:
         columns = list(records[0]) if records else ["gpu", "dtype", "head_dim", "seq_q", "seq_k", "calls"]
         echo_csv(columns, [[rec[c] for c in columns] for rec in records])
-    elif not calls:
+    elif not found:
         click.echo(f"no recorded calls ({where.describe()}): run the model with get_tuned_attention(record=True) "
                    "or FLASHTUNE_RECORD=1", err=True)
     else:
-        rows = [[*key_cells(c.key), c.batch, c.heads_q, c.heads_kv, c.calls, "yes" if c.key in tuned else "no"]
-                for c in calls]
+        rows = [[*key_cells(b.key), b.batch, b.heads_q, b.heads_kv, b.calls, b.signatures,
+                 "yes" if b.key in tuned else "no"] for b in found]
         click.echo(format_table(RECORDED_COLUMNS, rows))
-
-
-def _matches(where, key) -> bool:
-    """Whether a key passes the filters (the store applies them to results; recorded calls here)."""
-    return all(getattr(where, name) is None or getattr(where, name) == getattr(key, name)
-               for name in FILTER_OPTIONS if name != "gpu")
+        click.echo("each row is a bucket: the calls whose lengths round to its nq and nk (powers of two), counted "
+                   "together; `flashtune search --recorded` tunes each at B, Hq, Hkv", err=True)
 
 
 def _runner_cell(result) -> str:
@@ -139,7 +163,7 @@ def _runner_cell(result) -> str:
 
 
 def _csv_value(record: dict[str, Any], column: str) -> Any:
-    return record["provenance"][column] if column in record["provenance"] else record[column]
+    return record["provenance"][column] if column in record["provenance"] else record.get(column)
 
 
 @click.command("show", cls=Command)
@@ -173,7 +197,7 @@ def show_command(where, db, as_json, as_csv):
             result = None
             key, trials = _trials_without_result(store, where)
     if as_json:
-        echo_json({"key": key.as_dict(), "result": result and result_record(result),
+        echo_json({"key": key.as_dict(), "result": result and result_record(result), "time_measured_by": RETIMED,
                    "trials": [_trial_record(t) for t in trials]})
     elif as_csv:
         records = [_trial_record(t) for t in trials]
@@ -217,27 +241,39 @@ def _trial_record(trial) -> dict[str, Any]:
             "triton_version": trial.triton_version, "created_at": _iso(trial.created_at)}
 
 
+# How a stored winner's time was measured (autotuner.key_search.KeySearch.store_winner): not a trial's
+RETIMED = ("the median of interleaved rounds with the other finalists and the default, after the trials or at "
+           "revalidation")
+
+
 def _details(key, result, trials) -> str:
     lines = [f"{key.label()} on {key.gpu}"]
     if result is None:
         lines.append("no tuned result: no config passed the correctness check")
     else:
+        from flashtune.provenance import staleness
+
         p = result.provenance
+        stale = staleness(p)
         pairs = [
             ("config", result.config.short()),
-            ("time", f"{fmt(result.time_ms)} ms"),
+            ("time", f"{fmt(result.time_ms)} ms, re-timed ({RETIMED})"),
             ("TFLOPS", fmt(tflops(result.tflops))),
-            ("default time", "-" if result.default_time_ms is None else f"{fmt(result.default_time_ms)} ms"),
+            ("default time", "-" if result.default_time_ms is None else f"{fmt(result.default_time_ms)} ms, re-timed "
+                                                                        "with it"),
             ("speed-up", ratio(result.speedup)),
             ("error", f"{fmt(result.error)} (worst error / allowance; <= 1 passes)"),
             ("trials", str(result.n_trials)),
-            ("runner", _runner_cell(result) + ("" if not result.runner_times else "; measured: " + ", ".join(
-                f"{name} {fmt(ms)} ms" for name, ms in sorted(result.runner_times.items(), key=lambda x: x[1])))),
+            ("runner", _runner_cell(result) + ("" if not result.runner_times else "; raced, each runner's whole call "
+                "(a training key: forward + backward): " + ", ".join(
+                    f"{name} {fmt(ms)} ms" for name, ms in sorted(result.runner_times.items(), key=lambda x: x[1])))),
             ("tuned with", (f"flashtune {p.flashtune_version}, kernels {p.kernel_hash}, triton {p.triton_version}, "
                             f"torch {p.torch_version}, CUDA {p.cuda_version or '-'}, "
                             f"driver {p.driver_version or '-'}")),
             ("GPU", f"{p.gpu_name}, compute capability {p.capability}, {p.sm_count} SMs"),
             ("updated", _iso(result.updated_at) or "-"),
+            ("state", "current: served" if stale is None else
+             f"stale, {stale}: not served until `flashtune revalidate` has checked it again here"),
         ]
         width = max(len(name) for name, _ in pairs)
         lines += [f"  {name.ljust(width)}  {value}" for name, value in pairs]
@@ -245,7 +281,8 @@ def _details(key, result, trials) -> str:
     if not trials:
         lines.append("no trials recorded for this key (it was imported, or its trials were deleted)")
     else:
-        lines.append(f"{plural(len(trials), 'trial')}:")
+        lines.append(f"{plural(len(trials), 'trial')} (each config checked, then timed once; the times above are "
+                     "the re-timing's):")
         rows = [[t.id, t.status, t.config.label(), t.time_ms, t.error, t.message[:60]] for t in trials]
         lines.append(format_table(("id", "status", "config", "ms", "error", "message"), rows))
     return "\n".join(lines)

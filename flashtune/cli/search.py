@@ -55,8 +55,9 @@ TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall cl
 @db_option
 @click.option("--storage", metavar="PATH|URL", help="Optuna's study storage: a journal file or an RDB URL "
               "(PostgreSQL to share a search between hosts). [default: optuna-journal.log next to the store]")
-@click.option("--revalidate", is_flag=True, help="Check and re-time the stored winners and their runners-up under "
-              "the current versions (the stored keys of this GPU that match the key options).")
+@click.option("--revalidate", is_flag=True, help="Search nothing: check and re-time the stored winners, their "
+              "runners-up and the default under the current versions (the stored keys of this GPU that match the key "
+              "options, stale or not; `flashtune revalidate` takes the stale ones).")
 @click.option("--force", is_flag=True, help="Search keys again even if their search already finished.")
 @click.option("--sdpa/--no-sdpa", default=None, help="Also time torch SDPA's backends (cuDNN, FlashAttention-2, "
               "memory-efficient) for each key and serve the fastest correct runner. [default: on a GPU, off "
@@ -87,7 +88,7 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, mod
       flashtune search --head-dim 128 --seq-len 4096,8192 --causal --trials 64
       flashtune search --model llama3-8b     # a model's prefill, decode and training calls
       flashtune search --shapes shapes.yaml  # the calls a team runs
-      flashtune search --revalidate          # after upgrading triton or flashtune
+      flashtune search --revalidate          # re-check every stored winner (flashtune revalidate: the stale ones)
       flashtune search --devices all         # every GPU of this host, one key per GPU at a time
       flashtune search --interpreter         # tiny CPU demo, no GPU needed
 
@@ -95,7 +96,7 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, mod
     runs on one SQLite file) split the keys: each key is claimed in the store with a
     lease, and a key whose search died is taken over once its lease expires.
     """
-    from flashtune.autotuner import build_keys, search
+    from flashtune.autotuner import build_keys
     from flashtune.keys import GpuInfo
 
     if list_models:
@@ -143,7 +144,24 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, mod
             keys += build_keys(each.key, head_dims=values["head_dims"], dtypes=values["dtypes"],
                                seq_lens=values["seq_lens"], causal=values["causal"], passes=values["passes"])
     keys += list(call_shapes)  # a shape set's or the recorded calls' keys, timed at their calls' shapes
-    if is_interpreter and "bfloat16" in {k.dtype for k in keys}:
+    run_search(keys, gpus=gpus, names=names, dev=dev, interpreter=is_interpreter, trials=trials, db=db,
+               storage=storage, progress=progress, as_json=as_json, before=before, timeout=timeout,
+               trial_timeout=trial_timeout, seed=seed, force=force, revalidate=revalidate, sdpa=sdpa,
+               shapes=call_shapes or None)
+
+
+# what a key's search ended in, when it did what was asked
+OK_STATUSES = ("tuned", "already_tuned", "tuned_elsewhere", "revalidated")
+
+
+def run_search(keys, *, gpus, names, dev, interpreter: bool, trials: int, db, storage, progress, as_json: bool,
+               before: dict, revalidate: bool = False, rows=None, runners_up: int | None = None, **options) -> None:
+    """Search (or revalidate) ``keys`` with a progress display on stderr, then print the summary;
+    keys that did not end as asked make the command fail (exit 1) naming what to look at."""
+    from flashtune.autotuner import search
+    from flashtune.autotuner.revalidate import DEFAULT_RUNNERS_UP
+
+    if interpreter and "bfloat16" in {k.dtype for k in keys}:
         click.echo("warning: bfloat16 gives wrong results under the Triton interpreter; its configs will fail the "
                    "correctness check (use --dtype float32 or float16)", err=True)
     if progress is None:
@@ -153,15 +171,17 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, mod
         from flashtune.cli.progress import TrialLog
 
         reporter, progress = TrialLog(), False
+    runners_up = DEFAULT_RUNNERS_UP if runners_up is None else runners_up
     if not as_json:
-        mode = "the Triton interpreter: a CPU demo" if is_interpreter else dev
-        verb = "revalidating" if revalidate else "searching"
+        mode = "the Triton interpreter: a CPU demo" if interpreter else dev
         on = ", ".join(g.key for g in gpus)
-        if names:
-            on += f" ({plural(len(names), 'device')}: {', '.join(names)}; {mode})"
+        on += f" ({plural(len(names), 'device')}: {', '.join(names)}; {mode})" if names else f" ({mode})"
+        if revalidate:
+            what = (f"checking and re-timing each stored winner, its {plural(runners_up, 'runner-up', 'runners-up')} "
+                    "and the default")
+            click.echo(f"revalidating {plural(len(keys), 'key')} on {on}, {what}", err=True)
         else:
-            on += f" ({mode})"
-        click.echo(f"{verb} {plural(len(keys), 'key')} on {on}, {plural(trials, 'trial')} per key", err=True)
+            click.echo(f"searching {plural(len(keys), 'key')} on {on}, {plural(trials, 'trial')} per key", err=True)
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(_warnings_as_lines())
@@ -174,17 +194,18 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, mod
                 from flashtune.cli._progress import ProgressBar
 
                 report = stack.enter_context(ProgressBar(Console(stderr=True), devices=len(names or [dev])))
-            summary = search(keys, db=db, trials=trials, timeout=timeout, trial_timeout=trial_timeout,
-                             storage=storage, device=None if names else dev, devices=names, progress=report,
-                             seed=seed, force=force, revalidate=revalidate, sdpa=sdpa, shapes=call_shapes or None)
+            summary = search(keys, db=db, trials=trials, storage=storage, device=None if names else dev,
+                             devices=names, progress=report, revalidate=revalidate, rows=rows,
+                             runners_up=runners_up, **options)
     except KeyboardInterrupt:
         raise interrupted("interrupted: the keys finished so far are stored; run the same command again to "
                           "resume") from None
     _report(summary, before, as_json)
-    failed = [r for r in summary.results if r.status not in ("tuned", "already_tuned", "tuned_elsewhere")]
+    failed = [r for r in summary.results if r.status not in OK_STATUSES]
     if failed:
         were = "was" if len(failed) == 1 else "were"
-        raise click.ClickException(f"{len(failed)} of {plural(len(summary.results), 'key')} {were} not tuned "
+        done = "revalidated" if revalidate else "tuned"
+        raise click.ClickException(f"{len(failed)} of {plural(len(summary.results), 'key')} {were} not {done} "
                                    f"({', '.join(sorted({r.status for r in failed}))}): `flashtune show` with a "
                                    "key's options lists its trials and their errors")
 
@@ -243,15 +264,16 @@ def shape_keys(gpu_key: str, shapes_file, models, tp: int) -> dict:
 
 
 def _recorded_keys(db, gpu_key: str) -> dict:
-    """The recorded calls' keys, each with the shape of its most called signature."""
-    keys: dict = {}
+    """The recorded buckets' keys (``recording.buckets``), each with the shape of its most called
+    signature, the most called bucket first."""
+    from flashtune.recording import buckets
+
     with open_store(db) as store:
-        for c in store.recorded_calls(gpu_key):  # the most called first
-            keys.setdefault(c.key, (c.batch, c.heads_q, c.heads_kv))
-    if not keys:
+        found = buckets(store.recorded_calls(gpu_key))
+    if not found:
         raise click.ClickException(f"no recorded calls for {gpu_key}: run the model once with "
                                    "get_tuned_attention(record=True) or FLASHTUNE_RECORD=1, then search again")
-    return keys
+    return {bucket.key: bucket.shape for bucket in found}
 
 
 def _list_models(as_json: bool) -> None:
@@ -306,14 +328,17 @@ def _report(summary, before, as_json: bool) -> None:
     rows = []
     for r in results:
         row = [r.key.label(), r.status, r.winner.label() if r.winner is not None else None, r.time_ms,
-               tflops(r.tflops), ratio(r.speedup), r.n_trials, r.rejected, r.runner if r.status == "tuned" else None]
+               tflops(r.tflops), ratio(r.speedup), r.n_trials, r.rejected,
+               r.runner if r.status in ("tuned", "revalidated") else None]
         if before:
             row.append(before[r.key].time_ms if r.key in before else None)
         rows.append(row)
     click.echo(format_table(headers, rows))
-    tuned = [r for r in results if r.status == "tuned"]
-    click.echo(f"{len(tuned)} of {plural(len(results), 'key')} tuned on {results[0].key.gpu if results else '-'}; "
-               f"Optuna storage: {summary.storage}")
+    tuned = [r for r in results if r.status in ("tuned", "revalidated")]
+    done = "revalidated" if any(r.status == "revalidated" for r in results) else "tuned"
+    storage = "" if done == "revalidated" else f"; Optuna storage: {summary.storage}"  # a revalidation asks none
+    click.echo(f"{len(tuned)} of {plural(len(results), 'key')} {done} on {results[0].key.gpu if results else '-'}"
+               f"{storage}")
     for timer in timers:
         click.echo(f"timings: {timer}" + (f" ({TIMER_NOTES[timer]})" if timer in TIMER_NOTES else ""))
     for r in results:

@@ -155,7 +155,7 @@ class _ConfigBase:
         return cfg
 
     # family -> {field: (its fixed value, the valid values it replaces)}: the fields a kernel
-    # family does not read (each class sets its own; kernels/space.py enumerates with it)
+    # family does not read (each class sets its own; configs/space.py enumerates with it)
     UNUSED_BY_FAMILY: ClassVar[dict] = {}
 
     def _fix_unused_fields(self) -> None:

@@ -2,12 +2,12 @@
 
 FlashAttention-3's convention: q, k and v in float8_e4m3fn (or float8_e5m2) with per-tensor
 descale factors, the real values being the fp8 ones times their descale. The plain forward
-kernel's FP8 variant runs it (kernels/forward.py): Q K^T as an fp8 dot with fp32
+kernel's FP8 variant runs it (kernels/triton/forward.py): Q K^T as an fp8 dot with fp32
 accumulation, q_descale * k_descale folded into the score scale, P cast to V's fp8 type for
 the P V dot, v_descale applied once to the output (acc * v_descale / l), the output cast to
 fp16 or bf16. The split-KV kernel (kernels/decode.py) does not take fp8: decode-sized calls
 run the plain kernel too. A Gluon config (family=1) runs the Gluon forward's FP8 variant on
-sm_90 (kernels/gluon_forward.py) when V's keys are contiguous; the heuristic default is that
+sm_90 (kernels/gluon/) when V's keys are contiguous; the heuristic default is that
 kernel at D=128 for long calls on sm_90 (config.is_long; config.py, docs/fp8.md).
 """
 

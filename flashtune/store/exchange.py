@@ -35,8 +35,10 @@ versions it was tuned under. The checksum covers every entry and its GPU: sha256
 Importing reads at most ``MAX_BYTES``, parses with the standard JSON parser (duplicate
 names and NaN/Infinity rejected), validates the whole document with pydantic (strict
 types, finite numbers, known dtypes and passes, configs valid for their pass, no
-tuning key twice), verifies the checksum, refuses entries tuned with other kernel
-sources unless forced, and only then writes, in one transaction (``Store.import_results``).
+tuning key twice), verifies the checksum, and only then writes, in one transaction
+(``Store.import_results``). Entries tuned under other kernel sources or another triton
+import as they are, stale: the dispatcher serves them once ``flashtune revalidate`` has
+checked them on this installation, so no tuning is lost by an upgrade.
 Every rejection is an ``ExchangeError`` whose message names the place in the file.
 (One module, about 400 lines: the file format's writer and its validating reader belong together.)
 """
@@ -59,12 +61,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from flashtune._version import __version__
 from flashtune.keys import DTYPES, PASSES, GpuInfo, TuningKey
-from flashtune.provenance import Provenance, kernel_source_hash
+from flashtune.provenance import Provenance, is_current
 from flashtune.runners import RUNNERS, TRITON
 from flashtune.store.records import ImportSummary, StoredResult
 
 __all__ = [
-    "FORMAT", "FORMAT_VERSION", "MAX_BYTES", "ExchangeError", "ExportFile", "check_kernel_hash", "checksum",
+    "FORMAT", "FORMAT_VERSION", "MAX_BYTES", "ExchangeError", "ExportFile", "checksum",
     "dump_export", "entry_dict", "export_document", "gpu_dict", "import_export", "parse_export",
     "read_export", "write_export",
 ]
@@ -216,6 +218,10 @@ class ExportFile:
     def triton_versions(self) -> Counter:
         return Counter(r.provenance.triton_version for r in self.results)
 
+    def stale(self) -> list[StoredResult]:
+        """The results tuned under other kernel sources or another triton than this installation's."""
+        return [r for r in self.results if not is_current(r.provenance)]
+
 
 # -- export -------------------------------------------------------------------------------
 
@@ -336,24 +342,12 @@ def parse_export(data: bytes, *, max_bytes: int = MAX_BYTES) -> ExportFile:
     return ExportFile(parsed.flashtune_version, parsed.exported_at, tuple(results))
 
 
-def check_kernel_hash(export: ExportFile, *, force: bool = False) -> None:
-    """Refuse results tuned with other kernel sources than this flashtune's, unless ``force``."""
-    ours = kernel_source_hash()
-    others = {h: n for h, n in export.kernel_hashes().items() if h != ours}
-    if others and not force:
-        found = ", ".join(f"{h or '(none)'} ({n} entries)" for h, n in sorted(others.items()))
-        raise ExchangeError(
-            f"the file was tuned with other kernel sources (kernel hash {found}; this flashtune's is {ours}): "
-            "those configs may be slow or wrong here; tune this GPU with `flashtune search`, or pass --force to "
-            "import them anyway"
-        )
-
-
-def import_export(store, export: ExportFile, *, on_conflict: str = "keep_faster", dry_run: bool = False,
-                  force: bool = False) -> ImportSummary:
-    """Write a validated file's results in one transaction (or, with ``dry_run``, say what
-    would be written); results tuned with other kernel sources need ``force``."""
-    check_kernel_hash(export, force=force)
+def import_export(store, export: ExportFile, *, on_conflict: str = "keep_faster",
+                  dry_run: bool = False) -> ImportSummary:
+    """Write a validated file's results in one transaction (or, with ``dry_run``, say what would
+    be written). Results tuned under other kernel sources or another triton are imported as they
+    are: stale (``ExportFile.stale``), served once ``flashtune revalidate`` has checked them here;
+    under ``keep_faster`` none replaces a current row."""
     return store.import_results(export.results, on_conflict=on_conflict, dry_run=dry_run)
 
 

@@ -185,7 +185,8 @@ class Store:
         """Store many results in one transaction: all of them, or on any error none.
 
         ``on_conflict`` says what to do where a key already has a result: ``error`` (the
-        import fails), ``skip`` (keep the stored one), ``replace``, or ``keep_faster``.
+        import fails), ``skip`` (keep the stored one), ``replace``, or ``keep_faster`` (the
+        faster, except that a current result is never replaced by a stale one: ``_faster``).
         ``dry_run``: do every write, report, and roll the transaction back (so the report
         follows the same rules as a real import).
         """
@@ -380,10 +381,25 @@ def _write_result(session: Session, result: StoredResult, gpu_id: int, on_confli
         query = query.on_conflict_do_update(
             index_elements=list(_KEY_INDEX),
             set_={**{name: query.excluded[name] for name in values}, "updated_at": utcnow()},
-            where=(query.excluded.time_ms < table.c.time_ms) if on_conflict == "keep_faster" else None,
+            where=_faster(table, query, result) if on_conflict == "keep_faster" else None,
         )
     written = session.execute(query.returning(table.c.id)).first() is not None
     return "kept" if not written else "replaced" if existed else "inserted"
+
+
+def _faster(table: sa.Table, query, result: StoredResult):
+    """keep_faster's rule, as the condition under which ``result`` replaces the stored row: a current
+    row (tuned under this installation's kernel sources and triton) is never replaced by a stale
+    one, a stale row always by a current one; between two of one kind, the faster wins. So an
+    import of an old table keeps every key that serves, and fills in the others."""
+    from flashtune.provenance import installed_triton_version, is_current, kernel_source_hash
+
+    stored_current = sa.and_(table.c.kernel_hash == kernel_source_hash(),
+                             table.c.triton_version == installed_triton_version())
+    faster = query.excluded.time_ms < table.c.time_ms
+    if is_current(result.provenance):
+        return sa.or_(sa.not_(stored_current), faster)
+    return sa.and_(sa.not_(stored_current), faster)
 
 
 def _gpu_info(gpu: Gpu) -> GpuInfo:

@@ -119,8 +119,9 @@ def test_revalidate_checks_the_finalists_again_and_drops_one_that_became_wrong(t
     runs = Spy(monkeypatch, "run")
     # the same versions, but the winner now computes a wrong answer (as a new triton might)
     (again,) = search([K], revalidate=True, faults={cid(winner): FAULT_WRONG}, **run).results
-    assert again.status == "tuned" and cid(again.winner) != cid(winner)
-    assert sorted(cid(cfg) for (_, cfg, *_) in runs.calls) == sorted(cid(c) for c in configs)  # both re-checked
+    assert again.status == "revalidated" and cid(again.winner) != cid(winner)
+    # the winner, its runner-up (the space's other config) and the default checked again, nothing searched
+    assert sorted(cid(cfg) for (_, cfg, *_) in runs.calls) == sorted(cid(c) for c in [*configs, DEFAULT])
     statuses = {cid(t.config): [x.status for x in trials_of(db, K) if cid(x.config) == cid(t.config)]
                 for t in trials_of(db, K)}
     assert statuses[cid(winner)] == ["ok", "incorrect"]

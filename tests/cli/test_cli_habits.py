@@ -59,10 +59,10 @@ searching 2 keys on triton-interpreter@sm00 (the Triton interpreter: a CPU demo)
 [2/2 keys] fwd float32 d16 n32 full: already tuned, ETA 0:00:00
 """
 SUMMARY = """\
-key                       status         winner        ms  TFLOPS  vs default  trials  rejected  runner
-------------------------  -------------  -----------  ---  ------  ----------  ------  --------  ------
-fwd float32 d16 n16 full  tuned          32x32 w4 s2  0.5    <0.1       1.50x       2         1  triton
-fwd float32 d16 n32 full  already_tuned  -              -       -           -       2         0  -
+key                        status          winner         ms   TFLOPS   vs default   trials   rejected   runner
+───────────────────────────────────────────────────────────────────────────────────────────────────────────────
+fwd float32 d16 n16 full   tuned           32x32 w4 s2   0.5     <0.1        1.50x        2          1   triton
+fwd float32 d16 n32 full   already_tuned   -               -        -            -        2          0   -
 1 of 2 keys tuned on triton-interpreter@sm00; Optuna storage: journal.log
 timings: interpreter-wall-clock (Triton interpreter on the CPU, wall clock: not GPU performance)
 rejected trials: 1 incorrect
@@ -156,10 +156,12 @@ def test_reading_commands_do_not_create_the_data_directory(invoke, tmp_path, mon
     path, head = tmp_path / "xdg" / "flashtune" / "tuned.db", head_revision()
     info = invoke("info")
     assert info.exit_code == 0 and info.stderr == ""
-    assert info.stdout.splitlines()[-3:] == [
+    assert info.stdout.splitlines()[-4:] == [
         f"store          sqlite:///{path}",
         f"schema         no store yet (created by the first search or `flashtune db upgrade`; schema {head})",
-        "tuned results  -"]
+        "tuned results  -",
+        f"shipped table  none for {INTERPRETER} (`flashtune list --shipped` shows the GPUs flashtune ships tables "
+        "for)"]
     current = invoke("db", "current")
     assert (current.exit_code, current.stdout, current.stderr) == (
         0, f"sqlite:///{path}: no flashtune store (`flashtune db upgrade` or the first search creates it; this "

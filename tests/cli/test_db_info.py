@@ -77,7 +77,8 @@ def test_info_without_a_store(invoke, tmp_path):
     lines = dict(line.split("  ", 1) for line in out.output.splitlines())
     lines = {name.strip(): value.strip() for name, value in lines.items()}
     assert lines["flashtune"] == f"{__version__} (kernel source hash {kernel_source_hash()})"
-    assert lines["torch"] == torch.__version__ and lines["triton"] == triton.__version__
+    assert lines["torch"] == f"{torch.__version__} (supported: torch>=2.11,<2.14)"
+    assert lines["triton"] == f"{triton.__version__} (supported: triton>=3.6,<3.7)"
     assert lines["store"] == _url(tmp_path / "none.db")
     assert lines["schema"].startswith("no store yet")
     assert lines["tuned results"] == "-"
@@ -92,7 +93,9 @@ def test_info_with_a_store(invoke, db):
     assert out.exit_code == 0
     info = json.loads(out.output)
     assert info["store"] == {"location": _url(db), "revision": HEAD, "head_revision": HEAD, "tuned_results": 0,
-                             "total_results": 6, "problem": None}
+                             "stale_results": 0, "total_results": 6, "problem": None}
+    assert info["shipped_table"] is None  # flashtune ships no table for this machine's GPU
+    assert info["supported"] == {"torch": "torch>=2.11,<2.14", "triton": "triton>=3.6,<3.7"}
     assert info["versions"]["flashtune"] == __version__ and info["versions"]["kernel_hash"] == kernel_source_hash()
     text = invoke("info", "--db", db).output
     this_gpu = info["gpu"]["key"] if info["gpu"] else info["interpreter_gpu_key"]

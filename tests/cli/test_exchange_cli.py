@@ -15,6 +15,7 @@ from exchange_samples import (
     without_timestamps,
 )
 
+from flashtune import __version__
 from flashtune.store import Store
 from flashtune.store.exchange import MAX_BYTES, dump_export, parse_export
 
@@ -38,7 +39,7 @@ def test_export_then_import_into_a_fresh_store_reproduces_the_table(invoke, db, 
     assert imported.exit_code == 0, imported.output
     export = parse_export(out_file.read_bytes())
     assert imported.output == (
-        f"{out_file}: 6 entries for 2 GPUs ({GPUS}), exported by flashtune 0.1.0 at {export.exported_at}\n"
+        f"{out_file}: 6 entries for 2 GPUs ({GPUS}), exported by flashtune {__version__} at {export.exported_at}\n"
         "imported: 6 added, 0 replaced, 0 kept\n"
     )
     assert _listing(invoke, fresh) == _listing(invoke, db)
@@ -118,21 +119,24 @@ def test_import_json_report(invoke, db, incoming):
     assert report["exported_at"]
     del report["exported_at"]
     assert report == {"file": str(incoming), "entries": 3, "gpus": [H200.key], "dry_run": False, "added": 1,
-                      "replaced": 1, "kept": 1, "exported_by": "0.1.0"}
+                      "replaced": 1, "kept": 1, "stale": 0, "stale_versions": [], "exported_by": __version__}
 
 
-def test_import_refuses_other_kernel_sources_unless_forced(invoke, tmp_path):
+def test_import_takes_other_kernel_sources_as_stale_rows(invoke, tmp_path):
+    """An export of an older flashtune imports without --force; its rows are stale until revalidated."""
     path = tmp_path / "old.json"
-    path.write_bytes(dump_export([result(key(1024), kernel_hash="0123456789abcdef")]))
+    path.write_bytes(dump_export([result(key(1024), kernel_hash="0123456789abcdef"), result(key(2048))]))
     fresh = tmp_path / "fresh.db"
     out = invoke("import", path, "--db", fresh)
-    assert out.exit_code == 1
-    assert out.output.startswith(f"Error: {path}: the file was tuned with other kernel sources (kernel hash "
-                                 "0123456789abcdef (1 entries); this flashtune's is ")
-    assert out.output.endswith("or pass --force to import them anyway\n")
-    assert not fresh.exists()
-    out = invoke("import", path, "--db", fresh, "--force")
-    assert out.exit_code == 0 and "imported: 1 added" in out.output
+    assert out.exit_code == 0, out.output
+    assert out.stdout.endswith("imported: 2 added, 0 replaced, 0 kept\n")
+    assert out.stderr == (f"note: 1 of 2 results is stale (tuned under other kernel sources or another triton): "
+                          f"get_tuned_attention() serves it once `flashtune revalidate --db {fresh}` has checked it "
+                          "again here (the file's were tuned with kernel sources 0123456789abcdef)\n")
+    listed = json.loads(invoke("list", "--db", fresh, "--json").stdout)
+    assert [(r["seq_q"], r["stale"]) for r in listed] == [(1024, "kernel sources 0123456789abcdef"), (2048, None)]
+    again = invoke("import", path, "--db", tmp_path / "other.db", "--force", "--json")  # --force: a no-op now
+    assert again.exit_code == 0 and json.loads(again.stdout)["stale"] == 1
 
 
 def test_import_notes_another_triton(invoke, tmp_path):
@@ -140,7 +144,7 @@ def test_import_notes_another_triton(invoke, tmp_path):
     path.write_bytes(dump_export([result(key(1024), triton="3.5.0")]))
     out = invoke("import", path, "--db", tmp_path / "x.db")
     assert out.exit_code == 0
-    assert "note: 1 entry was tuned with another triton than this one" in out.stderr
+    assert "note: 1 of 1 result is stale" in out.stderr and "tuned with triton 3.5.0)" in out.stderr
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -7,7 +7,7 @@ import io
 import json
 
 import pytest
-from exchange_samples import A100, H200, key, result
+from exchange_samples import A100, H200, TRITON, key, result
 
 from flashtune.outcome import Outcome
 from flashtune.kernels import BwdConfig, FwdConfig
@@ -15,14 +15,14 @@ from flashtune.provenance import kernel_source_hash
 from flashtune.store import Store
 
 LIST_TABLE = """\
-gpu                         pass  dtype       d    nq    nk  g    bh  mask    config                ms  TFLOPS  vs default  trials  runner
---------------------------  ----  --------  ---  ----  ----  -  ----  ------  -----------------  -----  ------  ----------  ------  ------
-NVIDIA A100-SXM4-80GB@sm80  bwd   bfloat16   64   512   512  1  1024  causal  32x32/32x32 w8 s2  0.625   512.5       2.00x      16  triton
-NVIDIA A100-SXM4-80GB@sm80  fwd   bfloat16   64   512   512  1  1024  causal  64x32 w4 s3        0.125   512.5       2.00x      16  triton
-NVIDIA H200@sm90            bwd   bfloat16   64  1024  1024  1   512  causal  32x64/64x32 w8 s2    0.5   512.5       2.00x      16  triton
-NVIDIA H200@sm90            fwd   bfloat16   64  1024  1024  1   512  causal  64x32 w4 s3         0.25   512.5       2.00x      16  triton
-NVIDIA H200@sm90            fwd   bfloat16   64  2048  2048  1   256  causal  128x32 w4 s3        0.75   512.5       2.00x      16  triton
-NVIDIA H200@sm90            fwd   float16   128  1024  1024  1   256  full    64x32 w4 s3        0.375   512.5           -      16  triton
+gpu                          pass   dtype        d     nq     nk   g     bh   mask     config                 ms   TFLOPS   vs default   trials   runner
+────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────────
+NVIDIA A100-SXM4-80GB@sm80   bwd    bfloat16    64    512    512   1   1024   causal   32x32/32x32 w8 s2   0.625    512.5        2.00x       16   triton
+NVIDIA A100-SXM4-80GB@sm80   fwd    bfloat16    64    512    512   1   1024   causal   64x32 w4 s3         0.125    512.5        2.00x       16   triton
+NVIDIA H200@sm90             bwd    bfloat16    64   1024   1024   1    512   causal   32x64/64x32 w8 s2     0.5    512.5        2.00x       16   triton
+NVIDIA H200@sm90             fwd    bfloat16    64   1024   1024   1    512   causal   64x32 w4 s3          0.25    512.5        2.00x       16   triton
+NVIDIA H200@sm90             fwd    bfloat16    64   2048   2048   1    256   causal   128x32 w4 s3         0.75    512.5        2.00x       16   triton
+NVIDIA H200@sm90             fwd    float16    128   1024   1024   1    256   full     64x32 w4 s3         0.375    512.5            -       16   triton
 """
 
 
@@ -58,8 +58,8 @@ def test_list_json(invoke, db):
         "config": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0, "num_splits": 0,
                    "pack_gqa": -1, "family": 0, "pingpong": 1, "overlap": 1, "persistent": 0, "o_tile": 0, "occupancy": 1},
         "time_ms": 0.75, "tflops": 512.5, "default_time_ms": 1.5, "error": 0.125, "n_trials": 16, "speedup": 2.0,
-        "runner": "triton", "runner_times": None,
-        "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": "3.6.0",
+        "runner": "triton", "runner_times": None, "stale": None,
+        "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": TRITON,
                        "torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                        "driver_version": "cuda-driver-api 13.0"},
     }
@@ -86,14 +86,24 @@ def test_list_of_nothing(invoke, db):
     assert invoke("list", "--db", db, "--seq-len", "99", "--csv").output.count("\n") == 1  # the header
 
 
-def test_list_notes_results_of_other_kernel_sources(invoke, tmp_path):
+def test_list_marks_stale_results_and_names_the_command_that_fixes_them(invoke, tmp_path):
     path = tmp_path / "old.db"
     with Store(path) as store:
-        store.import_results([result(key(512), kernel_hash="0000000000000000"), result(key(1024))])
+        store.import_results([result(key(512), kernel_hash="0000000000000000"), result(key(1024)),
+                              result(key(2048), triton="3.5.0")])
     out = invoke("list", "--db", path)
     assert out.exit_code == 0
-    assert out.stderr == ("note: 1 of 2 results was tuned with other kernel sources or another triton; "
-                          "`flashtune search --revalidate` re-times them\n")
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[-2:] == ["runner", "stale"]
+    assert [line.split("triton", 1)[1].strip() for line in lines[2:]] == [
+        "kernel sources 0000000000000000", "-", "triton 3.5.0"]
+    assert out.stderr == ("note: 2 of 3 results are stale (tuned under other kernel sources or another triton): "
+                          f"get_tuned_attention() serves them once `flashtune revalidate --db {path}` has checked "
+                          "them again here\n")
+    records = json.loads(invoke("list", "--db", path, "--json").stdout)
+    assert [r["stale"] for r in records] == ["kernel sources 0000000000000000", None, "triton 3.5.0"]
+    rows = list(csv.DictReader(io.StringIO(invoke("list", "--db", path, "--csv").stdout)))
+    assert [r["stale"] for r in rows] == ["kernel sources 0000000000000000", "", "triton 3.5.0"]
 
 
 def test_list_without_a_store_says_what_to_do(invoke, tmp_path):
@@ -127,14 +137,14 @@ def test_list_of_a_bad_url(invoke):
 SHOW_TEXT = """\
 bwd bfloat16 d64 n1024 causal on NVIDIA H200@sm90
   config        BLOCK_M1=32 BLOCK_N1=64 BLOCK_M2=64 BLOCK_N2=32 num_warps=8 num_stages=2 dq_num_warps=8 dq_num_stages=2 atomic_dq=0 tma=0 dkdv_split=0 family=0 dq_first=0
-  time          0.5 ms
+  time          0.5 ms, re-timed (the median of interleaved rounds with the other finalists and the default, after the trials or at revalidation)
   TFLOPS        512.5
-  default time  1 ms
+  default time  1 ms, re-timed with it
   speed-up      2.00x
   error         0.125 (worst error / allowance; <= 1 passes)
   trials        16
   runner        triton
-  tuned with    flashtune 0.1.0, kernels {hash}, triton 3.6.0, torch 2.11.0+cu130, CUDA 13.0, driver cuda-driver-api 13.0
+  tuned with    flashtune 0.1.0, kernels {hash}, triton {triton}, torch 2.11.0+cu130, CUDA 13.0, driver cuda-driver-api 13.0
   GPU           NVIDIA H200, compute capability 9.0, 132 SMs
 """
 
@@ -151,14 +161,15 @@ def test_show_one_key_with_its_trials(invoke, db):
     out = invoke("show", "--db", db, "--pass", "bwd", "--gpu", H200.key)
     assert out.exit_code == 0, out.output
     head, _, rest = out.output.partition("  updated ")
-    assert head == SHOW_TEXT.format(hash=stored.provenance.kernel_hash)
+    assert head == SHOW_TEXT.format(hash=stored.provenance.kernel_hash, triton=TRITON)
+    assert rest.splitlines()[1] == "  state         current: served"
     trials = rest.split("\n\n", 1)[1]
     assert trials == (
-        "2 trials:\n"
-        "id  status     config                ms  error  message\n"
-        "--  ---------  -------------------  ---  -----  ------------------------------\n"
-        " 1  ok         32x64/64x32 w8 s2    0.5  0.125\n"
-        " 2  incorrect  32x128/128x32 w8 s2    -    3.5  dq error is 3.5x the allowance\n"
+        "2 trials (each config checked, then timed once; the times above are the re-timing's):\n"
+        "id   status      config                 ms   error   message\n"
+        "───────────────────────────────────────────────────────────────────────────────────\n"
+        " 1   ok          32x64/64x32 w8 s2     0.5   0.125\n"
+        " 2   incorrect   32x128/128x32 w8 s2     -     3.5   dq error is 3.5x the allowance\n"
     )
 
     as_json = json.loads(invoke("show", "--db", db, "--pass", "bwd", "--gpu", H200.key, "--json").output)
@@ -196,7 +207,8 @@ def test_show_a_key_whose_search_found_nothing(invoke, db):
     out = invoke("show", "--db", db, *args)
     assert out.exit_code == 0, out.output
     assert out.output.startswith(f"bwd bfloat16 d64 n4096 causal on {H200.key}\n"
-                                 "no tuned result: no config passed the correctness check\n\n1 trial:\n")
+                                 "no tuned result: no config passed the correctness check\n\n1 trial (each config "
+                                 "checked, then timed once; the times above are the re-timing's):\n")
     assert "compile_error" in out.output and "CompilationError: boom" in out.output
     assert json.loads(invoke("show", "--db", db, *args, "--json").output)["result"] is None
 

@@ -35,7 +35,8 @@ def test_each_untuned_signature_is_noted_once_with_its_calls(write, db_path):
     q, k, v = qkv(8, 24, grad=True)
     fn(q, k, v).sum().backward()  # another call of (8, 24), now with gradients: its bwd key too
     fn.flush_recorded()
-    assert _recorded(db_path) == {("fwd", 8, 24, 1, 2, 2): 4, ("fwd", 1, 40, 1, 2, 2): 4}
+    # noted under their buckets: 8 x 24 as 8 x 32, 1 x 40 as 1 x 32
+    assert _recorded(db_path) == {("fwd", 8, 32, 1, 2, 2): 4, ("fwd", 1, 32, 1, 2, 2): 4}
     assert fn.explain(q, k, v).fwd_source != "tuned exact"
 
 
@@ -44,7 +45,7 @@ def test_a_signature_first_seen_with_gradients_notes_both_passes(db_path):
     q, k, v = qkv(12, grad=True)
     fn(q, k, v).sum().backward()
     fn.flush_recorded()
-    assert _recorded(db_path) == {("fwd", 12, 12, 1, 2, 2): 1, ("bwd", 12, 12, 1, 2, 2): 1}
+    assert _recorded(db_path) == {("fwd", 16, 16, 1, 2, 2): 1, ("bwd", 16, 16, 1, 2, 2): 1}
 
 
 def test_eight_threads_record_each_signature_once_and_calls_touch_no_database(db_path, monkeypatch):
@@ -93,7 +94,7 @@ def test_recording_is_off_by_default_and_on_with_the_environment(db_path, monkey
     with torch.no_grad():
         fn(*qkv(20))
     fn.flush_recorded()
-    assert _recorded(db_path) == {("fwd", 20, 20, 1, 2, 2): 1}
+    assert _recorded(db_path) == {("fwd", 16, 16, 1, 2, 2): 1}
 
 
 def test_list_and_search_recorded(db_path, tmp_path):
@@ -101,18 +102,44 @@ def test_list_and_search_recorded(db_path, tmp_path):
     with torch.no_grad():
         fn(*qkv(8, 24))
         fn(*qkv(8, 24))
+        fn(*qkv(6, 40))  # another signature of the same bucket (8 x 32)
     fn.flush_recorded()
     runner = CliRunner()
     listed = runner.invoke(cli, ["list", "--recorded", "--db", str(db_path), "--json"])
     assert listed.exit_code == 0, listed.output
     (row,) = json.loads(listed.stdout)
-    assert (row["pass"], row["seq_q"], row["seq_k"], row["calls"], row["tuned"]) == ("fwd", 8, 24, 2, False)
+    assert (row["pass"], row["seq_q"], row["seq_k"], row["calls"], row["signatures"], row["tuned"]) == \
+        ("fwd", 8, 32, 3, 1, False)
     out = runner.invoke(cli, ["search", "--recorded", "--interpreter", "--trials", "1", "--db", str(db_path),
                               "--storage", str(tmp_path / "journal.log"), "--json", "--no-progress"])
     assert out.exit_code == 0, out.output
-    assert [(k["seq_q"], k["seq_k"], k["status"]) for k in json.loads(out.stdout)["keys"]] == [(8, 24, "tuned")]
+    [tuned] = json.loads(out.stdout)["keys"]
+    assert (tuned["seq_q"], tuned["seq_k"], tuned["status"], tuned["trial_shape"]) == (8, 32, "tuned", [1, 2, 2])
     listed = runner.invoke(cli, ["list", "--recorded", "--db", str(db_path), "--json"])
     assert json.loads(listed.stdout)[0]["tuned"] is True
-    assert get_tuned_attention(db_path).explain(*qkv(8, 24)).fwd_source == "tuned exact"
+    after = get_tuned_attention(db_path, record=True)
+    assert after.explain(*qkv(8, 32)).fwd_source == "tuned exact"
+    assert after.explain(*qkv(8, 24)).fwd_source == "tuned nearest (fwd float32 d16 q8 k32 full g1 bh2)"
+    with torch.no_grad():
+        after(*qkv(7, 24))  # of the tuned bucket: not noted again
+    after.flush_recorded()
+    assert _recorded(db_path) == {("fwd", 8, 32, 1, 2, 2): 3}
     table = runner.invoke(cli, ["list", "--recorded", "--db", str(db_path)])
-    assert table.exit_code == 0 and table.output.splitlines()[2].split()[-6:] == ["full", "1", "2", "2", "2", "yes"]
+    assert table.exit_code == 0 and table.stdout.splitlines()[2].split()[-7:] == ["full", "1", "2", "2", "3", "1",
+                                                                                  "yes"]
+
+
+def test_a_decode_loop_makes_one_key_per_factor_of_two_of_its_cache(db_path, monkeypatch):
+    """Cache lengths 17 to 516 (a 500-token decode after a 16-token prompt): six buckets, their calls summed."""
+    monkeypatch.setattr(dispatch, "attention_forward", lambda q, k, v, *args, **kwargs: (q, None))  # the launch
+    fn = get_tuned_attention(db_path, record=True)
+    q = qkv(1, 1)[0]
+    with torch.no_grad():
+        for length in range(17, 517):
+            k, v = qkv(1, length)[1:]
+            fn(q, k, v)
+    fn.flush_recorded()
+    recorded = _recorded(db_path)
+    assert recorded == {("fwd", 1, n, 1, 2, 2): calls
+                        for n, calls in ((16, 6), (32, 23), (64, 45), (128, 91), (256, 181), (512, 154))}
+    assert sum(recorded.values()) == 500

@@ -8,10 +8,12 @@ import sqlite3
 import warnings
 
 import pytest
+import torch
 from dispatch_samples import BWD_A, FWD_A, FWD_B, qkv
 
 from flashtune import dispatch
 from flashtune.dispatch import DispatchWarning, get_tuned_attention
+from flashtune.kernels import default_config
 from flashtune.store import Store, StoreError
 
 
@@ -50,7 +52,8 @@ def test_calls_never_read_the_database_and_reload_sees_new_rows(write, db_path, 
 
 def test_a_missing_database_warns_once_and_is_not_created(tmp_path, monkeypatch):
     db = tmp_path / "nowhere" / "tuned.db"
-    with pytest.warns(DispatchWarning, match=r"no flashtune store at .*nowhere.*heuristic default configs"):
+    # no store is no error (a fresh install): nothing tuned is what it says
+    with pytest.warns(DispatchWarning, match=r"no tuned configs for .* in sqlite:///.*nowhere.*heuristic default configs"):
         fn = get_tuned_attention(db)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DispatchWarning)
@@ -59,7 +62,7 @@ def test_a_missing_database_warns_once_and_is_not_created(tmp_path, monkeypatch)
     fn(*qkv(8))
     assert not (tmp_path / "nowhere").exists()
     # the default store (FLASHTUNE_DB here) is not created either, nor its directory
-    with pytest.warns(DispatchWarning, match="no flashtune store at .*default-store"):
+    with pytest.warns(DispatchWarning, match="no tuned configs for .* in sqlite:///.*default-store"):
         assert _fwd_source(get_tuned_attention()) == "heuristic"
     assert not (tmp_path / "default-store").exists()
 
@@ -145,7 +148,7 @@ def test_a_writer_holding_the_lock_does_not_stop_the_read_in_wal_mode(write, db_
         holder.close()
 
 
-def test_rows_of_another_kernel_are_served_with_one_warning(write, db_path, gpu):
+def test_rows_of_another_kernel_are_never_served_and_one_warning_names_revalidate(write, db_path, gpu):
     write(16, "fwd", FWD_A, kernel_hash="00000000deadbeef")
     write(16, "bwd", BWD_A)
     with warnings.catch_warnings(record=True) as record:
@@ -154,10 +157,25 @@ def test_rows_of_another_kernel_are_served_with_one_warning(write, db_path, gpu)
         fn.reload()
         get_tuned_attention(db_path)
     [message] = _dispatch_warnings(record)
-    assert message.startswith(f"1 of 2 tuned configs for {gpu.key} in sqlite:///{db_path} were tuned under another")
-    assert "kernel 00000000deadbeef" in message
-    assert "`flashtune search --revalidate --db " in message
-    assert fn.explain(*qkv(16)) == dispatch.Choice(FWD_A, "tuned exact", BWD_A, "tuned exact")
+    assert message.startswith(f"1 of 2 tuned configs for {gpu.key} (sqlite:///{db_path}) are "
+                              "stale (tuned with kernel sources 00000000deadbeef; this flashtune has kernel sources ")
+    assert message.endswith(f"they are not served until `flashtune revalidate --db sqlite:///{db_path}` checks them "
+                            "again here")
+    choice = fn.explain(*qkv(16))
+    assert (choice.bwd_config, choice.bwd_source) == (BWD_A, "tuned exact")
+    assert choice.fwd_config == default_config("fwd", 16, torch.float32, qkv(16)[0].device) != FWD_A
+    assert choice.fwd_source.startswith("heuristic (the tuned fwd config of fwd float32 d16 n16 full is stale, tuned "
+                                        "with kernel sources 00000000deadbeef; this flashtune has ")
+    assert choice.fwd_source.endswith("`flashtune revalidate` checks it again)")
+
+
+def test_a_stale_exact_row_is_passed_over_for_a_current_neighbour(write, db_path):
+    write(16, "fwd", FWD_A, kernel_hash="00000000deadbeef")
+    write(32, "fwd", FWD_B)
+    choice = get_tuned_attention(db_path).explain(*qkv(16))
+    assert choice.fwd_config == FWD_B
+    assert choice.fwd_source.startswith("tuned nearest (fwd float32 d16 n32 full); the tuned fwd config of fwd "
+                                        "float32 d16 n16 full is stale")
 
 
 def test_a_db_that_is_no_url_raises_at_creation():

@@ -1,7 +1,7 @@
 """Sample tuned results for the exchange and CLI tests (plain functions).
 
-The results carry this flashtune's kernel source hash unless told otherwise, so an
-import accepts them without --force. Times are exact binary fractions, so any
+The results carry this flashtune's kernel source hash and the installed triton's version unless
+told otherwise, so they are current (served, not stale). Times are exact binary fractions, so any
 formatting of them is stable.
 """
 
@@ -12,14 +12,15 @@ import dataclasses
 from flashtune.configs.backward import BwdConfig
 from flashtune.configs.forward import FwdConfig
 from flashtune.keys import GpuInfo, TuningKey
-from flashtune.provenance import Provenance, kernel_source_hash
+from flashtune.provenance import Provenance, installed_triton_version, kernel_source_hash
 from flashtune.store import StoredResult
 
 H200 = GpuInfo("NVIDIA H200", (9, 0), 132, 150_754_820_096)
 A100 = GpuInfo("NVIDIA A100-SXM4-80GB", (8, 0), 108, 85_899_345_920)
+TRITON = installed_triton_version()
 
 
-def provenance(gpu: GpuInfo = H200, kernel_hash: str | None = None, triton: str = "3.6.0") -> Provenance:
+def provenance(gpu: GpuInfo = H200, kernel_hash: str | None = None, triton: str = TRITON) -> Provenance:
     return Provenance(
         flashtune_version="0.1.0", kernel_hash=kernel_source_hash() if kernel_hash is None else kernel_hash,
         triton_version=triton, torch_version="2.11.0+cu130", cuda_version="13.0",
@@ -34,7 +35,7 @@ def key(seq_len: int = 1024, *, gpu: GpuInfo = H200, dtype: str = "bfloat16", he
 
 
 def result(k: TuningKey, time_ms: float = 0.25, *, gpu: GpuInfo | None = None, block: int = 64,
-           kernel_hash: str | None = None, default_time_ms: float | None = -1.0, triton: str = "3.6.0") -> StoredResult:
+           kernel_hash: str | None = None, default_time_ms: float | None = -1.0, triton: str = TRITON) -> StoredResult:
     gpu = gpu or (A100 if k.gpu == A100.key else H200)
     config = FwdConfig(block, 32, 4, 3) if k.pass_ == "fwd" else BwdConfig(32, block, block, 32, 8, 2)
     return StoredResult(

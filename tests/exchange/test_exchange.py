@@ -10,6 +10,7 @@ import pytest
 from exchange_samples import (
     A100,
     H200,
+    TRITON,
     key,
     result,
     snapshot,
@@ -17,6 +18,7 @@ from exchange_samples import (
     without_timestamps,
 )
 
+from flashtune import __version__
 from flashtune.configs.forward import FwdConfig
 from flashtune.provenance import kernel_source_hash
 from flashtune.store import ImportSummary, Store, StoreError
@@ -24,7 +26,6 @@ from flashtune.store.exchange import (
     FORMAT,
     MAX_BYTES,
     ExchangeError,
-    check_kernel_hash,
     checksum,
     dump_export,
     export_document,
@@ -105,7 +106,7 @@ def test_the_file_layout(tmp_path):
         "config": FwdConfig(64, 32, 4, 3).to_dict(),
         "time_ms": 0.25, "tflops": 512.5, "default_time_ms": 0.5, "error": 0.125, "n_trials": 16,
         "runner": "triton", "runner_times": None,
-        "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": "3.6.0",
+        "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": TRITON,
                        "torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                        "driver_version": "cuda-driver-api 13.0"},
     }
@@ -119,7 +120,7 @@ def test_parse_gives_back_the_results_in_file_order():
     by_gpu = sorted(table(), key=lambda r: r.key.gpu != H200.key)
     assert list(parsed.results) == by_gpu
     assert parsed.gpus == [H200.key, A100.key]
-    assert (parsed.flashtune_version, parsed.exported_at) == ("0.1.0", "2026-11-30T12:00:00Z")
+    assert (parsed.flashtune_version, parsed.exported_at) == (__version__, "2026-11-30T12:00:00Z")
 
 
 def test_an_empty_export_is_valid(store):
@@ -254,16 +255,16 @@ def test_a_file_that_cannot_be_read(tmp_path):
 # -- kernel hashes, conflicts, one transaction ----------------------------------------------
 
 
-def test_other_kernel_sources_are_refused_unless_forced(store):
-    results = [result(key(1024), kernel_hash="feedfacefeedface"), result(key(2048))]
+def test_other_kernel_sources_and_tritons_import_as_stale_rows(store):
+    results = [result(key(1024), kernel_hash="feedfacefeedface"), result(key(2048)),
+               result(key(4096), triton="3.5.0")]
     export = parse_export(dump_export(results))
-    before = snapshot(store)
-    with pytest.raises(ExchangeError, match=r"kernel hash feedfacefeedface \(1 entries\); this flashtune's is "
-                                            f"{kernel_source_hash()}.*pass --force"):
-        import_export(store, export)
-    assert snapshot(store) == before
-    check_kernel_hash(export, force=True)
-    assert import_export(store, export, force=True) == ImportSummary(inserted=2)
+    assert [r.key.seq_q for r in export.stale()] == [1024, 4096]
+    assert import_export(store, export) == ImportSummary(inserted=3)
+    by_len = {r.key.seq_q: r for r in store.list_results()}
+    assert by_len[1024].provenance.kernel_hash == "feedfacefeedface"  # stored as tuned: stale
+    assert by_len[4096].provenance.triton_version == "3.5.0"
+    assert by_len[2048].provenance.kernel_hash == kernel_source_hash()
 
 
 @pytest.mark.parametrize("on_conflict, expected", [

@@ -62,7 +62,7 @@ def _try_import(store: Store, data: bytes, original) -> bool:
     it holds. Return whether it was accepted."""
     try:
         export = parse_export(data)
-        summary = import_export(store, export, on_conflict="skip", force=True)
+        summary = import_export(store, export, on_conflict="skip")
     except ExchangeError as e:
         message = str(e)
         assert message and "\n" not in message, repr(message)

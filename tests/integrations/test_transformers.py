@@ -43,7 +43,7 @@ def _registered(tmp_path, monkeypatch):
     flashtune_hf.register(LENIENT)
     torch.manual_seed(20261201)
     # an empty store: the heuristic configs serve, which is what these tests check
-    warnings.filterwarnings("ignore", message="flashtune cannot read tuned configs", category=dispatch.DispatchWarning)
+    warnings.filterwarnings("ignore", message="flashtune has no tuned configs", category=dispatch.DispatchWarning)
 
 
 @pytest.fixture

@@ -89,10 +89,10 @@ def test_head_dim_256_is_the_d256_kernels_in_families_1_and_3():
         _bwd(2).validate_anywhere(256, torch.bfloat16)
 
 
-def test_the_kernel_is_hashed_as_one_the_search_tunes():
+def test_the_kernel_is_hashed():
     from flashtune import provenance
 
-    assert provenance._PACKAGE / "kernels" / "gluon" / "backward_wide.py" in provenance.kernel_files()
+    assert provenance._PACKAGE / "kernels" / "gluon" / "backward_wide.py" in provenance.hashed_files()
 
 
 def test_a_wide_call_with_the_gluon_dq_kernel_or_a_trace_is_refused_by_name():

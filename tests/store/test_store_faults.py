@@ -161,7 +161,7 @@ def test_a_lock_held_elsewhere_costs_the_dispatcher_at_most_a_second(db_url, mon
     [message] = messages
     assert message.startswith(f"flashtune cannot read tuned configs from {sa.make_url(db_url).render_as_string()}")
     assert ("database is locked" if db_url.startswith("sqlite") else "lock timeout") in message
-    assert holder in message and message.endswith("; using the heuristic default configs")
+    assert holder in message and message.endswith("; using the shipped table or the heuristic default configs")
     assert listed.exit_code == 1 and listed.stdout == ""
     cause = "database is locked" if db_url.startswith("sqlite") else "canceling statement due to lock timeout"
     assert listed.stderr.startswith("Error: ") and cause in listed.stderr

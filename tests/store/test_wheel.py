@@ -14,6 +14,7 @@ import platformdirs
 import pytest
 import sqlalchemy
 
+from flashtune.provenance import kernel_source_hash
 from flashtune.store import current_revision, head_revision
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,10 +22,13 @@ REPO = Path(__file__).resolve().parents[2]
 CHECK = """
 import sys
 import flashtune.store as store
+from flashtune import provenance, tables
 from flashtune.store import migrations
 print(store.upgrade(sys.argv[1]))
 print(migrations.script_location())
 print(store.__file__)
+print(provenance.kernel_source_hash())
+print(tables.TABLES_DIR)
 """
 
 
@@ -42,6 +46,9 @@ def test_an_installed_wheel_upgrades_a_new_database_from_anywhere(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "flashtune/store/_alembic/env.py" in names
     assert "flashtune/store/_alembic/versions/0001_initial_schema.py" in names
+    # the shipped tables travel as package data, every one of the checkout's
+    shipped = {f"flashtune/tables/{p.name}" for p in (REPO / "flashtune" / "tables").glob("*.json")}
+    assert {"flashtune/tables/__init__.py", *shipped} <= set(names)
 
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", str(venv))
@@ -58,7 +65,11 @@ def test_an_installed_wheel_upgrades_a_new_database_from_anywhere(tmp_path):
     elsewhere.mkdir()
     database = tmp_path / "new" / "tuned.db"
     database.parent.mkdir()
-    revision, scripts, module = _run(str(python), "-I", "-c", CHECK, f"sqlite:///{database}", cwd=elsewhere).split()
+    revision, scripts, module, kernel_hash, tables = _run(str(python), "-I", "-c", CHECK, f"sqlite:///{database}",
+                                                          cwd=elsewhere).split()
     assert revision == head_revision() == current_revision(database)
     assert Path(scripts) == site_packages / "flashtune" / "store" / "_alembic"
     assert Path(module).is_relative_to(site_packages)
+    # the installed kernels hash as the checkout's: stored results stay current across the install
+    assert kernel_hash == kernel_source_hash()
+    assert Path(tables) == site_packages / "flashtune" / "tables"
