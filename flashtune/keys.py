@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from datetime import datetime
 from typing import Any, Mapping
 
 from flashtune.protocol import grid_shape
@@ -217,3 +218,17 @@ def key_distance(a: TuningKey, b: TuningKey) -> float:
 def dtype_name(dtype) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"``."""
     return str(dtype).removeprefix("torch.")
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedCall:
+    """A call signature the dispatcher served without a tuned key of its own, as recorded
+    (flashtune.recording) and stored."""
+
+    key: TuningKey
+    batch: int
+    heads_q: int
+    heads_kv: int
+    calls: int
+    first_seen: datetime | None = None
+    last_seen: datetime | None = None

@@ -27,7 +27,8 @@ import threading
 import warnings
 from datetime import datetime
 
-from flashtune.keys import GpuInfo, TuningKey, batch_heads_bucket
+from flashtune.keys import GpuInfo, RecordedCall, TuningKey, batch_heads_bucket
+from flashtune.store import Store
 
 ENV_VAR = "FLASHTUNE_RECORD"
 
@@ -39,19 +40,6 @@ def bucket_key(key: TuningKey) -> TuningKey:
     (``dispatch.nearest_first``: ``key_distance`` sums each dimension's squared log2 distance, so
     the nearest lattice point rounds each one alone, and ties go to the larger point)."""
     return dataclasses.replace(key, seq_q=batch_heads_bucket(key.seq_q), seq_k=batch_heads_bucket(key.seq_k))
-
-
-@dataclasses.dataclass(frozen=True)
-class RecordedCall:
-    """A call signature the dispatcher served without a tuned key of its own."""
-
-    key: TuningKey
-    batch: int
-    heads_q: int
-    heads_kv: int
-    calls: int
-    first_seen: datetime | None = None
-    last_seen: datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +143,6 @@ class Recorder:
                 pending = []
 
     def _write(self, new: list[tuple], *, with_counts: bool) -> None:
-        from flashtune.store import Store
-
         with self._lock:
             counted = [ident for ident, counter in self._seen.items() if with_counts and counter.calls]
             rows = []

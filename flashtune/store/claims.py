@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 
 from flashtune.keys import TuningKey
+from flashtune.store.engine import upsert_insert
 from flashtune.store.models import KeyClaim, StoreInfo, utcnow
 from flashtune.store.records import as_utc
 
@@ -108,9 +109,8 @@ class KeyClaims:
             lease = now + timedelta(seconds=lease_s)
             mine = dict(holder=holder, state="claimed", lease_expires_at=lease, kernel_hash=kernel_hash,
                         trials=None, updated_at=now)
-            from flashtune.store.repository import _insert
 
-            inserted = session.execute(_insert(session, table).values(key_identity=identity, created_at=now, **mine)
+            inserted = session.execute(upsert_insert(session, table).values(key_identity=identity, created_at=now, **mine)
                                        .on_conflict_do_nothing(index_elements=["key_identity"])).rowcount
             if inserted != 1:
                 c = table.c
@@ -184,10 +184,9 @@ def store_id(store) -> str:
         found = session.scalar(sa.select(table.c.value).where(table.c.name == STORE_ID))
     if found:
         return found
-    from flashtune.store.repository import _insert
 
     with store._transaction("record the store's identity", write=True) as session:
-        session.execute(_insert(session, table).values(name=STORE_ID, value=uuid.uuid4().hex)
+        session.execute(upsert_insert(session, table).values(name=STORE_ID, value=uuid.uuid4().hex)
                         .on_conflict_do_nothing(index_elements=["name"]))
         return session.scalar(sa.select(table.c.value).where(table.c.name == STORE_ID))
 

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from flashtune.store.errors import StoreError
@@ -266,3 +267,9 @@ def transaction(engine: sa.Engine, action: str, *, write: bool = False) -> Itera
     """
     with wrap_errors(action), Session(write_engine(engine) if write else engine) as session, session.begin():
         yield session
+
+
+def upsert_insert(session: Session, table: sa.Table):
+    """INSERT with ON CONFLICT support: the dialect's own construct."""
+    dialect = session.get_bind().dialect.name
+    return (sqlite if dialect == "sqlite" else postgresql).insert(table)

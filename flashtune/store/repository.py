@@ -14,14 +14,14 @@ import os
 from collections.abc import Iterable
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from flashtune.keys import GpuInfo, TuningKey
+from flashtune.keys import GpuInfo, RecordedCall, TuningKey
 from flashtune.outcome import Outcome
 from flashtune.provenance import Provenance
-from flashtune.store.engine import (ENV_VAR, asks_read_only, cannot_write, create_store_engine, ensure_directory,
+from flashtune.store.engine import (ENV_VAR, upsert_insert, asks_read_only, cannot_write, create_store_engine, ensure_directory,
                                     resolve_url, show_url, sqlite_path, transaction, use_wal, wrap_errors)
+from flashtune.store.claims import KeyClaims, forget, store_id
 from flashtune.store.errors import StoreError
 from flashtune.store.migrations import database_revision, head_revision, migrate, schema_error, unversioned_check
 from flashtune.store.models import KEY_COLUMNS, Gpu, RecordedCallRow, Trial, TunedResult, utcnow
@@ -88,14 +88,10 @@ class Store:
     @property
     def claims(self):
         """The claims on tuning keys (``flashtune.store.claims.KeyClaims``)."""
-        from flashtune.store.claims import KeyClaims
-
         return KeyClaims(self)
 
     def store_id(self) -> str:
         """The store's identity (a random hex id; a new one after ``clear``)."""
-        from flashtune.store.claims import store_id
-
         return store_id(self)
 
     def _check_schema(self, create: bool) -> None:
@@ -222,7 +218,7 @@ class Store:
         return ImportSummary(**outcomes)
 
     def record_calls(self, calls) -> None:
-        """Add recorded calls (``flashtune.recording.RecordedCall``; their GPUs recorded):
+        """Add recorded calls (``flashtune.keys.RecordedCall``; their GPUs recorded):
         a new signature is inserted, a known one gets its ``calls`` added."""
         table = RecordedCallRow.__table__
         with self._transaction(f"record {len(calls)} calls", write=True) as session:
@@ -230,15 +226,13 @@ class Store:
                 values = {**_key_values(call.key, _known_gpu_id(session, call.key.gpu)), "batch": call.batch,
                           "heads_q": call.heads_q, "heads_kv": call.heads_kv}
                 now = utcnow()
-                query = _insert(session, table).values(**values, calls=call.calls, first_seen=now, last_seen=now)
+                query = upsert_insert(session, table).values(**values, calls=call.calls, first_seen=now, last_seen=now)
                 session.execute(query.on_conflict_do_update(
                     index_elements=["gpu_id", *KEY_COLUMNS, "batch", "heads_q", "heads_kv"],
                     set_={"calls": table.c.calls + query.excluded.calls, "last_seen": now}))
 
     def recorded_calls(self, gpu: str | None = None) -> list:
         """The recorded calls (of one GPU key if given), the most called first."""
-        from flashtune.recording import RecordedCall
-
         query = sa.select(RecordedCallRow, Gpu.key).join(Gpu, RecordedCallRow.gpu_id == Gpu.id)
         if gpu is not None:
             query = query.where(Gpu.key == gpu)
@@ -288,8 +282,6 @@ class Store:
     def clear(self) -> int:
         """Delete every tuned result, trial, GPU and key claim (the schema stays), and give
         the store a new identity; return how many results there were."""
-        from flashtune.store.claims import forget
-
         with self._transaction("clear the store", write=True) as session:
             forget(session)
             session.execute(sa.delete(Trial))
@@ -309,19 +301,13 @@ class Store:
 # -- helpers: one statement or one conversion each -------------------------------------
 
 
-def _insert(session: Session, table: sa.Table):
-    """INSERT with ON CONFLICT support: the dialect's own construct."""
-    dialect = session.get_bind().dialect.name
-    return (sqlite if dialect == "sqlite" else postgresql).insert(table)
-
-
 def _upsert_gpu(session: Session, gpu: GpuInfo) -> int:
     values = {
         "name": gpu.name, "capability_major": gpu.capability[0], "capability_minor": gpu.capability[1],
         "sm_count": gpu.sm_count, "total_memory": gpu.total_memory,
     }
     query = (
-        _insert(session, Gpu.__table__)
+        upsert_insert(session, Gpu.__table__)
         .values(key=gpu.key, **values)
         .on_conflict_do_update(index_elements=["key"], set_={**values, "updated_at": utcnow()})
         .returning(Gpu.id)
@@ -374,7 +360,7 @@ def _write_result(session: Session, result: StoredResult, gpu_id: int, on_confli
     if existed and on_conflict == "error":
         raise StoreError(f"{result.key.label()} on {result.key.gpu} already has a result; import with "
                          "on_conflict='skip', 'replace' or 'keep_faster' to resolve it")
-    query = _insert(session, table).values(**key_values, **values)
+    query = upsert_insert(session, table).values(**key_values, **values)
     if on_conflict == "skip":
         query = query.on_conflict_do_nothing(index_elements=list(_KEY_INDEX))
     elif on_conflict in ("replace", "keep_faster"):
