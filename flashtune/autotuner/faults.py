@@ -9,7 +9,14 @@ Each fault runs after the real launch:
 - ``FAULT_TRAP``: a kernel executes ``trap`` (inline asm, which the interpreter cannot
   run: there the launch fails, ``compile_error``);
 - ``FAULT_SPIN``: a kernel waits for a flag that never comes: the trial times out;
-- ``FAULT_WRONG``: the output is scaled by 1.25, a plausible but wrong answer: ``incorrect``.
+- ``FAULT_WRONG``: the first output (o; dQ for the backward) is scaled by 1.25, a plausible
+  but wrong answer: ``incorrect``; ``FAULT_WRONG_SECOND`` and ``FAULT_WRONG_THIRD`` scale the
+  second (the log-sum-exp; dK) and the third (dV) instead;
+- ``FAULT_NAN``: the first output's last element is NaN (a boundary element left unwritten):
+  ``incorrect``.
+
+The wrong results are made here, after the launch, so the gate is tried on every kernel
+family and schedule alike: what differs between configs is the launch, not the check.
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ import triton
 import triton.language as tl
 
 FAULT_NONE, FAULT_OOB_WRITE, FAULT_TRAP, FAULT_SPIN, FAULT_WRONG = 0, 1, 2, 3, 4
+FAULT_WRONG_SECOND, FAULT_WRONG_THIRD, FAULT_NAN = 5, 6, 7
+# fault -> the output it scales by 1.25
+_SCALED_OUTPUT = {FAULT_WRONG: 0, FAULT_WRONG_SECOND: 1, FAULT_WRONG_THIRD: 2}
 
 
 @triton.jit
@@ -38,13 +48,21 @@ def inject(launch, fault: int, device: torch.device):
     """``launch`` (a no-argument callable returning the pass's outputs) with ``fault`` after it."""
     if fault == FAULT_NONE:
         return launch
-    if fault == FAULT_WRONG:
+    if fault in _SCALED_OUTPUT:
         def wrong():
-            first, *rest = launch()
-            return (first * 1.25, *rest)
+            outputs = list(launch())
+            outputs[_SCALED_OUTPUT[fault]] = outputs[_SCALED_OUTPUT[fault]] * 1.25
+            return tuple(outputs)
         return wrong
+    if fault == FAULT_NAN:
+        def nan():
+            first, *rest = launch()
+            first = first.clone(memory_format=torch.contiguous_format)
+            first.view(-1)[-1] = float("nan")
+            return (first, *rest)
+        return nan
     if fault not in (FAULT_OOB_WRITE, FAULT_TRAP, FAULT_SPIN):
-        raise ValueError(f"fault: expected one of 0-4, got {fault!r}")
+        raise ValueError(f"fault: expected one of 0-7, got {fault!r}")
     out = torch.zeros(16, device=device, dtype=torch.float32)
     flag = torch.zeros(1, device=device, dtype=torch.int32)
 

@@ -58,34 +58,22 @@ def _child(conn, device: str, interpreter: bool, parent_pid: int | None = None) 
     import torch
 
     from flashtune.autotuner.outcome import is_fatal
-    from flashtune.autotuner.trial import KeyBench
 
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev.index if dev.index is not None else 0)
-    bench: KeyBench | None = None
+    bench = None
     while True:
         try:
             op, args = conn.recv()
         except EOFError:
             return
+        if op == "exit":
+            return
         try:
             if op == "setup":
-                bench = None
-                bench = KeyBench(args["key"], dev, args.get("shape"))
-                reply: Any = bench.describe()
-            elif op == "run":
-                reply = bench.run(args["config"], args.get("fault", 0))
-            elif op == "precompile":
-                reply = bench.precompile(args["configs"], args["faults"], args["threads"])
-            elif op == "retime":
-                reply = bench.retime(args["configs"], args["rounds"])
-            elif op == "race":
-                reply = bench.race(args["config"], args["fwd_config"], args["rounds"])
-            elif op == "exit":
-                return
-            else:
-                raise ValueError(f"unknown request {op!r}")
+                bench = None  # a failed setup leaves no key's inputs behind
+            bench, reply = serve(bench, dev, op, args)
         except BaseException as e:  # noqa: BLE001 - reported to the parent
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"))
             if is_fatal(e):
@@ -94,6 +82,27 @@ def _child(conn, device: str, interpreter: bool, parent_pid: int | None = None) 
         conn.send(("ok", reply))
         if isinstance(reply, Outcome) and reply.status == "crashed":
             return  # the CUDA context is poisoned: leave, the parent starts a new child
+
+
+def serve(bench, device, op: str, args: dict) -> tuple[Any, Any]:
+    """One request of the worker's protocol: (the key's bench after it, the reply). ``bench``
+    is the current key's ``KeyBench`` (None before the first ``setup``). The worker process
+    serves its requests with it; a test double of the worker runs it in the caller's process,
+    so what it tests is the same request handling."""
+    from flashtune.autotuner.trial import KeyBench
+
+    if op == "setup":
+        bench = KeyBench(args["key"], device, args.get("shape"))
+        return bench, bench.describe()
+    if op == "run":
+        return bench, bench.run(args["config"], args.get("fault", 0))
+    if op == "precompile":
+        return bench, bench.precompile(args["configs"], args["faults"], args["threads"])
+    if op == "retime":
+        return bench, bench.retime(args["configs"], args["rounds"])
+    if op == "race":
+        return bench, bench.race(args["config"], args["fwd_config"], args["rounds"])
+    raise ValueError(f"unknown request {op!r}")
 
 
 class TrialWorker:
