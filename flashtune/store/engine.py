@@ -8,7 +8,8 @@
   long a reader that must not stall (the dispatcher at model start-up) waits for a lock,
   on both engines; ``read_only`` opens a SQLite file that cannot be written (a store
   baked into a container image) with ``mode=ro`` (and ``immutable=1`` where its
-  directory cannot be written either, so no WAL index can be made).
+  directory cannot be written either, so no WAL index can be made; a private copy where
+  it also has a WAL file, whose rows ``immutable`` would leave out).
 - ``ensure_directory``: the missing directories of a SQLite file, made where a store is
   created at the default location or by ``flashtune db upgrade`` (never by what only
   reads a store; a path given to a search must exist, so a typo makes no directories).
@@ -136,20 +137,44 @@ def asks_read_only(url: sa.URL) -> bool:
     return url.query.get("mode") == "ro" or url.query.get("immutable") == "1"
 
 
-def _sqlite_uri_url(url: sa.URL, read_only: bool) -> sa.URL:
-    """The file: URI form of a SQLite URL, with its URI parameters; read-only adds
-    ``mode=ro``, and ``immutable=1`` where the directory cannot be written and there is
-    no WAL file (the WAL index, ``-shm``, cannot be made there, so SQLite could not open
-    the file otherwise)."""
+def _sqlite_uri_url(url: sa.URL, read_only: bool) -> tuple[sa.URL, Path | None]:
+    """The file: URI form of a SQLite URL, with its URI parameters, and the private copy it
+    opens (None: the file itself). Read-only adds ``mode=ro``; where the directory cannot be
+    written, where there is no WAL file also ``immutable=1`` (the WAL index, ``-shm``, cannot
+    be made there, so SQLite could not open the file otherwise), and where there is a WAL file
+    but no WAL index the store and its WAL are read from a private copy: ``immutable`` would
+    leave out the rows the WAL holds, and SQLite opens no WAL without its index. (A WAL
+    without an index has no process attached: every open WAL connection keeps the index.)"""
     from urllib.parse import quote
 
     path = sqlite_path(url)
     query = {name: value for name, value in url.query.items() if name in _URI_PARAMS}
+    copy = None
     if read_only:
         query["mode"] = "ro"
-        if not os.access(path.parent, os.W_OK) and not Path(f"{path}-wal").exists():
-            query["immutable"] = "1"
-    return sa.URL.create("sqlite", database=f"file:{quote(str(path))}", query={**query, "uri": "true"})
+        if not os.access(path.parent, os.W_OK):
+            wal, index = Path(f"{path}-wal"), Path(f"{path}-shm")
+            if not wal.exists():
+                query["immutable"] = "1"
+            elif not index.exists():
+                copy = _private_copy(path, wal)
+    target = copy / path.name if copy is not None else path
+    return sa.URL.create("sqlite", database=f"file:{quote(str(target))}", query={**query, "uri": "true"}), copy
+
+
+def _private_copy(path: Path, wal: Path) -> Path:
+    """A new temporary directory holding copies of the store ``path`` and its WAL file."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="flashtune-store-"))
+    try:
+        shutil.copyfile(path, folder / path.name)
+        shutil.copyfile(wal, folder / wal.name)
+    except OSError as e:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise StoreError(f"cannot read the store {path} with its WAL file: {e.strerror or e}") from e
+    return folder
 
 
 def create_store_engine(url: sa.URL, *, lock_timeout_s: float | None = None, read_only: bool = False) -> sa.Engine:
@@ -160,7 +185,9 @@ def create_store_engine(url: sa.URL, *, lock_timeout_s: float | None = None, rea
     that and a connect timeout), default ``BUSY_TIMEOUT_MS`` on SQLite and none on
     PostgreSQL. ``read_only``: a SQLite file opened without writing (see the module)."""
     uri_params = any(name in url.query for name in _URI_PARAMS) and "uri" not in url.query
-    target = _sqlite_uri_url(url, read_only) if sqlite_path(url) is not None and (read_only or uri_params) else url
+    target, copy = url, None
+    if sqlite_path(url) is not None and (read_only or uri_params):
+        target, copy = _sqlite_uri_url(url, read_only)
     connect_args = {}
     if lock_timeout_s is not None and url.get_backend_name() == "postgresql" and "connect_timeout" not in url.query:
         connect_args["connect_timeout"] = max(1, math.ceil(lock_timeout_s))
@@ -168,6 +195,11 @@ def create_store_engine(url: sa.URL, *, lock_timeout_s: float | None = None, rea
         engine = sa.create_engine(target, connect_args=connect_args)
     except (ImportError, sa.exc.ArgumentError) as e:
         raise StoreError(f"cannot use {show_url(url)}: {e}") from e
+    if copy is not None:  # the private copy goes with the engine
+        import shutil
+        import weakref
+
+        weakref.finalize(engine, shutil.rmtree, copy, True)
     if url.get_backend_name() == "sqlite":
         busy_ms = None if lock_timeout_s is None else max(1, int(lock_timeout_s * 1000))
         sa.event.listen(engine, "connect", functools.partial(_configure_sqlite_connection, busy_ms=busy_ms))

@@ -111,6 +111,36 @@ def test_a_wal_store_in_a_read_only_directory_is_read(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
+def test_a_read_only_wal_store_with_its_wal_file_but_no_index_serves_every_row(tmp_path):
+    """A store copied into an image while a connection had rows in its WAL file: the WAL
+    (``-wal``) came along, the index (``-shm``) did not. Every row is served, the WAL's too."""
+    import shutil
+
+    source, folder = tmp_path / "source", tmp_path / "image"
+    source.mkdir(), folder.mkdir()
+    db = source / "tuned.db"
+    _fill(db)
+    with contextlib.closing(sqlite3.connect(db)) as reader:  # open: the WAL is not folded back
+        reader.execute("PRAGMA wal_autocheckpoint = 0")
+        reader.execute("SELECT count(*) FROM flashtune_tuned_results").fetchone()
+        with reader:
+            reader.execute("UPDATE flashtune_tuned_results SET time_ms = 0.125 WHERE seq_q = 32")
+        shutil.copyfile(db, folder / "tuned.db")
+        shutil.copyfile(f"{db}-wal", folder / "tuned.db-wal")
+    baked = folder / "tuned.db"
+    before = sorted(p.name for p in folder.iterdir())
+    assert before == ["tuned.db", "tuned.db-wal"]
+    with _read_only_directory(folder):
+        messages, seconds, source_of_call = _served(baked)
+        listed = _cli("list", "--db", baked, "--json")
+    # before: "unable to open database file" and the heuristic configs
+    assert (messages, source_of_call) == ([], "tuned exact") and seconds < 2
+    assert listed.exit_code == 0, listed.output
+    times = {row["seq_q"]: row["time_ms"] for row in json.loads(listed.stdout)}
+    assert times[32] == 0.125  # the row the WAL holds, not the main file's
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
 # -- a lock held by another process ---------------------------------------------------------
 
 _HOLD_SQLITE = """
