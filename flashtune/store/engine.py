@@ -75,6 +75,9 @@ def resolve_url(url: str | os.PathLike | sa.URL | None = None) -> sa.URL:
         url = os.environ.get(ENV_VAR)
     if not url:
         url = default_path()
+    if not isinstance(url, (str, os.PathLike, sa.URL)):
+        raise StoreError(f"not a database URL or a file path: {url!r} ({type(url).__name__}); give a file path "
+                         "or a URL such as sqlite:///PATH")
     if isinstance(url, sa.URL):
         parsed = url
     elif isinstance(url, os.PathLike) or "://" not in url:
@@ -84,6 +87,10 @@ def resolve_url(url: str | os.PathLike | sa.URL | None = None) -> sa.URL:
             parsed = sa.make_url(url)
         except sa.exc.ArgumentError as e:
             raise StoreError(f"not a database URL: {url!r}; give a file path or a URL such as sqlite:///PATH") from e
+        except ValueError as e:  # SQLAlchemy's int() of the port
+            raise _bad_port(_port_text(url), _hide_password(url)) from e
+        if parsed.port is not None and not 1 <= parsed.port <= 65535:
+            raise _bad_port(str(parsed.port), show_url(parsed))
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     backend = parsed.get_backend_name()
@@ -93,6 +100,27 @@ def resolve_url(url: str | os.PathLike | sa.URL | None = None) -> sa.URL:
             "path, sqlite:///PATH or postgresql+psycopg://USER@HOST/DATABASE"
         )
     return parsed
+
+
+def _bad_port(port: str | None, shown: str) -> StoreError:
+    return StoreError(f"port: expected a number from 1 to 65535 in the database URL {shown!r}, got {port!r}")
+
+
+def _port_text(url: str) -> str | None:
+    """The port as written in a URL string (None where it has none)."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).netloc.rpartition("@")[2]
+    if host.startswith("["):  # an IPv6 address: [::1]:5432
+        host = host.partition("]")[2]
+    return host.rpartition(":")[2] if ":" in host else None
+
+
+def _hide_password(url: str) -> str:
+    """A URL string as messages show it: its password, if any, as ``***`` (as show_url)."""
+    import re
+
+    return re.sub(r"^([^:/]+://[^:/@]*):[^@/]*@", r"\1:***@", url)
 
 
 def show_url(url: sa.URL) -> str:
