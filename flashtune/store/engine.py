@@ -212,6 +212,7 @@ def create_store_engine(url: sa.URL, *, lock_timeout_s: float | None = None, rea
     PostgreSQL's lock_timeout; PostgreSQL also gets a statement_timeout of a few times
     that and a connect timeout), default ``BUSY_TIMEOUT_MS`` on SQLite and none on
     PostgreSQL. ``read_only``: a SQLite file opened without writing (see the module)."""
+    _check_regular_file(url)
     uri_params = any(name in url.query for name in _URI_PARAMS) and "uri" not in url.query
     target, copy = url, None
     if sqlite_path(url) is not None and (read_only or uri_params):
@@ -236,6 +237,26 @@ def create_store_engine(url: sa.URL, *, lock_timeout_s: float | None = None, rea
         sa.event.listen(engine, "connect", functools.partial(_configure_postgresql_timeouts,
                                                              lock_ms=max(1, int(lock_timeout_s * 1000))))
     return engine
+
+
+def _check_regular_file(url: sa.URL) -> None:
+    """A SQLite store's path that exists must be a regular file (through any symlinks): SQLite
+    would read a FIFO's nothing as an I/O error, and take a device that reads zeros (/dev/zero,
+    a blank disk) for an empty database and write a store's tables to it."""
+    import stat
+
+    path = sqlite_path(url)
+    try:
+        mode = path.stat().st_mode if path is not None else None
+    except OSError:  # missing (a store to create) or unreadable: SQLite says which
+        return
+    if mode is None or stat.S_ISREG(mode):
+        return
+    kinds = ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+             (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
+    kind = next((name for test, name in kinds if test(mode)), "special file")
+    raise StoreError(f"the store {path} is a {kind}, not a SQLite file: point {ENV_VAR} or --db at a file "
+                     "(a new path makes a new store)")
 
 
 def _configure_sqlite_connection(dbapi_connection, _record, busy_ms: int | None = None) -> None:

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from store_samples import key, result
 
 from flashtune.keys import GpuInfo
-from flashtune.store import Store
+from flashtune.store import Store, StoreError
 
 HERE = GpuInfo.from_device(None)  # the dispatcher's GPU here: the interpreter's without CUDA
 
@@ -139,6 +139,28 @@ def test_a_read_only_wal_store_with_its_wal_file_but_no_index_serves_every_row(t
     times = {row["seq_q"]: row["time_ms"] for row in json.loads(listed.stdout)}
     assert times[32] == 0.125  # the row the WAL holds, not the main file's
     assert sorted(p.name for p in folder.iterdir()) == before
+
+
+@pytest.mark.parametrize("kind", ["directory", "FIFO", "character device"])
+def test_a_store_path_that_is_no_regular_file_is_refused_before_sqlite_opens_it(kind, tmp_path):
+    """Was: a FIFO "disk I/O error"; a link to /dev/zero taken for an empty database, its
+    tables written to the device ("upgrade ...: disk I/O error")."""
+    path = tmp_path / "tuned.db"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    message = f"the store {path} is a {kind}, not a SQLite file: point FLASHTUNE_DB or --db at a file"
+    for create in (False, True):
+        with pytest.raises(StoreError) as refused:
+            Store(path, create=create)
+        assert str(refused.value).startswith(message)
+    messages, seconds, source = _served(path)
+    assert source == "heuristic" and seconds < 2 and len(messages) == 1 and message in messages[0]
+    done = _cli("search", "--interpreter", "--db", path, "--trials", "1", "--seq-len", "16")
+    assert done.exit_code == 1 and done.output.endswith(f"Error: {message} (a new path makes a new store)\n")
 
 
 # -- a lock held by another process ---------------------------------------------------------
