@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from flashtune.device import INTERPRETER
+from flashtune.interpreter_lock import serialise_launches
 
 try:
     from triton import knobs as _knobs
@@ -50,6 +51,8 @@ except ImportError:  # pragma: no cover
 # tensor and a shared-memory layout) are recognised by module, so that recording never
 # imports Gluon
 _GLUON_DESCRIPTOR_MODULE = "triton.experimental.gluon."
+
+serialise_launches()  # the interpreter's launches share its module state: one at a time
 
 ENABLED = os.environ.get("FLASHTUNE_LAUNCH_PLANS", "1") != "0"
 MAX_PLANS = 4096  # per cache; a cache past it is cleared (a new signature costs one recorded call)
