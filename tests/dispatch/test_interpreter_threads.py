@@ -11,13 +11,13 @@ import pytest
 import torch
 
 import flashtune
-from flashtune.kernels.common import INTERPRETER
+from flashtune.device import INTERPRETER
 
 pytestmark = pytest.mark.skipif(not INTERPRETER, reason="the interpreter's own thread-safety")
 
 
 def test_concurrent_calls_with_gradients_match_one_thread(tmp_path):
-    with pytest.warns(flashtune.dispatch.DispatchWarning, match="no flashtune store"):
+    with pytest.warns(flashtune.dispatch.DispatchWarning, match="no tuned configs"):
         fn = flashtune.get_tuned_attention(tmp_path / "none.db", device="cpu")  # the heuristic configs
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 17, 16, generator=gen) for _ in range(3))
