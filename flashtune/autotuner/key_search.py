@@ -105,6 +105,14 @@ class KeySearch:
             if self.ledger.is_valid(cfg):
                 self.ledger.record(cfg, outcome)
         self._adopt_recorded_trials()
+        self._measured_before_run = 0  # set as each run starts (_out_of_time)
+        # the key's stored result as the search found it: the one its winner may replace
+        # (queued early, so re-checked and re-timed); one written later (an import, another
+        # search) was never measured here and stays where it is faster (finalize)
+        from flashtune.store import ResultFilter
+
+        found = bench.store.list_results(ResultFilter.for_key(key))
+        self.found = found[0] if found else None
 
     def _adopt_recorded_trials(self) -> None:
         """Trials the store has (same key, same kernel) but the study does not: a search
@@ -351,9 +359,12 @@ class KeySearch:
                               default_time_ms=default_ms, error=float(ledger.get(winner).error or 0.0),
                               n_trials=n_trials, gpu=self.bench.gpu, provenance=self.bench.provenance,
                               runner=runner, runner_times=runner_times)
-        self.bench.store.save_result(result, replace=True)
+        message = ""
+        if not self.bench.store.save_result(result, replace=True, replacing=self.found):
+            message = "the store keeps a faster result written while this key was searched"
         return self.result(status, started, winner=winner, time_ms=best_ms, tflops=result.tflops,
                            default_time_ms=default_ms, runner=runner, runner_times=runner_times, n_trials=n_trials,
+                           message=message,
                            **common)
 
     def _race(self, winner, best_ms: float) -> tuple[str, dict | None]:

@@ -39,6 +39,7 @@ ON_CONFLICT = ("error", "skip", "replace", "keep_faster")
 PROVENANCE_COLUMNS = ("flashtune_version", "kernel_hash", "triton_version", "torch_version", "cuda_version",
                       "driver_version")
 _KEY_INDEX = ("gpu_id", *KEY_COLUMNS)  # the unique key of tuned results
+ANY_RESULT = object()  # save_result's ``replacing`` not given: whatever is stored
 
 
 class Store:
@@ -167,13 +168,17 @@ class Store:
 
     # -- tuned results -----------------------------------------------------------------
 
-    def save_result(self, result: StoredResult, *, replace: bool = False) -> bool:
+    def save_result(self, result: StoredResult, *, replace: bool = False, replacing=ANY_RESULT) -> bool:
         """Store a search's winner; an existing faster result stays unless ``replace``.
 
-        Returns whether ``result`` is now the stored one.
+        ``replacing`` (with ``replace``): the stored result as the caller read it
+        (``list_results``; None: the key had none). It is replaced only while it is still that
+        one; a result written since (an import, another search), which the caller never
+        measured, stays where it is faster. Returns whether ``result`` is now the stored one.
         """
         summary = self._write_results([result], "replace" if replace else "keep_faster",
-                                      f"save the result of {result.key.label()} on {result.key.gpu}")
+                                      f"save the result of {result.key.label()} on {result.key.gpu}",
+                                      replacing=replacing)
         return summary.kept == 0
 
     def import_results(self, results: Iterable[StoredResult], *, on_conflict: str = "error",
@@ -192,7 +197,7 @@ class Store:
         return self._write_results(results, on_conflict, f"import {len(results)} results", dry_run=dry_run)
 
     def _write_results(self, results: list[StoredResult], on_conflict: str, action: str, *,
-                       dry_run: bool = False) -> ImportSummary:
+                       dry_run: bool = False, replacing=ANY_RESULT) -> ImportSummary:
         seen: set[TuningKey] = set()
         for i, result in enumerate(results):
             try:
@@ -210,7 +215,7 @@ class Store:
                 # the writers of one GPU, so two imports cannot deadlock on result rows.
                 gpu_ids = {gpu_key: _upsert_gpu(session, gpus[gpu_key]) for gpu_key in sorted(gpus)}
                 for result in results:
-                    outcomes[_write_result(session, result, gpu_ids[result.key.gpu], on_conflict)] += 1
+                    outcomes[_write_result(session, result, gpu_ids[result.key.gpu], on_conflict, replacing)] += 1
                 if dry_run:
                     raise _RollBack  # leaves the transaction through its rollback path
         except _RollBack:
@@ -342,9 +347,10 @@ class _RollBack(Exception):
     """Raised inside a transaction to undo it (a dry run)."""
 
 
-def _write_result(session: Session, result: StoredResult, gpu_id: int, on_conflict: str) -> str:
+def _write_result(session: Session, result: StoredResult, gpu_id: int, on_conflict: str,
+                  replacing=ANY_RESULT) -> str:
     """Write one result under the ``on_conflict`` policy; say whether it was inserted,
-    replaced an existing one, or the existing one was kept."""
+    replaced an existing one, or the existing one was kept (``replacing``: as save_result)."""
     table = TunedResult.__table__
     values = {
         "config": result.config.to_dict(), "time_ms": result.time_ms, "tflops": result.tflops,
@@ -356,7 +362,12 @@ def _write_result(session: Session, result: StoredResult, gpu_id: int, on_confli
     where = [table.c[name] == value for name, value in key_values.items()]
     # Nobody else writes this row before we do: the caller holds the GPU row's lock on
     # PostgreSQL, and SQLite's IMMEDIATE transaction excludes other writers.
-    existed = session.scalar(sa.select(table.c.id).where(*where)) is not None
+    row = session.execute(sa.select(table.c.created_at, table.c.updated_at).where(*where)).first()
+    existed = row is not None
+    if existed and on_conflict == "replace" and replacing is not ANY_RESULT and (
+            replacing is None or (as_utc(row.created_at), as_utc(row.updated_at))
+            != (replacing.created_at, replacing.updated_at)):
+        on_conflict = "keep_faster"  # written since the caller read it: the faster stays
     if existed and on_conflict == "error":
         raise StoreError(f"{result.key.label()} on {result.key.gpu} already has a result; import with "
                          "on_conflict='skip', 'replace' or 'keep_faster' to resolve it")
