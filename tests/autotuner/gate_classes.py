@@ -22,7 +22,8 @@ import torch
 
 from flashtune.autotuner.scheduler import DeviceWorker
 from flashtune.autotuner.worker import serve
-from flashtune.kernels.config import BwdConfig, FwdConfig
+from flashtune.configs.backward import BwdConfig
+from flashtune.configs.forward import FwdConfig
 from flashtune.keys import GpuInfo, TuningKey
 
 

@@ -19,7 +19,7 @@ from gate_classes import CLASSES, InlineWorker, keys, search_rejecting_wrong_cla
 from flashtune.autotuner import scheduler
 from flashtune.autotuner.faults import FAULT_NAN, FAULT_WRONG, FAULT_WRONG_SECOND, FAULT_WRONG_THIRD
 from flashtune.autotuner.trial import KeyBench
-from flashtune.kernels.space import SPACES, candidates
+from flashtune.configs.space import SPACES, candidates
 
 CPU = torch.device("cpu")
 KEYS = keys()
@@ -64,8 +64,8 @@ def test_the_classes_are_configs_of_the_search_space_and_hold_every_value_of_it(
 
 
 def test_the_triton_classes_take_the_launch_paths_they_are_named_for():
-    from flashtune.kernels.config import dkdv_split
-    from flashtune.kernels.decode import plan_schedule
+    from flashtune.configs.backward import dkdv_split
+    from flashtune.kernels.triton.decode import plan_schedule
 
     fwd, bwd = KEYS["fwd"], KEYS["bwd"]
     batch, heads_q, heads_kv = fwd.trial_shape(interpreter=True)

@@ -16,7 +16,7 @@ import torch
 from gate_classes import CLASSES, keys, search_rejecting_wrong_classes
 
 from flashtune.autotuner.faults import FAULT_WRONG
-from flashtune.kernels.config import ConfigError
+from flashtune.configs.base import ConfigError
 
 pytestmark = [
     pytest.mark.gpu,

@@ -12,7 +12,7 @@ import time
 import torch
 from autotuner_helpers import GPU, key, stored_result, trials_of
 
-from flashtune.kernels.config import FwdConfig
+from flashtune.configs.forward import FwdConfig
 from flashtune.keys import GpuInfo
 from flashtune.provenance import current_provenance
 from flashtune.store import StoredResult

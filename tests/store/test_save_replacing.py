@@ -4,7 +4,7 @@ was found (an import, another search) stays where it is faster (SQLite and Postg
 
 from __future__ import annotations
 
-from flashtune.kernels.config import FwdConfig
+from flashtune.configs.forward import FwdConfig
 from flashtune.keys import GpuInfo, TuningKey
 from flashtune.provenance import current_provenance
 from flashtune.store import StoredResult
