@@ -52,7 +52,7 @@ def test_the_variants_of_configs_and_a_store_and_a_decode_row(compare, tmp_path,
     configs = tmp_path / "configs.json"
     configs.write_text(json.dumps({"*": {"fwd": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}}}))
     out = tmp_path / "compare.json"
-    with pytest.warns(UserWarning, match="cannot read tuned configs"):
+    with pytest.warns(UserWarning, match="no tuned configs"):
         code = compare.main(["--device", "cpu", "--rows", "", "--shape", "1,4,2,1,40,16", "--pass", "fwd",
                              "--anchors", "math", "--flashtune", "default,tuned", "--db", str(tmp_path / "none.db"),
                              "--configs", str(configs), "--out", str(out)])

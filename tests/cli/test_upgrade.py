@@ -49,7 +49,7 @@ def upgrade(tmp_path, monkeypatch):
         package = Path(provenance.__file__).resolve().parent
         copy = tmp_path / "upgraded" / "flashtune"
         shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
-        forward = copy / "kernels" / "forward.py"
+        forward = copy / "kernels" / "triton" / "forward.py"
         forward.write_text(forward.read_text() + "\n# the next release's forward kernel\n")
         monkeypatch.setattr(provenance, "_PACKAGE", copy)
         provenance.kernel_source_hash.cache_clear()
