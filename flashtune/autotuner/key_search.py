@@ -96,6 +96,13 @@ class KeySearch:
         except ConfigError:  # nothing runs on this device: the key ends as no_valid_config
             self.default = None
         self._measured_before_run = 0  # set as each run starts (_out_of_time)
+        # the key's stored result as the search found it: the one its winner may replace
+        # (queued early, so re-checked and re-timed); one written later (an import, another
+        # search) was never measured here and stays where it is faster (store_winner)
+        from flashtune.store import ResultFilter
+
+        found = bench.store.list_results(ResultFilter.for_key(key))
+        self.found = found[0] if found else None
         self.study = None
         if not with_study:
             return
@@ -105,14 +112,6 @@ class KeySearch:
             if self.ledger.is_valid(cfg):
                 self.ledger.record(cfg, outcome)
         self._adopt_recorded_trials()
-        self._measured_before_run = 0  # set as each run starts (_out_of_time)
-        # the key's stored result as the search found it: the one its winner may replace
-        # (queued early, so re-checked and re-timed); one written later (an import, another
-        # search) was never measured here and stays where it is faster (finalize)
-        from flashtune.store import ResultFilter
-
-        found = bench.store.list_results(ResultFilter.for_key(key))
-        self.found = found[0] if found else None
 
     def _adopt_recorded_trials(self) -> None:
         """Trials the store has (same key, same kernel) but the study does not: a search
