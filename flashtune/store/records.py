@@ -269,5 +269,5 @@ def short_value(value: Any, limit: int = 60) -> str:
 
 def as_utc(moment: datetime) -> datetime:
     """A stored timestamp in UTC (SQLite hands them back without a zone, PostgreSQL in
-    the session's zone; the store writes UTC)."""
+    the connection's time zone; the store writes UTC)."""
     return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)

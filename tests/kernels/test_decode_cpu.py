@@ -187,7 +187,7 @@ def test_bottom_right_rows_without_keys_get_zero(kernel_device):
 # ----------------------------------------------------------------------------------
 # The schedule as data
 # ----------------------------------------------------------------------------------
-SHAPES_DECODE = [  # (B, Hq, Hkv, Nk, D) of ../shared/design/SHAPES.md's decode rows
+SHAPES_DECODE = [  # (B, Hq, Hkv, Nk, D) of docs/performance.md's SHAPES decode rows
     (1, 32, 8, 65536, 128), (32, 32, 8, 4096, 128), (128, 64, 8, 2048, 128), (16, 8, 1, 8192, 256)]
 
 
