@@ -336,11 +336,10 @@ class KeySearch:
         (``n_trials``: the trials the stored row counts, default those measured here)."""
         from flashtune.store import StoredResult
 
-        worker, budget, ledger = self.bench.worker, self.budget, self.ledger
+        worker, ledger = self.bench.worker, self.ledger
         finalists = list({c.canonical(): c for c in finalists}.values())
+        finalists, times = self._retime(finalists)
         default_ok = self.default is not None and ledger.measured_ok(self.default)
-        times = worker.retime(self.key, finalists, budget.rounds,
-                              timeout=budget.trial_timeout * (1 + budget.rounds) * len(finalists))
         # after retime: the child has this key's inputs even when no trial ran in this
         # process (a search resumed after all its trials had finished)
         info = worker.info_for(self.key)
@@ -366,6 +365,35 @@ class KeySearch:
                            message=message,
                            **common)
 
+    def _retime(self, finalists: list) -> tuple[list, list[list[float]]]:
+        """(the finalists timed, each one's times over the rounds), interleaved
+        (``TrialWorker.retime``). A worker lost on the way (the OOM killer, a signal, a finalist
+        that crashed it) does not cost the key: each finalist is then timed alone, in a fresh
+        worker where needed, and one that loses the worker again is recorded as such and drops
+        out. WorkerLost only when none is left."""
+        from flashtune.autotuner.worker import WorkerLost
+
+        worker, budget = self.bench.worker, self.budget
+        each = budget.trial_timeout * (1 + budget.rounds)
+        try:
+            return finalists, worker.retime(self.key, finalists, budget.rounds, timeout=each * len(finalists))
+        except WorkerLost:
+            pass
+        timed, times, lost = [], [], None
+        for cfg in finalists:
+            try:
+                times.append(worker.retime(self.key, [cfg], budget.rounds, timeout=each)[0])
+                timed.append(cfg)
+            except WorkerLost as e:
+                lost = e
+                outcome = Outcome(e.status, message=f"while it was re-timed: {e}")
+                self.bench.store.record_trial(self.key, cfg, outcome, provenance=self.bench.provenance,
+                                              study=self.study.name if self.study else None)
+                self.ledger.record(cfg, outcome)
+        if not timed:
+            raise lost
+        return timed, times
+
     def _race(self, winner, best_ms: float) -> tuple[str, dict | None]:
         """(runner, each runner's ms) of the key: the Triton winner against SDPA's backends,
         in one run (``KeyBench.race``); ("triton", None) when SDPA is not a candidate. A
@@ -388,9 +416,14 @@ class KeySearch:
             fwd_config = stored[0].config if stored else default_config(
                 "fwd", self.key.head_dim, getattr(torch, self.key.dtype), self.bench.device,
                 causal=self.key.causal, seq_q=self.key.seq_q, seq_k=self.key.seq_k)
+        from flashtune.autotuner.worker import WorkerLost
+
         budget = self.budget
-        times = self.bench.worker.race(self.key, winner, fwd_config, budget.rounds,
-                                       timeout=budget.trial_timeout * (1 + budget.rounds) * 4)
+        try:
+            times = self.bench.worker.race(self.key, winner, fwd_config, budget.rounds,
+                                           timeout=budget.trial_timeout * (1 + budget.rounds) * 4)
+        except WorkerLost:  # a backend crashed or hung the worker: the Triton winner serves the key
+            return "triton", None
         measured = {name: ms for name, ms in times.items() if ms is not None}
         if self.key.pass_ == "fwd" and measured.get("triton") is not None:
             measured["triton"] = max(measured["triton"], best_ms)

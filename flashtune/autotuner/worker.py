@@ -177,6 +177,8 @@ class TrialWorker:
                 raise WorkerLost("timeout", f"no answer within {timeout:g} s; the worker was killed")
             status, reply = self._conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as e:
+            if self._proc is not None:
+                self._proc.join(timeout=5)  # the pipe closes before the exit status is known
             code = self._proc.exitcode if self._proc is not None else None
             first = not self._answered
             self._kill()
