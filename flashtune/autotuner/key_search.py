@@ -370,7 +370,7 @@ class KeySearch:
         (``TrialWorker.retime``). A worker lost on the way (the OOM killer, a signal, a finalist
         that crashed it) does not cost the key: each finalist is then timed alone, in a fresh
         worker where needed, and one that loses the worker again is recorded as such and drops
-        out. WorkerLost only when none is left."""
+        out. WorkerLost when every one loses it (then none is recorded: nothing tells a culprit)."""
         from flashtune.autotuner.worker import WorkerLost
 
         worker, budget = self.bench.worker, self.budget
@@ -379,19 +379,20 @@ class KeySearch:
             return finalists, worker.retime(self.key, finalists, budget.rounds, timeout=each * len(finalists))
         except WorkerLost:
             pass
-        timed, times, lost = [], [], None
+        timed, times, lost = [], [], []
         for cfg in finalists:
             try:
                 times.append(worker.retime(self.key, [cfg], budget.rounds, timeout=each)[0])
                 timed.append(cfg)
             except WorkerLost as e:
-                lost = e
-                outcome = Outcome(e.status, message=f"while it was re-timed: {e}")
-                self.bench.store.record_trial(self.key, cfg, outcome, provenance=self.bench.provenance,
-                                              study=self.study.name if self.study else None)
-                self.ledger.record(cfg, outcome)
-        if not timed:
-            raise lost
+                lost.append((cfg, e))
+        if not timed:  # every one lost the worker: nothing tells a culprit, the key fails
+            raise lost[-1][1]
+        for cfg, e in lost:
+            outcome = Outcome(e.status, message=f"while it was re-timed: {e}")
+            self.bench.store.record_trial(self.key, cfg, outcome, provenance=self.bench.provenance,
+                                          study=self.study.name if self.study else None)
+            self.ledger.record(cfg, outcome)
         return timed, times
 
     def _race(self, winner, best_ms: float) -> tuple[str, dict | None]:
