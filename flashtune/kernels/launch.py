@@ -101,18 +101,14 @@ def zeros(shape, *, dtype: torch.dtype, device) -> torch.Tensor:
     return _allocated(torch.zeros(shape, dtype=dtype, device=device), zero=True)
 
 
-def copy_(dst: torch.Tensor, src: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """``dst.copy_(src)`` (``scale``: ``torch.mul(src, scale, out=dst)``, one pass too), noted by
-    the recorder: both must be inputs or allocations of the call (or views of allocations), else
-    the call gets no plan."""
-    if scale is None:
-        dst.copy_(src)
-    else:
-        torch.mul(src, scale, out=dst)
+def copy_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``dst.copy_(src)``, noted by the recorder: both must be inputs or allocations of the call
+    (or views of allocations), else the call gets no plan."""
+    dst.copy_(src)
     recorder = getattr(_local, "recorder", None)
     if recorder is not None and recorder.ok:
         try:
-            recorder.steps.append(("copy", recorder.ref(dst), recorder.ref(src), scale))
+            recorder.steps.append(("copy", recorder.ref(dst), recorder.ref(src)))
         except Unplannable:
             recorder.ok = False
     return dst
@@ -158,7 +154,7 @@ class _Recorder:
         self.n_inputs = len(inputs)
         self.slot_of = {id(t): i for i, t in enumerate(inputs)}
         self.allocs: list[tuple] = []
-        # in call order: _Launch, ("zero", ref) or ("copy", dst ref, src ref, scale or None)
+        # in call order: _Launch, ("zero", ref) or ("copy", dst ref, src ref)
         self.steps: list = []
         self.ok = True
 
@@ -243,7 +239,7 @@ class Plan:
         self.source, self._run = self._compile()
 
     def _compile(self):
-        namespace = {"_empty_strided": torch.empty_strided, "_descriptor": _descriptor, "_mul": torch.mul,
+        namespace = {"_empty_strided": torch.empty_strided, "_descriptor": _descriptor,
                      "_current_stream": _current_stream}
 
         def const(value) -> str:
@@ -270,10 +266,8 @@ class Plan:
             if not isinstance(ln, _Launch):
                 if ln[0] == "zero":
                     body.append(f"{expr(ln[1])}.zero_()")
-                elif ln[3] is None:
-                    body.append(f"{expr(ln[1])}.copy_({expr(ln[2])})")
                 else:
-                    body.append(f"_mul({expr(ln[2])}, {const(ln[3])}, out={expr(ln[1])})")
+                    body.append(f"{expr(ln[1])}.copy_({expr(ln[2])})")
                 continue
             refs = dict(ln.refs)
             args = [expr(refs[p]) if p in refs else const(v) for p, v in enumerate(ln.template)]

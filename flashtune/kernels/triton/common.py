@@ -54,7 +54,7 @@ def lpt_tile(pid, n_blocks, n_units, LPT_UNITS):
     """(block, unit) of program ``pid`` of a 1-D grid of n_blocks x n_units programs in
     heaviest-first order (config.lpt_group): the units in groups of LPT_UNITS, within a group
     block 0 (the caller's heaviest) of every unit first, then block 1, and so on. The
-    Gluon kernels' gluon_forward.lpt_tile is the same walk."""
+    Gluon kernels' sm90.lpt_tile is the same walk."""
     per_group = n_blocks * LPT_UNITS
     group = pid // per_group
     units_here = tl.minimum(LPT_UNITS, n_units - group * LPT_UNITS)

@@ -23,7 +23,7 @@ Nq != Nk, grouped-query heads (tk and tv have k's and v's shapes), any strides (
 included: their own strides, e.g. stride 0 from an expanded zero), head dims up to 256
 padded to a power of two, fp32 / fp16 / bf16 inputs, any finite sm_scale. Not supported
 with tangents: softcap, sliding windows, dropout, packed variable-length sequences
-(function.py refuses them naming the argument). The kernel runs FwdConfig's BLOCK_M,
+(api.py refuses them naming the argument). The kernel runs FwdConfig's BLOCK_M,
 BLOCK_N, num_warps and num_stages only: no TMA loads, no split-KV schedule, no Gluon
 family (those fields are ignored; a Gluon config takes this kernel's default). Its
 default blocks (``default_jvp_config``) are not tuned or measured on a GPU.
