@@ -57,7 +57,10 @@ def parse_args(argv=None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     ap.add_argument("--flashtune", default="default", metavar="VARIANT,...",
                     help=f"flashtune's variants, comma-separated, of {', '.join(VARIANTS)} (default: default)")
     ap.add_argument("--configs", metavar="FILE.json", help="configs per row for the configs variant (see above)")
-    ap.add_argument("--db", metavar="STORE", help="a tuned store for the dropin and tuned variants")
+    ap.add_argument("--db", metavar="STORE", action="append", default=[],
+                    help="a tuned store for the dropin and tuned variants; repeat it to time the drop-in of each "
+                         "store side by side (dropin, dropin-2, ...; tuned uses the first); a path that does not "
+                         "exist is a fresh install's empty store, served by the package's shipped table")
     harness.add_timing_args(ap)
     ap.add_argument("--out", metavar="FILE.json", help="write the environment and every row as JSON ('-': stdout)")
     args = ap.parse_args(argv)
@@ -102,18 +105,32 @@ def load_configs(ap: argparse.ArgumentParser, path: str, rows) -> dict:
     return out
 
 
-def flashtune_runners(args, shape, q, k, v, entries: dict, dropin) -> tuple[dict, dict, dict]:
-    """({label: run}, {label: {pass: config}}, {label: why it does not run this row}) of --flashtune."""
+def dropin_labels(stores: list) -> list[str]:
+    """The variant label of each --db's drop-in: dropin, dropin-2, ..."""
+    return [LABELS["dropin"] + ("" if i == 0 else f"-{i + 1}") for i in range(len(stores))]
+
+
+def _dropin_run(dropin):
+    return lambda q, k, v, causal: dropin(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def flashtune_runners(args, shape, q, k, v, entries: dict, dropins: dict) -> tuple[dict, dict, dict]:
+    """({label: run}, {label: {pass: config}}, {label: why it does not run this row}) of --flashtune;
+    ``dropins``: {label: get_tuned_attention() of each --db}, the first also serving ``tuned``."""
     runs, configs, notes = {}, {}, {}
+    dropin = next(iter(dropins.values()), None)
     for variant in args.variants:
         label = LABELS[variant]
+        if variant == "dropin":
+            for label, each in dropins.items():
+                try:
+                    choice = each.explain(q, k, v, is_causal=shape.causal, enable_gqa=q.shape[1] != k.shape[1])
+                    runs[label] = _dropin_run(each)
+                    configs[label] = {"serves": " / ".join(line.strip() for line in str(choice).splitlines())}
+                except Exception as e:  # noqa: BLE001 - that store's drop-in says why it cannot run the row
+                    notes[label] = harness.first_line(e)
+            continue
         try:
-            if variant == "dropin":
-                choice = dropin.explain(q, k, v, is_causal=shape.causal, enable_gqa=q.shape[1] != k.shape[1])
-                runs[label] = (lambda q, k, v, causal: dropin(q, k, v, is_causal=causal,
-                                                              enable_gqa=q.shape[1] != k.shape[1]))
-                configs[label] = {"serves": " / ".join(line.strip() for line in str(choice).splitlines())}
-                continue
             given = {}
             if variant == "configs":
                 given = entries.get(shape.name) or entries.get("*") or {}
@@ -137,7 +154,7 @@ def flashtune_runners(args, shape, q, k, v, entries: dict, dropin) -> tuple[dict
     return runs, configs, notes
 
 
-def measure_row(args, device, shape, layout: str, entries: dict, dropin, anchors: dict, copy_bw) -> list[dict]:
+def measure_row(args, device, shape, layout: str, entries: dict, dropins: dict, anchors: dict, copy_bw) -> list[dict]:
     """One row in one layout: checked, then timed; one result per pass."""
     import torch
 
@@ -146,7 +163,7 @@ def measure_row(args, device, shape, layout: str, entries: dict, dropin, anchors
         q, k, v, do = harness.make_inputs(shape, device, layout)
     except Exception as e:  # noqa: BLE001 - out of memory, say: the row says so, the run goes on
         return [dict(base, pass_=p, error=f"inputs: {harness.first_line(e)}") for p in shape.passes]
-    ours, configs, notes = flashtune_runners(args, shape, q, k, v, entries, dropin)
+    ours, configs, notes = flashtune_runners(args, shape, q, k, v, entries, dropins)
     runs = {**anchors, **ours}
     if not anchors:  # the check needs an anchor: torch SDPA's own choice, not timed
         runs = {"sdpa": harness.anchor("math", device) if device.type == "cpu" else
@@ -259,18 +276,20 @@ def main(argv=None) -> int:
     rows = harness.rows_from_args(ap, args)
     device = harness.timing_from_args(ap, args)
     entries = load_configs(ap, args.configs, rows) if args.configs else {}
-    dropin = None
+    dropins = {}
     if args.db:
         from flashtune import get_tuned_attention
 
-        dropin = get_tuned_attention(args.db, device=device)
+        dropins = {label: get_tuned_attention(db, device=device)
+                   for label, db in zip(dropin_labels(args.db), args.db)}
     env = harness.environment(device)
     print(harness.environment_line(env))
     anchors, anchor_notes = harness.anchors(args.anchor_names, device)
     for name, why in anchor_notes.items():
         print(f"# anchor {name} skipped: {why}")
     copy_bw = harness.copy_bandwidth(device, timer=args.timer) if any(r.decode for r in rows) else None
-    variants = [LABELS[v] for v in args.variants]
+    variants = [label for v in args.variants
+                for label in (dropin_labels(args.db) if v == "dropin" else [LABELS[v]])]
     names = list(anchors) + (["best"] if len(anchors) > 1 else [])
     units = ("interpreter ms (not GPU performance)" if device.type != "cuda" else
              "TFLOPS (decode rows: K/V read rate / copy bandwidth"
@@ -282,7 +301,7 @@ def main(argv=None) -> int:
     results = []
     for shape in rows:
         for layout in args.layouts:
-            for row in measure_row(args, device, shape, layout, entries, dropin, anchors, copy_bw):
+            for row in measure_row(args, device, shape, layout, entries, dropins, anchors, copy_bw):
                 results.append(row)
                 print("\n".join(format_row(row, runners, variants, names)), flush=True)
     summary = summarize(results, variants, names)

@@ -48,18 +48,19 @@ def test_a_run_writes_every_row_checked_timed_and_its_ratios(compare, tmp_path, 
 def test_the_variants_of_configs_and_a_store_and_a_decode_row(compare, tmp_path, capsys):
     """--configs runs the file's configs; --db the drop-in beside the kernels (a store without the
     row's key serves the heuristic default, and says so; the tuned variant has nothing tuned to
-    run); a decode row is also read against the copy bandwidth."""
+    run; a second --db is a second drop-in); a decode row is also read against the copy bandwidth."""
     configs = tmp_path / "configs.json"
     configs.write_text(json.dumps({"*": {"fwd": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}}}))
     out = tmp_path / "compare.json"
     with pytest.warns(UserWarning, match="no tuned configs"):
         code = compare.main(["--device", "cpu", "--rows", "", "--shape", "1,4,2,1,40,16", "--pass", "fwd",
                              "--anchors", "math", "--flashtune", "default,tuned", "--db", str(tmp_path / "none.db"),
-                             "--configs", str(configs), "--out", str(out)])
+                             "--db", str(tmp_path / "other.db"), "--configs", str(configs), "--out", str(out)])
     assert code == 0, capsys.readouterr().out
     result = json.loads(out.read_text())
     (row,) = result["rows"]
-    assert set(row["ms"]) == {"math", "flashtune", "flashtune-configs", "dropin"} and all(row["ms"].values())
+    assert set(row["ms"]) == {"math", "flashtune", "flashtune-configs", "dropin", "dropin-2"} and all(row["ms"].values())
+    assert "heuristic" in row["configs"]["dropin-2"]
     assert row["configs"]["flashtune-configs"].startswith("16x16 w4 s1") and "heuristic" in row["configs"]["dropin"]
     assert row["failed"] == {"flashtune-tuned": "the store has no tuned config for this row"}
     assert result["copy_bandwidth"] > 0 and row["copy_fraction"]["flashtune"] > 0
