@@ -15,10 +15,13 @@ How a call picks its configs, for each pass (fwd, bwd) on its own:
 - a tuned winner for exactly that key is used ("tuned exact"); else the tuned keys of the
   same family (gpu, dtype, head_dim, causal, pass) nearest in log2 space over (seq_q, seq_k,
   group, batch_heads) (``keys.key_distance``), the larger on a tie ("tuned nearest (KEY)"),
-  the first of them whose config validates for this call: a stored config that does not
-  (say its shared memory exceeds this device's) is never served, and is passed over with a
-  warning; with none, the heuristic default table ("heuristic"). A row of the shipped table
-  says so: "tuned exact (shipped table FILE)", "tuned nearest (KEY; shipped table FILE)";
+  the first of them that carries over to the call (``keys.neighbour_gap``: within a factor of
+  2 in each of those, group 1 only from group 1 and grouped only from grouped, decode only from
+  decode) and whose config validates for this call: a stored config that does not (say its
+  shared memory exceeds this device's) is never served, and is passed over with a warning;
+  with none, the heuristic default table ("heuristic", or "heuristic (nearest tuned key KEY is
+  too far: WHY)" where a farther one was passed over). A row of the shipped table says so:
+  "tuned exact (shipped table FILE)", "tuned nearest (KEY; shipped table FILE)";
 - a stale row (tuned under other kernel sources or another triton,
   ``flashtune.provenance.staleness``) is never served: its correctness check ran on other
   code. It is passed over like a config that does not fit, the source saying so and naming
@@ -86,7 +89,7 @@ from flashtune.device import resolve_device
 from flashtune.kernels.common import Dropout, torch_fp32_precision
 from flashtune.kernels.api import check_dropout, check_dropout_p, draw_rng
 from flashtune.kernels.passes import dropout_fwd_config
-from flashtune.keys import GpuInfo, TuningKey, dtype_name, key_distance
+from flashtune.keys import GpuInfo, TuningKey, dtype_name, key_distance, neighbour_gap
 from flashtune.provenance import current_versions, staleness
 from flashtune.store import ENV_VAR, Store, default_path, resolve_url
 from flashtune.store.engine import show_url, sqlite_path
@@ -110,8 +113,8 @@ class Choice:
 
     ``*_source`` is "tuned exact", "tuned nearest (KEY LABEL)" (the user's store; a row of the
     shipped table adds "shipped table FILE" in the parentheses), "heuristic" (with the reason in
-    parentheses when a tuned config was passed over: it does not fit the call, or it is stale)
-    or "sdpa fallback: REASON".
+    parentheses when a tuned config was passed over: it does not fit the call, it is stale, or
+    its key is too far to carry over, ``keys.neighbour_gap``) or "sdpa fallback: REASON".
     ``runner`` runs a call that needs no gradient (its fwd key's runner), ``train_runner``
     one that does (its bwd key's): "triton" (the configs above) or an SDPA backend that the
     search measured faster for the key (``flashtune.runners``).
@@ -142,7 +145,8 @@ class Choice:
 def nearest_first(keys: Sequence[TuningKey], key: TuningKey) -> list[int]:
     """Indices of ``keys`` (one family) from the nearest to ``key`` to the farthest in log2
     space (``key_distance``); of two at the same distance, the larger point first. (Recording
-    buckets calls by this rule, ``recording.bucket_key``: change the two together.)"""
+    buckets calls by this order and by ``keys.neighbour_gap``, ``recording.bucket_key``: change
+    them together.)"""
     return sorted(range(len(keys)), key=lambda i: (key_distance(keys[i], key), tuple(-x for x in keys[i].point)))
 
 
@@ -535,12 +539,20 @@ def call_key(gpu: str, pass_: str, query: torch.Tensor, key: torch.Tensor, causa
 
 
 def _pick(table: TunedTable, pass_: str, query: torch.Tensor, key: torch.Tensor, causal: bool):
-    """(config, source, runner) of one pass: the nearest tuned config that is current and
-    validates for the call, and the runner tuned with it ("triton" for the heuristic)."""
+    """(config, source, runner) of one pass: the nearest tuned config that carries over to the
+    call (``keys.neighbour_gap``), is current and validates for it, and the runner tuned with it
+    ("triton" for the heuristic)."""
     wanted = call_key(table.gpu, pass_, query, key, causal)
     head_dim, dtype, device = query.shape[3], query.dtype, query.device
     passed_over = None  # why the nearest tuned config does not serve, for the source
+    too_far = None  # the nearest tuned key beyond the rule, and why
     for tuned, row in table.candidates(wanted):
+        gap = neighbour_gap(tuned, wanted)
+        if gap is not None:  # passed over whatever its row is: it would not serve even if current and fitting
+            if too_far is None:
+                which = "nearest" if passed_over is None else "next nearest"
+                too_far = f"{which} tuned key {tuned.label()} is too far: {gap}"
+            continue
         result = row.result
         if row.stale is not None:
             passed_over = passed_over or (f"the tuned {pass_} config of {tuned.label()} is stale, {row.stale}: "
@@ -558,7 +570,13 @@ def _pick(table: TunedTable, pass_: str, query: torch.Tensor, key: torch.Tensor,
         return result.config, source, result.runner
     return (default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=wanted.seq_q, seq_k=wanted.seq_k,
                            batch_heads_kv=query.shape[0] * key.shape[1], batch_heads=query.shape[0] * query.shape[1]),
-            "heuristic" if passed_over is None else f"heuristic ({passed_over})", "triton")
+            _heuristic_source(passed_over, too_far), "triton")
+
+
+def _heuristic_source(*reasons: str | None) -> str:
+    """"heuristic", with why each tuned key in the way did not serve."""
+    given = [r for r in reasons if r is not None]
+    return f"heuristic ({'; '.join(given)})" if given else "heuristic"
 
 
 def _causal_bias_align(attn_mask, query, key, is_causal: bool) -> str | None:

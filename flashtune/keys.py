@@ -215,6 +215,50 @@ def key_distance(a: TuningKey, b: TuningKey) -> float:
     return sum((math.log2(x) - math.log2(y)) ** 2 for x, y in zip(a.point, b.point))
 
 
+_POINT = ("seq_q", "seq_k", "group", "batch_heads")
+
+
+def neighbour_gap(tuned: TuningKey, wanted: TuningKey) -> str | None:
+    """Why ``tuned``'s config does not carry over to a call of key ``wanted``, or None where it does.
+
+    The rule: a tuned key of the same family serves a call of another key only if, in every
+    dimension of the point (seq_q, seq_k, group, batch_heads), the two are within a factor of 2
+    (|log2 ratio| <= 1); if both group 1 (one query head per K/V head) or both group 2 and up;
+    and if both decode (seq_q 1) or neither. Else the heuristic default serves the call.
+
+    Why: a tuned config is the winner measured at its own point, and the heuristic defaults are
+    chosen per band of lengths, head dims and batch x heads; far from its point a tuned winner is
+    no better a guess than they are (a 71-group MQA prefill, N=3000, D=64, causal, served from the
+    nearest tuned key at any distance ran 1.00x the best SDPA backend where the heuristic default
+    ran 1.09x). Grouped heads are packed as rows of one tile where a head's queries do not fill it
+    (kernels/triton/decode.py), one query head per K/V head never is, so their configs are tuned
+    for other tiles; a decode step (one query per head) reads all of K and V, bound by memory,
+    where a prefill is bound by its matmuls. The factor 2 agrees with recording
+    (``recording.bucket_key``): a bucket holds the calls whose lengths round to its powers of two
+    in log2 space (within a factor of sqrt 2 of them), its group and its batch x heads bucket, and
+    seq_q 1 alone, so every call of a bucket carries over from the bucket's tuned key, and any
+    two keys of one bucket are less than a factor 2 apart (a call in the bucket of a served row,
+    which recording does not note, has a tuned key to serve it).
+    """
+    if tuned.family != wanted.family:
+        return f"another family ({tuned.label()} for {wanted.label()})"
+    if (tuned.seq_q == 1) != (wanted.seq_q == 1):
+        return (f"a decode key (seq_q 1) for a call of {wanted.seq_q} queries" if tuned.seq_q == 1 else
+                f"a key of {tuned.seq_q} queries for a decode call (seq_q 1)")
+    if (tuned.group > 1) != (wanted.group > 1):
+        return (f"group {tuned.group} for a call of group {wanted.group} (grouped heads pack into one tile, "
+                "a single head per K/V head does not)")
+    for name, have, want in zip(_POINT, tuned.point, wanted.point):
+        if max(have, want) > 2 * min(have, want):
+            return f"{name} {have} for a call of {want}, more than a factor of 2 apart"
+    return None
+
+
+def carries_over(tuned: TuningKey, wanted: TuningKey) -> bool:
+    """Whether ``tuned``'s config may serve a call of key ``wanted`` (``neighbour_gap``'s rule)."""
+    return neighbour_gap(tuned, wanted) is None
+
+
 def dtype_name(dtype) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"``."""
     return str(dtype).removeprefix("torch.")

@@ -38,7 +38,10 @@ def bucket_key(key: TuningKey) -> TuningKey:
     space, the larger on a tie (``keys.batch_heads_bucket``'s rounding). It is the point of a family
     tuned at powers of two that the dispatcher's nearest-key rule serves the call from
     (``dispatch.nearest_first``: ``key_distance`` sums each dimension's squared log2 distance, so
-    the nearest lattice point rounds each one alone, and ties go to the larger point)."""
+    the nearest lattice point rounds each one alone, and ties go to the larger point), and within
+    the factor of 2 that ``keys.neighbour_gap`` lets a tuned key carry over (a bucket's lengths
+    are within a factor of sqrt 2 of its key's, its group and batch x heads bucket are the key's,
+    and seq_q 1 is a bucket of its own)."""
     return dataclasses.replace(key, seq_q=batch_heads_bucket(key.seq_q), seq_k=batch_heads_bucket(key.seq_k))
 
 

@@ -38,7 +38,8 @@ def measure(keys, impls, device: str, *, db=None, on_result=None, rounds: int = 
     """Time every implementation on every key; ``on_result`` sees each measurement.
 
     "tuned" is what ``get_tuned_attention(db)`` serves (exact key, else the nearest tuned
-    seq len); a key it would serve with the heuristic default is not measured as tuned.
+    key that carries over, ``keys.neighbour_gap``); a key it would serve with the heuristic
+    default is not measured as tuned.
     Each key's implementations are timed in ``rounds`` interleaved rounds (a slow moment
     of a shared GPU hits one round of each, not all of one implementation); each time is
     the median of its rounds.

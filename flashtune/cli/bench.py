@@ -41,10 +41,9 @@ def bench_command(head_dims, dtypes, seq_lens, causal, passes, impls, db, interp
     """Benchmark tuned configs vs the heuristic default vs torch SDPA.
 
     For each key: flashtune as get_tuned_attention() serves it (the stored config of
-    the key, else of the nearest tuned sequence length), flashtune with the heuristic
-    default config, and torch
-    SDPA's cuDNN and flash backends, at the benchmark grid's shapes (16k tokens,
-    model width 2048). The table gives TFLOPS and the ratios of times (above 1: tuned
+    the key, else of the nearest tuned key close enough to carry over), flashtune with
+    the heuristic default config, and torch SDPA's cuDNN and flash backends, at the
+    benchmark grid's shapes (16k tokens, model width 2048). The table gives TFLOPS and the ratios of times (above 1: tuned
     is faster), with their geometric means.
 
     Without a GPU, --interpreter runs a tiny demo under the Triton interpreter that

@@ -45,20 +45,23 @@ def db_path(tmp_path):
 
 @pytest.fixture
 def write(db_path, gpu):
-    """``write(seq_len, pass_, config, dtype=..., head_dim=..., causal=..., kernel_hash=..., on=GPU)``
-    stores one winner (for this machine's GPU by default), replacing any stored for its key.
+    """``write(seq_len, pass_, config, dtype=..., head_dim=..., causal=..., kernel_hash=..., on=GPU,
+    seq_k=..., group=..., batch_heads=...)`` stores one winner (for this machine's GPU by default;
+    a grid key unless seq_k, group or batch_heads say otherwise), replacing any stored for its key.
     The store stays open between writes; ``write.close()`` closes it."""
     stores = []
 
     def write(seq_len: int, pass_: str, config, *, dtype: str = "float32", head_dim: int = 16,
               causal: bool = False, kernel_hash: str | None = None, on: GpuInfo | None = None,
-              runner: str = "triton") -> StoredResult:
+              runner: str = "triton", seq_k: int = 0, group: int = 1, batch_heads: int = 0) -> StoredResult:
         on = on or gpu
         provenance = dataclasses.replace(current_provenance(), gpu_name=on.name, sm_count=on.sm_count,
                                          capability=f"{on.capability[0]}.{on.capability[1]}")
         if kernel_hash is not None:
             provenance = dataclasses.replace(provenance, kernel_hash=kernel_hash)
-        result = StoredResult(key=TuningKey(on.key, dtype, head_dim, seq_len, causal, pass_), config=config,
+        key = TuningKey(on.key, dtype, head_dim, seq_len, causal, pass_, seq_k=seq_k, group=group,
+                        batch_heads=batch_heads)
+        result = StoredResult(key=key, config=config,
                               time_ms=1.0, tflops=1.0, default_time_ms=2.0, error=0.0, n_trials=3, gpu=on,
                               provenance=provenance, runner=runner,
                               runner_times=None if runner == "triton" else {"triton": 1.0, runner: 0.5})

@@ -112,9 +112,14 @@ def test_exact_nearest_and_heuristic_choices(write, db_path, no_warnings):
     assert _choice(fn, 32) == Choice(FWD_B, "tuned nearest (fwd float32 d16 n64 full)", BWD_A, "tuned exact")  # tie
     assert _choice(fn, 31).fwd_source == "tuned nearest (fwd float32 d16 n16 full)"  # 31^2 < 16 * 64
     assert _choice(fn, 33).fwd_source == "tuned nearest (fwd float32 d16 n64 full)"
-    assert _choice(fn, 1).fwd_config == FWD_A and _choice(fn, 1000).fwd_config == FWD_B
-    # the query and key lengths count apart: (8, 64) is nearer (16, 16) than (64, 64) in log2
-    assert _choice(fn, 8, 64).fwd_config == FWD_A and _choice(fn, 64, 128).fwd_config == FWD_B
+    assert _choice(fn, 8).fwd_config == FWD_A and _choice(fn, 128).fwd_config == FWD_B  # a factor of 2 carries
+    # the query and key lengths count apart
+    assert _choice(fn, 10, 30).fwd_config == FWD_A and _choice(fn, 40, 100).fwd_config == FWD_B
+    # beyond a factor of 2 the heuristic serves, and says which tuned key was too far
+    assert _choice(fn, 7).fwd_source == ("heuristic (nearest tuned key fwd float32 d16 n16 full is too far: "
+                                         "seq_q 16 for a call of 7, more than a factor of 2 apart)")
+    assert _choice(fn, 1000).fwd_config == _heuristic("fwd")
+    assert _choice(fn, 8, 64).fwd_source.startswith("heuristic (nearest tuned key fwd float32 d16 n16 full is too far")
     # another family: causal, dtype or head_dim
     heuristic = Choice(_heuristic("fwd"), "heuristic", _heuristic("bwd"), "heuristic")
     assert _choice(fn, 16, is_causal=True) == heuristic
@@ -153,13 +158,13 @@ def test_a_stored_config_that_does_not_fit_gives_way_to_the_next_nearest_that_do
     from flashtune.configs import base as kernel_config
 
     write(16, "fwd", FwdConfig(128, 128, 4, 4))  # about 73 KB of shared memory at D=16 fp32
-    write(64, "fwd", FWD_B)
+    write(32, "fwd", FWD_B)
     write(1024, "fwd", FwdConfig(128, 64, 4, 4))
     fn = get_tuned_attention(db_path)
     monkeypatch.setattr(kernel_config, "shared_memory_limit", lambda device: 20_000)
     with pytest.warns(DispatchWarning, match="skips a stored config .* n16 .*: FwdConfig: needs about 73728 bytes"):
         choice = _choice(fn, 16)
-    assert (choice.fwd_config, choice.fwd_source) == (FWD_B, "tuned nearest (fwd float32 d16 n64 full)")
+    assert (choice.fwd_config, choice.fwd_source) == (FWD_B, "tuned nearest (fwd float32 d16 n32 full)")
     q, k, v = qkv(16)
     choice.fwd_config.validate(q.shape[3], q.dtype, q.device)  # what is served fits the call
 

@@ -32,8 +32,8 @@ def qkv(n: int):
 
 def test_each_shape_gets_its_stored_config_from_one_trace(write, db_path, operator_forward_configs):
     short, long = FwdConfig(16, 16, 4, 1), FwdConfig(32, 32, 4, 2)
-    write(32, "fwd", short, causal=True)
-    write(128, "fwd", long, causal=True)
+    write(32, "fwd", short, causal=True, group=2, batch_heads=4)  # qkv's 4 query heads of 2 K/V heads
+    write(128, "fwd", long, causal=True, group=2, batch_heads=4)
     seen = operator_forward_configs
     attention = dispatch.get_tuned_attention(db_path)
     compiled = torch.compile(lambda q, k, v: attention(q, k, v, is_causal=True, enable_gqa=True),

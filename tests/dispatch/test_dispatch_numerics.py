@@ -17,13 +17,16 @@ from flashtune.dispatch import get_tuned_attention
 
 @pytest.fixture
 def fn(write, db_path):
-    """A tuned callable whose table covers fp32 and fp16, D=16, causal and not, at 16 and 64."""
+    """A tuned callable whose table covers fp32 and fp16, D=16, causal and not, at 16 and 64, and
+    fp32 grouped heads (group 2, 4 query heads) at 16."""
     for dtype in ("float32", "float16"):
         for causal in (False, True):
             write(16, "fwd", FWD_A, dtype=dtype, causal=causal)
             write(64, "fwd", FWD_B, dtype=dtype, causal=causal)
             write(16, "bwd", BWD_A, dtype=dtype, causal=causal)
             write(64, "bwd", BWD_B, dtype=dtype, causal=causal)
+    write(16, "fwd", FWD_B, group=2, batch_heads=4)
+    write(16, "bwd", BWD_B, group=2, batch_heads=4)
     return get_tuned_attention(db_path)
 
 

@@ -29,7 +29,7 @@ def test_calls_never_read_the_database_and_reload_sees_new_rows(write, db_path, 
     write(16, "fwd", FWD_A)
     fn = get_tuned_attention(db_path)
     assert _fwd_source(fn) == "tuned exact"
-    write(64, "fwd", FWD_B)
+    write(32, "fwd", FWD_B)
     write(16, "fwd", FWD_B)  # replaces the row fn serves
 
     reads = []
@@ -38,13 +38,13 @@ def test_calls_never_read_the_database_and_reload_sees_new_rows(write, db_path, 
                         lambda self, gpu, **kw: (reads.append(gpu), real_load_table(self, gpu, **kw))[1])
     q, k, v = qkv(17)
     fn(q, k, v)
-    assert fn.explain(*qkv(64)).fwd_source == "tuned nearest (fwd float32 d16 n16 full)"  # still the table read at creation
+    assert fn.explain(*qkv(32)).fwd_source == "tuned nearest (fwd float32 d16 n16 full)"  # still the table read at creation
     assert fn.explain(q, k, v).fwd_config == FWD_A
     assert reads == []
 
     fn.reload()
     assert reads == [gpu.key]
-    assert fn.explain(*qkv(64)).fwd_source == "tuned exact"
+    assert fn.explain(*qkv(32)).fwd_source == "tuned exact"
     assert fn.explain(q, k, v).fwd_config == FWD_B
     again = get_tuned_attention(db_path)  # a new callable reads the table again
     assert len(reads) == 2 and again.explain(q, k, v).fwd_config == FWD_B
