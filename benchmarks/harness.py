@@ -16,7 +16,8 @@
 - ``check()``: every runner against an fp32 reference before anything is timed;
 - timing through ``flashtune.protocol``: ``time_pass()`` (one pass's median: the forward, or the
   backward alone), ``time_rounds()`` (runners interleaved round by round), ``copy_bandwidth()``;
-- ``kernels()`` and ``gluon()``: the only place any benchmark imports flashtune's kernel layer.
+- ``kernels()``, ``gluon()`` and ``kernel_function_names()`` (the kernels' names, as the profiler
+  shows their launches): the only place any benchmark imports flashtune's kernel layer.
 
 Nothing here imports torch or triton at module level: a script calls ``use_interpreter_for_cpu()``
 first, because triton chooses its interpreter when it is imported.
@@ -516,6 +517,32 @@ def gluon() -> types.SimpleNamespace:
 
     return types.SimpleNamespace(forward=merged(configs, forward_launch), backward=merged(configs, backward_launch),
                                  backward_wide=merged(configs, backward_launch), trace=trace)
+
+
+@functools.cache
+def kernel_function_names() -> frozenset[str]:
+    """The names of flashtune's GPU kernels (its Triton and Gluon ``@jit`` functions, which end
+    in ``_kernel``): the names their launches carry in torch.profiler's CUDA events. Read from
+    the kernel modules, so that a kernel added there is counted without a list to keep; a
+    Gluon module this triton cannot import is left out."""
+    import importlib
+    import pkgutil
+
+    names = set()
+    for package in ("flashtune.kernels.triton", "flashtune.kernels.gluon"):
+        try:
+            root = importlib.import_module(package)
+        except ImportError:
+            continue
+        for info in pkgutil.iter_modules(root.__path__, f"{package}."):
+            try:
+                module = importlib.import_module(info.name)
+            except ImportError:
+                continue
+            # a JITFunction, or the interpreter's stand-in for one, keeps the Python function in .fn
+            names.update(name for name, obj in vars(module).items()
+                         if name.endswith("_kernel") and callable(getattr(obj, "fn", None)))
+    return frozenset(names)
 
 
 def flashtune_configs(q, k, causal: bool, fwd=None, bwd=None, *, triton_only: bool = False) -> tuple:
