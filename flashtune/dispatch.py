@@ -117,7 +117,10 @@ class Choice:
     its key is too far to carry over, ``keys.neighbour_gap``) or "sdpa fallback: REASON".
     ``runner`` runs a call that needs no gradient (its fwd key's runner), ``train_runner``
     one that does (its bwd key's): "triton" (the configs above) or an SDPA backend that the
-    search measured faster for the key (``flashtune.runners``).
+    search measured faster for the key (``flashtune.runners``). ``runner_source`` and
+    ``train_runner_source`` say, for a key whose runners were raced, which timing chose its runner
+    (GPU or eager: ``runners.choose``) and the served runner's and the kernels' two times; "" where
+    nothing was raced (the heuristic, a row tuned without SDPA).
     """
 
     fwd_config: FwdConfig | None
@@ -126,6 +129,8 @@ class Choice:
     bwd_source: str
     runner: str = "triton"
     train_runner: str = "triton"
+    runner_source: str = ""
+    train_runner_source: str = ""
 
     def __str__(self) -> str:
         def line(name, config, source):
@@ -135,6 +140,9 @@ class Choice:
         if (self.runner, self.train_runner) != ("triton", "triton"):
             lines.append(f"runs: {self.runner} without gradients, {self.train_runner} with them (the search "
                          "measured them faster than the Triton configs above)")
+        for name, source in (("without gradients", self.runner_source), ("with gradients", self.train_runner_source)):
+            if source:
+                lines.append(f"runner {name}: {source}")
         return "\n".join(lines)
 
     @classmethod
@@ -411,7 +419,8 @@ class TunedAttention:
                 _warn_once(f"flashtune's tuned runner {runner} cannot run a call it was chosen for "
                            f"({str(e).splitlines()[0]}); running the Triton kernels instead")
                 mode = "train_runner" if needs_grad else "runner"  # the cached plan of this signature, not a copy
-                object.__setattr__(plan, "choice", dataclasses.replace(plan.choice, **{mode: "triton"}))
+                object.__setattr__(plan, "choice", dataclasses.replace(plan.choice, **{
+                    mode: "triton", f"{mode}_source": f"triton: the tuned runner {runner} cannot run this call"}))
         fwd, bwd = plan.choice.fwd_config, plan.choice.bwd_config
         if dropout is not None:  # the tuned config's DROPOUT kernel, where it fits (else the default's)
             fwd = dropout_fwd_config(fwd, query.shape[3], query.dtype, query.device, plan.causal)
@@ -457,8 +466,11 @@ class TunedAttention:
             fwd = dropout_fwd_config(plan.choice.fwd_config, query.shape[3], query.dtype, query.device, plan.causal)
             source = plan.choice.fwd_source if fwd == plan.choice.fwd_config else \
                 "heuristic (the fwd config does not fit with dropout's mask)"
+            kernels = "triton: dropout runs the kernels, whatever runner the key has"
             return dataclasses.replace(plan.choice, fwd_config=fwd, fwd_source=source, runner="triton",
-                                       train_runner="triton")
+                                       train_runner="triton",
+                                       runner_source=kernels if plan.choice.runner_source else "",
+                                       train_runner_source=kernels if plan.choice.train_runner_source else "")
         return plan.choice
 
     def _plan(self, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> _Plan:
@@ -525,10 +537,10 @@ class TunedAttention:
         table = snapshot.tables.get(device)
         if table is None:
             table = snapshot.tables[device] = _shared_table(self.url, device, snapshot.since)
-        (fwd, fwd_source, runner), (bwd, bwd_source, train_runner) = (_pick(table, pass_, query, key, is_causal)
-                                                                      for pass_ in ("fwd", "bwd"))
-        return _Plan(Choice(fwd, fwd_source, bwd, bwd_source, runner, train_runner), sm_scale=sm_scale,
-                     causal=is_causal, causal_align=align)
+        (fwd, fwd_source, runner, runner_source), (bwd, bwd_source, train_runner, train_source) = (
+            _pick(table, pass_, query, key, is_causal) for pass_ in ("fwd", "bwd"))
+        return _Plan(Choice(fwd, fwd_source, bwd, bwd_source, runner, train_runner, runner_source, train_source),
+                     sm_scale=sm_scale, causal=is_causal, causal_align=align)
 
 
 def call_key(gpu: str, pass_: str, query: torch.Tensor, key: torch.Tensor, causal: bool) -> TuningKey:
@@ -539,9 +551,9 @@ def call_key(gpu: str, pass_: str, query: torch.Tensor, key: torch.Tensor, causa
 
 
 def _pick(table: TunedTable, pass_: str, query: torch.Tensor, key: torch.Tensor, causal: bool):
-    """(config, source, runner) of one pass: the nearest tuned config that carries over to the
-    call (``keys.neighbour_gap``), is current and validates for it, and the runner tuned with it
-    ("triton" for the heuristic)."""
+    """(config, source, runner, runner source) of one pass: the nearest tuned config that carries
+    over to the call (``keys.neighbour_gap``), is current and validates for it, the runner tuned
+    with it ("triton" for the heuristic) and what chose that runner (``_runner_source``)."""
     wanted = call_key(table.gpu, pass_, query, key, causal)
     head_dim, dtype, device = query.shape[3], query.dtype, query.device
     passed_over = None  # why the nearest tuned config does not serve, for the source
@@ -567,16 +579,36 @@ def _pick(table: TunedTable, pass_: str, query: torch.Tensor, key: torch.Tensor,
         source = row.source(tuned == wanted, tuned.label())
         if passed_over is not None and passed_over.startswith(f"the tuned {pass_} config of {wanted.label()} is "):
             source += f"; {passed_over}"  # its own key's row is stale: say what would bring it back
-        return result.config, source, result.runner
+        return result.config, source, result.runner, _runner_source(result)
     return (default_config(pass_, head_dim, dtype, device, causal=causal, seq_q=wanted.seq_q, seq_k=wanted.seq_k,
                            batch_heads_kv=query.shape[0] * key.shape[1], batch_heads=query.shape[0] * query.shape[1]),
-            _heuristic_source(passed_over, too_far), "triton")
+            _heuristic_source(passed_over, too_far), "triton", "")
 
 
 def _heuristic_source(*reasons: str | None) -> str:
     """"heuristic", with why each tuned key in the way did not serve."""
     given = [r for r in reasons if r is not None]
     return f"heuristic ({'; '.join(given)})" if given else "heuristic"
+
+
+def _runner_source(result) -> str:
+    """A raced row's runner, which timing chose it, and its GPU / eager ms beside the kernels'
+    ("" where nothing was raced)."""
+    times = result.runner_times
+    if not times:
+        return ""
+
+    def both(name: str) -> str:
+        t = times[name]
+        eager = "-" if t.eager_ms is None else f"{t.eager_ms:.4g}"
+        return f"{name} {t.gpu_ms:.4g} / {eager}"
+
+    # beside the served runner: the kernels, or where they serve the fastest other runner by GPU time
+    others = [name for name in sorted(times, key=lambda n: times[n].gpu_ms) if name != result.runner]
+    other = "triton" if result.runner != "triton" and "triton" in times else next(iter(others), None)
+    shown = [result.runner] + ([other] if other is not None and other in times else [])
+    return (f"{result.runner}, chosen {runners.describe_choice(times, result.chosen_by)}; GPU / eager ms: "
+            + ", ".join(both(name) for name in shown))
 
 
 def _causal_bias_align(attn_mask, query, key, is_causal: bool) -> str | None:

@@ -101,6 +101,37 @@ def time_ms(fn, device, *, quick: bool = False, grad_to_none=None) -> float:
     return statistics.median(times)
 
 
+def eager_time_ms(fn, device, *, quick: bool = False) -> float:
+    """Median wall-clock ms per call of ``fn`` called back to back, the device synchronised around
+    each loop of calls: what the call costs eagerly when nothing else hides the host, its host's
+    work and its GPU's whichever is longer, and the gaps between them (no L2 flush: a model's
+    loop does none). ``time_ms`` under the interpreter."""
+    if device.type != "cuda":
+        return time_ms(fn, device, quick=quick)
+    import torch
+
+    warm_up_gpu(device)
+    fn()
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize(device)
+    per_call = max((time.perf_counter() - start) / 5, 1e-6)
+    # loops of about 10 ms (quick: 3 loops, else 7), 10 calls at least, so a sync's cost and a
+    # loop's start are a small share of each figure
+    calls = max(10, min(1000, int(0.010 / per_call)))
+    figures = []
+    for _ in range(3 if quick else 7):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize(device)
+        figures.append((time.perf_counter() - start) / calls * 1e3)
+    return statistics.median(figures)
+
+
 _CLEAN_L2: dict = {}
 
 

@@ -29,6 +29,7 @@ class Budget:
     seed: int
     batch: int
     sdpa: bool = False  # also time torch SDPA's backends as runners (flashtune.runners)
+    host_bound: bool = False  # choose the runner by eager time (runners.choose; search --host-bound)
     faults: dict = dataclasses.field(default_factory=dict)  # tests only: canonical config -> fault code
 
 
@@ -64,7 +65,8 @@ class KeyResult:
     shape: tuple[int, int, int] | None = None  # (batch, heads_q, heads_kv) the trials used
     message: str = ""  # why a key failed
     runner: str = "triton"  # what serves the key (flashtune.runners)
-    runner_times: dict | None = None  # each runner's ms, measured in one run
+    runner_times: dict | None = None  # each runner's RunnerTime (GPU and eager ms), measured in one run
+    chosen_by: str | None = None  # which timing chose the runner (runners.CHOSEN_BY); None: not raced
 
     @property
     def speedup(self) -> float | None:
@@ -96,6 +98,8 @@ class KeySearch:
         except ConfigError:  # nothing runs on this device: the key ends as no_valid_config
             self.default = None
         self._measured_before_run = 0  # set as each run starts (_out_of_time)
+        # choose the runner by eager time (runners.choose); a revalidation keeps a stored row's flag
+        self.host_bound = budget.host_bound
         # the key's stored result as the search found it: the one its winner may replace
         # (queued early, so re-checked and re-timed); one written later (an import, another
         # search) was never measured here and stays where it is faster (store_winner)
@@ -351,18 +355,18 @@ class KeySearch:
         default_ms = medians[ids.index(self.default.canonical())] if default_ok and \
             self.default.canonical() in ids else None
         flops = info.get("flops") or 0.0
-        runner, runner_times = self._race(winner, best_ms)
+        runner, runner_times, chosen_by = self._race(winner, best_ms)
         n_trials = self.n_measured() if n_trials is None else n_trials
         result = StoredResult(key=self.key, config=winner, time_ms=best_ms, tflops=flops / best_ms * 1e-9,
                               default_time_ms=default_ms, error=float(ledger.get(winner).error or 0.0),
                               n_trials=n_trials, gpu=self.bench.gpu, provenance=self.bench.provenance,
-                              runner=runner, runner_times=runner_times)
+                              runner=runner, runner_times=runner_times, chosen_by=chosen_by)
         message = ""
         if not self.bench.store.save_result(result, replace=True, replacing=self.found):
             message = "the store keeps a faster result written while this key was searched"
         return self.result(status, started, winner=winner, time_ms=best_ms, tflops=result.tflops,
-                           default_time_ms=default_ms, runner=runner, runner_times=runner_times, n_trials=n_trials,
-                           message=message,
+                           default_time_ms=default_ms, runner=runner, runner_times=runner_times,
+                           chosen_by=chosen_by, n_trials=n_trials, message=message,
                            **common)
 
     def _retime(self, finalists: list) -> tuple[list, list[list[float]]]:
@@ -395,21 +399,22 @@ class KeySearch:
             self.ledger.record(cfg, outcome)
         return timed, times
 
-    def _race(self, winner, best_ms: float) -> tuple[str, dict | None]:
-        """(runner, each runner's ms) of the key: the Triton winner against SDPA's backends,
-        in one run (``KeyBench.race``); ("triton", None) when SDPA is not a candidate. A
-        training key's Triton side pairs the winner with the stored winner of its fwd key
-        (else the heuristic default). An inference key's Triton time is the larger of the
-        race's and the winner's re-timed ``best_ms`` (the same launch, inputs and timer): on
-        the H200 a race once timed a split-KV winner at half its re-timed and its served time,
-        and kept it against a faster cuDNN (docs/shape-tuning.md), so a doubt goes to SDPA."""
+    def _race(self, winner, best_ms: float) -> tuple[str, dict | None, str | None]:
+        """(runner, each runner's RunnerTime, what chose the runner) of the key: the Triton winner
+        against SDPA's backends, in one run (``KeyBench.race``), chosen by ``runners.choose``
+        (``self.host_bound``: by eager time); ("triton", None, None) when SDPA is not a candidate.
+        A training key's Triton side pairs the winner with the stored winner of its fwd key (else
+        the heuristic default). An inference key's Triton GPU time is the larger of the race's and
+        the winner's re-timed ``best_ms`` (the same launch, inputs and timer): on the H200 a race
+        once timed a split-KV winner at half its re-timed and its served time, and kept it against
+        a faster cuDNN (docs/shape-tuning.md), so a doubt goes to SDPA."""
         import torch
 
-        from flashtune.runners import fastest
+        from flashtune.runners import choose
         from flashtune.store import ResultFilter
 
         if not self.budget.sdpa:
-            return "triton", None
+            return "triton", None, None
         fwd_config = None
         if self.key.pass_ == "bwd":
             fwd_key = dataclasses.replace(self.key, pass_="fwd")
@@ -421,11 +426,16 @@ class KeySearch:
 
         budget = self.budget
         try:
+            # each round times every runner twice (GPU, eager): twice a re-timing's allowance
             times = self.bench.worker.race(self.key, winner, fwd_config, budget.rounds,
-                                           timeout=budget.trial_timeout * (1 + budget.rounds) * 4)
+                                           timeout=budget.trial_timeout * (1 + budget.rounds) * 8)
         except WorkerLost:  # a backend crashed or hung the worker: the Triton winner serves the key
-            return "triton", None
-        measured = {name: ms for name, ms in times.items() if ms is not None}
-        if self.key.pass_ == "fwd" and measured.get("triton") is not None:
-            measured["triton"] = max(measured["triton"], best_ms)
-        return fastest(measured), measured or None
+            return "triton", None, None
+        measured = {name: t for name, t in times.items() if t is not None}
+        if not measured:
+            return "triton", None, None
+        triton = measured.get("triton")
+        if self.key.pass_ == "fwd" and triton is not None and best_ms > triton.gpu_ms:
+            measured["triton"] = dataclasses.replace(triton, gpu_ms=best_ms)
+        runner, chosen_by = choose(measured, host_bound=self.host_bound)
+        return runner, measured, chosen_by

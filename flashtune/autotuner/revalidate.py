@@ -9,7 +9,8 @@ revalidating it measures a handful of configs the row's own search already ranke
   heuristic default, each checked against the reference and timed, as a search's trial is
   (compiled together first on a GPU);
 - those that pass are re-timed interleaved and the fastest races SDPA's backends, as a
-  search's finalists do (``KeySearch.store_winner``); the row is stored again with this
+  search's finalists do (``KeySearch.store_winner``; a row searched with ``host_bound`` keeps
+  its runner chosen by eager time); the row is stored again with this
   installation's provenance and its search's trial count, so it serves again and a later
   search with the same budget finds the key done.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import time
 
 from flashtune.autotuner.key_search import Bench, Budget, KeyResult, KeySearch
+from flashtune.runners import BY_FLAG
 
 DEFAULT_RUNNERS_UP = 2
 
@@ -48,6 +50,7 @@ def revalidate_key(key, bench: Bench, budget: Budget, tell, *, row, n_runners_up
 
     started = time.monotonic()
     ks = KeySearch(key, bench, budget, with_study=False)
+    ks.host_bound = ks.host_bound or row.chosen_by == BY_FLAG
     stored = [row.config, *runners_up(bench.store, row, n_runners_up)]
     candidates = list({c.canonical(): c for c in [*stored, *([ks.default] if ks.default else [])]}.values())
 

@@ -115,7 +115,7 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
            force: bool = False, faults: dict | None = None, batch: int | None = None,
            revalidate: bool = False, sdpa: bool | None = None, devices=None, lease: float = 60.0,
            shapes: Mapping[TuningKey, tuple[int, int, int]] | None = None, rows: Mapping | None = None,
-           runners_up: int = DEFAULT_RUNNERS_UP) -> SearchSummary:
+           runners_up: int = DEFAULT_RUNNERS_UP, host_bound: bool = False) -> SearchSummary:
     """Tune every key: ``trials`` measured configs and/or ``timeout`` seconds per key.
 
     ``db`` is the store (URL, path or None for the default); ``storage`` Optuna's (a
@@ -152,7 +152,10 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     the same call resumes.
     ``sdpa``: also time torch SDPA's backends for each key as runners beside the Triton
     winner, and store the fastest as the key's runner (``flashtune.runners``); default: on a
-    GPU, not under the interpreter (whose timings are no match for native CPU code).
+    GPU, not under the interpreter (whose timings are no match for native CPU code). Each runner
+    is timed by GPU time and eagerly; ``runners.choose`` picks by GPU time unless the call is
+    host-bound, and ``host_bound=True`` picks by eager time always (stored with the key, so
+    ``explain()`` says it, and kept by a revalidation of the key).
     ``shapes`` maps keys to the (batch, heads_q, heads_kv) of a call they were made from (a
     shape file's row, a model preset's call, a recorded call): those keys' trials and race
     run that call's own shape instead of the key's ``trial_shape()``, so what is timed is what
@@ -184,6 +187,8 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     _check_seconds("lease", lease)
     if not isinstance(runners_up, int) or isinstance(runners_up, bool) or runners_up < 0:
         raise ValueError(f"runners_up: expected a non-negative integer, got {runners_up!r}")
+    if not isinstance(host_bound, bool):
+        raise ValueError(f"host_bound: expected True or False, got {host_bound!r}")
     if rows is not None and not revalidate:
         raise ValueError("rows: only a revalidation takes the rows to check")
     shapes = _check_shapes(shapes, keys)
@@ -205,7 +210,7 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     report = progress or (lambda p: None)
     budget = Budget(trials=trials, timeout=timeout, trial_timeout=trial_timeout, finalists=finalists, rounds=rounds,
-                    seed=seed, batch=batch, sdpa=(not interpreter) if sdpa is None else sdpa,
+                    seed=seed, batch=batch, sdpa=(not interpreter) if sdpa is None else sdpa, host_bound=host_bound,
                     faults={cfg.canonical(): code for cfg, code in (faults or {}).items()})
     store = Store(db)
     try:

@@ -115,7 +115,7 @@ class KeyBench:
 
     def time_ms(self, fn, *, quick: bool = False) -> float:
         """A config's time: its launches' GPU time, from CUDA-graph replays
-        (``protocol.graph_time_ms``). The runners' race times whole eager calls instead."""
+        (``protocol.graph_time_ms``). The runners' race times each runner this way and eagerly too."""
         return graph_time_ms(fn, self.device, quick=quick)
 
     def run(self, config, fault: int = 0, *, quick: bool = False) -> Outcome:
@@ -155,7 +155,8 @@ class KeyBench:
     def _runner_fns(self, winner, fwd_config) -> tuple[dict, tuple]:
         """A no-argument callable per runner: the key's forward (fwd keys) or a training step,
         forward + backward through autograd (bwd keys); and the leaves whose gradients a
-        training step fills."""
+        training step fills. A step starts with the leaves' gradients unset, so each one writes
+        them afresh (no accumulation), eager or replayed from a CUDA graph alike."""
         from flashtune.kernels import attention
         from flashtune.runners import SDPA_BACKENDS, sdpa
 
@@ -166,27 +167,36 @@ class KeyBench:
                 fns[name] = (lambda name=name: sdpa(name, self.q, self.k, self.v, is_causal=causal, scale=scale,
                                                     enable_gqa=gqa))
             return fns, ()
-        q, k, v = (t.detach().clone().requires_grad_(True) for t in (self.q, self.k, self.v))
-        fns = {"triton": lambda: attention(q, k, v, causal=causal, sm_scale=scale, fwd_config=fwd_config,
-                                           bwd_config=winner, fp32_precision="tf32").backward(self.do)}
-        for name in SDPA_BACKENDS:
-            fns[name] = (lambda name=name: sdpa(name, q, k, v, is_causal=causal, scale=scale,
-                                                enable_gqa=gqa).backward(self.do))
-        return fns, (q, k, v)
+        q, k, v = leaves = tuple(t.detach().clone().requires_grad_(True) for t in (self.q, self.k, self.v))
 
-    def race(self, winner, fwd_config, rounds: int) -> dict[str, float | None]:
-        """Each runner's median time over ``rounds`` interleaved rounds, None for an SDPA
-        backend that cannot run the key or fails the correctness check (the same allowances
-        as every trial). The Triton side is ``winner`` (a bwd key: with ``fwd_config``)."""
+        def step(run):
+            def fn():
+                for t in leaves:
+                    t.grad = None
+                run().backward(self.do)
+            return fn
+
+        fns = {"triton": step(lambda: attention(q, k, v, causal=causal, sm_scale=scale, fwd_config=fwd_config,
+                                                bwd_config=winner, fp32_precision="tf32"))}
+        for name in SDPA_BACKENDS:
+            fns[name] = step(lambda name=name: sdpa(name, q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa))
+        return fns, leaves
+
+    def race(self, winner, fwd_config, rounds: int) -> dict:
+        """Each runner's ``RunnerTime``: the medians over ``rounds`` interleaved rounds of its GPU
+        time (CUDA-graph replays, as a trial is timed: ``time_ms``) and its eager time (plain calls
+        back to back, the host included: ``protocol.eager_time_ms``); under the interpreter one
+        wall-clock figure is both. None for an SDPA backend that cannot run the key or fails the
+        correctness check (the same allowances as every trial). The Triton side is ``winner`` (a
+        bwd key: with ``fwd_config``)."""
         import warnings
 
-        from flashtune.protocol import time_ms
+        from flashtune.protocol import eager_time_ms
+        from flashtune.runners import RunnerTime
 
         fns, leaves = self._runner_fns(winner, fwd_config)
         usable = {}
         for name, fn in fns.items():
-            for t in leaves:
-                t.grad = None
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # SDPA warns for each reason a backend cannot run
@@ -201,11 +211,20 @@ class KeyBench:
                 if not all(error_ratio(max_error(g, r), self.allowance[n]) <= 1.0 for n, (g, r) in pairs.items()):
                     continue
             usable[name] = fn
-        times: dict[str, list[float]] = {name: [] for name in usable}
+        gpu: dict[str, list[float]] = {name: [] for name in usable}
+        eager: dict[str, list[float]] = {name: [] for name in usable}
+        cuda = self.device.type == "cuda"
         for _ in range(rounds):
             for name, fn in usable.items():
-                times[name].append(time_ms(fn, self.device, grad_to_none=leaves or None))
-        return {name: statistics.median(times[name]) if name in usable and times[name] else None for name in fns}
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    gpu[name].append(self.time_ms(fn))
+                    # the interpreter's one wall-clock figure stands for both
+                    eager[name].append(eager_time_ms(fn, self.device) if cuda else gpu[name][-1])
+            for t in leaves:  # a replayed step's gradients live in its graph's memory: let go of them
+                t.grad = None
+        return {name: RunnerTime(statistics.median(gpu[name]), statistics.median(eager[name]))
+                if name in usable and gpu[name] else None for name in fns}
 
     def describe(self) -> dict:
         return {"batch": self.batch, "heads": self.heads, "heads_kv": self.heads_kv, "flops": self.flops,

@@ -238,8 +238,8 @@ class TrialWorker:
         self._ensure(key)
         return self._request("retime", {"configs": list(configs), "rounds": rounds}, timeout)
 
-    def race(self, key: TuningKey, config, fwd_config, rounds: int, timeout: float) -> dict[str, float | None]:
-        """Each runner's time for the key (``KeyBench.race``)."""
+    def race(self, key: TuningKey, config, fwd_config, rounds: int, timeout: float) -> dict:
+        """Each runner's ``RunnerTime`` for the key, GPU and eager (``KeyBench.race``)."""
         self._ensure(key)
         return self._request("race", {"config": config, "fwd_config": fwd_config, "rounds": rounds}, timeout)
 

@@ -28,7 +28,8 @@ from flashtune.cli._common import (
 
 CSV_COLUMNS = ("gpu", "dtype", "head_dim", "seq_q", "seq_k", "group", "batch_heads", "causal", "pass", "config",
                "time_ms", "tflops",
-               "default_time_ms", "speedup", "error", "n_trials", "runner", "flashtune_version", "kernel_hash",
+               "default_time_ms", "speedup", "error", "n_trials", "runner", "chosen_by", "runner_gpu_ms",
+               "runner_eager_ms", "flashtune_version", "kernel_hash",
                "triton_version", "torch_version", "cuda_version", "driver_version", "created_at", "updated_at",
                "stale", "table")
 TABLE_COLUMNS = ("gpu", "pass", "dtype", "d", "nq", "nk", "g", "bh", "mask", "config", "ms", "TFLOPS", "vs default",
@@ -112,6 +113,11 @@ def list_command(where, db, as_json, as_csv, recorded, shipped):
         columns = [*TABLE_COLUMNS, *(["table"] if shipped else [])]
         rows = [[*key_cells(r.key), r.config.label(), r.time_ms, tflops(r.tflops), ratio(r.speedup), r.n_trials,
                  _runner_cell(r), *([table] if shipped else [])] for r, table in found]
+        if any(r.runner_times for r, _ in found):  # the served runner's two times, where one was raced
+            at = columns.index("runner") + 1
+            columns.insert(at, RACE_COLUMN)
+            for row, (r, _) in zip(rows, found):
+                row.insert(at, _race_cell(r))
         stale = [stale_versions(r.provenance) for r, _ in found]
         if any(stale):
             columns.append("stale")
@@ -154,15 +160,38 @@ def _list_recorded(where, db, as_json: bool, as_csv: bool) -> None:
                    "together; `flashtune search --recorded` tunes each at B, Hq, Hkv", err=True)
 
 
+# The list's column of the served runner's times (GPU / eager), shown when a listed key was raced
+RACE_COLUMN = "gpu/eager ms"
+# what chose the runner (runners.CHOSEN_BY), as the list shows it
+_BY = {"gpu": "by GPU", "host-bound": "by eager: host-bound", "forced": "by eager: --host-bound"}
+
+
 def _runner_cell(result) -> str:
-    """"triton", or the SDPA backend that serves the key with its time against the kernels'."""
-    if result.runner == "triton":
-        return "triton"
+    """"triton" where nothing was raced; else the runner that serves the key, with its speed-up
+    over the kernels on the timing that chose it (an SDPA backend) and what chose it (a row raced
+    before runners had both times: its one time, nothing said of what chose)."""
     times = result.runner_times
-    return f"{result.runner} ({times['triton'] / times[result.runner]:.2f}x)" if "triton" in times else result.runner
+    if not times:
+        return result.runner
+    by = _BY.get(result.chosen_by)
+    if result.runner == "triton" or "triton" not in times:
+        return f"{result.runner} ({by})" if by else result.runner
+    served, triton = times[result.runner], times["triton"]
+    eager = result.chosen_by in ("host-bound", "forced") and served.eager_ms and triton.eager_ms
+    speedup = triton.eager_ms / served.eager_ms if eager else triton.gpu_ms / served.gpu_ms
+    return f"{result.runner} ({speedup:.2f}x{', ' + by if by else ''})"
+
+
+def _race_cell(result) -> str | None:
+    """The served runner's race times, "GPU/eager" ms ("-" for an eager time not measured)."""
+    t = (result.runner_times or {}).get(result.runner)
+    return None if t is None else f"{fmt(t.gpu_ms)}/{fmt(t.eager_ms)}"
 
 
 def _csv_value(record: dict[str, Any], column: str) -> Any:
+    if column in ("runner_gpu_ms", "runner_eager_ms"):
+        served = (record.get("runner_times") or {}).get(record["runner"]) or {}
+        return served.get(column.removeprefix("runner_"))
     return record["provenance"][column] if column in record["provenance"] else record.get(column)
 
 
@@ -246,6 +275,23 @@ RETIMED = ("the median of interleaved rounds with the other finalists and the de
            "revalidation")
 
 
+def _runner_details(result) -> str:
+    """The runner, and where it was raced each runner's GPU and eager times and what chose it."""
+    from flashtune.runners import describe_choice
+
+    times = result.runner_times
+    if not times:
+        return _runner_cell(result)
+
+    def both(t) -> str:
+        return f"{fmt(t.gpu_ms)} / {fmt(t.eager_ms)}"
+
+    ranked = sorted(times.items(), key=lambda item: item[1].gpu_ms)
+    return (f"{result.runner}, chosen {describe_choice(times, result.chosen_by)}; raced, each runner's whole call "
+            "(a training key: forward + backward), GPU / eager ms: "
+            + ", ".join(f"{name} {both(t)}" for name, t in ranked))
+
+
 def _details(key, result, trials) -> str:
     lines = [f"{key.label()} on {key.gpu}"]
     if result is None:
@@ -264,9 +310,7 @@ def _details(key, result, trials) -> str:
             ("speed-up", ratio(result.speedup)),
             ("error", f"{fmt(result.error)} (worst error / allowance; <= 1 passes)"),
             ("trials", str(result.n_trials)),
-            ("runner", _runner_cell(result) + ("" if not result.runner_times else "; raced, each runner's whole call "
-                "(a training key: forward + backward): " + ", ".join(
-                    f"{name} {fmt(ms)} ms" for name, ms in sorted(result.runner_times.items(), key=lambda x: x[1])))),
+            ("runner", _runner_details(result)),
             ("tuned with", (f"flashtune {p.flashtune_version}, kernels {p.kernel_hash}, triton {p.triton_version}, "
                             f"torch {p.torch_version}, CUDA {p.cuda_version or '-'}, "
                             f"driver {p.driver_version or '-'}")),

@@ -62,6 +62,10 @@ TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall cl
 @click.option("--sdpa/--no-sdpa", default=None, help="Also time torch SDPA's backends (cuDNN, FlashAttention-2, "
               "memory-efficient) for each key and serve the fastest correct runner. [default: on a GPU, off "
               "under the interpreter]")
+@click.option("--host-bound", is_flag=True, help="Choose each key's runner by its eager time (plain calls, the host's "
+              "work included) rather than its GPU time, for a model whose host is the bottleneck (small batches, "
+              "eager decode loops). Without it the eager time decides only where a call is host-bound. Stored with "
+              "the key (`flashtune show`, explain()).")
 @interpreter_options
 @click.option("--devices", metavar="all|0,1,...", help="Search on several devices at once, one worker process each "
               "(a free device takes the next key; each key's trials stay on one device): all of this host's, or "
@@ -72,8 +76,8 @@ TIMER_NOTES = {"interpreter-wall-clock": "Triton interpreter on the CPU, wall cl
               "one line per trial and per key with an ETA (for logs). [default: on, off with --json]")
 @click.option("--json", "as_json", is_flag=True, help="Output the summary as JSON.")
 def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, models, tp, list_models, recorded, trials,
-                   timeout, trial_timeout, db, storage, revalidate, force, sdpa, interpreter, device, devices, seed,
-                   progress, as_json):
+                   timeout, trial_timeout, db, storage, revalidate, force, sdpa, host_bound, interpreter, device,
+                   devices, seed, progress, as_json):
     """Tune kernel configs for this GPU and store the winners.
 
     By default: the common LLM shapes (head dims 64 and 128, bfloat16, sequence
@@ -122,6 +126,10 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, mod
     if is_interpreter and models:
         raise click.UsageError("--model presets are real models' shapes, far too large for the Triton interpreter; "
                                "under --interpreter give tiny rows with --shapes")
+    if host_bound and not (sdpa if sdpa is not None else not is_interpreter):
+        raise click.UsageError("--host-bound chooses among the runners SDPA's backends are raced against, and this "
+                               "search races none (--no-sdpa, the interpreter's default): add --sdpa or leave out "
+                               "--host-bound")
     names = _device_names(devices, is_interpreter)
     trials = trials or (DEMO_TRIALS if is_interpreter else DEFAULT_TRIALS)
     values = grid(head_dims, dtypes, seq_lens, causal, passes, interpreter=is_interpreter)
@@ -147,7 +155,7 @@ def search_command(head_dims, dtypes, seq_lens, causal, passes, shapes_file, mod
     run_search(keys, gpus=gpus, names=names, dev=dev, interpreter=is_interpreter, trials=trials, db=db,
                storage=storage, progress=progress, as_json=as_json, before=before, timeout=timeout,
                trial_timeout=trial_timeout, seed=seed, force=force, revalidate=revalidate, sdpa=sdpa,
-               shapes=call_shapes or None)
+               host_bound=host_bound, shapes=call_shapes or None)
 
 
 # what a key's search ended in, when it did what was asked
@@ -303,7 +311,14 @@ def _stored_keys(db, gpu_key, head_dims, dtypes, seq_lens, causal, passes):
     return keys, {k: table[k] for k in keys}
 
 
+def _runner_cell(r) -> str:
+    """The runner a key got, "(by eager)" where its eager time chose it (runners.choose)."""
+    return f"{r.runner} (by eager)" if r.chosen_by in ("host-bound", "forced") else r.runner
+
+
 def _report(summary, before, as_json: bool) -> None:
+    from flashtune.runners import times_as_dicts
+
     results = summary.results
     timers = sorted({r.timer for r in results if r.timer})
     if as_json:
@@ -317,7 +332,7 @@ def _report(summary, before, as_json: bool) -> None:
                 # (batch, heads_q, heads_kv) the trials ran: the call's own for a shape set's key
                 "trial_shape": list(r.shape) if r.shape else None,
                 "timer": r.timer, "before_ms": before[r.key].time_ms if r.key in before else None,
-                "runner": r.runner, "runner_times": r.runner_times,
+                "runner": r.runner, "chosen_by": r.chosen_by, "runner_times": times_as_dicts(r.runner_times),
                 "message": getattr(r, "message", ""),
             } for r in results],
         })
@@ -329,7 +344,7 @@ def _report(summary, before, as_json: bool) -> None:
     for r in results:
         row = [r.key.label(), r.status, r.winner.label() if r.winner is not None else None, r.time_ms,
                tflops(r.tflops), ratio(r.speedup), r.n_trials, r.rejected,
-               r.runner if r.status in ("tuned", "revalidated") else None]
+               _runner_cell(r) if r.status in ("tuned", "revalidated") else None]
         if before:
             row.append(before[r.key].time_ms if r.key in before else None)
         rows.append(row)

@@ -4,7 +4,7 @@ An export file is UTF-8 JSON, data only (nothing in it is ever executed or unpic
 
     {
       "format": "flashtune-tuned-table",
-      "format_version": 2,
+      "format_version": 3,
       "flashtune_version": "0.1.0",            # the exporting flashtune
       "exported_at": "2026-11-30T12:00:00Z",
       "tables": [                              # one per GPU; a file may hold several
@@ -13,7 +13,9 @@ An export file is UTF-8 JSON, data only (nothing in it is ever executed or unpic
                   "sm_count": 132, "total_memory": 150754820096},
           "entries": [
             {"dtype": "bfloat16", "head_dim": 64, "seq_q": 1024, "seq_k": 1024, "group": 1,
-             "batch_heads": 512, "causal": true, "pass": "fwd", "runner": "triton", "runner_times": null,
+             "batch_heads": 512, "causal": true, "pass": "fwd", "runner": "sdpa-cudnn", "chosen_by": "gpu",
+             "runner_times": {"triton": {"gpu_ms": 0.123, "eager_ms": 0.131},
+                              "sdpa-cudnn": {"gpu_ms": 0.118, "eager_ms": 0.125}},
              "config": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
              "time_ms": 0.123, "tflops": 456.7, "default_time_ms": 0.15, "error": 0.31, "n_trials": 32,
              "provenance": {"flashtune_version": "0.1.0", "kernel_hash": "...", "triton_version": "3.6.0",
@@ -24,8 +26,12 @@ An export file is UTF-8 JSON, data only (nothing in it is ever executed or unpic
       "sha256": "..."                          # of the canonical JSON of "tables"
     }
 
-An entry's key is ``TuningKey.as_dict()`` without the GPU. Version 1 files (written before
-the key had seq_k, group and batch_heads) name one ``seq_len``; they still import, as keys of
+An entry's key is ``TuningKey.as_dict()`` without the GPU. ``runner_times`` holds each raced
+runner's GPU and eager time (``flashtune.runners.RunnerTime``; null: nothing but the kernels was
+timed) and ``chosen_by`` which of them chose ``runner`` (``runners.CHOSEN_BY``). Version 2 files
+(written before runners had both times) hold one time per runner and no ``chosen_by``: they
+import, each time a GPU time, the eager time unknown. Version 1 files (written before the key had
+seq_k, group and batch_heads) name one ``seq_len`` and no runner; they still import, as keys of
 the standard grid they were tuned on (``TuningKey.from_dict``).
 
 An entry's provenance is its table's GPU (name, compute capability, SM count) plus the
@@ -62,7 +68,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from flashtune._version import __version__
 from flashtune.keys import DTYPES, PASSES, GpuInfo, TuningKey
 from flashtune.provenance import Provenance, is_current
-from flashtune.runners import RUNNERS, TRITON
+from flashtune.runners import CHOSEN_BY, RUNNERS, TRITON, RunnerTime, times_as_dicts
 from flashtune.store.records import ImportSummary, StoredResult
 
 __all__ = [
@@ -72,7 +78,8 @@ __all__ = [
 ]
 
 FORMAT = "flashtune-tuned-table"
-FORMAT_VERSION = 2  # 1: the key's length was one seq_len (a grid key); read as such
+# 1: the key's length was one seq_len (a grid key); 2: one time per runner (a GPU time). Both read.
+FORMAT_VERSION = 3
 MAX_BYTES = 16 * 1024 * 1024
 VERSION_FIELDS = ("flashtune_version", "kernel_hash", "triton_version", "torch_version", "cuda_version",
                   "driver_version")
@@ -154,7 +161,16 @@ class _Entry(_Strict):
         return StoredResult(key=key, config=self.parsed_config(), time_ms=self.time_ms,
                             tflops=self.tflops, default_time_ms=self.default_time_ms, error=self.error,
                             n_trials=self.n_trials, gpu=info, provenance=provenance,
-                            runner=getattr(self, "runner", TRITON), runner_times=getattr(self, "runner_times", None))
+                            runner=getattr(self, "runner", TRITON), runner_times=self.runner_times_read(),
+                            chosen_by=getattr(self, "chosen_by", None))
+
+    def runner_times_read(self):
+        """The entry's runner times as StoredResult takes them (RunnerTime objects, or numbers)."""
+        times = getattr(self, "runner_times", None)
+        if times is None:
+            return None
+        return {name: RunnerTime(t.gpu_ms, t.eager_ms) if isinstance(t, _RunnerTime) else t
+                for name, t in times.items()}
 
 
 class _EntryV1(_Entry):
@@ -170,6 +186,16 @@ class _EntryV2(_Entry):
     runner_times: dict[Literal[RUNNERS], Annotated[float, Field(gt=0)]] | None  # type: ignore[valid-type]
 
 
+class _RunnerTime(_Strict):
+    gpu_ms: Annotated[float, Field(gt=0)]
+    eager_ms: Annotated[float, Field(gt=0)] | None
+
+
+class _EntryV3(_EntryV2):
+    runner_times: dict[Literal[RUNNERS], _RunnerTime] | None  # type: ignore[valid-type]
+    chosen_by: Literal[CHOSEN_BY] | None  # type: ignore[valid-type]
+
+
 class _TableV1(_Strict):
     gpu: _Gpu
     entries: list[_EntryV1]
@@ -180,12 +206,17 @@ class _TableV2(_Strict):
     entries: list[_EntryV2]
 
 
+class _TableV3(_Strict):
+    gpu: _Gpu
+    entries: list[_EntryV3]
+
+
 class _Document(_Strict):
     format: Literal[FORMAT]  # type: ignore[valid-type]
     format_version: Literal[FORMAT_VERSION]  # type: ignore[valid-type]
     flashtune_version: _Version
     exported_at: _Version
-    tables: list[_TableV2]
+    tables: list[_TableV3]
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -194,7 +225,12 @@ class _DocumentV1(_Document):
     tables: list[_TableV1]
 
 
-_DOCUMENTS: dict[int, type[_Document]] = {1: _DocumentV1, FORMAT_VERSION: _Document}
+class _DocumentV2(_Document):
+    format_version: Literal[2]
+    tables: list[_TableV2]
+
+
+_DOCUMENTS: dict[int, type[_Document]] = {1: _DocumentV1, 2: _DocumentV2, FORMAT_VERSION: _Document}
 
 
 # -- what a file holds --------------------------------------------------------------------
@@ -231,7 +267,7 @@ def entry_dict(result: StoredResult) -> dict[str, Any]:
         **result.key.as_dict(gpu=False), "config": result.config.to_dict(), "time_ms": result.time_ms,
         "tflops": result.tflops,
         "default_time_ms": result.default_time_ms, "error": result.error, "n_trials": result.n_trials,
-        "runner": result.runner, "runner_times": None if result.runner_times is None else dict(result.runner_times),
+        "runner": result.runner, "chosen_by": result.chosen_by, "runner_times": times_as_dicts(result.runner_times),
         "provenance": {name: getattr(result.provenance, name) for name in VERSION_FIELDS},
     }
 

@@ -118,7 +118,8 @@ class TunedResult(KeyColumns, Base):
     error: Mapped[float] = mapped_column(sa.Double)
     n_trials: Mapped[int]
     runner: Mapped[str] = mapped_column(sa.String(32))  # flashtune.runners: what serves the key
-    runner_times: Mapped[dict | None] = mapped_column(sa.JSON)  # ms of each runner measured, in one run
+    # each runner's GPU and eager ms, measured in one run, and what chose the runner (repository.py)
+    runner_times: Mapped[dict | None] = mapped_column(sa.JSON)
     flashtune_version: Mapped[str] = mapped_column(sa.String(64))
     kernel_hash: Mapped[str] = mapped_column(sa.String(64))
     triton_version: Mapped[str] = mapped_column(sa.String(64))

@@ -16,6 +16,7 @@ from flashtune.store.errors import StoreError
 if TYPE_CHECKING:
     from flashtune.configs.backward import BwdConfig
     from flashtune.configs.forward import FwdConfig
+    from flashtune.runners import RunnerTime
 
 Config = Union["FwdConfig", "BwdConfig"]
 
@@ -30,8 +31,11 @@ class StoredResult:
     ``provenance`` are those of ``gpu`` (the store keeps them once, in the GPU table).
     ``config`` and ``time_ms`` are the Triton winner's; ``runner`` is what serves the key
     (``flashtune.runners``: "triton", or an SDPA backend that was faster) and
-    ``runner_times`` each runner's time measured in the same run (forward for an inference
-    key, forward + backward for a training key; None when no other runner was timed).
+    ``runner_times`` each runner's ``RunnerTime`` measured in the same run, GPU and eager
+    (forward for an inference key, forward + backward for a training key; None when no other
+    runner was timed; plain numbers, as older rows and exports hold, are read as GPU times with
+    the eager time unknown); ``chosen_by`` which of the two chose the runner
+    (``runners.CHOSEN_BY``; None for a row raced before runners had both).
     """
 
     key: TuningKey
@@ -44,9 +48,15 @@ class StoredResult:
     gpu: GpuInfo
     provenance: Provenance
     runner: str = "triton"
-    runner_times: Mapping[str, float] | None = None
+    runner_times: Mapping[str, RunnerTime] | None = None
+    chosen_by: str | None = None
     created_at: datetime | None = None  # set by the store
     updated_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        from flashtune.runners import runner_times
+
+        object.__setattr__(self, "runner_times", runner_times(self.runner_times))
 
     @property
     def speedup(self) -> float | None:
@@ -81,7 +91,7 @@ class StoredResult:
             check_number("default_time_ms", self.default_time_ms, minimum=MIN_TIME_MS, maximum=MAX_TIME_MS)
         check_number("error", self.error, minimum=0.0, maximum=MAX_ERROR)
         check_count("n_trials", self.n_trials)
-        check_runners(self.runner, self.runner_times)
+        check_runners(self.runner, self.runner_times, self.chosen_by)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,23 +222,33 @@ def check_key(key: TuningKey) -> None:
     check_text("gpu", key.gpu)
 
 
-def check_runners(runner: Any, times: Any) -> None:
-    """A known runner, and each runner's time a time the store holds; an SDPA runner was timed."""
-    from flashtune.runners import RUNNERS, TRITON, check_runner
+def check_runners(runner: Any, times: Any, chosen_by: Any = None) -> None:
+    """A known runner, each runner's times (GPU, and eager where known) times the store holds, an
+    SDPA runner timed, and what chose it one of ``runners.CHOSEN_BY`` where the runners were raced."""
+    from flashtune.runners import CHOSEN_BY, RUNNERS, TRITON, RunnerTime, check_runner
 
     check_runner(runner)
     if times is None:
         if runner != TRITON:
             raise ValueError(f"runner_times: {runner!r} serves the key but has no time")
+        if chosen_by is not None:
+            raise ValueError(f"chosen_by: {short_value(chosen_by)} names what chose a runner, but none was raced")
         return
     if not isinstance(times, Mapping):
-        raise ValueError(f"runner_times: expected a mapping of runner to milliseconds, got {short_value(times)}")
-    for name, ms in times.items():
+        raise ValueError(f"runner_times: expected a mapping of runner to times, got {short_value(times)}")
+    for name, t in times.items():
         if name not in RUNNERS:
             raise ValueError(f"runner_times: expected runners of {', '.join(RUNNERS)}, got {short_value(name)}")
-        check_number(f"runner_times[{name}]", ms, minimum=MIN_TIME_MS, maximum=MAX_TIME_MS)
+        if not isinstance(t, RunnerTime):
+            raise ValueError(f"runner_times[{name}]: expected milliseconds or {{\"gpu_ms\": ..., \"eager_ms\": ...}}, "
+                             f"got {short_value(t)}")
+        check_number(f"runner_times[{name}].gpu_ms", t.gpu_ms, minimum=MIN_TIME_MS, maximum=MAX_TIME_MS)
+        if t.eager_ms is not None:
+            check_number(f"runner_times[{name}].eager_ms", t.eager_ms, minimum=MIN_TIME_MS, maximum=MAX_TIME_MS)
     if runner not in times:
         raise ValueError(f"runner_times: {runner!r} serves the key but has no time")
+    if chosen_by is not None and chosen_by not in CHOSEN_BY:
+        raise ValueError(f"chosen_by: expected one of {', '.join(CHOSEN_BY)}, got {short_value(chosen_by)}")
 
 
 def check_runs(key: TuningKey, config: Any) -> None:

@@ -355,7 +355,7 @@ def _write_result(session: Session, result: StoredResult, gpu_id: int, on_confli
     values = {
         "config": result.config.to_dict(), "time_ms": result.time_ms, "tflops": result.tflops,
         "default_time_ms": result.default_time_ms, "error": result.error, "n_trials": result.n_trials,
-        "runner": result.runner, "runner_times": None if result.runner_times is None else dict(result.runner_times),
+        "runner": result.runner, "runner_times": _runner_times_json(result),
         **{name: getattr(result.provenance, name) for name in PROVENANCE_COLUMNS},
     }
     key_values = _key_values(result.key, gpu_id)
@@ -399,6 +399,30 @@ def _faster(table: sa.Table, query, result: StoredResult):
     return sa.and_(sa.not_(stored_current), faster)
 
 
+# The runner_times column (JSON) holds each raced runner's {"gpu_ms", "eager_ms"} and, under this
+# key (no runner's name), what chose the runner; a row written before runners had both times holds
+# {runner: ms}, read as GPU times (StoredResult). One JSON value, so the schema did not change.
+CHOSEN_BY_FIELD = "chosen_by"
+
+
+def _runner_times_json(result: StoredResult) -> dict | None:
+    from flashtune.runners import times_as_dicts
+
+    if result.runner_times is None:
+        return None
+    value = times_as_dicts(result.runner_times)
+    return value if result.chosen_by is None else {**value, CHOSEN_BY_FIELD: result.chosen_by}
+
+
+def _runner_times_of(value) -> dict:
+    """StoredResult's runner_times and chosen_by of the column's value (one it cannot read goes to
+    StoredResult as it is, whose check names it)."""
+    if not isinstance(value, dict):
+        return {"runner_times": value}
+    value = dict(value)
+    return {"chosen_by": value.pop(CHOSEN_BY_FIELD, None), "runner_times": value}
+
+
 def _gpu_info(gpu: Gpu) -> GpuInfo:
     return GpuInfo(gpu.name, (gpu.capability_major, gpu.capability_minor), gpu.sm_count, gpu.total_memory)
 
@@ -425,7 +449,8 @@ def _stored_result(row: TunedResult, gpu: Gpu, config_text: str) -> StoredResult
         config=load_config(row.pass_, config, where),
         time_ms=row.time_ms, tflops=row.tflops, default_time_ms=row.default_time_ms, error=row.error,
         n_trials=row.n_trials, gpu=_gpu_info(gpu), provenance=provenance, runner=row.runner,
-        runner_times=row.runner_times, created_at=as_utc(row.created_at), updated_at=as_utc(row.updated_at),
+        **_runner_times_of(row.runner_times), created_at=as_utc(row.created_at),
+        updated_at=as_utc(row.updated_at),
     )
     # the bounds a save and an import apply to the figures, on the way out too: a row written
     # before them, or by hand (a time of 5e-324 made the speed-up inf and `list --json` failed

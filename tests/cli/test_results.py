@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
+import re
 
 import pytest
 from exchange_samples import A100, H200, TRITON, key, result
@@ -12,6 +14,7 @@ from exchange_samples import A100, H200, TRITON, key, result
 from flashtune.outcome import Outcome
 from flashtune.kernels import BwdConfig, FwdConfig
 from flashtune.provenance import kernel_source_hash
+from flashtune.runners import RunnerTime
 from flashtune.store import Store
 
 LIST_TABLE = """\
@@ -58,7 +61,7 @@ def test_list_json(invoke, db):
         "config": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "tma": 0, "num_splits": 0,
                    "pack_gqa": -1, "family": 0, "pingpong": 1, "overlap": 1, "persistent": 0, "o_tile": 0, "occupancy": 1},
         "time_ms": 0.75, "tflops": 512.5, "default_time_ms": 1.5, "error": 0.125, "n_trials": 16, "speedup": 2.0,
-        "runner": "triton", "runner_times": None, "stale": None,
+        "runner": "triton", "chosen_by": None, "runner_times": None, "stale": None,
         "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": TRITON,
                        "torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                        "driver_version": "cuda-driver-api 13.0"},
@@ -77,6 +80,64 @@ def test_list_csv(invoke, db):
                                          "num_splits": 0, "pack_gqa": -1, "family": 0, "pingpong": 1, "overlap": 1,
                                          "persistent": 0, "o_tile": 0, "occupancy": 1}
     assert out.output.splitlines()[0].startswith("gpu,dtype,head_dim,seq_q,seq_k,group,batch_heads,causal,pass,config,time_ms,")
+
+
+def _raced_store(tmp_path) -> str:
+    """Four keys: two raced with both times (one chosen by GPU time, one by eager time, host-bound),
+    one raced before runners had both times (its one time per runner a GPU time), one not raced."""
+    path = tmp_path / "raced.db"
+    by_gpu = {"triton": RunnerTime(0.25, 0.34), "sdpa-cudnn": RunnerTime(0.3125, 0.1875)}
+    host_bound = {"triton": RunnerTime(0.125, 0.34), "sdpa-cudnn": RunnerTime(0.1875, 0.25)}
+    with Store(path) as store:
+        store.import_results([
+            dataclasses.replace(result(key(512)), runner="triton", runner_times=by_gpu, chosen_by="gpu"),
+            dataclasses.replace(result(key(1024)), runner="sdpa-cudnn", runner_times=host_bound,
+                                chosen_by="host-bound"),
+            dataclasses.replace(result(key(2048)), runner="sdpa-cudnn",
+                                runner_times={"triton": 0.75, "sdpa-cudnn": 0.5}),
+            result(key(4096)),
+        ])
+    return str(path)
+
+
+def test_list_shows_each_raced_runners_two_times_and_what_chose_it(invoke, tmp_path):
+    db = _raced_store(tmp_path)
+    lines = invoke("list", "--db", db).output.splitlines()
+    assert lines[0].split()[-3:] == ["runner", "gpu/eager", "ms"]
+    # the speed-up of an SDPA runner over the kernels is on the timing that chose it: eager for host-bound
+    assert [re.split(r" {3,}", line)[-2:] for line in lines[2:]] == [
+        ["triton (by GPU)", "0.25/0.34"], ["sdpa-cudnn (1.36x, by eager: host-bound)", "0.1875/0.25"],
+        ["sdpa-cudnn (1.50x)", "0.5/-"], ["triton", "-"]]
+    records = json.loads(invoke("list", "--db", db, "--json").output)
+    assert [(r["runner"], r["chosen_by"]) for r in records] == [
+        ("triton", "gpu"), ("sdpa-cudnn", "host-bound"), ("sdpa-cudnn", None), ("triton", None)]
+    assert records[1]["runner_times"] == {"triton": {"gpu_ms": 0.125, "eager_ms": 0.34},
+                                          "sdpa-cudnn": {"gpu_ms": 0.1875, "eager_ms": 0.25}}
+    assert records[2]["runner_times"] == {"triton": {"gpu_ms": 0.75, "eager_ms": None},
+                                          "sdpa-cudnn": {"gpu_ms": 0.5, "eager_ms": None}}
+    rows = list(csv.DictReader(io.StringIO(invoke("list", "--db", db, "--csv").output)))
+    assert [(r["runner"], r["chosen_by"], r["runner_gpu_ms"], r["runner_eager_ms"]) for r in rows] == [
+        ("triton", "gpu", "0.25", "0.34"), ("sdpa-cudnn", "host-bound", "0.1875", "0.25"),
+        ("sdpa-cudnn", "", "0.5", ""), ("triton", "", "", "")]
+
+
+def test_show_gives_every_runners_two_times_and_what_chose_the_runner(invoke, tmp_path):
+    db = _raced_store(tmp_path)
+
+    def runner_line(seq_len: int) -> str:
+        out = invoke("show", "--db", db, "--seq-len", seq_len)
+        assert out.exit_code == 0, out.output
+        return next(line for line in out.output.splitlines() if line.startswith("  runner"))
+
+    raced = ", each runner's whole call (a training key: forward + backward), GPU / eager ms: "
+    assert runner_line(512) == ("  runner        triton, chosen by GPU time (CUDA-graph replay); raced" + raced
+                                + "triton 0.25 / 0.34, sdpa-cudnn 0.3125 / 0.1875")
+    assert runner_line(1024) == ("  runner        sdpa-cudnn, chosen by eager time (host-bound: triton's eager time "
+                                 "2.72x its GPU time, over 1.5x); raced" + raced
+                                 + "triton 0.125 / 0.34, sdpa-cudnn 0.1875 / 0.25")
+    assert runner_line(2048) == ("  runner        sdpa-cudnn, chosen by one timing per runner (a search before runners "
+                                 "had GPU and eager times); raced" + raced + "sdpa-cudnn 0.5 / -, triton 0.75 / -")
+    assert runner_line(4096) == "  runner        triton"
 
 
 def test_list_of_nothing(invoke, db):

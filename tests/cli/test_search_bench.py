@@ -261,3 +261,40 @@ def test_bench_rounds_interleave_the_implementations(searched, monkeypatch):
     assert [m["time_ms"] for m in report["measurements"]] == [2.0, 5.0]
     assert report["timer"] == "interpreter-wall-clock, median of 3 interleaved rounds"
     assert _invoke("bench", "--interpreter", "--rounds", "0").exit_code == 2
+
+
+def test_host_bound_reaches_the_search_and_its_summary_says_what_chose_each_runner(monkeypatch, tmp_path):
+    from flashtune.autotuner.key_search import KeyResult
+    from flashtune.autotuner.search import SearchSummary
+    from flashtune.configs.forward import FwdConfig
+    from flashtune.runners import RunnerTime
+
+    seen = {}
+    times = {"triton": RunnerTime(0.25, 0.5), "sdpa-flash": RunnerTime(0.375, 0.3125)}
+
+    def fake_search(keys, **kwargs):
+        seen.update(kwargs)
+        return SearchSummary([KeyResult(k, "tuned", winner=FwdConfig(16, 16, 4, 1), time_ms=0.25, runner="sdpa-flash",
+                                        runner_times=times, chosen_by="forced") for k in keys[:1]], True, "journal")
+
+    monkeypatch.setattr("flashtune.autotuner.search", fake_search)
+    out = _invoke("search", *TINY, "--pass", "fwd", "--sdpa", "--host-bound", "--db", tmp_path / "t.db", "--json")
+    assert out.exit_code == 0, out.output
+    assert seen["host_bound"] is True and seen["sdpa"] is True
+    [row] = json.loads(out.stdout)["keys"]
+    assert (row["runner"], row["chosen_by"]) == ("sdpa-flash", "forced")
+    assert row["runner_times"] == {"triton": {"gpu_ms": 0.25, "eager_ms": 0.5},
+                                   "sdpa-flash": {"gpu_ms": 0.375, "eager_ms": 0.3125}}
+    table = _invoke("search", *TINY, "--pass", "fwd", "--sdpa", "--db", tmp_path / "t.db")
+    assert seen["host_bound"] is False
+    assert table.stdout.splitlines()[2].split()[-3:] == ["sdpa-flash", "(by", "eager)"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--no-sdpa"]])
+def test_host_bound_without_a_race_is_a_usage_error(tmp_path, extra):
+    out = _invoke("search", *TINY, "--host-bound", *extra, "--db", tmp_path / "t.db")
+    assert out.exit_code == 2
+    assert "--host-bound chooses among the runners SDPA's backends are raced against" in out.output
+    assert "Traceback" not in out.output
+    as_json = _invoke("search", *TINY, "--host-bound", *extra, "--db", tmp_path / "t.db", "--json")
+    assert as_json.exit_code == 2 and "--host-bound" in json.loads(as_json.output)["error"]["message"]

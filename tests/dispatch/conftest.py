@@ -46,14 +46,16 @@ def db_path(tmp_path):
 @pytest.fixture
 def write(db_path, gpu):
     """``write(seq_len, pass_, config, dtype=..., head_dim=..., causal=..., kernel_hash=..., on=GPU,
-    seq_k=..., group=..., batch_heads=...)`` stores one winner (for this machine's GPU by default;
-    a grid key unless seq_k, group or batch_heads say otherwise), replacing any stored for its key.
+    seq_k=..., group=..., batch_heads=..., runner=..., runner_times=..., chosen_by=...)`` stores one
+    winner (for this machine's GPU by default; a grid key unless seq_k, group or batch_heads say
+    otherwise), replacing any stored for its key.
     The store stays open between writes; ``write.close()`` closes it."""
     stores = []
 
     def write(seq_len: int, pass_: str, config, *, dtype: str = "float32", head_dim: int = 16,
               causal: bool = False, kernel_hash: str | None = None, on: GpuInfo | None = None,
-              runner: str = "triton", seq_k: int = 0, group: int = 1, batch_heads: int = 0) -> StoredResult:
+              runner: str = "triton", runner_times=None, chosen_by: str | None = None, seq_k: int = 0,
+              group: int = 1, batch_heads: int = 0) -> StoredResult:
         on = on or gpu
         provenance = dataclasses.replace(current_provenance(), gpu_name=on.name, sm_count=on.sm_count,
                                          capability=f"{on.capability[0]}.{on.capability[1]}")
@@ -64,7 +66,8 @@ def write(db_path, gpu):
         result = StoredResult(key=key, config=config,
                               time_ms=1.0, tflops=1.0, default_time_ms=2.0, error=0.0, n_trials=3, gpu=on,
                               provenance=provenance, runner=runner,
-                              runner_times=None if runner == "triton" else {"triton": 1.0, runner: 0.5})
+                              runner_times=runner_times if runner_times is not None or runner == "triton"
+                              else {"triton": 1.0, runner: 0.5}, chosen_by=chosen_by)
         if not stores:
             stores.append(Store(db_path))
         stores[0].save_result(result, replace=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from datetime import datetime, timezone
 
@@ -21,6 +22,7 @@ from exchange_samples import (
 from flashtune import __version__
 from flashtune.configs.forward import FwdConfig
 from flashtune.provenance import kernel_source_hash
+from flashtune.runners import RunnerTime
 from flashtune.store import ImportSummary, Store, StoreError
 from flashtune.store.exchange import (
     FORMAT,
@@ -68,11 +70,47 @@ def test_a_version_1_file_imports_as_the_grid_keys_it_was_tuned_on(store):
         for entry in t["entries"]:
             seq = entry.pop("seq_q")
             del entry["seq_k"], entry["group"], entry["batch_heads"], entry["runner"], entry["runner_times"]
+            del entry["chosen_by"]
             entry["seq_len"] = seq
     export = parse_export(_bytes(document))
     assert [r.key for r in export.results] == [r.key for r in table()]
     assert all(r.key.is_grid for r in export.results)
     assert import_export(store, export) == ImportSummary(inserted=6)
+
+
+RACED = {"triton": RunnerTime(0.25, 0.34), "sdpa-cudnn": RunnerTime(0.3125, 0.1875)}
+
+
+def test_both_times_of_each_runner_and_what_chose_it_round_trip(store):
+    raced = dataclasses.replace(result(key(1024)), runner="sdpa-cudnn", runner_times=RACED, chosen_by="host-bound")
+    data = dump_export([raced, result(key(2048))], exported_at=MOMENT)
+    entry = json.loads(data)["tables"][0]["entries"][0]
+    assert (entry["chosen_by"], entry["runner_times"]) == ("host-bound", {
+        "triton": {"gpu_ms": 0.25, "eager_ms": 0.34}, "sdpa-cudnn": {"gpu_ms": 0.3125, "eager_ms": 0.1875}})
+    import_export(store, parse_export(data))
+    back = store.load_table(H200.key)[key(1024)]
+    assert (back.runner, back.runner_times, back.chosen_by) == ("sdpa-cudnn", RACED, "host-bound")
+    assert store.load_table(H200.key)[key(2048)].runner_times is None
+
+
+def test_a_version_2_file_imports_its_runner_times_as_gpu_times(store):
+    """Version 2 held one time per runner (its race's): read as the GPU time, the eager time
+    unknown, and nothing recorded as what chose the runner."""
+    document = _document()
+    document["format_version"] = 2
+    for t in document["tables"]:
+        for entry in t["entries"]:
+            del entry["chosen_by"]
+    _entry(document).update(runner="sdpa-cudnn", runner_times={"triton": 0.25, "sdpa-cudnn": 0.125})
+    export = parse_export(_bytes(document))
+    first = export.results[0]
+    assert (first.runner, first.chosen_by) == ("sdpa-cudnn", None)
+    assert first.runner_times == {"triton": RunnerTime(0.25, None), "sdpa-cudnn": RunnerTime(0.125, None)}
+    import_export(store, export)
+    assert store.load_table(H200.key)[first.key].runner_times == first.runner_times
+    _entry(document)["runner_times"] = {"triton": {"gpu_ms": 0.25, "eager_ms": 0.3}, "sdpa-cudnn": 0.125}
+    with pytest.raises(ExchangeError, match="runner_times.triton: Input should be a valid number"):
+        parse_export(_bytes(document))  # a version 2 file holds numbers only
 
 
 def test_keys_that_tell_shapes_apart_round_trip(store):
@@ -92,7 +130,7 @@ def test_the_file_layout(tmp_path):
     document = json.loads(data)
     assert list(document) == ["format", "format_version", "flashtune_version", "exported_at", "tables", "sha256"]
     assert (document["format"], document["format_version"], document["exported_at"]) == \
-        (FORMAT, 2, "2026-11-30T12:00:00Z")
+        (FORMAT, 3, "2026-11-30T12:00:00Z")
     assert [t["gpu"] for t in document["tables"]] == [
         {"key": H200.key, "name": "NVIDIA H200", "capability": [9, 0], "sm_count": 132, "total_memory": 150754820096},
         {"key": A100.key, "name": A100.name, "capability": [8, 0], "sm_count": 108, "total_memory": 85899345920},
@@ -105,7 +143,7 @@ def test_the_file_layout(tmp_path):
         # field added to FwdConfig with a default changes no line here
         "config": FwdConfig(64, 32, 4, 3).to_dict(),
         "time_ms": 0.25, "tflops": 512.5, "default_time_ms": 0.5, "error": 0.125, "n_trials": 16,
-        "runner": "triton", "runner_times": None,
+        "runner": "triton", "chosen_by": None, "runner_times": None,
         "provenance": {"flashtune_version": "0.1.0", "kernel_hash": kernel_source_hash(), "triton_version": TRITON,
                        "torch_version": "2.11.0+cu130", "cuda_version": "13.0",
                        "driver_version": "cuda-driver-api 13.0"},
@@ -163,8 +201,16 @@ CASES = {
     "unknown runner": (lambda d: _entry(d).update(runner="sdpa-math"), "entries[0].runner: Input should be"),
     "runner without its time": (lambda d: _entry(d).update(runner="sdpa-cudnn"),
                                 "tables[0].entries[0]: runner_times: 'sdpa-cudnn' serves the key but has no time"),
-    "runner time of nothing": (lambda d: _entry(d).update(runner_times={"sdpa-cudnn": 0.0}),
-                               "runner_times['sdpa-cudnn']: Input should be greater than 0"),
+    "runner time of nothing": (lambda d: _entry(d).update(runner_times={"sdpa-cudnn": {"gpu_ms": 0.0,
+                                                                                       "eager_ms": 0.1}}),
+                               "runner_times['sdpa-cudnn'].gpu_ms: Input should be greater than 0"),
+    "runner time a plain number": (lambda d: _entry(d).update(runner_times={"triton": 0.25}),
+                                   "runner_times.triton: Input should be a valid dictionary"),
+    "runner time without its eager time": (lambda d: _entry(d).update(runner_times={"triton": {"gpu_ms": 0.25}}),
+                                           "runner_times.triton.eager_ms: Field required"),
+    "unknown chosen_by": (lambda d: _entry(d).update(chosen_by="wall"), "entries[0].chosen_by: Input should be"),
+    "chosen_by without a race": (lambda d: _entry(d).update(chosen_by="gpu"),
+                                 "chosen_by: 'gpu' names what chose a runner, but none was raced"),
     "config not a power of two": (lambda d: _entry(d)["config"].update(BLOCK_M=48), "BLOCK_M: expected a power of two"),
     "config of the other pass": (lambda d: _entry(d).update(config=_entry(d, 0, 2)["config"]), "missing fields"),
     "config unknown field": (lambda d: _entry(d)["config"].update(extra=1), "unknown fields ['extra']"),
@@ -212,9 +258,9 @@ def test_each_rule_rejects_a_file(case):
     (b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00]\x94.", "not UTF-8"),  # a pickle
     (b"[1, 2]", "not a flashtune export file"),
     (b'{"format": "csv"}', "not a flashtune export file"),
-    (b'{"format": "flashtune-tuned-table", "format_version": 3}',
-     "format version 3, this flashtune reads version 2: it was written by a newer flashtune"),
-    (b'{"format": "flashtune-tuned-table", "format_version": "1"}', "format_version: Input should be 2"),
+    (b'{"format": "flashtune-tuned-table", "format_version": 4}',
+     "format version 4, this flashtune reads version 3: it was written by a newer flashtune"),
+    (b'{"format": "flashtune-tuned-table", "format_version": "1"}', "format_version: Input should be 3"),
     (b"[" * 100_000 + b"]" * 100_000, "cannot be read as JSON: RecursionError"),
     (b'{"n": ' + b"9" * 5000 + b"}", "cannot be read as JSON: ValueError"),
 ])

@@ -11,6 +11,7 @@ import threading
 import pytest
 from exchange_samples import H200, key, result, table
 
+from flashtune.runners import RunnerTime
 from flashtune.store.exchange import ExchangeError, checksum, export_document, parse_export, read_export
 
 
@@ -39,8 +40,8 @@ CASES = {
     "huge default time": (lambda d: _entry(d).update(default_time_ms=1e300),
                           "default_time_ms: expected a finite number >= 1e-06 and <= 1e+07, got 1e+300"),
     "huge tflops": (lambda d: _entry(d).update(tflops=1e300), "tflops: expected a finite number >= 0 and <= 100000, got 1e+300"),
-    "format_version true": (lambda d: d.update(format_version=True), "format_version: expected the integer 2, got true"),
-    "format_version 1.0": (lambda d: d.update(format_version=1.0), "format_version: expected the integer 2, got 1.0"),
+    "format_version true": (lambda d: d.update(format_version=True), "format_version: expected the integer 3, got true"),
+    "format_version 1.0": (lambda d: d.update(format_version=1.0), "format_version: expected the integer 3, got 1.0"),
     "head_dim 1024": (lambda d: _entry(d).update(head_dim=1024),
                       "tables[0].entries[0]: head_dim: the kernels run head dims up to 256, got 1024"),
     "tma on fp32": (lambda d: _entry(d).update(dtype="float32") or _entry(d)["config"].update(tma=1),
@@ -56,6 +57,8 @@ CASES = {
                                        "provenance.torch_version: expected printable text, got the character U+200D"),
     "n_trials past INTEGER": (lambda d: _entry(d).update(n_trials=2**31),
                               "n_trials: expected an integer from 0 to 2147483647, got 2147483648"),
+    "huge eager time": (lambda d: _entry(d).update(runner_times={"triton": {"gpu_ms": 0.25, "eager_ms": 1e300}}),
+                        "runner_times[triton].eager_ms: expected a finite number >= 1e-06 and <= 1e+07, got 1e+300"),
 }
 
 
@@ -77,6 +80,11 @@ def test_the_store_refuses_them_too(tmp_path):
     with Store(tmp_path / "t.db") as store:
         with pytest.raises(ValueError, match="time_ms: expected a finite number >= 1e-06"):
             store.save_result(dataclasses.replace(result(key()), time_ms=5e-324))
+        with pytest.raises(ValueError, match=r"runner_times\[triton\].eager_ms: expected a finite number >= 1e-06"):
+            store.save_result(dataclasses.replace(result(key()), runner_times={"triton": RunnerTime(0.25, 5e-324)}))
+        with pytest.raises(ValueError, match="chosen_by: expected one of gpu, host-bound, forced, got 'wall'"):
+            store.save_result(dataclasses.replace(result(key()), runner_times={"triton": RunnerTime(0.25, 0.3)},
+                                                  chosen_by="wall"))
         assert store.list_results() == []
 
 

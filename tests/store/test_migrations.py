@@ -29,6 +29,7 @@ from flashtune.store import (
     upgrade,
 )
 from flashtune.store.engine import create_store_engine, resolve_url
+from flashtune.runners import RunnerTime
 from flashtune.store.models import Base
 
 GOLDEN_REVISIONS = sorted(p.stem.removeprefix("schema_") for p in GOLDEN_DIR.glob("schema_*.sqlite"))
@@ -134,9 +135,13 @@ def test_a_golden_database_upgrades_to_head_with_every_row(db_url, revision):
             assert (stored.time_ms, stored.tflops, stored.default_time_ms, stored.error, stored.n_trials) == (
                 row["time_ms"], row["tflops"], row["default_time_ms"], row["error"], row["n_trials"])
             assert stored.provenance.kernel_hash == row["kernel_hash"]
-            # rows of 0001 ran Triton; 0002 stores the runner and every runner's time
+            # rows of 0001 ran Triton; 0002 stores the runner and every runner's time, one a runner: read
+            # as its GPU time, the eager time unknown
             assert stored.runner == row.get("runner", "triton")
-            assert stored.runner_times == (json.loads(row["runner_times"]) if row.get("runner_times") else None)
+            times = json.loads(row["runner_times"]) if row.get("runner_times") else None
+            assert stored.runner_times == (None if times is None else
+                                           {name: RunnerTime(ms, None) for name, ms in times.items()})
+            assert stored.chosen_by is None
             assert stored.created_at == datetime(2026, 11, 29, 12, tzinfo=timezone.utc)
         trial_rows = ROWS[revision]["flashtune_trials"]
         trials = store.trials_for(_row_key(trial_rows[0]))

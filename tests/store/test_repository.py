@@ -13,6 +13,7 @@ from store_samples import A100, H200, config_for, key, provenance, result
 from flashtune.outcome import Outcome
 from flashtune.configs.backward import BwdConfig
 from flashtune.configs.forward import FwdConfig
+from flashtune.runners import RunnerTime
 from flashtune.store import ImportSummary, ResultFilter, Store, StoreError
 
 
@@ -45,6 +46,24 @@ def test_save_result_round_trips_every_field(store):
     assert isinstance(loaded.config, BwdConfig)
     assert loaded.created_at.tzinfo == timezone.utc and loaded.updated_at >= loaded.created_at
     assert loaded.speedup == pytest.approx(2.0)
+
+
+def test_a_raced_result_keeps_both_times_and_what_chose_its_runner(store, db_url):
+    raced = dataclasses.replace(result(key(512)), runner="sdpa-cudnn", chosen_by="host-bound",
+                                runner_times={"triton": RunnerTime(0.25, 0.34), "sdpa-cudnn": RunnerTime(0.3, 0.2)})
+    store.save_result(raced)
+    [loaded] = store.list_results()
+    assert dataclasses.replace(loaded, created_at=None, updated_at=None) == raced
+    # a row written before runners had both times holds {runner: ms}: read as GPU times
+    _execute(db_url, "UPDATE flashtune_tuned_results SET runner_times = :times",
+             times='{"triton": 0.25, "sdpa-cudnn": 0.125}')
+    [old] = store.list_results()
+    assert (old.runner, old.chosen_by) == ("sdpa-cudnn", None)
+    assert old.runner_times == {"triton": RunnerTime(0.25, None), "sdpa-cudnn": RunnerTime(0.125, None)}
+    _execute(db_url, "UPDATE flashtune_tuned_results SET runner_times = :times",
+             times='{"triton": 0.25, "sdpa-cudnn": {"gpu_ms": 0.2, "eager": 0.3}}')
+    with pytest.raises(StoreError, match=r"runner_times\[sdpa-cudnn\]: expected milliseconds or"):
+        store.list_results()
 
 
 def test_a_gluon_config_is_stored_whatever_the_host(store):
