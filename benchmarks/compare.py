@@ -177,16 +177,7 @@ def measure_row(args, device, shape, layout: str, entries: dict, dropins: dict, 
     timed = {name: run for name, run in runs.items() if name in passed and (name in anchors or name in ours)}
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    used = set()
-
-    def time_one(run, pass_):
-        ms, timer = harness.time_ms(harness.pass_call(run, pass_, q, k, v, do, shape.causal), device, args.timer,
-                                    quick=args.quick)
-        used.add(timer)
-        return ms
-
-    times, time_failed = harness.time_rounds(timed, list(shape.passes), args.rounds, time_one,
-                                             max_rounds=args.max_rounds)
+    times, time_failed, used = harness.time_row(timed, shape, (q, k, v, do), device, args)
     results = []
     for p in shape.passes:
         ms = {name: harness.median(times[name, p]) for name in timed}

@@ -713,6 +713,21 @@ def pass_call(run, pass_: str, q, k, v, do, causal: bool):
     return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)
 
 
+def time_row(runners: dict, shape: Shape, inputs: tuple, device, args) -> tuple[dict, dict, set]:
+    """``time_rounds`` of one row's passes with the timing arguments (``add_timing_args``):
+    (times, failures, the timers used). ``inputs`` is (q, k, v, do)."""
+    q, k, v, do = inputs
+    used = set()
+
+    def time_one(run, pass_):
+        ms, timer = time_ms(pass_call(run, pass_, q, k, v, do, shape.causal), device, args.timer, quick=args.quick)
+        used.add(timer)
+        return ms
+
+    times, failed = time_rounds(runners, list(shape.passes), args.rounds, time_one, max_rounds=args.max_rounds)
+    return times, failed, used
+
+
 def time_rounds(runners: dict, passes: list, rounds: int, time_one, *, max_rounds: int | None = None,
                 spread: float = 1.15) -> tuple[dict, dict]:
     """({(runner, pass): [ms of each round]}, {(runner, pass): why it failed}) from ``time_one(run,
