@@ -91,7 +91,7 @@ from flashtune.kernels.api import check_dropout, check_dropout_p, draw_rng
 from flashtune.kernels.passes import dropout_fwd_config
 from flashtune.keys import GpuInfo, TuningKey, dtype_name, key_distance, neighbour_gap
 from flashtune.provenance import current_versions, staleness
-from flashtune.store import ENV_VAR, Store, default_path, resolve_url
+from flashtune.store import ENV_VAR, NoStoreError, Store, default_path, resolve_url
 from flashtune.store.engine import show_url, sqlite_path
 
 __all__ = ["Choice", "DispatchWarning", "TunedAttention", "TunedTable", "call_key", "get_tuned_attention",
@@ -263,6 +263,8 @@ def _read_results(url, gpu: str) -> list | None:
         # a short lock timeout: a migration holding the tables must not stall the model
         with Store(url, create=False, lock_timeout_s=LOAD_LOCK_TIMEOUT_S) as store:
             results = list(store.load_table(gpu, damaged=damaged).values())
+    except NoStoreError:
+        return []  # an empty database: a store being created right now, as good as none yet
     except Exception as e:  # noqa: BLE001 - whatever the database does, the model runs
         _warn_once(f"flashtune cannot read tuned configs from {where}: {e}; using the shipped table or the "
                    "heuristic default configs")

@@ -309,13 +309,16 @@ LOCK_TIMEOUT_S = 10.0
 def open_store(db: str | None, *, create: bool = False):
     """The store at ``db``; without ``create``, a missing SQLite file is an error that says what to do
     (and a file this process cannot write is read read-only)."""
-    from flashtune.store import Store, resolve_url
+    from flashtune.store import NoStoreError, Store, resolve_url
 
+    remedy = "tune with `flashtune search`, import a file with `flashtune import FILE`, or point --db at another store"
     path = None if create else missing_store(db)
     if path is not None:
-        raise click.ClickException(f"no flashtune store at {path}: tune with `flashtune search`, import a file with "
-                                   "`flashtune import FILE`, or point --db at another store")
-    return Store(resolve_url(db), create=create, lock_timeout_s=None if create else LOCK_TIMEOUT_S)
+        raise click.ClickException(f"no flashtune store at {path}: {remedy}")
+    try:
+        return Store(resolve_url(db), create=create, lock_timeout_s=None if create else LOCK_TIMEOUT_S)
+    except NoStoreError as e:
+        raise click.ClickException(f"{e}; {remedy}") from e
 
 
 def stale_note(stale: int, total: int, db: str | None = None) -> str:

@@ -47,14 +47,14 @@ version table is ``flashtune_alembic_version``.
 """
 
 from flashtune.store.engine import ENV_VAR, default_path, resolve_url
-from flashtune.store.errors import SchemaBehindError, SchemaNewerError, StoreError
+from flashtune.store.errors import NoStoreError, SchemaBehindError, SchemaNewerError, StoreError
 from flashtune.store.migrations import VERSION_TABLE, current_revision, head_revision, upgrade
 from flashtune.store.models import TRIAL_STATUSES
 from flashtune.store.records import ImportSummary, ResultFilter, StoredResult, TrialRecord
 from flashtune.store.repository import ON_CONFLICT, Store
 
 __all__ = [
-    "ENV_VAR", "ON_CONFLICT", "TRIAL_STATUSES", "VERSION_TABLE", "ImportSummary", "ResultFilter",
-    "SchemaBehindError", "SchemaNewerError", "Store", "StoreError", "StoredResult", "TrialRecord",
+    "ENV_VAR", "ON_CONFLICT", "TRIAL_STATUSES", "VERSION_TABLE", "ImportSummary", "NoStoreError",
+    "ResultFilter", "SchemaBehindError", "SchemaNewerError", "Store", "StoreError", "StoredResult", "TrialRecord",
     "current_revision", "default_path", "head_revision", "resolve_url", "upgrade",
 ]

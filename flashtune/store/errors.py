@@ -17,3 +17,8 @@ class SchemaBehindError(StoreError):
 
 class SchemaNewerError(StoreError):
     """The database was written by a newer flashtune than this one."""
+
+
+class NoStoreError(StoreError):
+    """There is no flashtune store there yet: no SQLite file, or a database with no tables at all
+    (an empty file, or a store another process is creating right now)."""

@@ -22,7 +22,7 @@ from flashtune.provenance import Provenance
 from flashtune.store.engine import (ENV_VAR, upsert_insert, asks_read_only, cannot_write, create_store_engine, ensure_directory,
                                     resolve_url, show_url, sqlite_path, transaction, use_wal, wrap_errors)
 from flashtune.store.claims import KeyClaims, forget, store_id
-from flashtune.store.errors import StoreError
+from flashtune.store.errors import NoStoreError, StoreError
 from flashtune.store.migrations import database_revision, head_revision, migrate, schema_error, unversioned_check
 from flashtune.store.models import KEY_COLUMNS, Gpu, RecordedCallRow, Trial, TunedResult, utcnow
 from flashtune.store.records import (
@@ -62,7 +62,7 @@ class Store:
         self.url = resolve_url(url)
         path = sqlite_path(self.url)
         if not create and path is not None and not path.exists():
-            raise StoreError(f"no flashtune store at {path}")
+            raise NoStoreError(f"no flashtune store at {path}")
         if create and url is None and not os.environ.get(ENV_VAR):
             ensure_directory(self.url)  # the default location's; a path given by hand must exist (typos)
         self.read_only = asks_read_only(self.url) or (not create and cannot_write(self.url))
@@ -105,11 +105,22 @@ class Store:
             raise schema_error(revision, self.url)
         if revision is None:
             if not create:
-                raise StoreError(f"the database at {where} holds no flashtune store")
+                raise self._no_store_error(where)
             migrate(self._engine, self.url)  # under a lock: finds the work done if another process did it
         if not self.read_only:
             with wrap_errors(f"open the store at {where}"):
                 use_wal(self._engine)
+
+    def _no_store_error(self, where: str) -> StoreError:
+        """Why a database without flashtune's tables is no store: another program's database, or one
+        with no tables at all, which reads as no store yet (an empty file, or the first search or
+        import is creating the store at this moment)."""
+        with self._transaction(f"open the store at {where}") as session:
+            empty = not sa.inspect(session.connection()).get_table_names()
+        if empty:
+            return NoStoreError(f"no flashtune store at {where} yet: the database is empty (a search or import "
+                                "may be creating it now)")
+        return StoreError(f"the database at {where} holds no flashtune store")
 
     @contextlib.contextmanager
     def _transaction(self, action: str, *, write: bool = False):

@@ -176,6 +176,18 @@ def test_list_without_a_store_says_what_to_do(invoke, tmp_path):
     assert not missing.exists()
 
 
+def test_list_of_an_empty_database_says_what_to_do(invoke, tmp_path):
+    """An empty file, as a search creating the store leaves it for a moment: no store yet."""
+    path = tmp_path / "new.db"
+    path.touch()
+    out = invoke("list", "--db", path)
+    assert out.exit_code == 1
+    assert out.output == (f"Error: no flashtune store at sqlite:///{path} yet: the database is empty (a search or "
+                          "import may be creating it now); tune with `flashtune search`, import a file with "
+                          "`flashtune import FILE`, or point --db at another store\n")
+    assert path.read_bytes() == b""
+
+
 @pytest.mark.parametrize("content, message", [
     (b"this is not a database" * 100, "file is not a database"),
 ])

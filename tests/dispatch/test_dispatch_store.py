@@ -106,6 +106,20 @@ def test_an_unreadable_database_warns_once_and_serves_the_heuristic(db_path, spo
     fn(*qkv(8))
 
 
+def test_an_empty_database_is_no_store_yet(db_path):
+    """An empty file (what a search that is creating the store leaves for a moment) is served as a
+    fresh install is: the no-tuned-configs warning, not an unreadable store."""
+    db_path.touch()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        fn = get_tuned_attention(db_path)
+    assert [w for w in _dispatch_warnings(record) if "cannot read" in w] == []
+    assert any("no tuned configs for" in w for w in _dispatch_warnings(record))
+    assert _fwd_source(fn) == "heuristic"
+    fn(*qkv(8))
+    assert db_path.read_bytes() == b""
+
+
 def test_a_garbage_file_is_left_as_it_was(db_path):
     _garbage(db_path)
     before = db_path.read_bytes()

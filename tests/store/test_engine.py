@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from store_samples import H200, config_for, key, provenance, result
 
 from flashtune.outcome import Outcome
-from flashtune.store import Store, StoreError, current_revision, head_revision, resolve_url, upgrade
+from flashtune.store import NoStoreError, Store, StoreError, current_revision, head_revision, resolve_url, upgrade
 from flashtune.store import engine as store_engine
 from flashtune.store.engine import create_store_engine, transaction
 
@@ -154,6 +154,20 @@ def test_a_foreign_sqlite_file_keeps_its_journal_mode(tmp_path):
     with sqlite3.connect(path) as connection:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     assert path.read_bytes() == before
+
+
+def test_an_empty_database_is_no_store_yet_and_stays_empty(tmp_path):
+    """Opened to read, an empty SQLite file is no store (yet), not another program's database."""
+    path = tmp_path / "new.db"
+    path.touch()
+    with pytest.raises(NoStoreError, match="no flashtune store at .* yet: the database is empty"):
+        Store(path, create=False)
+    assert path.read_bytes() == b""
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE notes (body TEXT)")
+    with pytest.raises(StoreError, match="holds no flashtune store") as raised:
+        Store(path, create=False)
+    assert not isinstance(raised.value, NoStoreError)
 
 
 def test_sqlite_writes_take_the_lock_at_begin_and_reads_do_not(tmp_path):
