@@ -147,6 +147,16 @@ def test_a_key_without_a_valid_config_fails_the_command(tmp_path):
                                "options lists its trials and their errors\n")
 
 
+def test_a_shapes_row_of_bfloat16_under_the_interpreter_names_the_rows_dtype(tmp_path):
+    shapes = tmp_path / "shapes.yaml"
+    shapes.write_text("shapes:\n  - {B: 1, Hq: 2, Nq: 16, D: 16}\n")  # dtype left out: bfloat16
+    out = _invoke("search", "--interpreter", "--shapes", shapes, "--trials", "1", "--db", tmp_path / "t.db",
+                  "--storage", tmp_path / "j.log")
+    assert out.exit_code == 1
+    assert out.stderr.startswith("warning: bfloat16 gives wrong results under the Triton interpreter; its configs "
+                                 "will fail the correctness check (give its rows `dtype: float32` (or float16))\n")
+
+
 @no_gpu
 @pytest.mark.parametrize("command", ["search", "bench"])
 def test_without_a_gpu_the_commands_offer_the_interpreter(tmp_path, command):
