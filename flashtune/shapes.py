@@ -16,7 +16,9 @@ bfloat16), ``passes`` (default ["fwd"]; "fwd+bwd" or a list), ``name`` (optional
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any, Iterable
@@ -148,12 +150,17 @@ def load_shapes(path: str | Path) -> list[Shape]:
         raise ShapeError(f"{path}: larger than {MAX_FILE_BYTES} bytes; a shape file is a short list")
     text = path.read_text(encoding="utf-8", errors="replace")
     data = _parse(path, text)
+    if getattr(data, "twice", None) is not None:
+        raise ShapeError(f"{path}: {_short(data.twice)} is given twice")
     if isinstance(data, dict) and set(data) == {"shapes"}:
         data = data["shapes"]
     if not isinstance(data, list) or not data:
         raise ShapeError(f"{path}: expected a non-empty list of shape rows (or {{\"shapes\": [...]}})")
     shapes = []
     for index, row in enumerate(data, 1):
+        if getattr(row, "twice", None) is not None:
+            name = row.twice if isinstance(row.twice, str) and row.twice.isidentifier() else _short(row.twice)
+            raise ShapeError(f"{path}: row {index}: {name}: given twice")
         try:
             shapes.append(Shape.from_dict(row))
         except ShapeError as e:
@@ -168,13 +175,56 @@ def _parse(path: Path, text: str) -> Any:
         import yaml  # optuna's dependency
 
         try:
-            return yaml.safe_load(text)
+            return yaml.load(text, Loader=_fields_loader())  # noqa: S506 - a SafeLoader
         except yaml.YAMLError as e:
             raise ShapeError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_Fields)
     except json.JSONDecodeError as e:
         raise ShapeError(f"{path}: not valid JSON: {e} (YAML files end in .yaml or .yml)") from None
+
+
+class _Fields(dict):
+    """An object of a shapes file, remembering a field it names twice: JSON and YAML parsers keep
+    the last one silently, and a row tuned at a shape its author did not mean costs a search."""
+
+    def __init__(self, pairs) -> None:
+        pairs = list(pairs)
+        super().__init__(pairs)
+        self.twice, seen = None, set()
+        for name, _ in pairs:
+            if name in seen:
+                self.twice = name
+                break
+            seen.add(name)
+
+
+@functools.lru_cache(maxsize=1)
+def _fields_loader():
+    """yaml's SafeLoader making each mapping a ``_Fields`` (made on first use: yaml is imported
+    only for YAML files)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            # the fields written in this mapping, before merge keys (`<<: *anchor`) add theirs,
+            # which the written ones override as YAML means them to
+            written = [self.construct_object(k, deep=True) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]
+            self.flatten_mapping(node)
+            pairs = []
+            for key_node, value_node in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, collections.abc.Hashable):
+                    raise yaml.constructor.ConstructorError(None, None, "found an unhashable key",
+                                                            key_node.start_mark)
+                pairs.append((key, self.construct_object(value_node, deep=deep)))
+            fields = _Fields(pairs)
+            fields.twice = _Fields((name, None) for name in written).twice
+            return fields
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                           lambda loader, node: loader.construct_mapping(node, deep=True))
+    return Loader
 
 
 # ----------------------------------------------------------------------------------

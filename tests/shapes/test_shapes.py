@@ -51,6 +51,8 @@ def test_a_yaml_file_under_a_shapes_key_and_duplicates_once(tmp_path):
     ('[{"B": 1, "Hq": 8, "Nq": 16, "D": 64, "causal": 1}]', "row 1: causal: expected true or false, got 1"),
     ('[{"B": 1, "Hq": 8, "Nq": 16, "D": 64, "window": 3}]', "row 1: window: not a shape field"),
     ('[{"B": 1, "batch": 2, "Hq": 8, "Nq": 16, "D": 64}]', "row 1: batch: given twice (as batch)"),
+    ('[{"B": 1, "Hq": 8, "Nq": 16, "D": 64, "B": 2}]', "row 1: B: given twice"),
+    ('{"shapes": [{"B": 1, "Hq": 8, "Nq": 16, "D": 64}], "shapes": []}', "'shapes' is given twice"),
     ('[{"B": 1, "Hq": 8, "Nq": 16, "D": 64, "name": "a\\u202eb"}]', "row 1: name: expected printable text"),
     ('[{"B": 1, "Hq": 8, "Nq": 99999999999999999999999999999999999999999, "D": 64}]',
      "row 1: seq_q: expected an integer in [1, 4194304], got 9999999999999999999999999999999999999..."),
@@ -61,6 +63,27 @@ def test_malformed_files_are_refused_naming_the_row_and_field(tmp_path, text, me
     with pytest.raises(ShapeError) as caught:
         load_shapes(path)
     assert str(caught.value).startswith(f"{path}: ") and message in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("shapes:\n  - {B: 1, Hq: 8, Nq: 16, D: 64, B: 2}\n", "row 1: B: given twice"),
+    ("- B: 1\n  Hq: 8\n  Nq: 16\n  D: 64\n- {B: 1, Hq: 8, Nq: 16, D: 64, D: 128}\n", "row 2: D: given twice"),
+    ("shapes: []\nshapes:\n  - {B: 1, Hq: 8, Nq: 16, D: 64}\n", "'shapes' is given twice"),
+    ("- {? [1, 2] : 3}\n", "not valid YAML: found an unhashable key"),
+])
+def test_a_yaml_field_given_twice_is_refused_not_overwritten(tmp_path, text, message):
+    with pytest.raises(ShapeError) as caught:
+        load_shapes(write(tmp_path, "twice.yaml", text))
+    assert message in str(caught.value), str(caught.value)
+
+
+def test_yaml_anchors_and_merge_keys_still_load(tmp_path):
+    path = write(tmp_path, "s.yaml", "base: &b {Hq: 8, Nq: 16, D: 64}\nshapes:\n  - {<<: *b, B: 1}\n"
+                                     "  - {<<: *b, B: 2, D: 128}\n")
+    with pytest.raises(ShapeError, match="expected a non-empty list"):  # two top-level fields
+        load_shapes(path)
+    path = write(tmp_path, "s.yaml", "- &b {B: 1, Hq: 8, Nq: 16, D: 64}\n- {<<: *b, B: 2}\n")
+    assert load_shapes(path) == [Shape(1, 8, 8, 16, 16, 64), Shape(2, 8, 8, 16, 16, 64)]
 
 
 def test_bad_yaml_and_files_that_are_not_regular_files_are_refused(tmp_path):
