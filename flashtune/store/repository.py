@@ -284,11 +284,11 @@ class Store:
             .where(*_conditions(TunedResult, where))
             .order_by(Gpu.key, *(TunedResult.__table__.c[name] for name in KEY_COLUMNS))
         )
-        results = []
+        results, configs = [], {}
         with self._transaction(f"list results ({where.describe()})") as session:
             for row, gpu, config_text in session.execute(query):
                 try:
-                    results.append(_stored_result(row, gpu, config_text))
+                    results.append(_stored_result(row, gpu, config_text, configs))
                 except StoreError as e:
                     if damaged is None:
                         raise
@@ -438,7 +438,10 @@ def _gpu_info(gpu: Gpu) -> GpuInfo:
     return GpuInfo(gpu.name, (gpu.capability_major, gpu.capability_minor), gpu.sm_count, gpu.total_memory)
 
 
-def _stored_result(row: TunedResult, gpu: Gpu, config_text: str) -> StoredResult:
+def _stored_result(row: TunedResult, gpu: Gpu, config_text: str, configs: dict | None = None) -> StoredResult:
+    """The row as a result; ``configs`` holds the configs read so far by (pass, JSON text): a
+    table's keys share a few configs, and validating each row's anew made loading a large store
+    (a team's, tens of thousands of keys) take seconds."""
     where = f"tuned result #{row.id}"
     try:
         key = TuningKey(gpu.key, row.dtype, row.head_dim, row.seq_q, row.causal, row.pass_, seq_k=row.seq_k,
@@ -446,18 +449,23 @@ def _stored_result(row: TunedResult, gpu: Gpu, config_text: str) -> StoredResult
     except ValueError as e:
         raise StoreError(f"{where} on {gpu.key} has an invalid key: {e}; delete it with `flashtune delete`") from e
     where = f"{where} ({key.label()} on {gpu.key})"
-    try:
-        config = json.loads(config_text)
-    except (TypeError, ValueError) as e:
-        raise StoreError(f"{where} has a damaged config ({e}: {_short_text(config_text)}); delete it with "
-                         "`flashtune delete` or tune that key again") from e
+    config = None if configs is None else configs.get((row.pass_, config_text))
+    if config is None:
+        try:
+            data = json.loads(config_text)
+        except (TypeError, ValueError) as e:
+            raise StoreError(f"{where} has a damaged config ({e}: {_short_text(config_text)}); delete it with "
+                             "`flashtune delete` or tune that key again") from e
+        config = load_config(row.pass_, data, where)
+        if configs is not None:
+            configs[row.pass_, config_text] = config
     provenance = Provenance(
         **{name: getattr(row, name) for name in PROVENANCE_COLUMNS},
         gpu_name=gpu.name, capability=f"{gpu.capability_major}.{gpu.capability_minor}", sm_count=gpu.sm_count,
     )
     result = StoredResult(
         key=key,
-        config=load_config(row.pass_, config, where),
+        config=config,
         time_ms=row.time_ms, tflops=row.tflops, default_time_ms=row.default_time_ms, error=row.error,
         n_trials=row.n_trials, gpu=_gpu_info(gpu), provenance=provenance, runner=row.runner,
         **_runner_times_of(row.runner_times), created_at=as_utc(row.created_at),
