@@ -50,6 +50,9 @@ def revalidate_key(key, bench: Bench, budget: Budget, tell, *, row, n_runners_up
 
     started = time.monotonic()
     ks = KeySearch(key, bench, budget, with_study=False)
+    # the row checked here is the one the result may replace: a row stored since it was read (by a
+    # search that held the key's claim, or an import) was never measured here and stays where faster
+    ks.found = row
     ks.host_bound = ks.host_bound or row.chosen_by == BY_FLAG
     stored = [row.config, *runners_up(bench.store, row, n_runners_up)]
     candidates = list({c.canonical(): c for c in [*stored, *([ks.default] if ks.default else [])]}.values())

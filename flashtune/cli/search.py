@@ -361,7 +361,8 @@ def _report(summary, before, as_json: bool) -> None:
         click.echo(f"timings: {timer}" + (f" ({TIMER_NOTES[timer]})" if timer in TIMER_NOTES else ""))
     for r in results:
         message = getattr(r, "message", "")
-        if r.status.startswith("failed") and message:
+        # a stored key's note: the store kept a faster result than the one in the table above
+        if message and (r.status.startswith("failed") or r.status in ("tuned", "revalidated")):
             click.echo(f"{r.key.label()} {r.status}: {message.strip().splitlines()[0]}")
     rejected = sum(r.rejected for r in results)
     if rejected:

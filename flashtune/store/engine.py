@@ -50,6 +50,10 @@ _HINTS = {
     f"or point {ENV_VAR} / --db at another file",
     "unable to open database file": "cannot open the file: check that its directory exists and is writable",
     "readonly database": "the database is read-only: check the file's and its directory's permissions",
+    # SQLite's word for a write refused by a full disk where it cannot grow the WAL index, or by a
+    # file size limit (where a full disk hit at a page write says "database or disk is full")
+    "disk I/O error": "a read or write of the file failed: check that its disk is not full, no file size limit "
+    "is reached and the disk is healthy",
     "database is locked": "another process held the database lock for longer than the busy timeout",
     "lock timeout": "another connection holds a lock on the store's tables (a migration or a long transaction)",
     "statement timeout": "the database did not answer in time",

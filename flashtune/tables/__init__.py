@@ -99,9 +99,12 @@ def shipped_tables(directory: Path | None = None) -> tuple[list[ShippedTable], l
 
 
 def for_gpu(gpu: GpuInfo, directory: Path | None = None) -> tuple[ShippedTable | None, list[str]]:
-    """(the shipped table that serves ``gpu``, or None; the problems met on the way)."""
+    """(the shipped table that serves ``gpu``, or None; the problems met on the way).
+
+    Of several tables for the GPU the one in its own file (``file_name``, as the release wrote it)
+    serves: another (a table left from an older release) must not displace it by its name's order."""
     tables, problems = shipped_tables(directory)
-    found = [t for t in tables if gpu_matches(t.gpu, gpu)]
+    found = sorted((t for t in tables if gpu_matches(t.gpu, gpu)), key=lambda t: t.name != file_name(gpu))
     if len(found) > 1:
         problems.append(f"{len(found)} shipped tables match {gpu.key} ({', '.join(t.name for t in found)}); "
                         f"serving {found[0].name}")

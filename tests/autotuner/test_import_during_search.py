@@ -93,3 +93,27 @@ def test_an_import_during_the_final_retiming_is_kept_when_faster(tmp_path):
     q = torch.randn(1, 2, 16, 16)
     choice = get_tuned_attention(db, device="cpu").explain(q, q, q, is_causal=True)
     assert (choice.fwd_config, choice.fwd_source) == (IMPORTED, "tuned exact")
+
+
+def test_a_result_written_after_a_revalidation_read_its_row_is_kept_when_faster(tmp_path):
+    """`flashtune revalidate` reads the stale rows, then waits for each key's claim: a search that
+    held it (or an import) may store a current winner meanwhile. The revalidation checked the
+    stale row, not that one: it replaces it only where it is faster."""
+    import dataclasses
+
+    from flashtune.autotuner import search
+    from flashtune.store import Store
+
+    db = tmp_path / "t.db"
+    stale = dataclasses.replace(_result(FwdConfig(16, 16, 4, 1), 0.5), provenance=dataclasses.replace(
+        current_provenance(None), kernel_hash="00000000deadbeef"))
+    with Store(db) as store:
+        store.save_result(stale)
+    read = stored_result(db, K)  # as the command read it, before it took the key
+    with Store(db) as store:
+        store.save_result(_result(IMPORTED, 1e-4))  # far faster than anything the interpreter times
+    (r,) = search([K], db=db, revalidate=True, rows={K: read}, device="cpu", rounds=1).results
+    assert (r.status, r.message) == ("revalidated", "the store keeps a faster result written while this key was "
+                                     "searched")
+    held = stored_result(db, K)
+    assert (held.config, held.time_ms) == (IMPORTED, 1e-4)

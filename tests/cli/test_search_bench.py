@@ -136,6 +136,35 @@ def test_revalidate_with_nothing_stored(tmp_path):
                           "match the key options; run `flashtune search` first\n")
 
 
+
+def test_revalidate_says_when_the_store_keeps_a_faster_result_written_meanwhile(tmp_path, monkeypatch):
+    """A search that held the key's claim, or an import, stored a faster current row after the
+    command read the stale one: the summary says the store keeps it, as `list` then shows."""
+    from exchange_samples import key, result
+
+    from flashtune.cli import revalidate
+
+    here, db = GpuInfo.interpreter(), tmp_path / "tuned.db"
+    k = key(16, gpu=here, dtype="float32", head_dim=16, causal=False)
+    faster = result(k, 2**-14, gpu=here, block=32)
+    with Store(db) as store:
+        store.save_result(result(k, 0.5, gpu=here, block=16, kernel_hash="00000000deadbeef"))
+    read = revalidate._rows_to_check
+
+    def then_a_faster_one_lands(*args, **kwargs):
+        rows = read(*args, **kwargs)
+        with Store(db) as store:
+            store.save_result(faster)
+        return rows
+
+    monkeypatch.setattr(revalidate, "_rows_to_check", then_a_faster_one_lands)
+    out = _invoke("revalidate", "--interpreter", "--no-progress", "--db", db)
+    assert out.exit_code == 0, out.output
+    assert f"{k.label()} revalidated: the store keeps a faster result written while this key was searched" \
+        in out.stdout.splitlines()
+    with Store(db) as store:
+        assert store.load_table(here.key)[k].config == faster.config
+
 def test_a_key_without_a_valid_config_fails_the_command(tmp_path):
     # bf16 is computed wrongly by the interpreter, so its one trial fails the correctness check
     out = _invoke("search", "--interpreter", "--dtype", "bfloat16", "--seq-len", "16", "--full", "--pass", "fwd",

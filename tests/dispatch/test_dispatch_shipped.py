@@ -129,6 +129,26 @@ def test_a_damaged_shipped_table_warns_and_serves_the_defaults(shipped_dir, db_p
                for w in record)
 
 
+
+def test_of_two_tables_for_one_gpu_the_file_named_for_it_serves(ship, write, db_path, shipped_dir):
+    """A second file claiming the GPU (a table left from an older release, named so that it sorts
+    first) does not displace the one the release wrote for it."""
+    from flashtune.store.exchange import write_export
+
+    path = ship((16, "fwd", FWD_A, {}))
+    older = write(16, "fwd", FWD_B, kernel_hash="00000000deadbeef")
+    with Store(db_path) as store:
+        store.clear()
+    leftover = shipped_dir / path.name.replace(".json", "-old.json")
+    write_export(leftover, [older])
+    assert sorted(p.name for p in shipped_dir.iterdir()) == [leftover.name, path.name]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        choice = get_tuned_attention(db_path).explain(*qkv(16))
+    assert (choice.fwd_config, choice.fwd_source) == (FWD_A, f"tuned exact (shipped table {path.name})")
+    assert [str(w.message) for w in record if issubclass(w.category, DispatchWarning)] == [
+        f"flashtune: 2 shipped tables match {older.key.gpu} ({path.name}, {leftover.name}); serving {path.name}"]
+
 @pytest.mark.parametrize("table_gpu, device_gpu, served", [
     (H100_SXM, H100_SXM, True),
     (H100_SXM, dataclasses.replace(H100_SXM, name="nvidia  h100 80gb hbm3"), True),  # case and spacing

@@ -163,6 +163,33 @@ def test_a_store_path_that_is_no_regular_file_is_refused_before_sqlite_opens_it(
     assert done.exit_code == 1 and done.output.endswith(f"Error: {message} (a new path makes a new store)\n")
 
 
+# -- a full disk ----------------------------------------------------------------------------
+
+def test_a_revalidation_on_a_full_disk_says_so_in_one_line_and_leaves_the_store(tmp_path):
+    """A file size limit (RLIMIT_FSIZE) makes SQLite's writes fail as a full disk does where it
+    cannot grow the WAL index: "disk I/O error", which alone names no cause."""
+    import resource
+
+    db = tmp_path / "tuned.db"
+    _fill(db)
+    with contextlib.closing(sqlite3.connect(db)) as connection, connection:  # stale: revalidate has work
+        connection.execute("UPDATE flashtune_tuned_results SET kernel_hash = '00000000deadbeef'")
+    before = db.read_bytes()
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    done = subprocess.run([sys.executable, "-m", "flashtune", "revalidate", "--interpreter", "--no-progress",
+                           "--db", str(db)], capture_output=True, text=True, timeout=120, preexec_fn=limited,
+                          env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert done.returncode == 1, done.stderr
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert error.endswith("disk I/O error (a read or write of the file failed: check that its disk is not full, "
+                          "no file size limit is reached and the disk is healthy)"), done.stderr
+    assert "Traceback" not in done.stderr
+    assert db.read_bytes() == before
+
+
 # -- a lock held by another process ---------------------------------------------------------
 
 _HOLD_SQLITE = """
