@@ -13,17 +13,20 @@ import os
 from typing import Sequence
 
 PRETEND_ENV = "FLASHTUNE_INTERPRETER_DEVICES"
+# Each pretend device is a worker process: a bound keeps a typo from starting thousands.
+MAX_PRETEND = 64
 
 
 def pretend_count() -> int:
     """How many devices the interpreter pretends the host has."""
     value = os.environ.get(PRETEND_ENV, "1")
     try:
-        count = int(value)
+        count = int(value) if len(value) <= 20 else 0
     except ValueError:
         count = 0
-    if count < 1:
-        raise ValueError(f"{PRETEND_ENV}: expected a positive integer, got {value!r}")
+    if not 1 <= count <= MAX_PRETEND:
+        shown = repr(value) if len(value) <= 40 else repr(value[:37]) + "..."
+        raise ValueError(f"{PRETEND_ENV}: expected an integer from 1 to {MAX_PRETEND}, got {shown}")
     return count
 
 

@@ -35,10 +35,15 @@ def test_device_and_devices_together_are_refused(invoke, tmp_path):
     assert out.exit_code == 2 and "give --device or --devices, not both" in out.output
 
 
-def test_a_bad_pretend_count_names_the_variable(invoke, tmp_path, monkeypatch):
-    monkeypatch.setenv(PRETEND_ENV, "many")
-    out = invoke("search", *TINY, "--devices", "all", "--db", tmp_path / "t.db")
-    assert out.exit_code == 2 and "FLASHTUNE_INTERPRETER_DEVICES: expected a positive integer, got 'many'" in out.output
+@pytest.mark.parametrize("value", ["many", "0", "65", "99999999999999", "9" * 5000])
+def test_a_bad_pretend_count_names_the_variable(invoke, tmp_path, monkeypatch, value):
+    monkeypatch.setenv(PRETEND_ENV, value)
+    for devices in ("all", "3"):  # neither lists (nor starts) that many devices
+        out = invoke("search", *TINY, "--devices", devices, "--db", tmp_path / "t.db")
+        assert out.exit_code == 2, out.output
+        assert "FLASHTUNE_INTERPRETER_DEVICES: expected an integer from 1 to 64, got '" in out.output
+        assert len(out.output) < 400
+    assert not (tmp_path / "t.db").exists()
 
 
 def test_search_on_two_pretend_devices_shows_each_device(invoke, tmp_path, monkeypatch):
