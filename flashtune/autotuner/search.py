@@ -216,7 +216,8 @@ def search(keys: Sequence[TuningKey], *, db=None, trials: int = 32, timeout: flo
     try:
         for gpu in {gpu.key: gpu for gpu in gpus.values()}.values():
             store.upsert_gpu(gpu)
-        optuna_storage, storage_label = open_storage(storage, store.url)
+        # a revalidation re-checks stored configs and asks no study: no journal is made for it
+        optuna_storage, storage_label = (None, "") if revalidate else open_storage(storage, store.url)
         store_id = store.store_id()
         plan_stop = threading.Event()
         fleet = []

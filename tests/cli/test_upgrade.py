@@ -110,3 +110,4 @@ def test_an_upgrade_keeps_the_tuning_and_serves_nothing_unchecked(tmp_path, upgr
     assert _source(fresh).startswith("heuristic (the tuned fwd config")
     assert _invoke("revalidate", "--interpreter", "--db", fresh, "--no-progress").exit_code == 0
     assert _source(fresh) == "tuned exact"
+    assert not (tmp_path / "optuna-journal.log").exists()  # a revalidation asks no Optuna study
