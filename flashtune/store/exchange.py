@@ -347,6 +347,8 @@ def read_export(path: str | os.PathLike, *, max_bytes: int = MAX_BYTES) -> Expor
     path = Path(path)
     try:
         info = path.stat()
+        if stat.S_ISDIR(info.st_mode):
+            raise ExchangeError(f"{path} is a directory, not an export file")
         if not stat.S_ISREG(info.st_mode):  # a FIFO would block the read forever, /dev/zero never end
             raise ExchangeError(f"{path} is not a regular file (a pipe, a device or a socket): save the export to a "
                                 "file and import that")

@@ -124,6 +124,13 @@ def test_a_device_is_refused_by_what_it_is_not_by_its_size():
         read_export("/dev/zero")
 
 
+def test_a_directory_is_refused_as_a_directory(tmp_path):
+    folder = tmp_path / "table.json"
+    folder.mkdir()
+    with pytest.raises(ExchangeError, match=r" is a directory, not an export file$"):
+        read_export(folder)
+
+
 def test_search_refuses_a_head_dim_the_kernels_cannot_run(tmp_path):
     from click.testing import CliRunner
 
