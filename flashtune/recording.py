@@ -10,8 +10,10 @@ call whose bucket a served row of the store or the shipped table falls in is not
 dispatcher notes a signature when it first plans it (a call seen before is its plan's dict hit
 plus one counter increment); a background thread writes the notes to the store, creating it
 on the first write, and the counts once more when the process exits (or on
-``TunedAttention.flush_recorded()``), so no call waits for the database. A store that cannot
-be written warns once and the model runs on.
+``TunedAttention.flush_recorded()``), so no call waits for the database. A write that fails
+keeps its signatures and counts for the next write, and the thread tries it again by itself
+(``RETRY_S``); a store that cannot be written (still locked after a few tries) warns once and
+the model runs on.
 
 ``flashtune list --recorded`` shows the recorded buckets with their summed call counts
 (``buckets``; rows recorded before bucketing are bucketed as they are read); ``flashtune
@@ -31,6 +33,13 @@ from flashtune.keys import GpuInfo, RecordedCall, TuningKey, batch_heads_bucket
 from flashtune.store import Store
 
 ENV_VAR = "FLASHTUNE_RECORD"
+# A write waits this long for another writer's lock (a search's, another process's recorder), then
+# is tried again after each of RETRY_S in turn (the last repeating): the writer runs off the calling
+# thread, so waiting costs the model nothing, and a lock that goes away costs no warning.
+LOCK_TIMEOUT_S = 2.0
+RETRY_S = (1.0, 4.0, 15.0, 60.0)
+# A store still locked after this many tries is worth a warning (any other failure warns at once).
+LOCK_TRIES_BEFORE_WARNING = 3
 
 
 def bucket_key(key: TuningKey) -> TuningKey:
@@ -103,6 +112,10 @@ class Recorder:
         self._gpus: dict[str, GpuInfo] = {}
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        # noted signatures whose write failed: they go with every later write, and the writer
+        # tries them again by itself, so they are stored before the process exits
+        self._unwritten: dict[tuple, None] = {}
+        self._failures = 0  # writes failed in a row
         self._warned = False
         atexit.register(self.flush)
 
@@ -134,7 +147,12 @@ class Recorder:
     def _write_loop(self) -> None:
         pending: list[tuple] = []
         while True:
-            item = self._queue.get()
+            retry_in = RETRY_S[min(self._failures, len(RETRY_S)) - 1] if self._failures else None
+            try:
+                item = self._queue.get(timeout=retry_in)
+            except queue.Empty:  # a failed write's turn to be tried again
+                self._write([], with_counts=False)
+                continue
             if isinstance(item, threading.Event):
                 self._write(pending, with_counts=True)
                 pending = []
@@ -149,7 +167,7 @@ class Recorder:
         with self._lock:
             counted = [ident for ident, counter in self._seen.items() if with_counts and counter.calls]
             rows = []
-            for ident in dict.fromkeys([*new, *counted]):
+            for ident in dict.fromkeys([*self._unwritten, *new, *counted]):
                 counter = self._seen[ident]
                 rows.append((ident, counter.calls))  # the calls counted since the last write go with it
                 counter.calls = 0
@@ -161,15 +179,24 @@ class Recorder:
                 from flashtune.store.engine import ensure_directory
 
                 ensure_directory(self.url)
-            with Store(self.url, lock_timeout_s=2.0) as store:
+            with Store(self.url, lock_timeout_s=LOCK_TIMEOUT_S) as store:
                 for gpu in gpus.values():
                     store.upsert_gpu(gpu)
                 store.record_calls([RecordedCall(key, batch, hq, hkv, calls)
                                     for (_, keys, batch, hq, hkv), calls in rows for key in keys])
+            with self._lock:
+                for ident, _ in rows:
+                    self._unwritten.pop(ident, None)
+            self._failures = 0
         except Exception as e:  # noqa: BLE001 - recording never breaks the model
-            with self._lock:  # the counts are not lost: they go with the next flush
+            from flashtune.store.locks import is_lock_error
+
+            with self._lock:  # neither the signatures nor the counts are lost: they go with the next write
                 for ident, calls in rows:
                     self._seen[ident].calls += calls
-            if not self._warned:
+                    self._unwritten[ident] = None
+            self._failures += 1
+            locked = is_lock_error(e.__cause__) or is_lock_error(e)
+            if not self._warned and (not locked or self._failures >= LOCK_TRIES_BEFORE_WARNING):
                 self._warned = True
                 warnings.warn(f"flashtune cannot record calls in {self.url}: {e}", RuntimeWarning, stacklevel=1)
