@@ -26,6 +26,7 @@ import atexit
 import dataclasses
 import queue
 import threading
+import time
 import warnings
 from datetime import datetime
 
@@ -40,6 +41,7 @@ LOCK_TIMEOUT_S = 2.0
 RETRY_S = (1.0, 4.0, 15.0, 60.0)
 # A store still locked after this many tries is worth a warning (any other failure warns at once).
 LOCK_TRIES_BEFORE_WARNING = 3
+FLUSH_RETRY_S = 0.1  # a flush tries a locked store again this often until its deadline
 
 
 def bucket_key(key: TuningKey) -> TuningKey:
@@ -116,6 +118,7 @@ class Recorder:
         # tries them again by itself, so they are stored before the process exits
         self._unwritten: dict[tuple, None] = {}
         self._failures = 0  # writes failed in a row
+        self._locked = False  # whether the last failure was a lock (the one failure worth waiting out)
         self._warned = False
         atexit.register(self.flush)
 
@@ -137,11 +140,11 @@ class Recorder:
 
     def flush(self, timeout: float = 5.0) -> None:
         """Write every queued signature and the call counts since the last flush; wait for
-        the writer at most ``timeout`` seconds."""
+        the writer at most ``timeout`` seconds (within which a locked store is tried again)."""
         done = threading.Event()
         if self._thread is None:
             return
-        self._queue.put(done)
+        self._queue.put((done, time.monotonic() + timeout))
         done.wait(timeout)
 
     def _write_loop(self) -> None:
@@ -153,17 +156,23 @@ class Recorder:
             except queue.Empty:  # a failed write's turn to be tried again
                 self._write([], with_counts=False)
                 continue
-            if isinstance(item, threading.Event):
-                self._write(pending, with_counts=True)
+            if isinstance(item, tuple) and isinstance(item[0], threading.Event):
+                done, deadline = item
+                # at exit this is the counts' last chance: a lock is waited out until the
+                # flush's deadline, and what still cannot be written is warned of
+                while not self._write(pending, with_counts=True, deadline=deadline) and self._locked and \
+                        time.monotonic() < deadline - FLUSH_RETRY_S:
+                    time.sleep(FLUSH_RETRY_S)
                 pending = []
-                item.set()
+                done.set()
                 continue
             pending.append(item)
             if self._queue.empty():  # write what came in together, in one transaction
                 self._write(pending, with_counts=False)
                 pending = []
 
-    def _write(self, new: list[tuple], *, with_counts: bool) -> None:
+    def _write(self, new: list[tuple], *, with_counts: bool, deadline: float | None = None) -> bool:
+        """Whether the rows were written (or there were none)."""
         with self._lock:
             counted = [ident for ident, counter in self._seen.items() if with_counts and counter.calls]
             rows = []
@@ -173,13 +182,14 @@ class Recorder:
                 counter.calls = 0
             gpus = dict(self._gpus)
         if not rows:
-            return
+            return True
+        lock_timeout = LOCK_TIMEOUT_S if deadline is None else max(0.05, deadline - time.monotonic() - FLUSH_RETRY_S)
         try:
             if self.make_directory:
                 from flashtune.store.engine import ensure_directory
 
                 ensure_directory(self.url)
-            with Store(self.url, lock_timeout_s=LOCK_TIMEOUT_S) as store:
+            with Store(self.url, lock_timeout_s=lock_timeout) as store:
                 for gpu in gpus.values():
                     store.upsert_gpu(gpu)
                 store.record_calls([RecordedCall(key, batch, hq, hkv, calls)
@@ -188,6 +198,7 @@ class Recorder:
                 for ident, _ in rows:
                     self._unwritten.pop(ident, None)
             self._failures = 0
+            return True
         except Exception as e:  # noqa: BLE001 - recording never breaks the model
             from flashtune.store.locks import is_lock_error
 
@@ -196,7 +207,9 @@ class Recorder:
                     self._seen[ident].calls += calls
                     self._unwritten[ident] = None
             self._failures += 1
-            locked = is_lock_error(e.__cause__) or is_lock_error(e)
-            if not self._warned and (not locked or self._failures >= LOCK_TRIES_BEFORE_WARNING):
+            locked = self._locked = is_lock_error(e.__cause__) or is_lock_error(e)
+            last_try = deadline is not None and time.monotonic() >= deadline - FLUSH_RETRY_S
+            if not self._warned and (not locked or last_try or self._failures >= LOCK_TRIES_BEFORE_WARNING):
                 self._warned = True
                 warnings.warn(f"flashtune cannot record calls in {self.url}: {e}", RuntimeWarning, stacklevel=1)
+            return False
