@@ -10,8 +10,10 @@ call whose bucket a served row of the store or the shipped table falls in is not
 dispatcher notes a signature when it first plans it (a call seen before is its plan's dict hit
 plus one counter increment); a background thread writes the notes to the store, creating it
 on the first write, and the counts once more when the process exits (or on
-``TunedAttention.flush_recorded()``), so no call waits for the database. A store that cannot
-be written warns once and the model runs on.
+``TunedAttention.flush_recorded()``), so no call waits for the database. A write that fails
+keeps its signatures and counts for the next write, and the thread tries it again by itself
+(``RETRY_S``); a store that cannot be written (still locked after a few tries) warns once and
+the model runs on.
 
 ``flashtune list --recorded`` shows the recorded buckets with their summed call counts
 (``buckets``; rows recorded before bucketing are bucketed as they are read); ``flashtune
@@ -24,6 +26,7 @@ import atexit
 import dataclasses
 import queue
 import threading
+import time
 import warnings
 from datetime import datetime
 
@@ -31,6 +34,14 @@ from flashtune.keys import GpuInfo, RecordedCall, TuningKey, batch_heads_bucket
 from flashtune.store import Store
 
 ENV_VAR = "FLASHTUNE_RECORD"
+# A write waits this long for another writer's lock (a search's, another process's recorder), then
+# is tried again after each of RETRY_S in turn (the last repeating): the writer runs off the calling
+# thread, so waiting costs the model nothing, and a lock that goes away costs no warning.
+LOCK_TIMEOUT_S = 2.0
+RETRY_S = (1.0, 4.0, 15.0, 60.0)
+# A store still locked after this many tries is worth a warning (any other failure warns at once).
+LOCK_TRIES_BEFORE_WARNING = 3
+FLUSH_RETRY_S = 0.1  # a flush tries a locked store again this often until its deadline
 
 
 def bucket_key(key: TuningKey) -> TuningKey:
@@ -103,6 +114,11 @@ class Recorder:
         self._gpus: dict[str, GpuInfo] = {}
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        # noted signatures whose write failed: they go with every later write, and the writer
+        # tries them again by itself, so they are stored before the process exits
+        self._unwritten: dict[tuple, None] = {}
+        self._failures = 0  # writes failed in a row
+        self._locked = False  # whether the last failure was a lock (the one failure worth waiting out)
         self._warned = False
         atexit.register(self.flush)
 
@@ -124,52 +140,76 @@ class Recorder:
 
     def flush(self, timeout: float = 5.0) -> None:
         """Write every queued signature and the call counts since the last flush; wait for
-        the writer at most ``timeout`` seconds."""
+        the writer at most ``timeout`` seconds (within which a locked store is tried again)."""
         done = threading.Event()
         if self._thread is None:
             return
-        self._queue.put(done)
+        self._queue.put((done, time.monotonic() + timeout))
         done.wait(timeout)
 
     def _write_loop(self) -> None:
         pending: list[tuple] = []
         while True:
-            item = self._queue.get()
-            if isinstance(item, threading.Event):
-                self._write(pending, with_counts=True)
+            retry_in = RETRY_S[min(self._failures, len(RETRY_S)) - 1] if self._failures else None
+            try:
+                item = self._queue.get(timeout=retry_in)
+            except queue.Empty:  # a failed write's turn to be tried again
+                self._write([], with_counts=False)
+                continue
+            if isinstance(item, tuple) and isinstance(item[0], threading.Event):
+                done, deadline = item
+                # at exit this is the counts' last chance: a lock is waited out until the
+                # flush's deadline, and what still cannot be written is warned of
+                while not self._write(pending, with_counts=True, deadline=deadline) and self._locked and \
+                        time.monotonic() < deadline - FLUSH_RETRY_S:
+                    time.sleep(FLUSH_RETRY_S)
                 pending = []
-                item.set()
+                done.set()
                 continue
             pending.append(item)
             if self._queue.empty():  # write what came in together, in one transaction
                 self._write(pending, with_counts=False)
                 pending = []
 
-    def _write(self, new: list[tuple], *, with_counts: bool) -> None:
+    def _write(self, new: list[tuple], *, with_counts: bool, deadline: float | None = None) -> bool:
+        """Whether the rows were written (or there were none)."""
         with self._lock:
             counted = [ident for ident, counter in self._seen.items() if with_counts and counter.calls]
             rows = []
-            for ident in dict.fromkeys([*new, *counted]):
+            for ident in dict.fromkeys([*self._unwritten, *new, *counted]):
                 counter = self._seen[ident]
                 rows.append((ident, counter.calls))  # the calls counted since the last write go with it
                 counter.calls = 0
             gpus = dict(self._gpus)
         if not rows:
-            return
+            return True
+        lock_timeout = LOCK_TIMEOUT_S if deadline is None else max(0.05, deadline - time.monotonic() - FLUSH_RETRY_S)
         try:
             if self.make_directory:
                 from flashtune.store.engine import ensure_directory
 
                 ensure_directory(self.url)
-            with Store(self.url, lock_timeout_s=2.0) as store:
+            with Store(self.url, lock_timeout_s=lock_timeout) as store:
                 for gpu in gpus.values():
                     store.upsert_gpu(gpu)
                 store.record_calls([RecordedCall(key, batch, hq, hkv, calls)
                                     for (_, keys, batch, hq, hkv), calls in rows for key in keys])
+            with self._lock:
+                for ident, _ in rows:
+                    self._unwritten.pop(ident, None)
+            self._failures = 0
+            return True
         except Exception as e:  # noqa: BLE001 - recording never breaks the model
-            with self._lock:  # the counts are not lost: they go with the next flush
+            from flashtune.store.locks import is_lock_error
+
+            with self._lock:  # neither the signatures nor the counts are lost: they go with the next write
                 for ident, calls in rows:
                     self._seen[ident].calls += calls
-            if not self._warned:
+                    self._unwritten[ident] = None
+            self._failures += 1
+            locked = self._locked = is_lock_error(e.__cause__) or is_lock_error(e)
+            last_try = deadline is not None and time.monotonic() >= deadline - FLUSH_RETRY_S
+            if not self._warned and (not locked or last_try or self._failures >= LOCK_TRIES_BEFORE_WARNING):
                 self._warned = True
                 warnings.warn(f"flashtune cannot record calls in {self.url}: {e}", RuntimeWarning, stacklevel=1)
+            return False

@@ -143,3 +143,116 @@ def test_a_decode_loop_makes_one_key_per_factor_of_two_of_its_cache(db_path, mon
     assert recorded == {("fwd", 1, n, 1, 2, 2): calls
                         for n, calls in ((16, 6), (32, 23), (64, 45), (128, 91), (256, 181), (512, 154))}
     assert sum(recorded.values()) == 500
+
+
+def _hold_write_lock(db_path):
+    """Another connection holding the SQLite store's write lock (as a search's transaction does)."""
+    import sqlite3
+
+    with Store(db_path):
+        pass  # created at the current schema
+    holder = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    return holder
+
+
+def test_a_signature_whose_write_met_a_lock_is_written_once_the_lock_is_gone(db_path, monkeypatch, recwarn):
+    """A write that meets a lock held past the recorder's timeout is tried again in the background:
+    the signature is stored before any flush or exit, with no warning for a lock that went away."""
+    import time
+
+    from flashtune import recording
+
+    monkeypatch.setattr(recording, "LOCK_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(recording, "RETRY_S", (1.0,))
+    monkeypatch.setattr(dispatch, "attention_forward", lambda q, k, v, *args, **kwargs: (q, None))
+    holder = _hold_write_lock(db_path)
+    fn = get_tuned_attention(db_path, record=True)
+    with torch.no_grad():
+        fn(*qkv(8, 32))
+    time.sleep(0.5)  # the first write meets the lock
+    holder.execute("ROLLBACK")
+    with torch.no_grad():
+        fn(*qkv(4, 64))  # a later signature: its write carries the earlier one too
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(_recorded(db_path)) < 2:
+        time.sleep(0.05)
+    assert set(_recorded(db_path)) == {("fwd", 8, 32, 1, 2, 2), ("fwd", 4, 64, 1, 2, 2)}
+    assert not [w for w in recwarn if "cannot record" in str(w.message)]
+    fn.flush_recorded()
+    assert _recorded(db_path) == {("fwd", 8, 32, 1, 2, 2): 1, ("fwd", 4, 64, 1, 2, 2): 1}
+
+
+def test_a_store_locked_for_long_warns_once_and_keeps_the_calls(db_path, monkeypatch, recwarn):
+    import time
+
+    from flashtune import recording
+
+    monkeypatch.setattr(recording, "LOCK_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(recording, "RETRY_S", (0.05,))
+    monkeypatch.setattr(dispatch, "attention_forward", lambda q, k, v, *args, **kwargs: (q, None))
+    holder = _hold_write_lock(db_path)
+    fn = get_tuned_attention(db_path, record=True)
+    with torch.no_grad():
+        for n_k in (32, 64, 128):
+            fn(*qkv(8, n_k))
+            fn(*qkv(8, n_k))
+    time.sleep(1.0)  # every try meets the lock
+    warned = [w for w in recwarn if "cannot record" in str(w.message)]
+    assert len(warned) == 1 and "database is locked" in str(warned[0].message)
+    holder.execute("ROLLBACK")
+    fn.flush_recorded()
+    assert _recorded(db_path) == {("fwd", 8, n, 1, 2, 2): 2 for n in (32, 64, 128)}
+    assert len([w for w in recwarn if "cannot record" in str(w.message)]) == 1
+
+
+def test_a_flush_waits_out_a_lock_shorter_than_its_timeout(db_path, monkeypatch, recwarn):
+    """The flush at exit is the counts' last chance: it keeps trying until its timeout, not one
+    lock timeout, and a flush that still cannot write says so (once)."""
+    import time
+
+    from flashtune import recording
+
+    monkeypatch.setattr(recording, "LOCK_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(recording, "RETRY_S", (30.0,))  # no background retry during the test
+    monkeypatch.setattr(dispatch, "attention_forward", lambda q, k, v, *args, **kwargs: (q, None))
+    fn = get_tuned_attention(db_path, record=True)
+    with torch.no_grad():
+        fn(*qkv(8, 32))
+    fn.flush_recorded()
+    holder = _hold_write_lock(db_path)
+    with torch.no_grad():
+        fn(*qkv(8, 32))
+    release = threading.Timer(0.5, holder.execute, ("ROLLBACK",))
+    release.start()
+    started = time.monotonic()
+    fn.flush_recorded()
+    release.join()
+    assert _recorded(db_path) == {("fwd", 8, 32, 1, 2, 2): 2} and time.monotonic() - started < 5
+    assert not [w for w in recwarn if "cannot record" in str(w.message)]
+
+    holder.execute("BEGIN IMMEDIATE")  # now held past the flush's timeout
+    with torch.no_grad():
+        fn(*qkv(8, 32))
+    fn._recorder.flush(timeout=0.5)
+    fn._recorder.flush(timeout=0.5)
+    warned = [w for w in recwarn if "cannot record" in str(w.message)]
+    assert len(warned) == 1 and "database is locked" in str(warned[0].message)
+    holder.execute("ROLLBACK")
+    fn.flush_recorded()
+    assert _recorded(db_path) == {("fwd", 8, 32, 1, 2, 2): 3}
+
+
+def test_a_store_that_cannot_be_made_costs_a_flush_no_wait(tmp_path, monkeypatch, recwarn):
+    """Only a lock is waited out: a missing directory (given by hand) fails the flush at once, warned of once."""
+    import time
+
+    monkeypatch.setattr(dispatch, "attention_forward", lambda q, k, v, *args, **kwargs: (q, None))
+    fn = get_tuned_attention(tmp_path / "missing" / "tuned.db", record=True)
+    with torch.no_grad():
+        fn(*qkv(8, 32))
+    started = time.monotonic()
+    fn.flush_recorded()
+    assert time.monotonic() - started < 2
+    assert len([w for w in recwarn if "cannot record" in str(w.message)]) == 1
+    assert not (tmp_path / "missing").exists()
