@@ -32,6 +32,7 @@ from datetime import datetime
 
 from flashtune.keys import GpuInfo, RecordedCall, TuningKey, batch_heads_bucket
 from flashtune.store import Store
+from flashtune.store.locks import is_lock_error
 
 ENV_VAR = "FLASHTUNE_RECORD"
 # A write waits this long for another writer's lock (a search's, another process's recorder), then
@@ -160,8 +161,9 @@ class Recorder:
                 done, deadline = item
                 # at exit this is the counts' last chance: a lock is waited out until the
                 # flush's deadline, and what still cannot be written is warned of
-                while not self._write(pending, with_counts=True, deadline=deadline) and self._locked and \
-                        time.monotonic() < deadline - FLUSH_RETRY_S:
+                while not self._write(pending, with_counts=True, deadline=deadline):
+                    if not self._locked or time.monotonic() >= deadline - FLUSH_RETRY_S:
+                        break
                     time.sleep(FLUSH_RETRY_S)
                 pending = []
                 done.set()
@@ -200,8 +202,6 @@ class Recorder:
             self._failures = 0
             return True
         except Exception as e:  # noqa: BLE001 - recording never breaks the model
-            from flashtune.store.locks import is_lock_error
-
             with self._lock:  # neither the signatures nor the counts are lost: they go with the next write
                 for ident, calls in rows:
                     self._seen[ident].calls += calls

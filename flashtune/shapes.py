@@ -141,6 +141,11 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _field_name(name: Any) -> str:
+    """A field's name as a message shows it: bare where it is a plain identifier."""
+    return name if isinstance(name, str) and name.isidentifier() and len(name) <= 40 else _short(name)
+
+
 def load_shapes(path: str | Path) -> list[Shape]:
     """The shapes of a JSON or YAML file, in order, duplicates dropped; ShapeError names what is wrong."""
     path = Path(path)
@@ -159,8 +164,7 @@ def load_shapes(path: str | Path) -> list[Shape]:
     shapes = []
     for index, row in enumerate(data, 1):
         if getattr(row, "twice", None) is not None:
-            name = row.twice if isinstance(row.twice, str) and row.twice.isidentifier() else _short(row.twice)
-            raise ShapeError(f"{path}: row {index}: {name}: given twice")
+            raise ShapeError(f"{path}: row {index}: {_field_name(row.twice)}: given twice")
         try:
             shapes.append(Shape.from_dict(row))
         except ShapeError as e:
@@ -185,14 +189,15 @@ def _parse(path: Path, text: str) -> Any:
 
 
 class _Fields(dict):
-    """An object of a shapes file, remembering a field it names twice: JSON and YAML parsers keep
-    the last one silently, and a row tuned at a shape its author did not mean costs a search."""
+    """An object of a shapes file, remembering a field it names twice (``twice``): JSON and YAML
+    parsers keep the last one silently, and a row tuned at a shape its author did not mean costs
+    a search. ``written``: the names as the file writes them, where they differ from the pairs'."""
 
-    def __init__(self, pairs) -> None:
+    def __init__(self, pairs, written=None) -> None:
         pairs = list(pairs)
         super().__init__(pairs)
         self.twice, seen = None, set()
-        for name, _ in pairs:
+        for name in (n for n, _ in pairs) if written is None else written:
             if name in seen:
                 self.twice = name
                 break
@@ -218,9 +223,7 @@ def _fields_loader():
                     raise yaml.constructor.ConstructorError(None, None, "found an unhashable key",
                                                             key_node.start_mark)
                 pairs.append((key, self.construct_object(value_node, deep=deep)))
-            fields = _Fields(pairs)
-            fields.twice = _Fields((name, None) for name in written).twice
-            return fields
+            return _Fields(pairs, written)
 
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                            lambda loader, node: loader.construct_mapping(node, deep=True))

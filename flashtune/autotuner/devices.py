@@ -21,7 +21,7 @@ def pretend_count() -> int:
     """How many devices the interpreter pretends the host has."""
     value = os.environ.get(PRETEND_ENV, "1")
     try:
-        count = int(value) if len(value) <= 20 else 0
+        count = int(value)  # past 4300 digits a ValueError too
     except ValueError:
         count = 0
     if not 1 <= count <= MAX_PRETEND:

@@ -438,7 +438,7 @@ def _gpu_info(gpu: Gpu) -> GpuInfo:
     return GpuInfo(gpu.name, (gpu.capability_major, gpu.capability_minor), gpu.sm_count, gpu.total_memory)
 
 
-def _stored_result(row: TunedResult, gpu: Gpu, config_text: str, configs: dict | None = None) -> StoredResult:
+def _stored_result(row: TunedResult, gpu: Gpu, config_text: str, configs: dict) -> StoredResult:
     """The row as a result; ``configs`` holds the configs read so far by (pass, JSON text): a
     table's keys share a few configs, and validating each row's anew made loading a large store
     (a team's, tens of thousands of keys) take seconds."""
@@ -449,16 +449,14 @@ def _stored_result(row: TunedResult, gpu: Gpu, config_text: str, configs: dict |
     except ValueError as e:
         raise StoreError(f"{where} on {gpu.key} has an invalid key: {e}; delete it with `flashtune delete`") from e
     where = f"{where} ({key.label()} on {gpu.key})"
-    config = None if configs is None else configs.get((row.pass_, config_text))
+    config = configs.get((row.pass_, config_text))
     if config is None:
         try:
             data = json.loads(config_text)
         except (TypeError, ValueError) as e:
             raise StoreError(f"{where} has a damaged config ({e}: {_short_text(config_text)}); delete it with "
                              "`flashtune delete` or tune that key again") from e
-        config = load_config(row.pass_, data, where)
-        if configs is not None:
-            configs[row.pass_, config_text] = config
+        config = configs[row.pass_, config_text] = load_config(row.pass_, data, where)
     provenance = Provenance(
         **{name: getattr(row, name) for name in PROVENANCE_COLUMNS},
         gpu_name=gpu.name, capability=f"{gpu.capability_major}.{gpu.capability_minor}", sm_count=gpu.sm_count,

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import torch
 from click.testing import CliRunner
 from dispatch_samples import FWD_A, qkv
 
 from flashtune.cli import cli
-from flashtune import dispatch
+from flashtune import dispatch, recording
 from flashtune.dispatch import get_tuned_attention
 from flashtune.store import Store
 from flashtune.store import repository
@@ -156,16 +157,17 @@ def _hold_write_lock(db_path):
     return holder
 
 
+def _quick_lock_retries(monkeypatch, *, retry_s: tuple) -> None:
+    """The recorder's lock wait cut to 50 ms and its retries to ``retry_s``; the launch stubbed."""
+    monkeypatch.setattr(recording, "LOCK_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(recording, "RETRY_S", retry_s)
+    monkeypatch.setattr(dispatch, "attention_forward", lambda q, k, v, *args, **kwargs: (q, None))
+
+
 def test_a_signature_whose_write_met_a_lock_is_written_once_the_lock_is_gone(db_path, monkeypatch, recwarn):
     """A write that meets a lock held past the recorder's timeout is tried again in the background:
     the signature is stored before any flush or exit, with no warning for a lock that went away."""
-    import time
-
-    from flashtune import recording
-
-    monkeypatch.setattr(recording, "LOCK_TIMEOUT_S", 0.05)
-    monkeypatch.setattr(recording, "RETRY_S", (1.0,))
-    monkeypatch.setattr(dispatch, "attention_forward", lambda q, k, v, *args, **kwargs: (q, None))
+    _quick_lock_retries(monkeypatch, retry_s=(1.0,))
     holder = _hold_write_lock(db_path)
     fn = get_tuned_attention(db_path, record=True)
     with torch.no_grad():
@@ -184,13 +186,7 @@ def test_a_signature_whose_write_met_a_lock_is_written_once_the_lock_is_gone(db_
 
 
 def test_a_store_locked_for_long_warns_once_and_keeps_the_calls(db_path, monkeypatch, recwarn):
-    import time
-
-    from flashtune import recording
-
-    monkeypatch.setattr(recording, "LOCK_TIMEOUT_S", 0.05)
-    monkeypatch.setattr(recording, "RETRY_S", (0.05,))
-    monkeypatch.setattr(dispatch, "attention_forward", lambda q, k, v, *args, **kwargs: (q, None))
+    _quick_lock_retries(monkeypatch, retry_s=(0.05,))
     holder = _hold_write_lock(db_path)
     fn = get_tuned_attention(db_path, record=True)
     with torch.no_grad():
@@ -209,13 +205,7 @@ def test_a_store_locked_for_long_warns_once_and_keeps_the_calls(db_path, monkeyp
 def test_a_flush_waits_out_a_lock_shorter_than_its_timeout(db_path, monkeypatch, recwarn):
     """The flush at exit is the counts' last chance: it keeps trying until its timeout, not one
     lock timeout, and a flush that still cannot write says so (once)."""
-    import time
-
-    from flashtune import recording
-
-    monkeypatch.setattr(recording, "LOCK_TIMEOUT_S", 0.05)
-    monkeypatch.setattr(recording, "RETRY_S", (30.0,))  # no background retry during the test
-    monkeypatch.setattr(dispatch, "attention_forward", lambda q, k, v, *args, **kwargs: (q, None))
+    _quick_lock_retries(monkeypatch, retry_s=(30.0,))  # no background retry during the test
     fn = get_tuned_attention(db_path, record=True)
     with torch.no_grad():
         fn(*qkv(8, 32))
@@ -245,8 +235,6 @@ def test_a_flush_waits_out_a_lock_shorter_than_its_timeout(db_path, monkeypatch,
 
 def test_a_store_that_cannot_be_made_costs_a_flush_no_wait(tmp_path, monkeypatch, recwarn):
     """Only a lock is waited out: a missing directory (given by hand) fails the flush at once, warned of once."""
-    import time
-
     monkeypatch.setattr(dispatch, "attention_forward", lambda q, k, v, *args, **kwargs: (q, None))
     fn = get_tuned_attention(tmp_path / "missing" / "tuned.db", record=True)
     with torch.no_grad():
